@@ -1,0 +1,381 @@
+#!/usr/bin/env bash
+# The local stack without Docker: PostgreSQL from the distribution's packages and the official
+# Apache Kafka broker (KRaft, jars from Maven Central), each with its own data under .stack/.
+#
+#   scripts/stack.sh up             start what is not running (idempotent), write .gangway/env
+#   scripts/stack.sh down           stop what `up` started
+#   scripts/stack.sh status         say what runs
+#   scripts/stack.sh env            print the connection settings (the lines of .gangway/env)
+#   scripts/stack.sh restart-kafka  stop and start the broker (the tests use it)
+#
+# GANGWAY_PG_DSN / GANGWAY_KAFKA_BOOTSTRAP, when set, point at existing servers: then the
+# matching local server is neither installed nor started.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STACK="$ROOT/.stack"
+GANGWAY_DIR="$ROOT/.gangway"
+
+PG_PORT="${GANGWAY_STACK_PG_PORT:-55432}"
+KAFKA_PORT="${GANGWAY_STACK_KAFKA_PORT:-59092}"
+KAFKA_CONTROLLER_PORT="${GANGWAY_STACK_KAFKA_CONTROLLER_PORT:-59093}"
+API_URL="${GANGWAY_API_URL:-http://127.0.0.1:8080}"
+
+PG_DIR="$STACK/pg"
+PG_DATA="$PG_DIR/data"
+PG_RUN="$PG_DIR/run"
+PG_LOG="$PG_DIR/postgres.log"
+PG_DB=gangway
+# Local development credentials only; they never leave this machine's loopback interface.
+PG_OWNER=gangway_owner
+PG_OWNER_PASSWORD=gangway_owner
+PG_APP=gangway_app
+PG_APP_PASSWORD=gangway_app
+
+KAFKA_DIR="$STACK/kafka"
+KAFKA_LIBS="$KAFKA_DIR/libs"
+KAFKA_DATA="$KAFKA_DIR/data"
+KAFKA_CONF="$KAFKA_DIR/server.properties"
+KAFKA_LOG="$KAFKA_DIR/broker.log"
+KAFKA_PID="$KAFKA_DIR/broker.pid"
+KAFKA_POM="$ROOT/scripts/kafka/pom.xml"
+KAFKA_HEAP="${GANGWAY_STACK_KAFKA_HEAP:--Xms256m -Xmx768m}"
+
+log() { printf '[stack] %s\n' "$*" >&2; }
+die() { printf '[stack] error: %s\n' "$*" >&2; exit 1; }
+
+is_root() { [ "$(id -u)" = 0 ]; }
+
+apt_install() {
+    is_root || die "missing $*; install it (apt-get install -y $*) or run as root"
+    log "installing $* from the Debian packages"
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq
+    # The postgresql package's own cluster is not ours; policy-rc.d keeps it from starting.
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# ---------------------------------------------------------------- PostgreSQL
+
+pg_bin() {
+    local dir
+    dir="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)"
+    [ -n "$dir" ] && [ -x "$dir/initdb" ] && printf '%s' "$dir"
+}
+
+ensure_pg_installed() {
+    if [ -z "$(pg_bin)" ]; then
+        apt_install postgresql
+    fi
+    [ -n "$(pg_bin)" ] || die "PostgreSQL server binaries not found after install"
+}
+
+# PostgreSQL refuses to run as root, so as root the server runs as the `postgres` OS user.
+as_pg() {
+    if is_root; then
+        runuser -u postgres -- "$@"
+    else
+        "$@"
+    fi
+}
+
+ensure_pg_user() {
+    is_root || return 0
+    if ! id postgres >/dev/null 2>&1; then
+        useradd --system --home-dir /var/lib/postgresql --shell /bin/bash postgres
+    fi
+    # The data directory may sit under a private directory (mktemp -d is 0700): the server's
+    # user needs to traverse every ancestor, and search permission alone lists nothing.
+    local dir="$STACK"
+    while [ "$dir" != "/" ]; do
+        if ! runuser -u postgres -- test -x "$dir"; then
+            chmod o+x "$dir"
+        fi
+        dir="$(dirname "$dir")"
+    done
+}
+
+pg_running() {
+    [ -f "$PG_DATA/postmaster.pid" ] && as_pg "$(pg_bin)/pg_ctl" -D "$PG_DATA" status >/dev/null 2>&1
+}
+
+pg_superuser_sql() {
+    as_pg "$(pg_bin)/psql" -h "$PG_RUN" -p "$PG_PORT" -U postgres -d postgres -v ON_ERROR_STOP=1 -qtAc "$1"
+}
+
+pg_up() {
+    ensure_pg_installed
+    mkdir -p "$PG_DIR"
+    ensure_pg_user
+    if pg_running; then
+        log "PostgreSQL already running on 127.0.0.1:$PG_PORT"
+    else
+        if port_open "$PG_PORT"; then
+            die "port $PG_PORT is taken by another process; set GANGWAY_STACK_PG_PORT or GANGWAY_PG_DSN"
+        fi
+        mkdir -p "$PG_RUN"
+        is_root && chown -R postgres: "$PG_DIR"
+        if [ ! -f "$PG_DATA/PG_VERSION" ]; then
+            log "initialising a PostgreSQL data directory in $PG_DATA"
+            as_pg "$(pg_bin)/initdb" -D "$PG_DATA" -U postgres --auth-local=peer \
+                --auth-host=scram-sha-256 -E UTF8 --locale=C.UTF-8 >/dev/null
+            cat >>"$PG_DATA/postgresql.conf" <<EOF
+
+# gangway local stack
+listen_addresses = '127.0.0.1'
+port = $PG_PORT
+unix_socket_directories = '$PG_RUN'
+max_connections = 300
+shared_buffers = 256MB
+EOF
+        fi
+        is_root && chown -R postgres: "$PG_DIR"
+        log "starting PostgreSQL on 127.0.0.1:$PG_PORT"
+        as_pg "$(pg_bin)/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t 60 start >/dev/null \
+            || { tail -n 30 "$PG_LOG" >&2; die "PostgreSQL did not start"; }
+    fi
+    local i
+    for i in $(seq 1 60); do
+        if as_pg "$(pg_bin)/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT"; then break; fi
+        sleep 0.5
+    done
+    as_pg "$(pg_bin)/pg_isready" -q -h 127.0.0.1 -p "$PG_PORT" || die "PostgreSQL is not ready"
+    pg_bootstrap
+}
+
+# Roles: the owner runs the migrations (and may create the tests' databases); the application
+# role gets only what the migrations grant it, and never UPDATE/DELETE/TRUNCATE on the log.
+pg_bootstrap() {
+    pg_superuser_sql "DO \$\$ BEGIN
+        IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_OWNER') THEN
+            CREATE ROLE $PG_OWNER LOGIN CREATEDB PASSWORD '$PG_OWNER_PASSWORD';
+        END IF;
+        IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_APP') THEN
+            CREATE ROLE $PG_APP LOGIN PASSWORD '$PG_APP_PASSWORD';
+        END IF;
+    END \$\$;"
+    if [ -z "$(pg_superuser_sql "SELECT 1 FROM pg_database WHERE datname = '$PG_DB'")" ]; then
+        pg_superuser_sql "CREATE DATABASE $PG_DB OWNER $PG_OWNER"
+    fi
+}
+
+pg_down() {
+    if [ -n "$(pg_bin)" ] && [ -f "$PG_DATA/postmaster.pid" ] && pg_running; then
+        log "stopping PostgreSQL"
+        as_pg "$(pg_bin)/pg_ctl" -D "$PG_DATA" -m fast -w -t 60 stop >/dev/null
+    fi
+}
+
+# ---------------------------------------------------------------- Kafka
+
+ensure_java() {
+    command -v java >/dev/null 2>&1 || apt_install openjdk-17-jre-headless
+    command -v mvn >/dev/null 2>&1 || apt_install maven
+}
+
+kafka_classpath() { printf '%s/*' "$KAFKA_LIBS"; }
+
+ensure_kafka_jars() {
+    local stamp="$KAFKA_LIBS/.pom.sha256" want
+    want="$(sha256sum "$KAFKA_POM" | cut -d' ' -f1)"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+        return 0
+    fi
+    ensure_java
+    log "resolving the Apache Kafka broker jars from Maven Central (cached in ~/.m2)"
+    rm -rf "$KAFKA_LIBS"
+    mvn -q -B -Dstyle.color=never -f "$KAFKA_POM" dependency:copy-dependencies \
+        -DoutputDirectory="$KAFKA_LIBS" -DincludeScope=runtime >&2
+    printf '%s' "$want" >"$stamp"
+}
+
+kafka_pid() {
+    [ -f "$KAFKA_PID" ] || return 1
+    local pid
+    pid="$(cat "$KAFKA_PID")"
+    kill -0 "$pid" 2>/dev/null || return 1
+    printf '%s' "$pid"
+}
+
+write_kafka_config() {
+    mkdir -p "$KAFKA_DIR"
+    cat >"$KAFKA_CONF" <<EOF
+# Generated by scripts/stack.sh: one combined broker + controller KRaft node on loopback.
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$KAFKA_CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$KAFKA_DATA
+num.partitions=3
+default.replication.factor=1
+min.insync.replicas=1
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=3
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+auto.create.topics.enable=true
+log.retention.hours=168
+EOF
+    cat >"$KAFKA_DIR/log4j2.properties" <<EOF
+status = warn
+appender.console.type = Console
+appender.console.name = STDOUT
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.stdout.ref = STDOUT
+logger.kafka.name = kafka
+logger.kafka.level = INFO
+logger.apache.name = org.apache.kafka
+logger.apache.level = WARN
+EOF
+}
+
+kafka_java() {
+    # shellcheck disable=SC2086
+    java $KAFKA_HEAP -XX:+UseG1GC -Djava.awt.headless=true \
+        -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" \
+        -cp "$(kafka_classpath)" "$@"
+}
+
+kafka_format() {
+    if [ -f "$KAFKA_DATA/meta.properties" ]; then
+        return 0
+    fi
+    local cluster_id
+    cluster_id="$(kafka_java kafka.tools.StorageTool random-uuid | tail -n 1)"
+    log "formatting the KRaft log directory (cluster $cluster_id)"
+    kafka_java kafka.tools.StorageTool format -t "$cluster_id" -c "$KAFKA_CONF" >>"$KAFKA_LOG" 2>&1 \
+        || { tail -n 30 "$KAFKA_LOG" >&2; die "kafka storage format failed"; }
+}
+
+kafka_start() {
+    if kafka_pid >/dev/null; then
+        log "Kafka already running on 127.0.0.1:$KAFKA_PORT"
+        return 0
+    fi
+    if port_open "$KAFKA_PORT" || port_open "$KAFKA_CONTROLLER_PORT"; then
+        die "port $KAFKA_PORT or $KAFKA_CONTROLLER_PORT is taken; set GANGWAY_STACK_KAFKA_PORT or GANGWAY_KAFKA_BOOTSTRAP"
+    fi
+    ensure_java
+    ensure_kafka_jars
+    write_kafka_config
+    kafka_format
+    log "starting Kafka (KRaft) on 127.0.0.1:$KAFKA_PORT, logging to $KAFKA_LOG"
+    local mark
+    mark="$(wc -l <"$KAFKA_LOG" 2>/dev/null || echo 0)"
+    # setsid: the broker outlives the shell that started it and ignores its Ctrl-C.
+    # shellcheck disable=SC2086
+    setsid java $KAFKA_HEAP -XX:+UseG1GC -Djava.awt.headless=true \
+        -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" \
+        -cp "$(kafka_classpath)" kafka.Kafka "$KAFKA_CONF" </dev/null >>"$KAFKA_LOG" 2>&1 &
+    echo $! >"$KAFKA_PID"
+    local i
+    for i in $(seq 1 240); do
+        if ! kafka_pid >/dev/null; then
+            tail -n 40 "$KAFKA_LOG" >&2
+            die "Kafka exited while starting"
+        fi
+        if tail -n "+$((mark + 1))" "$KAFKA_LOG" | grep -q "Kafka Server started" \
+            && port_open "$KAFKA_PORT"; then
+            return 0
+        fi
+        sleep 0.5
+    done
+    die "Kafka did not become ready in 120 s (see $KAFKA_LOG)"
+}
+
+kafka_stop() {
+    local pid i
+    pid="$(kafka_pid)" || { rm -f "$KAFKA_PID"; return 0; }
+    log "stopping Kafka"
+    kill -TERM "$pid"
+    for i in $(seq 1 120); do
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.5
+    done
+    if kill -0 "$pid" 2>/dev/null; then
+        log "Kafka ignored SIGTERM for 60 s; killing it"
+        kill -KILL "$pid"
+    fi
+    rm -f "$KAFKA_PID"
+}
+
+# ---------------------------------------------------------------- commands
+
+pg_dsn() {
+    printf '%s' "${GANGWAY_PG_DSN:-postgresql://$PG_APP:$PG_APP_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB}"
+}
+
+pg_owner_dsn() {
+    if [ -n "${GANGWAY_PG_DSN:-}" ]; then
+        printf '%s' "${GANGWAY_PG_OWNER_DSN:-$GANGWAY_PG_DSN}"
+    else
+        printf '%s' "postgresql://$PG_OWNER:$PG_OWNER_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB"
+    fi
+}
+
+kafka_bootstrap() { printf '%s' "${GANGWAY_KAFKA_BOOTSTRAP:-127.0.0.1:$KAFKA_PORT}"; }
+
+print_env() {
+    printf 'GANGWAY_PG_DSN=%s\n' "$(pg_dsn)"
+    printf 'GANGWAY_PG_OWNER_DSN=%s\n' "$(pg_owner_dsn)"
+    printf 'GANGWAY_KAFKA_BOOTSTRAP=%s\n' "$(kafka_bootstrap)"
+    printf 'GANGWAY_API_URL=%s\n' "$API_URL"
+}
+
+cmd_up() {
+    mkdir -p "$STACK" "$GANGWAY_DIR"
+    if [ -n "${GANGWAY_PG_DSN:-}" ]; then
+        log "using the PostgreSQL at GANGWAY_PG_DSN"
+    else
+        pg_up
+    fi
+    if [ -n "${GANGWAY_KAFKA_BOOTSTRAP:-}" ]; then
+        log "using the Kafka at GANGWAY_KAFKA_BOOTSTRAP ($GANGWAY_KAFKA_BOOTSTRAP)"
+    else
+        kafka_start
+    fi
+    print_env >"$GANGWAY_DIR/env.tmp"
+    mv "$GANGWAY_DIR/env.tmp" "$GANGWAY_DIR/env"
+    log "stack ready; settings in .gangway/env"
+}
+
+cmd_down() {
+    kafka_stop
+    pg_down
+}
+
+cmd_status() {
+    if [ -n "$(pg_bin)" ] && pg_running; then
+        echo "postgres: running on 127.0.0.1:$PG_PORT"
+    else
+        echo "postgres: stopped"
+    fi
+    if pid="$(kafka_pid)"; then
+        echo "kafka: running on 127.0.0.1:$KAFKA_PORT (pid $pid)"
+    else
+        echo "kafka: stopped"
+    fi
+}
+
+case "${1:-}" in
+    up) cmd_up ;;
+    down) cmd_down ;;
+    status) cmd_status ;;
+    env) print_env ;;
+    restart-kafka)
+        [ -z "${GANGWAY_KAFKA_BOOTSTRAP:-}" ] || die "GANGWAY_KAFKA_BOOTSTRAP is external; not ours to restart"
+        kafka_stop
+        kafka_start
+        ;;
+    *) die "usage: $0 up|down|status|env|restart-kafka" ;;
+esac
