@@ -1,0 +1,50 @@
+# Gangway: `make up` starts the local stack (and, later, the services); `make test` runs every tier.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: help venv up up-stack down down-stack test test-unit test-integration bench lint
+
+help:
+	@echo "make up | down | test | bench | lint | venv"
+
+# Reinstalled whenever pyproject.toml changes, so new dependencies reach every checkout.
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+up-stack:
+	scripts/stack.sh up
+
+up: venv up-stack
+	@echo "API: $$(grep '^GANGWAY_API_URL=' .gangway/env | cut -d= -f2-)"
+
+down-stack:
+	scripts/stack.sh down
+
+down: down-stack
+
+test: venv up-stack
+	set -a && source .gangway/env && set +a && $(PY) -m pytest -q
+
+test-unit: venv
+	$(PY) -m pytest -q -m "not integration and not e2e"
+
+test-integration: venv up-stack
+	set -a && source .gangway/env && set +a && $(PY) -m pytest -q -m integration
+
+bench: venv up-stack
+	set -a && source .gangway/env && set +a && \
+	for script in bench/*.py; do echo "== $$script"; $(PY) "$$script" || exit 1; done
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy .
