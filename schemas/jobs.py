@@ -1,0 +1,253 @@
+"""The job spec and the events of a job's life: submission, admission, placement, outcome."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from schemas.base import Event, Message
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
+MAX_GANG_TASKS = 4096
+MAX_GPUS_PER_TASK = 64
+
+RequiredLocality = Literal["node", "rack", "block", "none"]
+PreferredLocality = Literal["rack", "block", "none"]
+
+
+class TopologySpec(Message):
+    """Where the gang's ranks may land.
+
+    `tp_size` GPUs form one tensor-parallel group that never spans NVLink domains; it either
+    divides `gpus_per_task` or is a multiple of it (then that many consecutive ranks share a node).
+    """
+
+    tp_size: int | None = Field(default=None, ge=1, le=MAX_GPUS_PER_TASK)
+    require: RequiredLocality = "none"
+    prefer: PreferredLocality = "none"
+
+
+class CheckpointSpec(Message):
+    interval_s: float | None = Field(default=None, gt=0)
+
+
+class JobSpec(Message):
+    """What a user submits (REST body and CLI file)."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    team: str = Field(pattern=NAME_PATTERN)
+    queue: str | None = Field(default=None, pattern=NAME_PATTERN)
+    priority: str = Field(default="research", pattern=NAME_PATTERN)
+    gpu_type: str | None = Field(default=None, min_length=1, max_length=64)
+    tasks: int = Field(default=1, ge=1, le=MAX_GANG_TASKS)
+    gpus_per_task: int = Field(default=1, ge=1, le=MAX_GPUS_PER_TASK)
+    min_tasks: int | None = Field(default=None, ge=1, le=MAX_GANG_TASKS)
+    topology: TopologySpec = TopologySpec()
+    command: list[str] = Field(default_factory=lambda: ["true"], min_length=1, max_length=256)
+    env: dict[str, str] = Field(default_factory=dict, max_length=256)
+    estimated_runtime_s: float | None = Field(default=None, gt=0)
+    max_runtime_s: float | None = Field(default=None, gt=0)
+    preemptible: bool | None = None
+    min_runtime_s: float = Field(default=0, ge=0)
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    max_retries: int = Field(default=3, ge=0, le=100)
+
+    @field_validator("command")
+    @classmethod
+    def _command_args_bounded(cls, command: list[str]) -> list[str]:
+        if any(len(arg) > 4096 for arg in command):
+            raise ValueError("each command argument must be at most 4096 characters")
+        return command
+
+    @model_validator(mode="after")
+    def _shape_is_consistent(self) -> JobSpec:
+        if self.min_tasks is not None and self.min_tasks > self.tasks:
+            raise ValueError("min_tasks must not exceed tasks")
+        tp = self.topology.tp_size
+        if tp is not None:
+            if tp % self.gpus_per_task and self.gpus_per_task % tp:
+                raise ValueError("topology.tp_size must divide gpus_per_task or be a multiple")
+            if (self.tasks * self.gpus_per_task) % tp:
+                raise ValueError("the gang's GPUs must be a whole number of tp_size groups")
+        if (
+            self.max_runtime_s is not None
+            and self.estimated_runtime_s is not None
+            and self.estimated_runtime_s > self.max_runtime_s
+        ):
+            raise ValueError("estimated_runtime_s must not exceed max_runtime_s")
+        return self
+
+    @property
+    def gang_min_tasks(self) -> int:
+        return self.tasks if self.min_tasks is None else self.min_tasks
+
+    @property
+    def total_gpus(self) -> int:
+        return self.tasks * self.gpus_per_task
+
+
+class JobEvent(Event):
+    job_id: str = Field(min_length=1, max_length=64)
+
+    @property
+    def stream(self) -> str:
+        return f"job-{self.job_id}"
+
+
+class JobSubmitted(JobEvent):
+    type = "JobSubmitted"
+    spec: JobSpec
+    submitted_by: str
+
+
+class JobAdmitted(JobEvent):
+    """Admission accepted the job into `queue` at `priority` (both resolved from the spec)."""
+
+    type = "JobAdmitted"
+    queue: str
+    priority: str
+
+
+class JobRejected(JobEvent):
+    type = "JobRejected"
+    code: str
+    reason: str
+
+
+class JobCancelRequested(JobEvent):
+    type = "JobCancelRequested"
+    by: str
+
+
+class JobSuspendRequested(JobEvent):
+    type = "JobSuspendRequested"
+    by: str
+
+
+class JobResumeRequested(JobEvent):
+    type = "JobResumeRequested"
+    by: str
+
+
+class JobDeferred(JobEvent):
+    """The job stays waiting, for the reason given; recorded only when the reason changes."""
+
+    type = "JobDeferred"
+    code: str
+    message: str
+
+
+class ReservationPlanned(JobEvent):
+    """The head gang's earliest start on concrete nodes; backfill may not delay it."""
+
+    type = "ReservationPlanned"
+    start_at: datetime
+    nodes: list[str]
+
+
+class RankPlacement(Message):
+    rank: int = Field(ge=0)
+    node_id: str
+    gpus: list[int]
+
+
+class GangReserved(JobEvent):
+    """Every rank of the gang is bound to its GPUs, at once: the only event that binds GPUs."""
+
+    type = "GangReserved"
+    attempt: int = Field(ge=1)
+    ranks: list[RankPlacement] = Field(min_length=1)
+
+
+class TaskStarted(JobEvent):
+    type = "TaskStarted"
+    attempt: int = Field(ge=1)
+    rank: int = Field(ge=0)
+    node_id: str
+
+
+class TaskExited(JobEvent):
+    type = "TaskExited"
+    attempt: int = Field(ge=1)
+    rank: int = Field(ge=0)
+    node_id: str
+    exit_code: int
+    reason: str | None = None
+
+
+class PreemptionRequested(JobEvent):
+    """Checkpoint, then evict, within `grace_s`; the gang is released by JobRequeued."""
+
+    type = "PreemptionRequested"
+    attempt: int = Field(ge=1)
+    preemptor_job_id: str | None
+    reason: str
+    grace_s: float = Field(ge=0)
+
+
+class JobRequeued(JobEvent):
+    """The gang of `attempt` is released whole and the job waits again for a new attempt."""
+
+    type = "JobRequeued"
+    attempt: int = Field(ge=1)
+    code: str
+    reason: str
+
+
+class JobSuspended(JobEvent):
+    type = "JobSuspended"
+    attempt: int | None = None
+
+
+class JobResumed(JobEvent):
+    type = "JobResumed"
+
+
+class JobSucceeded(JobEvent):
+    type = "JobSucceeded"
+    attempt: int = Field(ge=1)
+
+
+class JobFailed(JobEvent):
+    type = "JobFailed"
+    attempt: int | None = None
+    reason: str
+
+
+class JobCancelled(JobEvent):
+    type = "JobCancelled"
+    attempt: int | None = None
+    reason: str
+
+
+JOB_EVENTS: tuple[type[Event], ...] = (
+    JobSubmitted,
+    JobAdmitted,
+    JobRejected,
+    JobCancelRequested,
+    JobSuspendRequested,
+    JobResumeRequested,
+    JobDeferred,
+    ReservationPlanned,
+    GangReserved,
+    TaskStarted,
+    TaskExited,
+    PreemptionRequested,
+    JobRequeued,
+    JobSuspended,
+    JobResumed,
+    JobSucceeded,
+    JobFailed,
+    JobCancelled,
+)
+
+# The events after which the attempt's gang no longer holds any GPU.
+GANG_RELEASING_EVENTS: tuple[type[JobEvent], ...] = (
+    JobRequeued,
+    JobSuspended,
+    JobSucceeded,
+    JobFailed,
+    JobCancelled,
+)

@@ -1,0 +1,115 @@
+"""Node inventory and health: registration, loss, degradation, draining."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import Field
+
+from schemas.base import Event, Message
+
+HealthSignal = Literal["thermal", "ecc", "xid", "nic", "straggler", "heartbeat", "manual"]
+
+
+class GpuInfo(Message):
+    index: int = Field(ge=0)
+    uuid: str
+    model: str
+    memory_mb: int = Field(ge=0)
+
+
+class NodeEvent(Event):
+    node_id: str = Field(min_length=1, max_length=128)
+
+    @property
+    def stream(self) -> str:
+        return f"node-{self.node_id}"
+
+
+class NodeRegistered(NodeEvent):
+    """A node joined (or re-registered) with its GPUs and its place in the topology.
+
+    `nvlink_domain` defaults to the node itself; the topology is node ⊂ rack ⊂ block ⊂ cluster.
+    """
+
+    type = "NodeRegistered"
+    hostname: str
+    gpu_type: str
+    gpus: list[GpuInfo] = Field(min_length=1)
+    rack: str
+    block: str
+    nvlink_domain: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    discovered_by: Literal["nvml", "spec"]
+
+
+class NodeLost(NodeEvent):
+    type = "NodeLost"
+    reason: str
+    last_heartbeat_at: datetime | None = None
+
+
+class NodeRecovered(NodeEvent):
+    type = "NodeRecovered"
+
+
+class NodeDegraded(NodeEvent):
+    type = "NodeDegraded"
+    signal: HealthSignal
+    detail: str
+    gpu_index: int | None = None
+
+
+class NodeDrainRequested(NodeEvent):
+    """No new gang lands on the node; running gangs finish or are checkpointed away."""
+
+    type = "NodeDrainRequested"
+    reason: str
+    by: str
+
+
+class NodeDrained(NodeEvent):
+    """The node is drained and holds no gang."""
+
+    type = "NodeDrained"
+
+
+class NodeUndrained(NodeEvent):
+    type = "NodeUndrained"
+    by: str
+
+
+class GpuUnhealthy(NodeEvent):
+    type = "GpuUnhealthy"
+    gpu_index: int = Field(ge=0)
+    reason: str
+
+
+class GpuRecovered(NodeEvent):
+    type = "GpuRecovered"
+    gpu_index: int = Field(ge=0)
+
+
+class StragglerDetected(NodeEvent):
+    """A rank on this node steps markedly slower than its gang's median."""
+
+    type = "StragglerDetected"
+    job_id: str
+    rank: int = Field(ge=0)
+    step_time_s: float = Field(gt=0)
+    median_step_time_s: float = Field(gt=0)
+
+
+NODE_EVENTS: tuple[type[Event], ...] = (
+    NodeRegistered,
+    NodeLost,
+    NodeRecovered,
+    NodeDegraded,
+    NodeDrainRequested,
+    NodeDrained,
+    NodeUndrained,
+    GpuUnhealthy,
+    GpuRecovered,
+    StragglerDetected,
+)
