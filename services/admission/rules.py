@@ -1,0 +1,160 @@
+"""Admission: what a submitted job must satisfy before it may wait for GPUs.
+
+Pure rules over a catalogue folded from the log (teams, queues, nodes). A job is rejected only
+for what can never change by waiting: an unknown team, a shape no cluster placement could ever
+hold, a size above its team's ceiling. Transient shortages are the scheduler's to explain.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from schemas.base import Event
+from schemas.jobs import JobAdmitted, JobRejected, JobSpec
+from schemas.nodes import NodeRegistered
+from schemas.teams import QueueConfigured, TeamCreated
+
+
+@dataclass(frozen=True, slots=True)
+class QueueLimits:
+    name: str
+    parent: str | None
+    max_gpus: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeShape:
+    node_id: str
+    gpu_type: str
+    gpus: int
+    rack: str
+    block: str
+
+
+@dataclass
+class AdmissionCatalog:
+    """The teams, queues and nodes admission judges against; every node ever registered counts,
+    since a drained or lost node may come back."""
+
+    teams: set[str] = field(default_factory=set)
+    queues: dict[str, QueueLimits] = field(default_factory=dict)
+    nodes: dict[str, NodeShape] = field(default_factory=dict)
+
+    def apply(self, event: Event) -> None:
+        match event:
+            case TeamCreated():
+                self.teams.add(event.name)
+                self.queues[event.name] = QueueLimits(event.name, event.parent, event.max_gpus)
+            case QueueConfigured():
+                self.queues[event.name] = QueueLimits(event.name, event.parent, event.max_gpus)
+            case NodeRegistered():
+                self.nodes[event.node_id] = NodeShape(
+                    event.node_id, event.gpu_type, len(event.gpus), event.rack, event.block
+                )
+            case _:
+                pass
+
+    def queue_chain(self, name: str) -> list[QueueLimits]:
+        """The queue and its ancestors, nearest first; a cycle in the tree stops the walk."""
+        chain: list[QueueLimits] = []
+        seen: set[str] = set()
+        current: str | None = name
+        while current is not None and current in self.queues and current not in seen:
+            seen.add(current)
+            chain.append(self.queues[current])
+            current = self.queues[current].parent
+        return chain
+
+
+def admit(
+    job_id: str,
+    spec: JobSpec,
+    catalog: AdmissionCatalog,
+    priority_classes: Collection[str],
+    always_preemptible: Collection[str] = ("best-effort",),
+) -> JobAdmitted | JobRejected:
+    """JobAdmitted into the resolved queue, or JobRejected with the first reason that applies."""
+    queue = spec.queue or spec.team
+
+    def reject(code: str, reason: str) -> JobRejected:
+        return JobRejected(job_id=job_id, code=code, reason=reason)
+
+    if spec.team not in catalog.teams:
+        return reject("unknown_team", f"team {spec.team!r} does not exist")
+    if queue not in catalog.queues:
+        return reject("unknown_queue", f"queue {queue!r} does not exist")
+    chain = catalog.queue_chain(queue)
+    if spec.queue is not None and spec.team not in {limits.name for limits in chain}:
+        return reject("foreign_queue", f"queue {queue!r} is not under team {spec.team!r}")
+    if spec.priority not in priority_classes:
+        known = ", ".join(sorted(priority_classes))
+        return reject("unknown_priority", f"priority {spec.priority!r} is not one of: {known}")
+    if spec.priority in always_preemptible and spec.preemptible is False:
+        return reject(
+            "not_preemptible", f"{spec.priority} jobs run on idle capacity and are preemptible"
+        )
+
+    nodes = [
+        node
+        for node in catalog.nodes.values()
+        if spec.gpu_type is None or node.gpu_type == spec.gpu_type
+    ]
+    if not nodes:
+        if spec.gpu_type is not None:
+            known_types = ", ".join(sorted({n.gpu_type for n in catalog.nodes.values()})) or "none"
+            return reject(
+                "unknown_gpu_type",
+                f"no node has GPUs of type {spec.gpu_type!r} (known: {known_types})",
+            )
+        return reject("no_nodes", "no node is registered in the cluster")
+
+    needed_gpus = spec.gang_min_tasks * spec.gpus_per_task
+    for limits in chain:
+        if limits.max_gpus is not None and needed_gpus > limits.max_gpus:
+            return reject(
+                "over_quota_max",
+                f"needs {needed_gpus} GPUs but queue {limits.name!r} may never use more than "
+                f"{limits.max_gpus}",
+            )
+
+    largest_node = max(node.gpus for node in nodes)
+    group_gpus = max(spec.gpus_per_task, spec.topology.tp_size or 1)
+    if group_gpus > largest_node:
+        what = "a task" if group_gpus == spec.gpus_per_task else "a tensor-parallel group"
+        return reject(
+            "task_too_large",
+            f"{what} needs {group_gpus} GPUs in one NVLink domain but the largest node has "
+            f"{largest_node}",
+        )
+
+    placeable = max_placeable_tasks(spec, nodes)
+    if placeable < spec.gang_min_tasks:
+        scope = {"none": "the cluster"}.get(spec.topology.require, f"one {spec.topology.require}")
+        return reject(
+            "gang_too_large",
+            f"needs {spec.gang_min_tasks} tasks of {spec.gpus_per_task} GPUs but {scope} can "
+            f"hold at most {placeable}",
+        )
+    return JobAdmitted(job_id=job_id, queue=queue, priority=spec.priority)
+
+
+def max_placeable_tasks(spec: JobSpec, nodes: Collection[NodeShape]) -> int:
+    """How many of the job's tasks the whole fleet could hold within its `require` locality,
+    if every node were empty; tensor-parallel groups of several ranks stay inside one node."""
+    tp = spec.topology.tp_size or spec.gpus_per_task
+    ranks_per_group = max(1, tp // spec.gpus_per_task)
+    group_gpus = ranks_per_group * spec.gpus_per_task
+
+    def tasks_on(node: NodeShape) -> int:
+        return (node.gpus // group_gpus) * ranks_per_group
+
+    require = spec.topology.require
+    if require == "none":
+        return sum(tasks_on(node) for node in nodes)
+    by_domain: dict[str, int] = defaultdict(int)
+    for node in nodes:
+        domain = {"node": node.node_id, "rack": node.rack, "block": node.block}[require]
+        by_domain[domain] += tasks_on(node)
+    return max(by_domain.values())

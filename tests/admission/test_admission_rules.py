@@ -1,0 +1,154 @@
+"""Admission rules: what a job must satisfy before it may wait for GPUs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from schemas.jobs import JobAdmitted, JobRejected, JobSpec, TopologySpec
+from schemas.nodes import GpuInfo, NodeRegistered
+from schemas.teams import QueueConfigured, TeamCreated
+from services.admission.rules import AdmissionCatalog, admit
+
+CLASSES = ("inference-critical", "production", "research", "best-effort")
+SHA = "a" * 64
+
+
+def node(node_id: str, gpus: int = 8, rack: str = "r0", block: str = "b0", gpu_type: str = "H100"
+         ) -> NodeRegistered:  # fmt: skip
+    return NodeRegistered(
+        node_id=node_id,
+        hostname=node_id,
+        gpu_type=gpu_type,
+        gpus=[
+            GpuInfo(index=i, uuid=f"{node_id}-{i}", model=gpu_type, memory_mb=1)
+            for i in range(gpus)
+        ],
+        rack=rack,
+        block=block,
+        discovered_by="spec",
+    )
+
+
+@pytest.fixture
+def catalog() -> AdmissionCatalog:
+    """Two racks of two 8-GPU H100 nodes, one 4-GPU A100 node; teams nlp (max 32) and vision."""
+    history = [
+        QueueConfigured(name="research-org", guaranteed_gpus=32, max_gpus=40),
+        TeamCreated(name="nlp", parent="research-org", guaranteed_gpus=16, max_gpus=32,
+                    token_sha256=SHA),
+        TeamCreated(name="vision", guaranteed_gpus=8, token_sha256=SHA),
+        node("n0", rack="r0"), node("n1", rack="r0"), node("n2", rack="r1"), node("n3", rack="r1"),
+        node("a0", gpus=4, rack="r2", gpu_type="A100"),
+    ]  # fmt: skip
+    catalog = AdmissionCatalog()
+    for event in history:
+        catalog.apply(event)
+    return catalog
+
+
+def job(**fields: Any) -> JobSpec:
+    return JobSpec.model_validate({"name": "train", "team": "nlp", **fields})
+
+
+def rejection(result: JobAdmitted | JobRejected) -> str:
+    assert isinstance(result, JobRejected), f"expected a rejection, got {result}"
+    return result.code
+
+
+def test_a_fitting_job_is_admitted_into_its_teams_queue(catalog: AdmissionCatalog) -> None:
+    result = admit("j1", job(tasks=2, gpus_per_task=8), catalog, CLASSES)
+    assert result == JobAdmitted(job_id="j1", queue="nlp", priority="research")
+
+
+def test_an_unknown_team_is_rejected(catalog: AdmissionCatalog) -> None:
+    assert rejection(admit("j1", job(team="ghosts"), catalog, CLASSES)) == "unknown_team"
+
+
+def test_an_unknown_queue_is_rejected(catalog: AdmissionCatalog) -> None:
+    assert rejection(admit("j1", job(queue="nowhere"), catalog, CLASSES)) == "unknown_queue"
+
+
+def test_another_teams_queue_is_rejected(catalog: AdmissionCatalog) -> None:
+    assert rejection(admit("j1", job(queue="vision"), catalog, CLASSES)) == "foreign_queue"
+
+
+def test_the_parent_org_queue_is_not_the_teams_to_use(catalog: AdmissionCatalog) -> None:
+    assert rejection(admit("j1", job(queue="research-org"), catalog, CLASSES)) == "foreign_queue"
+
+
+def test_a_sub_queue_of_the_team_is_accepted(catalog: AdmissionCatalog) -> None:
+    catalog.apply(QueueConfigured(name="nlp-eval", parent="nlp", guaranteed_gpus=0, max_gpus=8))
+    result = admit("j1", job(queue="nlp-eval"), catalog, CLASSES)
+    assert result == JobAdmitted(job_id="j1", queue="nlp-eval", priority="research")
+
+
+def test_an_unknown_priority_class_is_rejected(catalog: AdmissionCatalog) -> None:
+    result = admit("j1", job(priority="urgent"), catalog, CLASSES)
+    assert rejection(result) == "unknown_priority"
+    assert isinstance(result, JobRejected) and "best-effort" in result.reason
+
+
+def test_a_best_effort_job_cannot_refuse_preemption(catalog: AdmissionCatalog) -> None:
+    result = admit("j1", job(priority="best-effort", preemptible=False), catalog, CLASSES)
+    assert rejection(result) == "not_preemptible"
+
+
+def test_an_unknown_gpu_type_is_rejected_naming_the_known_ones(catalog: AdmissionCatalog) -> None:
+    result = admit("j1", job(gpu_type="B200"), catalog, CLASSES)
+    assert rejection(result) == "unknown_gpu_type"
+    assert isinstance(result, JobRejected) and "A100, H100" in result.reason
+
+
+def test_a_task_larger_than_any_node_is_rejected(catalog: AdmissionCatalog) -> None:
+    assert rejection(admit("j1", job(gpus_per_task=16), catalog, CLASSES)) == "task_too_large"
+
+
+def test_a_tp_group_larger_than_any_nvlink_domain_is_rejected(catalog: AdmissionCatalog) -> None:
+    spec = job(tasks=16, gpus_per_task=1, topology=TopologySpec(tp_size=16))
+    assert rejection(admit("j1", spec, catalog, CLASSES)) == "task_too_large"
+
+
+def test_a_gang_above_the_teams_ceiling_is_rejected(catalog: AdmissionCatalog) -> None:
+    result = admit("j1", job(tasks=5, gpus_per_task=8), catalog, CLASSES)
+    assert rejection(result) == "over_quota_max"
+    assert isinstance(result, JobRejected) and "'nlp'" in result.reason
+
+
+def test_a_parent_queues_ceiling_binds_its_teams(catalog: AdmissionCatalog) -> None:
+    catalog.apply(TeamCreated(name="big", parent="research-org", guaranteed_gpus=0,
+                              max_gpus=None, token_sha256=SHA))  # fmt: skip
+    result = admit("j1", job(team="big", tasks=41), catalog, CLASSES)
+    assert isinstance(result, JobRejected) and "'research-org'" in result.reason
+
+
+def test_a_gang_larger_than_the_cluster_is_rejected(catalog: AdmissionCatalog) -> None:
+    spec = job(team="vision", tasks=5, gpus_per_task=8, gpu_type="H100")
+    assert rejection(admit("j1", spec, catalog, CLASSES)) == "gang_too_large"
+
+
+def test_a_rack_local_gang_must_fit_in_one_rack(catalog: AdmissionCatalog) -> None:
+    spec = job(tasks=3, gpus_per_task=8, topology=TopologySpec(require="rack"))
+    assert rejection(admit("j1", spec, catalog, CLASSES)) == "gang_too_large"
+
+
+def test_a_node_local_gang_fits_when_one_node_holds_it(catalog: AdmissionCatalog) -> None:
+    spec = job(tasks=4, gpus_per_task=2, topology=TopologySpec(require="node"))
+    assert isinstance(admit("j1", spec, catalog, CLASSES), JobAdmitted)
+
+
+def test_an_elastic_gang_needs_only_its_minimum_to_fit(catalog: AdmissionCatalog) -> None:
+    spec = job(team="vision", tasks=8, min_tasks=4, gpus_per_task=8, gpu_type="H100")
+    assert isinstance(admit("j1", spec, catalog, CLASSES), JobAdmitted)
+
+
+def test_single_gpu_ranks_of_a_tp_group_share_a_node(catalog: AdmissionCatalog) -> None:
+    # Three 4-GPU groups cannot be spread as single ranks over the A100 node's 4 GPUs.
+    spec = job(tasks=8, gpus_per_task=1, gpu_type="A100", topology=TopologySpec(tp_size=4))
+    assert rejection(admit("j1", spec, catalog, CLASSES)) == "gang_too_large"
+
+
+def test_an_empty_cluster_admits_nothing(catalog: AdmissionCatalog) -> None:
+    empty = AdmissionCatalog(teams=catalog.teams, queues=catalog.queues)
+    assert rejection(admit("j1", job(), empty, CLASSES)) == "no_nodes"
