@@ -1,0 +1,172 @@
+"""Health rules: from raw telemetry to the few facts worth recording.
+
+Pure and incremental: a monitor folds heartbeats and step-time samples and returns events only
+when a node's or GPU's condition changes, so the log records transitions, never samples.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+
+from schemas.base import Event
+from schemas.nodes import GpuUnhealthy, NodeDegraded, NodeDrainRequested, StragglerDetected
+from schemas.telemetry import NodeHeartbeat, StepTimeSample
+
+# XIDs that mean the GPU cannot be trusted with work until someone looks at it:
+# 48 double-bit ECC, 63/64 row remapping, 74 NVLink, 79 fallen off the bus, 92 high single-bit
+# ECC rate, 94/95 contained/uncontained ECC, 119/120 GSP firmware.
+FATAL_XIDS = frozenset({48, 63, 64, 74, 79, 92, 94, 95, 119, 120})
+# Of those, the ones that take the whole node's NVLink fabric or bus down with them.
+NODE_FATAL_XIDS = frozenset({74, 79})
+
+HEALTH_PRODUCER = "health"
+
+
+@dataclass(frozen=True, slots=True)
+class HealthThresholds:
+    gpu_temperature_c: float = 87.0
+    thermal_samples: int = 3  # consecutive hot heartbeats before a GPU counts as throttling
+    thermal_drain_gpus: int = 2  # hot GPUs on one node that make the node worth draining
+    nic_ratio: float = 0.8  # below this share of the expected link rate the NIC is degraded
+    nic_samples: int = 3
+    straggler_ratio: float = 1.5  # step time over the gang's median that marks a straggler
+    straggler_samples: int = 5  # consecutive slow steps before a rank is called a straggler
+    straggler_window: int = 20  # recent steps per rank kept for the gang's median
+
+
+@dataclass
+class _NodeCondition:
+    hot_streak: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    hot_gpus: set[int] = field(default_factory=set)
+    unhealthy_gpus: set[int] = field(default_factory=set)
+    slow_nic_streak: int = 0
+    degraded: set[str] = field(default_factory=set)
+    drain_requested: bool = False
+
+
+@dataclass
+class _RankPace:
+    node_id: str
+    recent: deque[float]
+    slow_streak: int = 0
+    flagged: bool = False
+
+
+class HealthMonitor:
+    def __init__(self, thresholds: HealthThresholds = HealthThresholds()) -> None:
+        self.thresholds = thresholds
+        self._nodes: dict[str, _NodeCondition] = defaultdict(_NodeCondition)
+        self._gangs: dict[tuple[str, int], dict[int, _RankPace]] = defaultdict(dict)
+
+    def forget_node_drain(self, node_id: str) -> None:
+        """An operator returned the node to service: judge it afresh from now on."""
+        self._nodes.pop(node_id, None)
+
+    def observe_heartbeat(self, heartbeat: NodeHeartbeat) -> list[Event]:
+        limits = self.thresholds
+        node_id = heartbeat.node_id
+        condition = self._nodes[node_id]
+        events: list[Event] = []
+        drain_reasons: list[str] = []
+
+        for gpu in heartbeat.gpus:
+            fatal = sorted(FATAL_XIDS.intersection(gpu.xid_errors))
+            reason = None
+            if gpu.ecc_uncorrected > 0:
+                reason = f"{gpu.ecc_uncorrected} uncorrected ECC errors"
+            elif fatal:
+                reason = f"XID {', '.join(map(str, fatal))}"
+            if reason is not None and gpu.index not in condition.unhealthy_gpus:
+                condition.unhealthy_gpus.add(gpu.index)
+                events.append(GpuUnhealthy(node_id=node_id, gpu_index=gpu.index, reason=reason))
+                signal = "ecc" if gpu.ecc_uncorrected > 0 else "xid"
+                events.append(
+                    NodeDegraded(node_id=node_id, signal=signal, detail=reason, gpu_index=gpu.index)
+                )
+                condition.degraded.add(signal)
+                if NODE_FATAL_XIDS.intersection(gpu.xid_errors):
+                    drain_reasons.append(f"GPU {gpu.index}: {reason}")
+
+            hot = gpu.temperature_c is not None and gpu.temperature_c >= limits.gpu_temperature_c
+            condition.hot_streak[gpu.index] = condition.hot_streak[gpu.index] + 1 if hot else 0
+            if condition.hot_streak[gpu.index] >= limits.thermal_samples:
+                condition.hot_gpus.add(gpu.index)
+            elif not hot:
+                condition.hot_gpus.discard(gpu.index)
+
+        if len(condition.hot_gpus) >= 1 and "thermal" not in condition.degraded:
+            condition.degraded.add("thermal")
+            gpus = ", ".join(map(str, sorted(condition.hot_gpus)))
+            events.append(
+                NodeDegraded(
+                    node_id=node_id,
+                    signal="thermal",
+                    detail=f"GPU {gpus} at or above {limits.gpu_temperature_c:g} C",
+                )
+            )
+        if len(condition.hot_gpus) >= limits.thermal_drain_gpus:
+            drain_reasons.append(f"{len(condition.hot_gpus)} GPUs running hot")
+
+        expected = heartbeat.nic_expected_gbps
+        if heartbeat.nic_gbps is not None and expected:
+            slow = heartbeat.nic_gbps < limits.nic_ratio * expected
+            condition.slow_nic_streak = condition.slow_nic_streak + 1 if slow else 0
+            if condition.slow_nic_streak >= limits.nic_samples and "nic" not in condition.degraded:
+                condition.degraded.add("nic")
+                detail = f"NIC at {heartbeat.nic_gbps:g} of {expected:g} Gb/s"
+                events.append(NodeDegraded(node_id=node_id, signal="nic", detail=detail))
+                drain_reasons.append(detail)
+
+        if drain_reasons and not condition.drain_requested:
+            condition.drain_requested = True
+            events.append(
+                NodeDrainRequested(node_id=node_id, reason="; ".join(drain_reasons), by="health")
+            )
+        return events
+
+    def observe_step_time(self, sample: StepTimeSample) -> list[Event]:
+        """Flag a rank whose steps stay well behind its gang's median."""
+        limits = self.thresholds
+        gang = self._gangs[(sample.job_id, sample.attempt)]
+        pace = gang.get(sample.rank)
+        if pace is None:
+            pace = gang[sample.rank] = _RankPace(
+                sample.node_id, deque(maxlen=limits.straggler_window)
+            )
+        pace.recent.append(sample.step_time_s)
+        if len(gang) < 2:
+            return []
+        median = statistics.median(
+            statistics.median(other.recent) for other in gang.values() if other.recent
+        )
+        slow = sample.step_time_s > limits.straggler_ratio * median
+        pace.slow_streak = pace.slow_streak + 1 if slow else 0
+        if pace.slow_streak < limits.straggler_samples or pace.flagged:
+            return []
+        pace.flagged = True
+        condition = self._nodes[sample.node_id]
+        events: list[Event] = [
+            StragglerDetected(
+                node_id=sample.node_id,
+                job_id=sample.job_id,
+                rank=sample.rank,
+                step_time_s=sample.step_time_s,
+                median_step_time_s=median,
+            )
+        ]
+        if "straggler" not in condition.degraded:
+            condition.degraded.add("straggler")
+            events.append(
+                NodeDegraded(
+                    node_id=sample.node_id,
+                    signal="straggler",
+                    detail=f"rank {sample.rank} of job {sample.job_id} steps in "
+                    f"{sample.step_time_s:.2f}s against a median of {median:.2f}s",
+                )
+            )
+        return events
+
+    def forget_gang(self, job_id: str, attempt: int) -> None:
+        self._gangs.pop((job_id, attempt), None)
