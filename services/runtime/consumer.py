@@ -1,0 +1,306 @@
+"""The consumer runtime every service uses: batches, manual commits, inbox, dead letters.
+
+The loop follows aiokafka's rules for consumers with a database: fetch with `getmany`, apply
+each message in its own transaction, then commit offset + 1. A redelivered event is recognised
+by its inbox row (written in the handler's transaction) and changes nothing. A message that can
+never be processed goes to the dead-letter topic with the reason, and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import traceback
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from enum import Enum
+from typing import Any
+
+import asyncpg
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
+from aiokafka.errors import CommitFailedError, KafkaError
+from pydantic import ValidationError
+
+from schemas import REGISTRY, EventDecodeError, EventEnvelope, EventRegistry
+from schemas.telemetry import TELEMETRY, NodeHeartbeat, StepTimeSample
+from services.runtime.errors import ConcurrencyConflict, DomainError
+from services.runtime.kafka import make_consumer, make_producer
+from services.runtime.settings import Settings
+from services.runtime.topics import Topics, ensure_topics
+
+log = logging.getLogger(__name__)
+
+EventHandler = Callable[[EventEnvelope, asyncpg.Connection], Awaitable[None]]
+TelemetryMessage = NodeHeartbeat | StepTimeSample
+TelemetryHandler = Callable[[TelemetryMessage], Awaitable[None]]
+
+# Worth retrying for as long as it takes: the database or the network will come back, and a
+# concurrency conflict resolves when the handler reloads its stream.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.SerializationError,
+    asyncpg.DeadlockDetectedError,
+    asyncpg.CannotConnectNowError,
+    ConcurrencyConflict,
+    KafkaError,
+)
+
+_INBOX = """
+INSERT INTO inbox (consumer, event_id) VALUES ($1, $2)
+ON CONFLICT (consumer, event_id) DO NOTHING
+RETURNING true
+"""
+
+
+class Outcome(Enum):
+    APPLIED = "applied"
+    DUPLICATE = "duplicate"
+    SKIPPED = "skipped"
+    DEAD_LETTERED = "dead-lettered"
+
+
+class Unprocessable(Exception):
+    """A message that no retry can fix; carries the reason for the dead-letter topic."""
+
+
+class ConsumerLoop(ABC):
+    """Fetch, process one message at a time, dead-letter the unprocessable, commit.
+
+    Subclasses say how one message is processed (`process`); the loop owns retries,
+    dead letters, commits and shutdown.
+    """
+
+    def __init__(self, settings: Settings, *, name: str, topics: Sequence[str]) -> None:
+        self.settings = settings
+        self.name = name
+        self.topics = tuple(topics)
+        self.bus_topics = Topics.from_settings(settings)
+        self.counts: dict[Outcome, int] = dict.fromkeys(Outcome, 0)
+        self._consumer: AIOKafkaConsumer | None = None
+        self._producer: AIOKafkaProducer | None = None
+        self.started = asyncio.Event()
+
+    @abstractmethod
+    async def process(self, record: ConsumerRecord[bytes, bytes]) -> Outcome:
+        """Apply one message. Raise Unprocessable or DomainError for dead letters."""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Consume until `stop` is set, then commit what was applied and leave the group."""
+        await ensure_topics(self.settings, self.bus_topics)
+        consumer = make_consumer(
+            self.settings,
+            *self.topics,
+            group_id=self.name,
+            client_id=f"{self.settings.service_name}-{self.name}",
+        )
+        producer = make_producer(self.settings, client_id=f"{self.settings.service_name}-dlq")
+        await consumer.start()
+        await producer.start()
+        self._consumer, self._producer = consumer, producer
+        try:
+            while not stop.is_set():
+                batches = await consumer.getmany(
+                    timeout_ms=200, max_records=self.settings.consumer_max_batch
+                )
+                if not self.started.is_set() and consumer.assignment():
+                    self.started.set()
+                for tp, records in batches.items():
+                    done = await self._process_partition(tp, records, stop)
+                    if done is not None:
+                        await self._commit(consumer, tp, done)
+        finally:
+            self._consumer = self._producer = None
+            await consumer.stop()
+            await producer.stop()
+
+    async def _process_partition(
+        self,
+        tp: TopicPartition,
+        records: Sequence[ConsumerRecord[bytes, bytes]],
+        stop: asyncio.Event,
+    ) -> int | None:
+        """Process in order; return the offset of the last message done with, if any."""
+        last: int | None = None
+        for record in records:
+            outcome = await self._process_with_retries(record, stop)
+            if outcome is None:
+                # Stopping mid-retry: leave the message uncommitted for the next owner.
+                break
+            self.counts[outcome] += 1
+            last = record.offset
+        return last
+
+    async def _process_with_retries(
+        self, record: ConsumerRecord[bytes, bytes], stop: asyncio.Event
+    ) -> Outcome | None:
+        failures = 0
+        backoff = 0.05
+        while True:
+            reason: str | None = None
+            try:
+                return await self.process(record)
+            except (Unprocessable, DomainError) as error:
+                reason = f"{type(error).__name__}: {error}"
+            except TRANSIENT_ERRORS as error:
+                log.warning("%s: transient %r at %s; retrying", self.name, error, _where(record))
+            except Exception as error:
+                failures += 1
+                if failures >= self.settings.consumer_max_attempts:
+                    reason = f"handler failed {failures} times: {error!r}\n" + "".join(
+                        traceback.format_exception(error)[-3:]
+                    )
+                else:
+                    log.warning(
+                        "%s: %r at %s (attempt %d)", self.name, error, _where(record), failures
+                    )
+            if reason is not None:
+                return await self._dead_letter_until_sent(record, reason, stop)
+            if await _sleep_unless(stop, backoff):
+                return None
+            backoff = min(backoff * 2, 5.0)
+
+    async def _dead_letter_until_sent(
+        self, record: ConsumerRecord[bytes, bytes], reason: str, stop: asyncio.Event
+    ) -> Outcome | None:
+        backoff = 0.1
+        while True:
+            try:
+                await self.dead_letter(record, reason)
+                return Outcome.DEAD_LETTERED
+            except (KafkaError, OSError) as error:
+                log.warning("%s: dead letter not sent: %r; retrying", self.name, error)
+            if await _sleep_unless(stop, backoff):
+                return None
+            backoff = min(backoff * 2, 5.0)
+
+    async def dead_letter(self, record: ConsumerRecord[bytes, bytes], reason: str) -> None:
+        """Publish the message as received, with why and where from, before its offset is
+        committed: a dead letter is never lost."""
+        assert self._producer is not None
+        log.error("%s: dead-lettering %s: %s", self.name, _where(record), reason.splitlines()[0])
+        headers = [
+            *[(k, v) for k, v in (record.headers or ()) if not k.startswith("deadletter.")],
+            ("deadletter.reason", reason.encode()),
+            ("deadletter.consumer", self.name.encode()),
+            ("deadletter.topic", record.topic.encode()),
+            ("deadletter.partition", str(record.partition).encode()),
+            ("deadletter.offset", str(record.offset).encode()),
+        ]
+        await self._producer.send_and_wait(
+            self.bus_topics.deadletter, record.value, key=record.key, headers=headers
+        )
+
+    async def _commit(self, consumer: AIOKafkaConsumer, tp: TopicPartition, offset: int) -> None:
+        try:
+            await consumer.commit({tp: offset + 1})
+        except CommitFailedError as error:
+            # The partition moved to another member during a rebalance; it will re-read from
+            # the last commit and the inbox turns the repeats into no-ops.
+            log.warning("%s: commit of %s@%d failed: %r", self.name, tp, offset + 1, error)
+
+
+class EventConsumer(ConsumerLoop):
+    """Consumes log events from the bus and hands each to the handler for its type.
+
+    A handler receives the decoded envelope and a connection inside the transaction that also
+    records the event in the inbox: whatever it writes with that connection (read models,
+    appended events) happens exactly once per event.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        pool: asyncpg.Pool,
+        *,
+        name: str,
+        topics: Sequence[str],
+        handlers: Mapping[str, EventHandler],
+        registry: EventRegistry = REGISTRY,
+    ) -> None:
+        super().__init__(settings, name=name, topics=topics)
+        unknown = [t for t in handlers if t not in registry.types]
+        if unknown:
+            raise ValueError(f"handlers for unregistered event types: {unknown}")
+        self.pool = pool
+        self.handlers = dict(handlers)
+        self.registry = registry
+
+    async def process(self, record: ConsumerRecord[bytes, bytes]) -> Outcome:
+        declared = _header(record, "type")
+        if declared is not None and declared not in self.handlers:
+            return Outcome.SKIPPED  # not ours; no need to parse it
+        if record.value is None:
+            raise Unprocessable("message has no value")
+        try:
+            envelope = EventEnvelope.from_json(record.value, self.registry)
+        except EventDecodeError as error:
+            raise Unprocessable(f"undecodable event: {error}") from error
+        handler = self.handlers.get(envelope.type)
+        if handler is None:
+            return Outcome.SKIPPED
+        async with self.pool.acquire() as conn, conn.transaction():
+            if not await conn.fetchval(_INBOX, self.name, envelope.event_id):
+                return Outcome.DUPLICATE
+            await handler(envelope, conn)
+        return Outcome.APPLIED
+
+
+class TelemetryConsumer(ConsumerLoop):
+    """Consumes heartbeats and samples from the telemetry topic (not events: no inbox)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        name: str,
+        handler: TelemetryHandler,
+        topics: Sequence[str] | None = None,
+    ) -> None:
+        super().__init__(
+            settings, name=name, topics=topics or [Topics.from_settings(settings).telemetry]
+        )
+        self.handler = handler
+
+    async def process(self, record: ConsumerRecord[bytes, bytes]) -> Outcome:
+        if record.value is None:
+            raise Unprocessable("message has no value")
+        try:
+            message = TELEMETRY.validate_json(record.value)
+        except ValidationError as error:
+            raise Unprocessable(f"undecodable telemetry: {error}") from error
+        await self.handler(message)
+        return Outcome.APPLIED
+
+
+async def publish_telemetry(
+    producer: AIOKafkaProducer, topics: Topics, message: TelemetryMessage
+) -> None:
+    """Send a heartbeat or sample, keyed by node so that each node's samples stay in order."""
+    await producer.send_and_wait(
+        topics.telemetry, message.model_dump_json().encode(), key=message.node_id.encode()
+    )
+
+
+async def _sleep_unless(stop: asyncio.Event, seconds: float) -> bool:
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        return False
+    return True
+
+
+def _header(record: ConsumerRecord[Any, Any], name: str) -> str | None:
+    for key, value in record.headers or ():
+        if key == name:
+            try:
+                return bytes(value).decode()
+            except UnicodeDecodeError:
+                return None
+    return None
+
+
+def _where(record: ConsumerRecord[Any, Any]) -> str:
+    return f"{record.topic}[{record.partition}]@{record.offset}"

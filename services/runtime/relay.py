@@ -1,0 +1,198 @@
+"""The outbox relay: the log is the outbox; publish it to Kafka in position order.
+
+At least once: the position is stored only after Kafka acknowledged every event up to it, so
+a relay that dies re-publishes from there, and consumers' inboxes absorb the duplicates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import asyncpg
+from aiokafka import AIOKafkaProducer
+
+from services.runtime.kafka import make_producer
+from services.runtime.records import RawEvent
+from services.runtime.settings import Settings
+from services.runtime.store import NOTIFY_CHANNEL, EventStore
+from services.runtime.topics import Topics, ensure_topics
+
+log = logging.getLogger(__name__)
+
+_TRY_LOCK = "SELECT pg_try_advisory_lock(hashtextextended('gangway.relay.' || $1, 0))"
+_LOAD = "SELECT position FROM relay_positions WHERE name = $1"
+# GREATEST: a position never moves back, even if two relays briefly overlap.
+_STORE = """
+INSERT INTO relay_positions AS r (name, position) VALUES ($1, $2)
+ON CONFLICT (name) DO UPDATE SET position = GREATEST(r.position, EXCLUDED.position),
+                                 updated_at = now()
+"""
+
+
+def message_headers(raw: RawEvent) -> list[tuple[str, bytes]]:
+    """Lets consumers route or skip a message without parsing its body."""
+    return [
+        ("type", raw.type.encode()),
+        ("schema_version", str(raw.schema_version).encode()),
+        ("event_id", str(raw.event_id).encode()),
+        ("position", str(raw.position).encode()),
+    ]
+
+
+class OutboxRelay:
+    def __init__(
+        self,
+        store: EventStore,
+        settings: Settings,
+        *,
+        name: str | None = None,
+        topics: Topics | None = None,
+    ) -> None:
+        self.store = store
+        self.settings = settings
+        self.name = name or settings.relay_name
+        self.topics = topics or Topics.from_settings(settings)
+        self.position = 0
+        self._producer: AIOKafkaProducer | None = None
+        self._wake = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Publish until `stop` is set. Only one relay of a name is active; others stand by."""
+        listener: asyncpg.Connection = await asyncpg.connect(self.settings.pg_dsn)
+        try:
+            if not await self._wait_for_lock(listener, stop):
+                return
+            await listener.add_listener(NOTIFY_CHANNEL, self._on_notify)
+            await ensure_topics(self.settings, self.topics)
+            self.position = await self.load_position()
+            log.info("relay %s resumes after position %d", self.name, self.position)
+            backoff = 0.1
+            while not stop.is_set():
+                self._wake.clear()
+                try:
+                    await self.publish_pending()
+                    backoff = 0.1
+                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+                    log.warning("relay %s: %r; retrying in %.1fs", self.name, error, backoff)
+                    await self._restart_producer()
+                    await _sleep_unless(stop, backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                except Exception as error:
+                    # Kafka errors (timeouts, broker restarts) all land here: start over from
+                    # the stored position with a fresh producer.
+                    log.warning("relay %s: %r; retrying in %.1fs", self.name, error, backoff)
+                    await self._restart_producer()
+                    self.position = await self.load_position()
+                    await _sleep_unless(stop, backoff)
+                    backoff = min(backoff * 2, 5.0)
+                    continue
+                await self._sleep_until_woken(stop)
+        finally:
+            await self._stop_producer()
+            await listener.close()
+
+    async def publish_pending(self) -> int:
+        """Publish everything after the stored position; return how many events were sent."""
+        producer = await self._ensure_producer()
+        sent = 0
+        while True:
+            batch = await self.store.read_all_raw(self.position, self.settings.relay_batch_size)
+            if not batch:
+                return sent
+            futures = [
+                await producer.send(
+                    self.topics.for_stream(raw.stream),
+                    raw.to_json(),
+                    key=raw.stream.encode(),
+                    headers=message_headers(raw),
+                )
+                for raw in batch
+            ]
+            await asyncio.gather(*futures)
+            await self.store_position(batch[-1].position)
+            sent += len(batch)
+            if len(batch) < self.settings.relay_batch_size:
+                return sent
+
+    async def load_position(self) -> int:
+        async with self.store.pool.acquire() as c:
+            position = await c.fetchval(_LOAD, self.name)
+        return 0 if position is None else int(position)
+
+    async def store_position(self, position: int) -> None:
+        async with self.store.pool.acquire() as c:
+            await c.execute(_STORE, self.name, position)
+        self.position = position
+
+    async def _wait_for_lock(self, conn: asyncpg.Connection, stop: asyncio.Event) -> bool:
+        while not await conn.fetchval(_TRY_LOCK, self.name):
+            if await _sleep_unless(stop, self.settings.relay_poll_interval_s):
+                return False
+        return True
+
+    def _on_notify(self, *_: Any) -> None:
+        self._wake.set()
+
+    async def _sleep_until_woken(self, stop: asyncio.Event) -> None:
+        # NOTIFY wakes the relay at once; the poll is the fallback for a lost notification.
+        waiters = {asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())}
+        try:
+            await asyncio.wait(
+                waiters,
+                timeout=self.settings.relay_poll_interval_s,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    async def _ensure_producer(self) -> AIOKafkaProducer:
+        if self._producer is None:
+            producer = make_producer(self.settings, client_id=f"{self.settings.service_name}-relay")
+            await producer.start()
+            self._producer = producer
+        return self._producer
+
+    async def _restart_producer(self) -> None:
+        # An idempotent producer whose batch failed may hold a broken sequence; start afresh.
+        await self._stop_producer()
+
+    async def _stop_producer(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            try:
+                await producer.stop()
+            except Exception as error:
+                log.warning("relay %s: producer did not stop cleanly: %r", self.name, error)
+
+
+async def _sleep_unless(stop: asyncio.Event, seconds: float) -> bool:
+    """Sleep `seconds`, or less if `stop` is set; return whether it is set."""
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        return False
+    return True
+
+
+async def main(settings: Settings | None = None) -> None:
+    """`python -m services.runtime.relay`: migrate, then relay until SIGTERM."""
+    from services.runtime.migrate import migrate_settings
+    from services.runtime.signals import stop_on_signals
+
+    settings = settings or Settings()
+    stop = stop_on_signals()
+    await migrate_settings(settings)
+    store = await EventStore.connect(settings, producer=f"{settings.service_name}-relay")
+    try:
+        await OutboxRelay(store, settings).run(stop)
+    finally:
+        await store.close()
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    asyncio.run(main())

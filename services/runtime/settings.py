@@ -1,0 +1,50 @@
+"""The one configuration object of every Gangway process, read from GANGWAY_* variables."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Connection settings and runtime knobs; `.gangway/env` (written by `make up`) fills gaps.
+
+    Services extend this class's fields rather than reading the environment themselves, so that
+    one object describes a process's whole configuration.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="GANGWAY_",
+        env_file=".gangway/env",
+        env_file_encoding="utf-8",
+        extra="ignore",
+        frozen=True,
+    )
+
+    pg_dsn: str = "postgresql://gangway_app:gangway_app@127.0.0.1:55432/gangway"
+    # Runs the migrations (DDL, grants); the services' own role cannot alter the log.
+    pg_owner_dsn: str | None = None
+    pg_pool_min: int = Field(default=1, ge=0)
+    pg_pool_max: int = Field(default=10, ge=1)
+
+    kafka_bootstrap: str = "127.0.0.1:59092"
+    # Every topic name starts with it; the tests isolate themselves with a unique prefix.
+    topic_prefix: str = "gangway"
+    topic_partitions: int = Field(default=3, ge=1)
+    topic_replication: int = Field(default=1, ge=1)
+
+    api_url: str = "http://127.0.0.1:8080"
+
+    # Recorded as the producer of every appended event and used as the Kafka client id.
+    service_name: str = "gangway"
+
+    relay_name: str = "outbox"
+    relay_batch_size: int = Field(default=5000, ge=1)
+    relay_poll_interval_s: float = Field(default=1.0, gt=0)
+
+    consumer_max_batch: int = Field(default=500, ge=1)
+    consumer_max_attempts: int = Field(default=3, ge=1)
+
+    @property
+    def migration_dsn(self) -> str:
+        return self.pg_owner_dsn or self.pg_dsn

@@ -1,0 +1,110 @@
+"""Kafka topic names: one topic per event category, plus telemetry and dead letters."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+from services.runtime.settings import Settings
+
+log = logging.getLogger(__name__)
+
+_TOPIC_ALREADY_EXISTS = 36
+
+# Stream prefix → category. A stream's events all go to one topic, keyed by stream, so a
+# consumer sees each stream in order. Health events live in node streams, hence in `nodes`.
+_CATEGORIES: tuple[tuple[str, str], ...] = (
+    ("job-", "jobs"),
+    ("node-", "nodes"),
+    ("team-", "teams"),
+    ("queue-", "teams"),
+    ("checkpoint-", "checkpoints"),
+    ("scheduler", "scheduler"),
+)
+LOG_CATEGORIES: tuple[str, ...] = ("jobs", "nodes", "teams", "checkpoints", "scheduler", "misc")
+
+
+def category_of(stream: str) -> str:
+    for prefix, category in _CATEGORIES:
+        if stream.startswith(prefix):
+            return category
+    # Never drop an event for want of a topic; `misc` makes the unexpected stream visible.
+    return "misc"
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    prefix: str = "gangway"
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Topics:
+        return cls(settings.topic_prefix)
+
+    def category(self, category: str) -> str:
+        return f"{self.prefix}.{category}"
+
+    def for_stream(self, stream: str) -> str:
+        return self.category(category_of(stream))
+
+    @property
+    def jobs(self) -> str:
+        return self.category("jobs")
+
+    @property
+    def nodes(self) -> str:
+        return self.category("nodes")
+
+    @property
+    def teams(self) -> str:
+        return self.category("teams")
+
+    @property
+    def checkpoints(self) -> str:
+        return self.category("checkpoints")
+
+    @property
+    def scheduler(self) -> str:
+        return self.category("scheduler")
+
+    @property
+    def telemetry(self) -> str:
+        """Heartbeats and raw samples: on the bus only, never in the log."""
+        return self.category("telemetry")
+
+    @property
+    def deadletter(self) -> str:
+        return self.category("deadletter")
+
+    @property
+    def log_topics(self) -> tuple[str, ...]:
+        """The topics the outbox relay publishes the log to."""
+        return tuple(self.category(c) for c in LOG_CATEGORIES)
+
+    @property
+    def all(self) -> tuple[str, ...]:
+        return (*self.log_topics, self.telemetry, self.deadletter)
+
+
+async def ensure_topics(settings: Settings, topics: Topics | None = None) -> None:
+    """Create every Gangway topic that does not exist yet (idempotent)."""
+    names = (topics or Topics.from_settings(settings)).all
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=settings.kafka_bootstrap, client_id=f"{settings.service_name}-admin"
+    )
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        missing = [n for n in names if n not in existing]
+        if not missing:
+            return
+        new = [NewTopic(n, settings.topic_partitions, settings.topic_replication) for n in missing]
+        response = await admin.create_topics(new)
+        for topic, code, message in response.topic_errors:
+            # 36: created by a concurrent process since the listing; fine.
+            if code not in (0, _TOPIC_ALREADY_EXISTS):
+                raise RuntimeError(f"cannot create topic {topic}: error {code} {message}")
+        log.info("created topics %s", ", ".join(missing))
+    finally:
+        await admin.close()
