@@ -1,0 +1,1 @@
+"""The simulator: job traces replayed through the scheduling core in simulated time."""
