@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv up up-stack down down-stack test test-unit test-integration bench lint
+.PHONY: help venv up up-stack up-services down down-stack down-services status test test-unit test-integration bench lint
 
 help:
 	@echo "make up | down | test | bench | lint | venv"
@@ -24,13 +24,24 @@ venv: $(STAMP)
 up-stack:
 	scripts/stack.sh up
 
-up: venv up-stack
-	@echo "API: $$(grep '^GANGWAY_API_URL=' .gangway/env | cut -d= -f2-)"
+# Migrations, admin token, every service and the simulated fleet (GANGWAY_CLUSTER, default
+# 16x8:4:2); prints the API URL. Idempotent: what already runs is left running.
+up-services: venv up-stack
+	$(PY) -m gangway.launcher up
+
+up: venv up-stack up-services
+
+down-services:
+	@if [ -x $(PY) ]; then $(PY) -m gangway.launcher down; fi
+
+status:
+	@scripts/stack.sh status
+	@if [ -x $(PY) ]; then $(PY) -m gangway.launcher status; fi
 
 down-stack:
 	scripts/stack.sh down
 
-down: down-stack
+down: down-services down-stack
 
 test: venv up-stack
 	set -a && source .gangway/env && set +a && $(PY) -m pytest -q

@@ -1,0 +1,525 @@
+"""Start, watch and stop the Gangway services as background processes.
+
+`make up` / `make down` call the CLI (`python -m gangway.launcher up|down|status`); the e2e
+tests use the same `Launcher` from their fixtures with their own environment (a fresh database,
+a topic prefix) and their own state directory, so that a test run never touches the processes
+`make up` started.
+
+Each service runs detached in its own session (so a Ctrl-C in the shell that ran `make up`
+does not reach it), logs to `<state>/logs/<name>.log` and is remembered by
+`<state>/pids/<name>.pid`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.util
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_STATE_DIR = REPO_ROOT / ".gangway"
+DEFAULT_CLUSTER = "16x8:4:2"
+DEFAULT_API_URL = "http://127.0.0.1:8080"
+# Metrics ports of `make up`: base + the service's place in the table (the API serves its own).
+DEFAULT_METRICS_PORT_BASE = 9100
+
+
+class LauncherError(RuntimeError):
+    """A service would not start or become ready; the message says which and where to look."""
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSpec:
+    """One background process: how to run it and how to tell that it is ready.
+
+    Readiness, first that applies: `ready_url` answers 200; `ready_log` (a regex) appears in
+    its log; otherwise the process is still alive `settle_s` after it started.
+    """
+
+    name: str
+    module: str
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+    ready_url: str | None = None
+    ready_log: str | None = None
+    settle_s: float = 1.0
+
+    def argv(self, python: str) -> list[str]:
+        return [python, "-m", self.module, *self.args]
+
+    def buildable(self) -> bool:
+        """Whether its entry point exists in this checkout (a package with a `__main__`)."""
+        try:
+            return (
+                importlib.util.find_spec(self.module) is not None
+                and (
+                    importlib.util.find_spec(f"{self.module}.__main__") is not None
+                    or not _is_package(self.module)
+                )
+            )
+        except ModuleNotFoundError:
+            return False
+
+
+def _is_package(module: str) -> bool:
+    spec = importlib.util.find_spec(module)
+    return spec is not None and spec.submodule_search_locations is not None
+
+
+def default_services(
+    *,
+    cluster: str = DEFAULT_CLUSTER,
+    api_url: str = DEFAULT_API_URL,
+    scheduler_replicas: int = 2,
+    metrics_port_base: int | None = DEFAULT_METRICS_PORT_BASE,
+) -> list[ServiceSpec]:
+    """The whole system in start order: relay and consumers first, the API, then the fleet.
+
+    `metrics_port_base` None gives every process an ephemeral metrics port (tests run beside
+    `make up` on one machine); otherwise each gets base + its index.
+    """
+    names = ["relay", "admission"]
+    names += ["scheduler"] + [f"scheduler-{i}" for i in range(2, scheduler_replicas + 1)]
+    names += ["inventory", "health", "checkpoint", "api", "agent"]
+
+    def metrics(index: int) -> dict[str, str]:
+        port = 0 if metrics_port_base is None else metrics_port_base + index
+        return {"GANGWAY_METRICS_PORT": str(port)}
+
+    specs: list[ServiceSpec] = []
+    for index, name in enumerate(names):
+        env = {"GANGWAY_SERVICE_NAME": name.split("-")[0], **metrics(index)}
+        if name == "relay":
+            specs.append(ServiceSpec(name, "services.runtime.relay", env=env))
+        elif name.startswith("scheduler"):
+            # Every replica runs the same code; the one holding the leader lock acts, the
+            # others wait on it (see services/runtime/leadership.py).
+            env["GANGWAY_INSTANCE_ID"] = name
+            specs.append(ServiceSpec(name, "services.scheduler", env=env))
+        elif name == "api":
+            specs.append(
+                ServiceSpec(name, "services.api", env=env, ready_url=f"{api_url}/readyz")
+            )
+        elif name == "agent":
+            specs.append(
+                ServiceSpec(
+                    name,
+                    "services.agent",
+                    args=("--cluster", cluster),
+                    env=env,
+                    ready_log=r"agents? ready",
+                )
+            )
+        elif name in ("inventory", "health", "checkpoint"):
+            specs.append(ServiceSpec(name, f"services.{name}", env=env, ready_log=r"\bready\b"))
+        else:
+            specs.append(ServiceSpec(name, f"services.{name}", env=env))
+    return specs
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    name: str
+    pid: int
+    already_running: bool
+
+
+class Launcher:
+    """Runs services under `state_dir` with `env` laid over this process's environment."""
+
+    def __init__(
+        self,
+        *,
+        state_dir: Path = DEFAULT_STATE_DIR,
+        env: Mapping[str, str] | None = None,
+        root: Path = REPO_ROOT,
+        python: str = sys.executable,
+    ) -> None:
+        self.state_dir = state_dir
+        self.root = root
+        self.python = python
+        self.env = dict(env or {})
+        self.logs_dir = state_dir / "logs"
+        self.pids_dir = state_dir / "pids"
+
+    # ------------------------------------------------------------------ paths and state
+
+    def log_path(self, name: str) -> Path:
+        return self.logs_dir / f"{name}.log"
+
+    def pid_path(self, name: str) -> Path:
+        return self.pids_dir / f"{name}.pid"
+
+    def read_log(self, name: str) -> str:
+        try:
+            return self.log_path(name).read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def pid(self, name: str) -> int | None:
+        """The pid of the running service `name`, or None (a stale pid file is removed)."""
+        path = self.pid_path(name)
+        try:
+            pid = int(path.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        if _alive(pid) and self._is_ours(pid):
+            return pid
+        path.unlink(missing_ok=True)
+        return None
+
+    def _is_ours(self, pid: int) -> bool:
+        # A pid is reused after its process died; trust it only if it still runs a Gangway module.
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return True  # no /proc: give the pid file the benefit of the doubt
+        return b"-m" in cmdline and any(
+            part.startswith((b"services.", b"gangway.")) for part in cmdline
+        )
+
+    def running(self) -> dict[str, int]:
+        """Every service with a live pid file, by name."""
+        if not self.pids_dir.is_dir():
+            return {}
+        found = {}
+        for path in sorted(self.pids_dir.glob("*.pid")):
+            pid = self.pid(path.stem)
+            if pid is not None:
+                found[path.stem] = pid
+        return found
+
+    # ------------------------------------------------------------------ start
+
+    def child_env(self, spec: ServiceSpec) -> dict[str, str]:
+        env = {**os.environ, **self.env, **spec.env}
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        return env
+
+    def start(self, spec: ServiceSpec) -> Started:
+        """Start `spec` unless it already runs (idempotent); does not wait for readiness."""
+        existing = self.pid(spec.name)
+        if existing is not None:
+            return Started(spec.name, existing, already_running=True)
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        self.pids_dir.mkdir(parents=True, exist_ok=True)
+        with self.log_path(spec.name).open("ab") as log:
+            log.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} starting {spec.name}\n".encode())
+            log.flush()
+            process = subprocess.Popen(
+                spec.argv(self.python),
+                cwd=self.root,
+                env=self.child_env(spec),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        _write_atomic(self.pid_path(spec.name), f"{process.pid}\n")
+        return Started(spec.name, process.pid, already_running=False)
+
+    def wait_ready(self, spec: ServiceSpec, *, timeout_s: float = 60.0, since: int = 0) -> None:
+        """Block until `spec` is ready; raise LauncherError if it dies or the time runs out.
+
+        `since` is the log offset where this start's output begins, so that a ready line of an
+        earlier run does not count.
+        """
+        deadline = time.monotonic() + timeout_s
+        started = time.monotonic()
+        pattern = re.compile(spec.ready_log, re.IGNORECASE) if spec.ready_log else None
+        while True:
+            if self.pid(spec.name) is None:
+                raise LauncherError(
+                    f"{spec.name} exited while starting; its log ({self.log_path(spec.name)}) "
+                    f"ends with:\n{_tail(self.read_log(spec.name))}"
+                )
+            if spec.ready_url is not None:
+                if _http_ok(spec.ready_url):
+                    return
+            elif pattern is not None:
+                if pattern.search(self.read_log(spec.name)[since:]):
+                    return
+            elif time.monotonic() - started >= spec.settle_s:
+                return
+            if time.monotonic() > deadline:
+                raise LauncherError(
+                    f"{spec.name} not ready after {timeout_s:.0f} s; its log "
+                    f"({self.log_path(spec.name)}) ends with:\n{_tail(self.read_log(spec.name))}"
+                )
+            time.sleep(0.2)
+
+    def up(
+        self, specs: Sequence[ServiceSpec], *, timeout_s: float = 90.0, skip_missing: bool = False
+    ) -> list[Started]:
+        """Start every spec in order, each ready before the next starts; leave running ones be."""
+        results = []
+        for spec in specs:
+            if skip_missing and not spec.buildable():
+                print(f"[launcher] {spec.name}: {spec.module} has no entry point yet; skipped",
+                      file=sys.stderr)
+                continue
+            offset = len(self.read_log(spec.name))
+            started = self.start(spec)
+            if not started.already_running:
+                self.wait_ready(spec, timeout_s=timeout_s, since=offset)
+            results.append(started)
+        return results
+
+    # ------------------------------------------------------------------ stop
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send `sig` to the service's process (tests: crash a scheduler, pause an agent)."""
+        pid = self.pid(name)
+        if pid is None:
+            raise LauncherError(f"{name} is not running")
+        os.kill(pid, sig)
+
+    def stop(self, name: str, *, timeout_s: float = 15.0) -> bool:
+        """SIGTERM the service's process group, SIGKILL it after `timeout_s`; True if it ran."""
+        pid = self.pid(name)
+        if pid is None:
+            return False
+        _signal_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _alive(pid):
+            print(f"[launcher] {name} ignored SIGTERM for {timeout_s:.0f} s; killing it",
+                  file=sys.stderr)
+        # The group too: a child left behind (a rank of a killed agent) must not outlive it.
+        _signal_group(pid, signal.SIGKILL)
+        self.pid_path(name).unlink(missing_ok=True)
+        return True
+
+    def down(self, order: Iterable[str] = (), *, timeout_s: float = 15.0) -> list[str]:
+        """Stop every running service: those named in `order` first (reverse start order)."""
+        running = self.running()
+        names = [n for n in order if n in running] + [n for n in running if n not in order]
+        return [name for name in names if self.stop(name, timeout_s=timeout_s)]
+
+
+# ---------------------------------------------------------------------- make up / make down
+
+
+def ensure_admin_token(path: Path) -> str:
+    """The admin token in `path`, generated (256 random bits, mode 0600) when absent."""
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        token = ""
+    if token:
+        return token
+    token = secrets.token_urlsafe(32)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token + "\n")
+    os.replace(path.with_suffix(".tmp"), path)
+    return token
+
+
+def write_env_file(path: Path, values: Mapping[str, str]) -> None:
+    """Set `values` in the KEY=value file `path`, keeping the other lines as they are."""
+    lines: list[str] = []
+    with contextlib.suppress(FileNotFoundError):
+        lines = path.read_text().splitlines()
+    seen: set[str] = set()
+    out = []
+    for line in lines:
+        key = line.split("=", 1)[0]
+        if key in values:
+            out.append(f"{key}={values[key]}")
+            seen.add(key)
+        else:
+            out.append(line)
+    out += [f"{key}={value}" for key, value in values.items() if key not in seen]
+    _write_atomic(path, "\n".join(out) + "\n")
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    values = {}
+    with contextlib.suppress(FileNotFoundError):
+        for line in path.read_text().splitlines():
+            if "=" in line and not line.lstrip().startswith("#"):
+                key, value = line.split("=", 1)
+                values[key.strip()] = value.strip()
+    return values
+
+
+async def registered_node_count(dsn: str) -> int:
+    """How many nodes the log holds a registration for."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        count = await conn.fetchval(
+            "SELECT count(DISTINCT stream) FROM events WHERE type = 'NodeRegistered'"
+        )
+        return int(count)
+    finally:
+        await conn.close()
+
+
+async def wait_for_nodes(dsn: str, count: int, *, timeout_s: float = 120.0) -> int:
+    """Wait until at least `count` nodes are registered in the log; return how many are."""
+    deadline = time.monotonic() + timeout_s
+    seen = 0
+    while True:
+        with contextlib.suppress(OSError):
+            seen = await registered_node_count(dsn)
+        if seen >= count:
+            return seen
+        if time.monotonic() > deadline:
+            raise LauncherError(f"only {seen} of {count} nodes registered after {timeout_s:.0f} s")
+        await asyncio.sleep(0.5)
+
+
+def _cluster_node_count(cluster: str, root: Path) -> int:
+    from services.scheduler.core.topology import parse_cluster_spec
+
+    path = root / cluster if not Path(cluster).is_absolute() else Path(cluster)
+    text = path.read_text() if path.is_file() else cluster
+    return len(parse_cluster_spec(text))
+
+
+def service_order(specs: Sequence[ServiceSpec]) -> list[str]:
+    """The order to stop them in: the fleet and the API first, the relay last."""
+    return [spec.name for spec in reversed(specs)]
+
+
+def cmd_up(launcher: Launcher) -> int:
+    from services.runtime.migrate import migrate_settings
+    from services.runtime.settings import Settings
+
+    env_file = launcher.state_dir / "env"
+    settings = Settings()
+    cluster = os.environ.get("GANGWAY_CLUSTER", DEFAULT_CLUSTER)
+    api_url = settings.api_url
+    print("[launcher] applying the migrations", file=sys.stderr)
+    asyncio.run(migrate_settings(settings))
+    token_file = launcher.state_dir / "admin.token"
+    ensure_admin_token(token_file)
+    write_env_file(
+        env_file,
+        {
+            "GANGWAY_PG_DSN": settings.pg_dsn,
+            "GANGWAY_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+            "GANGWAY_API_URL": api_url,
+        },
+    )
+    specs = default_services(cluster=cluster, api_url=api_url)
+    launcher.env.setdefault("GANGWAY_ADMIN_TOKEN_FILE", str(token_file))
+    launcher.env.setdefault("GANGWAY_CLUSTER", cluster)
+    try:
+        for started in launcher.up(specs, skip_missing=True):
+            state = "already running" if started.already_running else "started"
+            print(f"[launcher] {started.name}: {state} (pid {started.pid})", file=sys.stderr)
+        nodes = _cluster_node_count(cluster, launcher.root)
+        if any(spec.name == "inventory" and spec.buildable() for spec in specs):
+            seen = asyncio.run(wait_for_nodes(settings.pg_dsn, nodes))
+            print(f"[launcher] {seen} nodes registered ({cluster})", file=sys.stderr)
+    except LauncherError as error:
+        print(f"[launcher] error: {error}", file=sys.stderr)
+        return 1
+    print(f"API: {api_url}")
+    print(f"admin token: {token_file}")
+    return 0
+
+
+def cmd_down(launcher: Launcher) -> int:
+    stopped = launcher.down(service_order(default_services()))
+    for name in stopped:
+        print(f"[launcher] stopped {name}", file=sys.stderr)
+    return 0
+
+
+def cmd_status(launcher: Launcher) -> int:
+    running = launcher.running()
+    for spec in default_services():
+        pid = running.pop(spec.name, None)
+        print(f"{spec.name}: " + (f"running (pid {pid})" if pid else "stopped"))
+    for name, pid in running.items():
+        print(f"{name}: running (pid {pid})")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gangway.launcher")
+    parser.add_argument("command", choices=["up", "down", "status"])
+    parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
+    args = parser.parse_args(argv)
+    launcher = Launcher(state_dir=args.state_dir)
+    commands = {"up": cmd_up, "down": cmd_down, "status": cmd_status}
+    return commands[args.command](launcher)
+
+
+# ---------------------------------------------------------------------- helpers
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now (for a test's API or metrics endpoint)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of this process is dead for our purposes: reap it.
+    with contextlib.suppress(ChildProcessError):
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done == pid:
+            return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=2.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _tail(text: str, lines: int = 30) -> str:
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
