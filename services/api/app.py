@@ -1,0 +1,57 @@
+"""The FastAPI application: routers, problem handlers, body cap, metrics, lifespan."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from services.api.bootstrap import ApiBootstrap
+from services.api.limits import BodySizeLimit
+from services.api.metrics import ApiMetrics, RequestMetrics
+from services.api.problems import install_problem_handlers
+from services.api.routers import admin, events, health, inventory, jobs
+from services.api.settings import ApiSettings
+
+DESCRIPTION = """\
+Gangway's REST API: submit and control jobs, read the cluster, audit the log.
+
+Authenticate with `Authorization: Bearer <token>` (the admin token, or a team's token).
+Every error is an RFC 9457 problem (`application/problem+json`).
+"""
+
+
+def create_app(settings: ApiSettings | None = None, *, use_bus: bool = True) -> FastAPI:
+    """The app for `settings`; its lifespan rebuilds the read models and keeps them fed.
+
+    Without a lifespan (an ASGI transport in tests) the first request wires it lazily.
+    """
+    resolved = settings or ApiSettings()
+    metrics = ApiMetrics()
+    bootstrap = ApiBootstrap(resolved, metrics)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await bootstrap.start(use_bus=use_bus)
+        try:
+            yield
+        finally:
+            await bootstrap.close()
+
+    app = FastAPI(
+        title="Gangway",
+        version="1.0.0",
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        docs_url="/docs",
+        openapi_url="/openapi.json",
+    )
+    app.state.bootstrap = bootstrap
+    install_problem_handlers(app)
+    for module in (jobs, events, inventory, admin, health):
+        app.include_router(module.router)
+    # The last added is outermost: metrics see every answer, the body cap's 413 included.
+    app.add_middleware(BodySizeLimit, max_bytes=resolved.max_body_bytes)
+    app.add_middleware(RequestMetrics, metrics=metrics)
+    return app

@@ -1,0 +1,125 @@
+"""Wires the API's pieces: store, read models, feed, commands; starts and stops the feeding.
+
+Started eagerly by the app's lifespan (`python -m services.api`), or lazily by the first request
+when the app runs without one (an ASGI transport in a test): then each read catches up with the
+log first, since no background feed keeps the models fresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from services.api.auth import load_admin_token, token_sha256
+from services.api.bus import ReadModelConsumer
+from services.api.commands import Commands
+from services.api.feed import ReadModelFeed
+from services.api.metrics import ApiMetrics
+from services.api.projections.model import ReadModels
+from services.api.settings import ApiSettings
+from services.runtime.migrate import migrate_settings
+from services.runtime.store import EventStore
+
+log = logging.getLogger(__name__)
+
+BUS_RETRY_S = 5.0
+
+
+@dataclass(slots=True)
+class ApiContext:
+    settings: ApiSettings
+    store: EventStore
+    feed: ReadModelFeed
+    commands: Commands
+    admin_sha256: str
+    # True while background tasks feed the models; otherwise reads catch up themselves.
+    live: bool = False
+
+    @property
+    def models(self) -> ReadModels:
+        return self.feed.models
+
+    async def fresh(self) -> ReadModels:
+        """The read models, caught up with the log first when nothing feeds them."""
+        if not self.live:
+            await self.feed.refresh_head()
+            if self.feed.lag:
+                await self.feed.catch_up()
+        return self.feed.models
+
+
+class ApiBootstrap:
+    def __init__(self, settings: ApiSettings, metrics: ApiMetrics) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self._context: ApiContext | None = None
+        self._lock = asyncio.Lock()
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def context(self) -> ApiContext:
+        if self._context is None:
+            async with self._lock:
+                if self._context is None:
+                    self._context = await self._build()
+        return self._context
+
+    async def _build(self) -> ApiContext:
+        settings = self.settings
+        if settings.pg_owner_dsn:
+            await migrate_settings(settings)
+        configured = settings.admin_token.get_secret_value() if settings.admin_token else None
+        admin = load_admin_token(configured, settings.admin_token_file)
+        store = await EventStore.connect(settings, producer="api")
+        feed = ReadModelFeed(store, ReadModels())
+        await feed.refresh_head()
+        rebuilt = await feed.catch_up()
+        log.info("read models rebuilt from %d events (head %d)", rebuilt, feed.head)
+        self.metrics.watch(feed)
+        return ApiContext(settings, store, feed, Commands(store, feed), token_sha256(admin))
+
+    async def start(self, *, use_bus: bool = True) -> None:
+        """Rebuild now, then keep the models fed: from the bus, and from the log as a backstop."""
+        context = await self.context()
+        self._stop.clear()
+        self._tasks.append(asyncio.create_task(self._poll_log(context), name="api-log-poll"))
+        if use_bus:
+            self._tasks.append(asyncio.create_task(self._consume_bus(context), name="api-bus"))
+        context.live = True
+
+    async def _poll_log(self, context: ApiContext) -> None:
+        # The bus is fast but may lag or be down; the log is complete. Checking its head is one
+        # cheap query, and catching up reads only what the bus has not delivered.
+        while not self._stop.is_set():
+            try:
+                await context.feed.refresh_head()
+                if context.feed.lag:
+                    await context.feed.catch_up()
+            except Exception:
+                log.exception("catching up with the log failed; retrying")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.settings.catch_up_interval_s)
+
+    async def _consume_bus(self, context: ApiContext) -> None:
+        while not self._stop.is_set():
+            consumer = ReadModelConsumer(
+                self.settings, context.feed, group=self.settings.consumer_group
+            )
+            try:
+                await consumer.run(self._stop)
+            except Exception:
+                log.exception("bus consumer stopped; the log poll keeps the models fed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), BUS_RETRY_S)
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._tasks.clear()
+        if self._context is not None:
+            self._context.live = False
+            await self._context.store.close()
+            self._context = None

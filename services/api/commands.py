@@ -1,0 +1,131 @@
+"""The API's write side: each user command checks the read model, appends, and applies.
+
+Commands decide on the latest state of their stream: it is synced from the log first, and the
+append expects exactly that version, so a concurrent writer makes us re-read and decide again.
+The appended events are applied to the read models at once, which gives read-your-writes.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+from uuid import uuid4
+
+from schemas.base import Event
+from schemas.jobs import (
+    JobCancelRequested,
+    JobResumeRequested,
+    JobSpec,
+    JobSubmitted,
+    JobSuspendRequested,
+)
+from schemas.teams import QueueConfigured, TeamCreated
+from services.api.auth import Principal, new_token, token_sha256
+from services.api.feed import ReadModelFeed
+from services.api.models import QueueConfig, TeamCreate
+from services.api.problems import conflict
+from services.api.projections.jobs import JobRecord, Request, request_allowed
+from services.api.projections.queues import QueueRecord
+from services.runtime.errors import ConcurrencyConflict
+from services.runtime.records import Metadata, StreamAppend
+from services.runtime.store import EventStore
+
+ATTEMPTS: Final = 5
+JOB_ID_HEX: Final = 12
+
+RequestEvent = type[JobCancelRequested | JobSuspendRequested | JobResumeRequested]
+_REQUEST_EVENTS: Final[dict[Request, RequestEvent]] = {
+    "cancel": JobCancelRequested,
+    "suspend": JobSuspendRequested,
+    "resume": JobResumeRequested,
+}
+
+
+def new_job_id() -> str:
+    return uuid4().hex[:JOB_ID_HEX]
+
+
+class Commands:
+    def __init__(self, store: EventStore, feed: ReadModelFeed) -> None:
+        self.store = store
+        self.feed = feed
+
+    async def submit(self, principal: Principal, spec: JobSpec) -> JobRecord:
+        principal.require_team(spec.team)
+        for _ in range(ATTEMPTS):
+            job_id = new_job_id()
+            event = JobSubmitted(job_id=job_id, spec=spec, submitted_by=principal.name)
+            try:
+                await self._append(event.stream, 0, [event])
+            except ConcurrencyConflict:
+                continue  # an id collision: draw another
+            return self.feed.models.jobs[job_id]
+        raise RuntimeError("could not draw an unused job id")
+
+    async def request(self, principal: Principal, job_id: str, kind: Request) -> JobRecord:
+        """Record the user's request to cancel, suspend or resume; 409 when the state forbids it."""
+        stream = f"job-{job_id}"
+        for _ in range(ATTEMPTS):
+            await self.feed.sync_stream(stream)
+            job = principal.visible(self.feed.models.jobs.get(job_id), job_id)
+            if not request_allowed(job, kind):
+                raise conflict(f"job {job_id} is {job.state}; it cannot be {_past(kind)}")
+            if kind in job.requests:
+                return job  # already requested: asking twice records nothing new
+            event = _REQUEST_EVENTS[kind](job_id=job_id, by=principal.name)
+            try:
+                await self._append(stream, self.feed.models.version_of(stream), [event])
+            except ConcurrencyConflict:
+                continue
+            return self.feed.models.jobs[job_id]
+        raise conflict(f"job {job_id} is changing too fast; try again")
+
+    async def create_team(self, body: TeamCreate) -> str:
+        """Record the team and its queue; return the token, which only its creator ever sees."""
+        token = new_token()
+        team = TeamCreated(
+            name=body.name,
+            parent=body.parent,
+            guaranteed_gpus=body.guaranteed_gpus,
+            max_gpus=body.max_gpus,
+            token_sha256=token_sha256(token),
+        )
+        queue = QueueConfigured(
+            name=body.name,
+            parent=body.parent,
+            guaranteed_gpus=body.guaranteed_gpus,
+            max_gpus=body.max_gpus,
+        )
+        try:
+            envelopes = await self.store.append_many(
+                [StreamAppend(team.stream, 0, [team]), StreamAppend(queue.stream, None, [queue])],
+                _metadata(),
+            )
+        except ConcurrencyConflict:
+            raise conflict(f"team {body.name} already exists") from None
+        await self.feed.deliver_all(envelopes)
+        return token
+
+    async def configure_queue(self, name: str, body: QueueConfig) -> QueueRecord:
+        event = QueueConfigured(
+            name=name,
+            parent=body.parent,
+            guaranteed_gpus=body.guaranteed_gpus,
+            max_gpus=body.max_gpus,
+            weight=body.weight,
+        )
+        # Last writer wins: a queue's configuration is a whole value, not a delta.
+        await self._append(event.stream, None, [event])
+        return self.feed.models.queues[name]
+
+    async def _append(self, stream: str, expected: int | None, events: list[Event]) -> None:
+        envelopes = await self.store.append(stream, expected, events, _metadata())
+        await self.feed.deliver_all(envelopes)
+
+
+def _metadata() -> Metadata:
+    # Each command starts a causal chain; the services' reactions carry its correlation id.
+    return Metadata(correlation_id=uuid4())
+
+
+def _past(kind: Request) -> str:
+    return {"cancel": "cancelled", "suspend": "suspended", "resume": "resumed"}[kind]

@@ -1,0 +1,74 @@
+"""The dependencies routes declare: the wired context, fresh read models, the caller."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import asyncpg
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from services.api.auth import Principal, authenticate
+from services.api.bootstrap import ApiBootstrap, ApiContext
+from services.api.problems import ProblemError
+from services.api.projections.model import ReadModels
+
+log = logging.getLogger(__name__)
+
+_UNAVAILABLE = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+
+
+def unavailable(detail: str) -> ProblemError:
+    return ProblemError(503, "unavailable", detail, headers={"Retry-After": "5"})
+
+
+async def get_context(request: Request) -> ApiContext:
+    bootstrap: ApiBootstrap = request.app.state.bootstrap
+    try:
+        return await bootstrap.context()
+    except _UNAVAILABLE as error:
+        log.warning("event log unreachable: %r", error)
+        raise unavailable("the event log is unreachable") from error
+
+
+Context = Annotated[ApiContext, Depends(get_context)]
+
+
+async def get_models(context: Context) -> ReadModels:
+    try:
+        return await context.fresh()
+    except _UNAVAILABLE as error:
+        log.warning("event log unreachable: %r", error)
+        raise unavailable("the event log is unreachable") from error
+
+
+Models = Annotated[ReadModels, Depends(get_models)]
+
+_bearer = HTTPBearer(
+    auto_error=False,
+    description="The admin token (.gangway/admin.token) or a team's token (POST /v1/teams).",
+)
+
+
+async def get_principal(
+    context: Context,
+    models: Models,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    request: Request,
+) -> Principal:
+    header = request.headers.get("authorization")
+    if credentials is not None:
+        header = f"Bearer {credentials.credentials}"
+    return authenticate(header, context.admin_sha256, models)
+
+
+Caller = Annotated[Principal, Depends(get_principal)]
+
+
+async def get_admin(caller: Caller) -> Principal:
+    caller.require_admin()
+    return caller
+
+
+Admin = Annotated[Principal, Depends(get_admin)]

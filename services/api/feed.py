@@ -1,0 +1,64 @@
+"""Keeps the read models in step with the log: rebuild at start, then events as they come.
+
+Events come from the bus (fast, ordered per stream only) and from the API's own appends
+(read-your-writes). The log is the authority behind both: a stream gap is filled from it, and
+`catch_up` reads it by position, which is how the models are rebuilt at start and how they
+never stay behind when the relay or the bus lags.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from schemas.envelope import EventEnvelope
+from services.api.projections.model import Outcome, ReadModels
+from services.runtime.store import EventStore
+
+log = logging.getLogger(__name__)
+
+CATCH_UP_BATCH = 5000
+
+
+class ReadModelFeed:
+    def __init__(self, store: EventStore, models: ReadModels) -> None:
+        self.store = store
+        self.models = models
+        self.head = 0
+
+    @property
+    def lag(self) -> int:
+        """Events committed to the log (as of the last look at its head) not yet applied."""
+        return max(0, self.head - self.models.watermark.position)
+
+    async def catch_up(self) -> int:
+        """Apply everything the log holds beyond the watermark; return how many were applied."""
+        applied = 0
+        while True:
+            batch = await self.store.read_all(self.models.watermark.position, CATCH_UP_BATCH)
+            for envelope in batch:
+                applied += await self.deliver(envelope)
+            if len(batch) < CATCH_UP_BATCH:
+                break
+        self.head = max(self.head, self.models.watermark.position)
+        return applied
+
+    async def refresh_head(self) -> int:
+        self.head = await self.store.head()
+        return self.head
+
+    async def deliver(self, envelope: EventEnvelope) -> int:
+        """Apply one event; on a gap in its stream, first read the missing ones from the log."""
+        outcome = self.models.apply(envelope)
+        if outcome is Outcome.GAP:
+            return await self.sync_stream(envelope.stream)
+        return 1 if outcome is Outcome.APPLIED else 0
+
+    async def deliver_all(self, envelopes: Iterable[EventEnvelope]) -> int:
+        return sum([await self.deliver(envelope) for envelope in envelopes])
+
+    async def sync_stream(self, stream: str) -> int:
+        """Bring one stream up to date with the log (before a command decides on it)."""
+        missing = await self.store.read_stream(stream, self.models.version_of(stream))
+        outcomes = self.models.apply_all(missing)
+        return sum(1 for outcome in outcomes if outcome is Outcome.APPLIED)

@@ -1,0 +1,170 @@
+"""The REST request and response bodies: the API's own contract, apart from the event schemas.
+
+The job spec is the one shared shape (DESIGN §5: the REST body and the CLI file are the spec).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from schemas.jobs import NAME_PATTERN, JobSpec
+from services.api.projections.jobs import JobState
+
+
+class Body(BaseModel):
+    """Request bodies reject unknown fields: a typo must not silently mean the default."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class View(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class JobCreatedView(View):
+    id: str
+    state: JobState
+
+
+class JobView(View):
+    id: str
+    name: str
+    team: str
+    queue: str
+    priority: str
+    state: JobState
+    reason: str | None
+    reason_code: str | None
+    estimated_start: datetime | None
+    planned_nodes: list[str]
+    placement: dict[str, list[int]] = Field(description="node id → GPU indices of the gang")
+    attempts: int
+    preemptions: int
+    gpus: int
+    tasks: int
+    gpus_per_task: int
+    requested: list[Literal["cancel", "suspend", "resume"]]
+    submitted_at: datetime
+    submitted_by: str
+    updated_at: datetime
+    finished_at: datetime | None
+    spec: JobSpec
+
+
+class JobPage(View):
+    items: list[JobView]
+    next: int | None = Field(description="pass as `after` for the next page; null on the last")
+
+
+class EventView(View):
+    position: int
+    stream: str
+    version: int
+    event_id: str
+    type: str
+    schema_version: int
+    recorded_at: datetime
+    producer: str
+    correlation_id: str | None
+    causation_id: str | None
+    epoch: int | None
+    payload: dict[str, Any]
+
+
+class EventList(View):
+    items: list[EventView]
+
+
+class EventPage(View):
+    items: list[EventView]
+    next: int = Field(description="pass as `after` to continue; the log only grows")
+    has_more: bool
+
+
+class NodeView(View):
+    id: str
+    hostname: str
+    gpu_type: str
+    rack: str
+    block: str
+    nvlink_domain: str
+    state: Literal["ready", "degraded", "draining", "drained", "lost"]
+    gpus: int
+    healthy_gpus: int
+    allocated_gpus: int
+    free_gpus: int
+    unhealthy_gpu_indices: list[int]
+    degraded_signals: list[str]
+    reason: str | None
+    labels: dict[str, str]
+    jobs: dict[str, list[int]] = Field(description="job id → GPU indices (own jobs only for teams)")
+
+
+class NodeList(View):
+    items: list[NodeView]
+
+
+class QueueView(View):
+    name: str
+    parent: str | None
+    guaranteed_gpus: int
+    max_gpus: int | None
+    weight: float
+    is_team: bool
+    allocated_gpus: int
+    borrowed_gpus: int
+    pending_jobs: int
+    running_jobs: int
+
+
+class QueueList(View):
+    items: list[QueueView]
+
+
+class ClusterView(View):
+    nodes: int
+    nodes_by_state: dict[str, int]
+    total_gpus: int
+    healthy_gpus: int
+    allocated_gpus: int
+    free_gpus: int
+    whole_free_nodes: int
+    fragmentation: float = Field(description="share of free GPUs not in wholly free nodes")
+    utilization: float = Field(description="allocated over healthy GPUs")
+    pending_jobs: int
+    pending_by_class: dict[str, int]
+    running_jobs: int
+
+
+class QuotaBody(Body):
+    parent: str | None = Field(default=None, pattern=NAME_PATTERN)
+    guaranteed_gpus: int = Field(default=0, ge=0, le=10_000_000)
+    max_gpus: int | None = Field(default=None, ge=0, le=10_000_000)
+
+    @model_validator(mode="after")
+    def _max_covers_guarantee(self) -> QuotaBody:
+        if self.max_gpus is not None and self.max_gpus < self.guaranteed_gpus:
+            raise ValueError("max_gpus must be at least guaranteed_gpus")
+        return self
+
+
+class TeamCreate(QuotaBody):
+    name: str = Field(pattern=NAME_PATTERN)
+
+
+class TeamCreatedView(View):
+    name: str
+    queue: str
+    token: str = Field(description="shown once; only its sha256 is recorded")
+
+
+class QueueConfig(QuotaBody):
+    weight: float = Field(default=1.0, gt=0, le=1_000_000)
+
+
+class Health(View):
+    status: Literal["ok", "unavailable"]
+    detail: dict[str, Any] = Field(default_factory=dict)

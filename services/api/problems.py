@@ -1,0 +1,178 @@
+"""RFC 9457 problem details: the one shape of every error the API returns."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from http import HTTPStatus
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+PROBLEM_BASE = "https://gangway.dev/problems/"
+
+
+class FieldError(BaseModel):
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class Problem(BaseModel):
+    type: str
+    title: str
+    status: int
+    detail: str | None = None
+    instance: str | None = None
+    errors: list[FieldError] | None = None
+
+
+class ProblemError(Exception):
+    """Raised by routes and dependencies for an error the client can act upon."""
+
+    def __init__(
+        self,
+        status: int,
+        slug: str,
+        detail: str,
+        *,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.slug = slug
+        self.detail = detail
+        self.headers = headers
+
+
+def not_found(what: str) -> ProblemError:
+    return ProblemError(404, "not-found", f"{what} not found")
+
+
+def conflict(detail: str) -> ProblemError:
+    return ProblemError(409, "conflict", detail)
+
+
+def forbidden(detail: str) -> ProblemError:
+    return ProblemError(403, "forbidden", detail)
+
+
+def unauthorized(detail: str) -> ProblemError:
+    return ProblemError(
+        401, "unauthorized", detail, headers={"WWW-Authenticate": 'Bearer realm="gangway"'}
+    )
+
+
+def problem_response(
+    request: Request,
+    status: int,
+    slug: str,
+    detail: str | None,
+    *,
+    errors: Sequence[FieldError] | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    problem = Problem(
+        type=PROBLEM_BASE + slug,
+        title=_title(status),
+        status=status,
+        detail=detail,
+        instance=request.url.path,
+        errors=list(errors) if errors is not None else None,
+    )
+    return JSONResponse(
+        problem.model_dump(exclude_none=True),
+        status_code=status,
+        media_type=PROBLEM_MEDIA_TYPE,
+        headers=headers,
+    )
+
+
+def _title(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return "Error"
+
+
+_SLUGS = {
+    400: "bad-request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not-found",
+    405: "method-not-allowed",
+    409: "conflict",
+    413: "payload-too-large",
+    415: "unsupported-media-type",
+    422: "validation-error",
+}
+
+
+def _field_errors(error: RequestValidationError) -> list[FieldError]:
+    found: list[FieldError] = []
+    for item in error.errors():
+        loc = [part if isinstance(part, int) else str(part) for part in item.get("loc", ())]
+        found.append(FieldError(loc=loc, msg=str(item.get("msg", "")), type=str(item.get("type"))))
+    return found
+
+
+async def _on_problem(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ProblemError)
+    return problem_response(request, exc.status, exc.slug, exc.detail, headers=exc.headers)
+
+
+async def _on_http(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    slug = _SLUGS.get(exc.status_code, "error")
+    detail = exc.detail if isinstance(exc.detail, str) else None
+    headers = dict(exc.headers) if exc.headers else None
+    return problem_response(request, exc.status_code, slug, detail, headers=headers)
+
+
+async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = _field_errors(exc)
+    # A body that is not JSON at all is a malformed request, not an invalid job spec.
+    if any(error.type == "json_invalid" for error in errors):
+        return problem_response(
+            request, 400, "malformed-json", "the request body is not valid JSON", errors=errors
+        )
+    summary = "; ".join(
+        f"{'.'.join(str(part) for part in error.loc)}: {error.msg}" for error in errors[:5]
+    )
+    return problem_response(request, 422, "validation-error", summary, errors=errors)
+
+
+async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    # The traceback goes to the log, never to the client.
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return problem_response(request, 500, "internal-error", "an unexpected error occurred")
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ProblemError, _on_problem)
+    app.add_exception_handler(StarletteHTTPException, _on_http)
+    app.add_exception_handler(RequestValidationError, _on_validation)
+    app.add_exception_handler(Exception, _on_unexpected)
+
+
+def problem_docs(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI entries for the problem responses an operation may give."""
+    return {
+        status: {
+            "model": Problem,
+            "content": {PROBLEM_MEDIA_TYPE: {}},
+            "description": _title(status),
+        }
+        for status in statuses
+    }
+
+
+PROBLEM_RESPONSES = problem_docs(400, 401, 403, 404, 409, 413, 422, 503)

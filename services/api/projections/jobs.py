@@ -1,0 +1,240 @@
+"""The job read model: one record per job, folded from its stream's events.
+
+`evolve_job` is a pure function (record, event) -> record; the state machine is the one of
+DESIGN §5: pending → queued (JobAdmitted) → reserved (GangReserved) → running (every rank's
+TaskStarted) → preempting (PreemptionRequested) → queued (JobRequeued) … until a terminal state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Final, Literal
+
+from schemas.base import Event
+from schemas.jobs import (
+    GangReserved,
+    JobAdmitted,
+    JobCancelled,
+    JobCancelRequested,
+    JobDeferred,
+    JobFailed,
+    JobRejected,
+    JobRequeued,
+    JobResumed,
+    JobResumeRequested,
+    JobSpec,
+    JobSubmitted,
+    JobSucceeded,
+    JobSuspended,
+    JobSuspendRequested,
+    PreemptionRequested,
+    ReservationPlanned,
+    TaskExited,
+    TaskStarted,
+)
+
+JobState = Literal[
+    "pending",
+    "queued",
+    "reserved",
+    "running",
+    "preempting",
+    "suspended",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "rejected",
+]
+JOB_STATES: Final[tuple[JobState, ...]] = (
+    "pending",
+    "queued",
+    "reserved",
+    "running",
+    "preempting",
+    "suspended",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "rejected",
+)
+TERMINAL_STATES: Final[frozenset[JobState]] = frozenset(
+    {"succeeded", "failed", "cancelled", "rejected"}
+)
+# The states in which the job's current gang holds GPUs.
+GANG_HOLDING_STATES: Final[frozenset[JobState]] = frozenset({"reserved", "running", "preempting"})
+WAITING_STATES: Final[frozenset[JobState]] = frozenset({"pending", "queued"})
+
+Request = Literal["cancel", "suspend", "resume"]
+
+AWAITING_ADMISSION = "awaiting admission"
+AWAITING_SCHEDULING = "waiting for the scheduler"
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """What the API knows about one job; never mutated, replaced on every event."""
+
+    id: str
+    spec: JobSpec
+    submitted_by: str
+    submitted_at: datetime
+    submit_position: int
+    queue: str
+    priority: str
+    updated_at: datetime
+    state: JobState = "pending"
+    reason: str | None = AWAITING_ADMISSION
+    reason_code: str | None = None
+    estimated_start: datetime | None = None
+    planned_nodes: tuple[str, ...] = ()
+    attempt: int = 0
+    # node id -> GPU indices of the current attempt's gang; empty when no gang is held.
+    placement: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
+    gang_ranks: frozenset[int] = frozenset()
+    started_ranks: frozenset[int] = frozenset()
+    exited_ranks: Mapping[int, int] = field(default_factory=dict)
+    requests: frozenset[Request] = frozenset()
+    preemptions: int = 0
+    finished_at: datetime | None = None
+
+    @property
+    def gpus(self) -> int:
+        return self.spec.total_gpus
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def holds_gpus(self) -> bool:
+        return self.state in GANG_HOLDING_STATES
+
+
+def new_job(event: JobSubmitted, *, at: datetime, position: int) -> JobRecord:
+    spec = event.spec
+    return JobRecord(
+        id=event.job_id,
+        spec=spec,
+        submitted_by=event.submitted_by,
+        submitted_at=at,
+        submit_position=position,
+        queue=spec.queue or spec.team,
+        priority=spec.priority,
+        updated_at=at,
+    )
+
+
+def evolve_job(
+    job: JobRecord | None, event: Event, *, at: datetime, position: int
+) -> JobRecord | None:
+    """The record after `event`; None while the job's JobSubmitted has not been seen."""
+    if isinstance(event, JobSubmitted):
+        return job if job is not None else new_job(event, at=at, position=position)
+    if job is None:
+        return None
+    if job.terminal:
+        # A terminal job's record is final; late facts (a straggling TaskExited) change nothing.
+        return job
+    changed = _evolve_live(job, event, at)
+    return job if changed is None else replace(changed, updated_at=at)
+
+
+def _evolve_live(job: JobRecord, event: Event, at: datetime) -> JobRecord | None:
+    match event:
+        case JobAdmitted(queue=queue, priority=priority):
+            state: JobState = "queued" if job.state == "pending" else job.state
+            reason = AWAITING_SCHEDULING if job.state == "pending" else job.reason
+            return replace(job, state=state, queue=queue, priority=priority, reason=reason)
+        case JobRejected(code=code, reason=reason):
+            return _finish(job, "rejected", at, reason=reason, code=code)
+        case JobDeferred(code=code, message=message):
+            return replace(job, reason=message, reason_code=code)
+        case ReservationPlanned(start_at=start_at, nodes=nodes):
+            return replace(job, estimated_start=start_at, planned_nodes=tuple(nodes))
+        case GangReserved(attempt=attempt, ranks=ranks):
+            placement: dict[str, list[int]] = {}
+            for rank in ranks:
+                placement.setdefault(rank.node_id, []).extend(rank.gpus)
+            return replace(
+                job,
+                state="reserved",
+                attempt=attempt,
+                placement={node: tuple(sorted(gpus)) for node, gpus in placement.items()},
+                gang_ranks=frozenset(rank.rank for rank in ranks),
+                started_ranks=frozenset(),
+                exited_ranks={},
+                reason=None,
+                reason_code=None,
+                estimated_start=None,
+                planned_nodes=(),
+            )
+        case TaskStarted(attempt=attempt, rank=rank) if attempt == job.attempt:
+            started = job.started_ranks | {rank}
+            running = job.state == "reserved" and job.gang_ranks <= started
+            return replace(job, started_ranks=started, state="running" if running else job.state)
+        case TaskExited(attempt=attempt, rank=rank, exit_code=code) if attempt == job.attempt:
+            return replace(job, exited_ranks={**job.exited_ranks, rank: code})
+        case PreemptionRequested(attempt=attempt, reason=reason) if attempt == job.attempt:
+            return replace(
+                job,
+                state="preempting",
+                reason=reason,
+                reason_code="preempted",
+                preemptions=job.preemptions + 1,
+            )
+        case JobRequeued(attempt=attempt, code=code, reason=reason) if attempt == job.attempt:
+            return _release(job, "queued", reason=reason, code=code)
+        case JobCancelRequested():
+            return replace(job, requests=job.requests | {"cancel"})
+        case JobSuspendRequested():
+            return replace(job, requests=(job.requests - {"resume"}) | {"suspend"})
+        case JobResumeRequested():
+            return replace(job, requests=(job.requests - {"suspend"}) | {"resume"})
+        case JobSuspended():
+            released = _release(job, "suspended", reason="suspended on request", code="suspended")
+            return replace(released, requests=released.requests - {"suspend"})
+        case JobResumed():
+            resumed = replace(job, state="queued", reason=AWAITING_SCHEDULING, reason_code=None)
+            return replace(resumed, requests=resumed.requests - {"resume"})
+        case JobSucceeded():
+            return _finish(job, "succeeded", at, reason=None, code=None)
+        case JobFailed(reason=reason):
+            return _finish(job, "failed", at, reason=reason, code="failed")
+        case JobCancelled(reason=reason):
+            return _finish(job, "cancelled", at, reason=reason, code="cancelled")
+    return None
+
+
+def _release(job: JobRecord, state: JobState, *, reason: str | None, code: str | None) -> JobRecord:
+    return replace(
+        job,
+        state=state,
+        placement={},
+        gang_ranks=frozenset(),
+        started_ranks=frozenset(),
+        reason=reason,
+        reason_code=code,
+    )
+
+
+def _finish(
+    job: JobRecord, state: JobState, at: datetime, *, reason: str | None, code: str | None
+) -> JobRecord:
+    finished = _release(job, state, reason=reason, code=code)
+    return replace(
+        finished, finished_at=at, requests=frozenset(), estimated_start=None, planned_nodes=()
+    )
+
+
+# Which user requests each state admits; anything else is a 409 at the API.
+ALLOWED_REQUESTS: Final[Mapping[Request, frozenset[JobState]]] = {
+    "cancel": frozenset({"pending", "queued", "reserved", "running", "preempting", "suspended"}),
+    "suspend": frozenset({"pending", "queued", "reserved", "running", "preempting"}),
+    "resume": frozenset({"suspended"}),
+}
+
+
+def request_allowed(job: JobRecord, request: Request) -> bool:
+    return job.state in ALLOWED_REQUESTS[request]

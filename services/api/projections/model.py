@@ -1,0 +1,133 @@
+"""All of the API's read models behind one `apply(envelope)`, idempotent and order-checked.
+
+Events reach the API twice over (its own appends, applied at once for read-your-writes, and the
+same events from the bus) and the bus orders them only within a stream. So each stream's
+version is the idempotency key: version ≤ the last applied is a duplicate, version = last + 1 is
+applied, anything further is a gap the feeder fills from the log before retrying.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from schemas.base import Event
+from schemas.envelope import EventEnvelope
+from schemas.jobs import JobEvent
+from schemas.nodes import NodeEvent
+from schemas.teams import QueueConfigured, TeamCreated
+from services.api.projections.jobs import WAITING_STATES, JobRecord, evolve_job
+from services.api.projections.nodes import NodeRecord, evolve_node
+from services.api.projections.queues import QueueRecord, TeamRecord, evolve_queue, evolve_team
+
+
+class Outcome(enum.Enum):
+    APPLIED = "applied"
+    DUPLICATE = "duplicate"
+    GAP = "gap"
+
+
+@dataclass(slots=True)
+class Watermark:
+    """The highest position P such that every event at or below P has been applied.
+
+    Positions are gap-free in the log, so the distance from the log's head to P is the lag.
+    """
+
+    position: int = 0
+    _ahead: set[int] = field(default_factory=set)
+
+    def mark(self, position: int) -> None:
+        if position <= self.position:
+            return
+        self._ahead.add(position)
+        while self.position + 1 in self._ahead:
+            self.position += 1
+            self._ahead.remove(self.position)
+
+
+@dataclass(slots=True)
+class ReadModels:
+    jobs: dict[str, JobRecord] = field(default_factory=dict)
+    nodes: dict[str, NodeRecord] = field(default_factory=dict)
+    queues: dict[str, QueueRecord] = field(default_factory=dict)
+    teams: dict[str, TeamRecord] = field(default_factory=dict)
+    team_by_token_sha256: dict[str, str] = field(default_factory=dict)
+    # node id -> job id -> GPU indices held there by the job's current gang.
+    allocations: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)
+    allocated_by_queue: Counter[str] = field(default_factory=Counter)
+    waiting_by_class: Counter[str] = field(default_factory=Counter)
+    waiting_by_queue: Counter[str] = field(default_factory=Counter)
+    running_by_queue: Counter[str] = field(default_factory=Counter)
+    stream_versions: dict[str, int] = field(default_factory=dict)
+    watermark: Watermark = field(default_factory=Watermark)
+    events_applied: int = 0
+
+    def version_of(self, stream: str) -> int:
+        return self.stream_versions.get(stream, 0)
+
+    def apply(self, envelope: EventEnvelope) -> Outcome:
+        known = self.stream_versions.get(envelope.stream, 0)
+        if envelope.version <= known:
+            return Outcome.DUPLICATE
+        if envelope.version > known + 1:
+            return Outcome.GAP
+        self.stream_versions[envelope.stream] = envelope.version
+        position = envelope.position or 0
+        if position:
+            self.watermark.mark(position)
+        self._fold(envelope.payload, envelope, position)
+        self.events_applied += 1
+        return Outcome.APPLIED
+
+    def apply_all(self, envelopes: Iterable[EventEnvelope]) -> list[Outcome]:
+        return [self.apply(envelope) for envelope in envelopes]
+
+    def _fold(self, event: Event, envelope: EventEnvelope, position: int) -> None:
+        at = envelope.recorded_at
+        if isinstance(event, JobEvent):
+            before = self.jobs.get(event.job_id)
+            after = evolve_job(before, event, at=at, position=position)
+            if after is not None and after is not before:
+                self.jobs[after.id] = after
+                self._reindex_job(before, after)
+        elif isinstance(event, NodeEvent):
+            node = evolve_node(self.nodes.get(event.node_id), event, at=at)
+            if node is not None:
+                self.nodes[node.id] = node
+        elif isinstance(event, TeamCreated | QueueConfigured):
+            queue = evolve_queue(self.queues.get(event.name), event, at=at)
+            if queue is not None:
+                self.queues[queue.name] = queue
+            if isinstance(event, TeamCreated):
+                team = evolve_team(self.teams.get(event.name), event, at=at)
+                if team is not None:
+                    self.teams[team.name] = team
+                    self.team_by_token_sha256[team.token_sha256] = team.name
+
+    def _reindex_job(self, before: JobRecord | None, after: JobRecord) -> None:
+        """Keep the aggregate indexes (allocations, per-queue and per-class counts) in step."""
+        if before is not None:
+            self._count(before, -1)
+            for node in before.placement:
+                held = self.allocations.get(node)
+                if held is not None:
+                    held.pop(before.id, None)
+                    if not held:
+                        del self.allocations[node]
+        self._count(after, +1)
+        for node, gpus in after.placement.items():
+            self.allocations.setdefault(node, {})[after.id] = gpus
+
+    def _count(self, job: JobRecord, sign: int) -> None:
+        if job.holds_gpus:
+            self.allocated_by_queue[job.queue] += sign * job.gpus
+            self.running_by_queue[job.queue] += sign
+        elif job.state in WAITING_STATES:
+            self.waiting_by_class[job.priority] += sign
+            self.waiting_by_queue[job.queue] += sign
+
+    def allocated_on(self, node_id: str) -> Mapping[str, tuple[int, ...]]:
+        return self.allocations.get(node_id, {})

@@ -1,0 +1,43 @@
+"""Liveness, readiness and metrics: no authentication, for probes and scrapers."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from services.api.bootstrap import ApiBootstrap
+from services.api.deps import Context, unavailable
+from services.api.metrics import ApiMetrics
+from services.api.models import Health
+from services.api.problems import problem_docs
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", operation_id="healthz", summary="The process is alive")
+async def healthz() -> Health:
+    return Health(status="ok")
+
+
+@router.get(
+    "/readyz",
+    operation_id="readyz",
+    summary="The log is reachable and the read models have caught up",
+    responses=problem_docs(503),
+)
+async def readyz(context: Context) -> Health:
+    try:
+        head = await context.feed.refresh_head()
+    except Exception as error:
+        raise unavailable("the event log is unreachable") from error
+    lag = context.feed.lag
+    if lag > context.settings.ready_max_lag:
+        raise unavailable(f"the read models trail the log by {lag} events")
+    detail = {"head": head, "applied": context.models.watermark.position, "lag": lag}
+    return Health(status="ok", detail=detail)
+
+
+@router.get("/metrics", operation_id="metrics", include_in_schema=False)
+async def metrics(request: Request) -> Response:
+    bootstrap: ApiBootstrap = request.app.state.bootstrap
+    registry: ApiMetrics = bootstrap.metrics
+    return Response(registry.render(), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,38 @@
+"""/v1/nodes, /v1/queues and /v1/cluster: the cluster as the read models see it."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from services.api.deps import Caller, Models
+from services.api.models import ClusterView, NodeList, NodeView, QueueList
+from services.api.problems import PROBLEM_RESPONSES, not_found
+from services.api.projections.cluster import summarize
+from services.api.views import cluster_view, node_view, queue_view
+
+router = APIRouter(prefix="/v1", tags=["cluster"], responses=PROBLEM_RESPONSES)
+
+
+@router.get("/nodes", operation_id="listNodes", summary="Every node: state, GPUs, allocations")
+async def list_nodes(caller: Caller, models: Models) -> NodeList:
+    nodes = sorted(models.nodes.values(), key=lambda node: node.id)
+    return NodeList(items=[node_view(node, models, caller) for node in nodes])
+
+
+@router.get("/nodes/{node_id}", operation_id="getNode", summary="One node")
+async def get_node(node_id: str, caller: Caller, models: Models) -> NodeView:
+    node = models.nodes.get(node_id)
+    if node is None:
+        raise not_found(f"node {node_id}")
+    return node_view(node, models, caller)
+
+
+@router.get("/queues", operation_id="listQueues", summary="Every queue: quota and usage")
+async def list_queues(caller: Caller, models: Models) -> QueueList:
+    queues = sorted(models.queues.values(), key=lambda queue: queue.name)
+    return QueueList(items=[queue_view(queue, models) for queue in queues])
+
+
+@router.get("/cluster", operation_id="getCluster", summary="Allocation, fragmentation, pending")
+async def get_cluster(caller: Caller, models: Models) -> ClusterView:
+    return cluster_view(summarize(models))

@@ -1,0 +1,126 @@
+"""Read-model records to response bodies: the only place that knows both shapes."""
+
+from __future__ import annotations
+
+from uuid import UUID
+
+from schemas.envelope import EventEnvelope
+from services.api.auth import Principal
+from services.api.models import ClusterView, EventView, JobView, NodeView, QueueView
+from services.api.projections.cluster import ClusterSummary
+from services.api.projections.jobs import JobRecord
+from services.api.projections.model import ReadModels
+from services.api.projections.nodes import NodeRecord
+from services.api.projections.queues import QueueRecord
+
+
+def job_view(job: JobRecord) -> JobView:
+    return JobView(
+        id=job.id,
+        name=job.spec.name,
+        team=job.spec.team,
+        queue=job.queue,
+        priority=job.priority,
+        state=job.state,
+        reason=job.reason,
+        reason_code=job.reason_code,
+        estimated_start=job.estimated_start,
+        planned_nodes=list(job.planned_nodes),
+        placement={node: list(gpus) for node, gpus in sorted(job.placement.items())},
+        attempts=job.attempt,
+        preemptions=job.preemptions,
+        gpus=job.gpus,
+        tasks=job.spec.tasks,
+        gpus_per_task=job.spec.gpus_per_task,
+        requested=sorted(job.requests),
+        submitted_at=job.submitted_at,
+        submitted_by=job.submitted_by,
+        updated_at=job.updated_at,
+        finished_at=job.finished_at,
+        spec=job.spec,
+    )
+
+
+def node_view(node: NodeRecord, models: ReadModels, principal: Principal) -> NodeView:
+    held = models.allocated_on(node.id)
+    allocated = {gpu for gpus in held.values() for gpu in gpus}
+    healthy = node.healthy_gpus
+    visible_jobs = {
+        job_id: list(gpus)
+        for job_id, gpus in sorted(held.items())
+        if principal.is_admin or (job_id in models.jobs and principal.can_see(models.jobs[job_id]))
+    }
+    return NodeView(
+        id=node.id,
+        hostname=node.hostname,
+        gpu_type=node.gpu_type,
+        rack=node.rack,
+        block=node.block,
+        nvlink_domain=node.nvlink_domain,
+        state=node.state,
+        gpus=len(node.gpu_indices),
+        healthy_gpus=len(healthy),
+        allocated_gpus=len(allocated),
+        free_gpus=sum(1 for gpu in healthy if gpu not in allocated),
+        unhealthy_gpu_indices=sorted(node.unhealthy_gpus),
+        degraded_signals=list(node.degraded),
+        reason=node.reason,
+        labels=dict(node.labels),
+        jobs=visible_jobs,
+    )
+
+
+def queue_view(queue: QueueRecord, models: ReadModels) -> QueueView:
+    allocated = max(0, models.allocated_by_queue.get(queue.name, 0))
+    return QueueView(
+        name=queue.name,
+        parent=queue.parent,
+        guaranteed_gpus=queue.guaranteed_gpus,
+        max_gpus=queue.max_gpus,
+        weight=queue.weight,
+        is_team=queue.name in models.teams,
+        allocated_gpus=allocated,
+        borrowed_gpus=max(0, allocated - queue.guaranteed_gpus),
+        pending_jobs=max(0, models.waiting_by_queue.get(queue.name, 0)),
+        running_jobs=max(0, models.running_by_queue.get(queue.name, 0)),
+    )
+
+
+def cluster_view(summary: ClusterSummary) -> ClusterView:
+    return ClusterView(
+        nodes=summary.nodes,
+        nodes_by_state=summary.nodes_by_state,
+        total_gpus=summary.total_gpus,
+        healthy_gpus=summary.healthy_gpus,
+        allocated_gpus=summary.allocated_gpus,
+        free_gpus=summary.free_gpus,
+        whole_free_nodes=summary.whole_free_nodes,
+        fragmentation=summary.fragmentation,
+        utilization=(
+            round(summary.allocated_gpus / summary.healthy_gpus, 4) if summary.healthy_gpus else 0.0
+        ),
+        pending_jobs=summary.pending_jobs,
+        pending_by_class=summary.pending_by_class,
+        running_jobs=summary.holding_jobs,
+    )
+
+
+def _uuid(value: UUID | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def event_view(envelope: EventEnvelope) -> EventView:
+    return EventView(
+        position=envelope.position or 0,
+        stream=envelope.stream,
+        version=envelope.version,
+        event_id=str(envelope.event_id),
+        type=envelope.type,
+        schema_version=envelope.schema_version,
+        recorded_at=envelope.recorded_at,
+        producer=envelope.producer,
+        correlation_id=_uuid(envelope.correlation_id),
+        causation_id=_uuid(envelope.causation_id),
+        epoch=envelope.epoch,
+        payload=envelope.payload.model_dump(mode="json"),
+    )
