@@ -40,7 +40,9 @@ class Leadership:
             return False
         try:
             await self.conn.fetchval("SELECT 1")
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError):
+        except Exception:
+            # Whatever broke the session (terminated, network, protocol), the lock went with it.
+            self.conn.terminate()
             return False
         return True
 

@@ -1,0 +1,128 @@
+"""The real PostgreSQL and Kafka for the integration tier.
+
+The session starts the local stack through scripts/stack.sh unless GANGWAY_PG_DSN and
+GANGWAY_KAFKA_BOOTSTRAP point at running servers. Every test gets a database of its own
+(created by the owner role, migrated) and a topic prefix of its own.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+from aiokafka.admin import AIOKafkaAdminClient
+
+from services.runtime import EventStore, Settings, Topics, migrate_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+STACK_SCRIPT = ROOT / "scripts" / "stack.sh"
+
+
+@dataclass(frozen=True)
+class Stack:
+    pg_dsn: str
+    pg_owner_dsn: str
+    kafka_bootstrap: str
+    # Whether the broker is the local one scripts/stack.sh can restart.
+    kafka_is_local: bool
+
+    def restart_kafka(self) -> None:
+        subprocess.run([str(STACK_SCRIPT), "restart-kafka"], check=True, cwd=ROOT)
+
+
+def _parse_env(text: str) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line)
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
+@pytest.fixture(scope="session")
+def stack() -> Stack:
+    external_kafka = bool(os.environ.get("GANGWAY_KAFKA_BOOTSTRAP"))
+    if not (os.environ.get("GANGWAY_PG_DSN") and external_kafka):
+        subprocess.run([str(STACK_SCRIPT), "up"], check=True, cwd=ROOT)
+    env = _parse_env(
+        subprocess.run(
+            [str(STACK_SCRIPT), "env"], check=True, cwd=ROOT, capture_output=True, text=True
+        ).stdout
+    )
+    local_bootstrap = _parse_env(
+        subprocess.run(
+            [str(STACK_SCRIPT), "env"],
+            check=True,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            env={k: v for k, v in os.environ.items() if k != "GANGWAY_KAFKA_BOOTSTRAP"},
+        ).stdout
+    )["GANGWAY_KAFKA_BOOTSTRAP"]
+    return Stack(
+        pg_dsn=env["GANGWAY_PG_DSN"],
+        pg_owner_dsn=env["GANGWAY_PG_OWNER_DSN"],
+        kafka_bootstrap=env["GANGWAY_KAFKA_BOOTSTRAP"],
+        kafka_is_local=env["GANGWAY_KAFKA_BOOTSTRAP"] == local_bootstrap,
+    )
+
+
+def with_database(dsn: str, database: str) -> str:
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+@pytest.fixture
+async def settings(stack: Stack, request: pytest.FixtureRequest) -> AsyncIterator[Settings]:
+    """A fresh, migrated database and a fresh topic prefix for one test."""
+    tag = uuid.uuid4().hex[:10]
+    database = f"gw_test_{tag}"
+    owner = await asyncpg.connect(stack.pg_owner_dsn)
+    try:
+        await owner.execute(f'CREATE DATABASE "{database}"')
+    finally:
+        await owner.close()
+    test_settings = Settings(
+        pg_dsn=with_database(stack.pg_dsn, database),
+        pg_owner_dsn=with_database(stack.pg_owner_dsn, database),
+        kafka_bootstrap=stack.kafka_bootstrap,
+        topic_prefix=f"test-{tag}",
+        service_name=f"test-{request.node.name[:40]}",
+        relay_poll_interval_s=0.2,
+        _env_file=None,
+    )
+    await migrate_settings(test_settings)
+    yield test_settings
+    owner = await asyncpg.connect(stack.pg_owner_dsn)
+    try:
+        await owner.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    finally:
+        await owner.close()
+    await _delete_topics(test_settings)
+
+
+async def _delete_topics(settings: Settings) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        ours = [t for t in existing if t.startswith(f"{settings.topic_prefix}.")]
+        if ours:
+            await admin.delete_topics(ours)
+    finally:
+        await admin.close()
+
+
+@pytest.fixture
+async def store(settings: Settings) -> AsyncIterator[EventStore]:
+    event_store = await EventStore.connect(settings, producer="tests")
+    yield event_store
+    await event_store.close()
+
+
+@pytest.fixture
+def topics(settings: Settings) -> Topics:
+    return Topics.from_settings(settings)
