@@ -304,3 +304,19 @@ def _header(record: ConsumerRecord[Any, Any], name: str) -> str | None:
 
 def _where(record: ConsumerRecord[Any, Any]) -> str:
     return f"{record.topic}[{record.partition}]@{record.offset}"
+
+
+async def wait_started(loop: ConsumerLoop, task: asyncio.Task[None]) -> None:
+    """Return once `loop` (running as `task`) has its partitions; raise if the task died first.
+
+    A service announces itself ready only then: before it, messages published now might be
+    read by nobody.
+    """
+    started = asyncio.create_task(loop.started.wait())
+    try:
+        await asyncio.wait({started, task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        started.cancel()
+    if task.done() and not loop.started.is_set():
+        task.result()
+        raise RuntimeError(f"consumer {loop.name} stopped before it started")
