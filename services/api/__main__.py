@@ -15,8 +15,8 @@ def main() -> None:
     settings = ApiSettings()
     uvicorn.run(
         create_app(settings),
-        host=settings.api_host,
-        port=settings.api_port,
+        host=settings.listen_host,
+        port=settings.listen_port,
         log_level="info",
         proxy_headers=False,
     )

@@ -104,9 +104,7 @@ class ApiBootstrap:
 
     async def _consume_bus(self, context: ApiContext) -> None:
         while not self._stop.is_set():
-            consumer = ReadModelConsumer(
-                self.settings, context.feed, group=self.settings.consumer_group
-            )
+            consumer = ReadModelConsumer(self.settings, context.feed, group=self.settings.bus_group)
             try:
                 await consumer.run(self._stop)
             except Exception:

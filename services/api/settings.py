@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr
 
@@ -10,8 +11,9 @@ from services.runtime.settings import Settings
 
 
 class ApiSettings(Settings):
-    api_host: str = "127.0.0.1"
-    api_port: int = Field(default=8080, ge=1, le=65535)
+    # Where to listen; unset, both come from api_url, the address everyone else is told.
+    api_host: str | None = None
+    api_port: int | None = Field(default=None, ge=1, le=65535)
     # The admin's bearer token; when unset it is read from (or generated into) admin_token_file.
     admin_token: SecretStr | None = None
     admin_token_file: Path = Path(".gangway/admin.token")
@@ -23,4 +25,17 @@ class ApiSettings(Settings):
     events_scan_limit: int = Field(default=20_000, ge=100)
     # How often the read models re-check the log for events the bus has not (yet) delivered.
     catch_up_interval_s: float = Field(default=2.0, gt=0)
-    consumer_group: str = "api"
+    # Unset: "<topic_prefix>.api", so that stacks sharing a broker never share a group.
+    consumer_group: str | None = None
+
+    @property
+    def listen_host(self) -> str:
+        return self.api_host or urlsplit(self.api_url).hostname or "127.0.0.1"
+
+    @property
+    def listen_port(self) -> int:
+        return self.api_port or urlsplit(self.api_url).port or 8080
+
+    @property
+    def bus_group(self) -> str:
+        return self.consumer_group or f"{self.topic_prefix}.api"

@@ -1,0 +1,149 @@
+"""The job read model folded from histories: the state machine of DESIGN §5."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from schemas.base import Event
+from schemas.jobs import (
+    JobAdmitted,
+    JobCancelled,
+    JobDeferred,
+    JobFailed,
+    JobRejected,
+    JobRequeued,
+    JobResumed,
+    JobSucceeded,
+    JobSuspended,
+    PreemptionRequested,
+    ReservationPlanned,
+    TaskExited,
+    TaskStarted,
+)
+from services.api.projections.jobs import JobRecord, request_allowed
+from services.api.projections.model import ReadModels
+from tests.api.builders import Log, reserved, submitted
+
+J = "j1"
+
+
+def fold(*events: Event) -> JobRecord:
+    models = ReadModels()
+    models.apply_all(Log().record(*events))
+    return models.jobs[J]
+
+
+def admitted() -> JobAdmitted:
+    return JobAdmitted(job_id=J, queue="nlp-q", priority="production")
+
+
+def gang(attempt: int = 1) -> Event:
+    return reserved(J, [("n1", [0, 1, 2, 3]), ("n2", [4, 5, 6, 7])], attempt=attempt)
+
+
+def started(rank: int, attempt: int = 1) -> TaskStarted:
+    return TaskStarted(job_id=J, attempt=attempt, rank=rank, node_id=f"n{rank + 1}")
+
+
+def test_submitted_job_is_pending_awaiting_admission() -> None:
+    job = fold(submitted(J))
+    assert (job.state, job.reason, job.gpus) == ("pending", "awaiting admission", 8)
+
+
+def test_admitted_job_is_queued_in_the_queue_admission_resolved() -> None:
+    job = fold(submitted(J), admitted())
+    assert (job.state, job.queue, job.priority) == ("queued", "nlp-q", "production")
+
+
+def test_rejected_job_is_rejected_with_the_reason() -> None:
+    job = fold(submitted(J), JobRejected(job_id=J, code="quota", reason="over the team ceiling"))
+    assert (job.state, job.reason, job.reason_code) == (
+        "rejected",
+        "over the team ceiling",
+        "quota",
+    )
+
+
+def test_deferred_job_keeps_waiting_with_the_scheduler_reason() -> None:
+    deferred = JobDeferred(job_id=J, code="no_capacity", message="needs 8 GPUs; 4 are free")
+    job = fold(submitted(J), admitted(), deferred)
+    assert (job.state, job.reason) == ("queued", "needs 8 GPUs; 4 are free")
+
+
+def test_reservation_planned_gives_the_estimated_start() -> None:
+    at = datetime(2026, 11, 21, 14, 20, tzinfo=UTC)
+    planned = ReservationPlanned(job_id=J, start_at=at, nodes=["n1", "n2"])
+    job = fold(submitted(J), admitted(), planned)
+    assert (job.estimated_start, job.planned_nodes) == (at, ("n1", "n2"))
+
+
+def test_gang_reserved_places_the_gpus_by_node() -> None:
+    job = fold(submitted(J), admitted(), gang())
+    assert job.state == "reserved"
+    assert dict(job.placement) == {"n1": (0, 1, 2, 3), "n2": (4, 5, 6, 7)}
+    assert job.attempt == 1
+
+
+def test_job_is_running_only_once_every_rank_started() -> None:
+    assert fold(submitted(J), admitted(), gang(), started(0)).state == "reserved"
+    assert fold(submitted(J), admitted(), gang(), started(0), started(1)).state == "running"
+
+
+def test_preemption_then_requeue_frees_the_gang_and_queues_the_job() -> None:
+    preempt = PreemptionRequested(
+        job_id=J, attempt=1, preemptor_job_id="j9", reason="reclaimed by j9", grace_s=30
+    )
+    requeue = JobRequeued(job_id=J, attempt=1, code="preempted", reason="reclaimed by j9")
+    history = (submitted(J), admitted(), gang(), started(0), started(1), preempt)
+    assert fold(*history).state == "preempting"
+    job = fold(*history, requeue)
+    assert (job.state, dict(job.placement), job.preemptions) == ("queued", {}, 1)
+
+
+def test_a_later_attempt_places_the_job_again() -> None:
+    requeue = JobRequeued(job_id=J, attempt=1, code="node_lost", reason="n2 was lost")
+    job = fold(submitted(J), admitted(), gang(1), requeue, gang(2))
+    assert (job.state, job.attempt) == ("reserved", 2)
+
+
+def test_events_of_an_earlier_attempt_change_nothing() -> None:
+    requeue = JobRequeued(job_id=J, attempt=1, code="node_lost", reason="n2 was lost")
+    late = TaskStarted(job_id=J, attempt=1, rank=0, node_id="n1")
+    job = fold(submitted(J), admitted(), gang(1), requeue, gang(2), started(0, 2), late)
+    assert job.started_ranks == frozenset({0})
+
+
+def test_terminal_job_ignores_late_events() -> None:
+    late = TaskExited(job_id=J, attempt=1, rank=0, node_id="n1", exit_code=137)
+    history = (submitted(J), admitted(), gang(), JobSucceeded(job_id=J, attempt=1), late)
+    job = fold(*history)
+    assert (job.state, dict(job.exited_ranks)) == ("succeeded", {})
+
+
+def test_failed_job_carries_the_failure_reason() -> None:
+    failed = JobFailed(job_id=J, attempt=1, reason="rank 1 exited 1 after 3 retries")
+    job = fold(submitted(J), admitted(), gang(), failed)
+    assert (job.state, job.reason, dict(job.placement)) == (
+        "failed",
+        "rank 1 exited 1 after 3 retries",
+        {},
+    )
+
+
+def test_suspended_job_resumes_into_the_queue() -> None:
+    suspended = JobSuspended(job_id=J, attempt=1)
+    assert fold(submitted(J), admitted(), gang(), suspended).state == "suspended"
+    resumed = fold(submitted(J), admitted(), gang(), suspended, JobResumed(job_id=J))
+    assert resumed.state == "queued"
+
+
+def test_cancel_is_refused_once_the_job_finished() -> None:
+    cancelled = fold(submitted(J), admitted(), JobCancelled(job_id=J, reason="by user"))
+    assert not request_allowed(cancelled, "cancel")
+    assert request_allowed(fold(submitted(J), admitted()), "cancel")
+
+
+def test_resume_is_allowed_only_for_a_suspended_job() -> None:
+    assert not request_allowed(fold(submitted(J), admitted(), gang()), "resume")
+    suspended = fold(submitted(J), admitted(), gang(), JobSuspended(job_id=J, attempt=1))
+    assert request_allowed(suspended, "resume")
