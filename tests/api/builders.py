@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from uuid import uuid4
 
 from schemas.base import Event
@@ -49,7 +50,7 @@ def spec(team: str = "nlp", *, tasks: int = 2, gpus_per_task: int = 4, **fields:
     )
 
 
-def submitted(job_id: str, team: str = "nlp", **fields: object) -> JobSubmitted:
+def submitted(job_id: str, team: str = "nlp", **fields: Any) -> JobSubmitted:
     return JobSubmitted(job_id=job_id, spec=spec(team, **fields), submitted_by=f"team:{team}")
 
 
