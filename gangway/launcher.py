@@ -121,11 +121,13 @@ def default_services(
                     "services.agent",
                     args=("--cluster", cluster),
                     env=env,
-                    ready_log=r"agents? ready",
+                    ready_log=r"\bagent ready\b",
                 )
             )
         elif name in ("inventory", "health", "checkpoint"):
-            specs.append(ServiceSpec(name, f"services.{name}", env=env, ready_log=r"\bready\b"))
+            specs.append(
+                ServiceSpec(name, f"services.{name}", env=env, ready_log=rf"\b{name} ready\b")
+            )
         else:
             specs.append(ServiceSpec(name, f"services.{name}", env=env))
     return specs

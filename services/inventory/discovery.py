@@ -1,0 +1,122 @@
+"""Node discovery: NVML where a driver loads, the cluster spec otherwise.
+
+Both paths end in the same NodeRegistered events, so everything after discovery (registration,
+liveness, scheduling) runs the same code on real GPUs and on a simulated fleet.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from schemas.nodes import GpuInfo, NodeRegistered
+from services.scheduler.core.topology import parse_cluster_spec
+
+log = logging.getLogger(__name__)
+
+
+def load_cluster_spec(value: str) -> list[NodeRegistered]:
+    """The nodes of `value`: a shorthand (`16x8:4:2`), a path to a YAML file, or YAML text."""
+    candidate = value.strip()
+    if "\n" not in candidate and candidate.endswith((".yaml", ".yml", ".json")):
+        return parse_cluster_spec(Path(candidate).read_text())
+    path = Path(candidate)
+    if "\n" not in candidate and "x" not in candidate.split(":")[0] and path.is_file():
+        return parse_cluster_spec(path.read_text())
+    return parse_cluster_spec(value)
+
+
+def nvml_node(
+    *,
+    node_id: str | None = None,
+    rack: str,
+    block: str,
+    labels: Mapping[str, str] | None = None,
+    nvml: Any = None,
+) -> NodeRegistered | None:
+    """This host as a node, read from NVML; None when no driver loads (or it has no GPU).
+
+    `nvml` is the pynvml module (a parameter so a fake driver can stand in for it).
+    """
+    if nvml is None:
+        try:
+            # The pynvml shim warns that nvidia-ml-py supersedes it; both give the same API.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                import pynvml
+        except ImportError:
+            return None
+        nvml = pynvml
+    try:
+        nvml.nvmlInit()
+    except Exception as error:  # NVMLError_LibraryNotFound, _DriverNotLoaded … : no GPUs here
+        log.info("NVML unavailable (%s); using the cluster spec", error)
+        return None
+    try:
+        count = int(nvml.nvmlDeviceGetCount())
+        gpus = []
+        for index in range(count):
+            handle = nvml.nvmlDeviceGetHandleByIndex(index)
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            gpus.append(
+                GpuInfo(
+                    index=index,
+                    uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+                    model=_text(nvml.nvmlDeviceGetName(handle)),
+                    memory_mb=int(memory.total) // (1024 * 1024),
+                )
+            )
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:  # shutting down a half-initialised driver is not worth failing for
+            log.debug("nvmlShutdown failed", exc_info=True)
+    if not gpus:
+        return None
+    hostname = socket.gethostname()
+    name = node_id or hostname
+    return NodeRegistered(
+        node_id=name,
+        hostname=hostname,
+        gpu_type=gpu_type_of(gpus[0].model),
+        gpus=gpus,
+        rack=rack,
+        block=block,
+        nvlink_domain=name,
+        labels=dict(labels or {}),
+        discovered_by="nvml",
+    )
+
+
+def gpu_type_of(model: str) -> str:
+    """The scheduler's GPU type from NVML's product name: `NVIDIA H100 80GB HBM3` → `H100`."""
+    words = [w for w in model.replace("-", " ").split() if w.upper() not in {"NVIDIA", "TESLA"}]
+    return words[0] if words else model
+
+
+def discover(
+    cluster: str,
+    *,
+    mode: str = "auto",
+    node_id: str | None = None,
+    rack: str = "r000",
+    block: str = "b00",
+    labels: Mapping[str, str] | None = None,
+    nvml: Any = None,
+) -> list[NodeRegistered]:
+    """The nodes this process answers for: NVML's (mode auto/nvml), else the cluster spec's."""
+    if mode in ("auto", "nvml"):
+        node = nvml_node(node_id=node_id, rack=rack, block=block, labels=labels, nvml=nvml)
+        if node is not None:
+            return [node]
+        if mode == "nvml":
+            raise RuntimeError("discovery=nvml but no NVIDIA driver or GPU was found")
+    return load_cluster_spec(cluster)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,126 @@
+"""Discovery: the cluster spec where no driver loads, NVML's view of the host where one does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from schemas.nodes import NodeRegistered
+from services.inventory.discovery import discover, gpu_type_of, load_cluster_spec, nvml_node
+from services.inventory.service import registrations_to_append
+
+
+class NoDriver:
+    """Stands in for pynvml on a machine without the NVIDIA driver."""
+
+    class NVMLError(Exception):
+        pass
+
+    def nvmlInit(self) -> None:
+        raise self.NVMLError("NVML Shared Library Not Found")
+
+
+@dataclass
+class Memory:
+    total: int
+
+
+class FakeDriver:
+    """A driver with `count` GPUs of one model: the NVML calls discovery makes, and no more."""
+
+    def __init__(self, count: int, name: bytes = b"NVIDIA H100 80GB HBM3") -> None:
+        self.count = count
+        self.name = name
+        self.shut_down = False
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        self.shut_down = True
+
+    def nvmlDeviceGetCount(self) -> int:
+        return self.count
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Memory:
+        return Memory(total=80 * 1024**3)
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        return f"GPU-{handle:08d}"
+
+    def nvmlDeviceGetName(self, handle: int) -> bytes:
+        return self.name
+
+
+def test_the_demo_shorthand_gives_sixteen_nodes_of_eight_gpus_in_two_blocks() -> None:
+    nodes = load_cluster_spec("16x8:4:2")
+    assert len(nodes) == 16
+    assert sum(len(n.gpus) for n in nodes) == 128
+    assert {n.rack for n in nodes} == {"r000", "r001", "r002", "r003"}
+    assert {n.block for n in nodes} == {"b00", "b01"}
+    assert {n.discovered_by for n in nodes} == {"spec"}
+
+
+def test_a_yaml_file_path_is_read_as_the_spec(tmp_path: Path) -> None:
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text("groups:\n  - {count: 2, gpus: 4, gpu_type: A100, rack: ra, block: ba}\n")
+    nodes = load_cluster_spec(str(spec))
+    assert [(n.gpu_type, len(n.gpus), n.rack) for n in nodes] == [("A100", 4, "ra")] * 2
+
+
+def test_without_a_driver_discovery_falls_back_to_the_spec() -> None:
+    assert nvml_node(rack="r0", block="b0", nvml=NoDriver()) is None
+    nodes = discover("2x8", mode="auto", nvml=NoDriver())
+    assert [n.node_id for n in nodes] == ["n0000", "n0001"]
+
+
+def test_nvml_discovery_reports_every_gpu_of_the_host() -> None:
+    driver = FakeDriver(count=4)
+    node = nvml_node(node_id="host-a", rack="r7", block="b1", labels={"zone": "z"}, nvml=driver)
+    assert node is not None
+    assert node.discovered_by == "nvml"
+    assert node.gpu_type == "H100"
+    assert [g.index for g in node.gpus] == [0, 1, 2, 3]
+    assert node.gpus[2].uuid == "GPU-00000002"
+    assert node.gpus[0].memory_mb == 80 * 1024
+    assert (node.rack, node.block, node.labels) == ("r7", "b1", {"zone": "z"})
+    assert driver.shut_down
+
+
+def test_a_host_whose_driver_sees_no_gpu_is_not_a_node() -> None:
+    assert nvml_node(rack="r0", block="b0", nvml=FakeDriver(count=0)) is None
+
+
+def test_forcing_nvml_without_a_driver_is_an_error() -> None:
+    with pytest.raises(RuntimeError, match="no NVIDIA driver"):
+        discover("2x8", mode="nvml", nvml=NoDriver())
+
+
+def test_auto_discovery_prefers_the_driver_over_the_spec() -> None:
+    nodes = discover("2x8", mode="auto", node_id="host-a", nvml=FakeDriver(count=8))
+    assert [(n.node_id, n.discovered_by, len(n.gpus)) for n in nodes] == [("host-a", "nvml", 8)]
+
+
+@pytest.mark.parametrize(
+    ("product", "gpu_type"),
+    [("NVIDIA H100 80GB HBM3", "H100"), ("NVIDIA A100-SXM4-80GB", "A100"), ("Tesla V100", "V100")],
+)
+def test_the_gpu_type_is_the_product_family(product: str, gpu_type: str) -> None:
+    assert gpu_type_of(product) == gpu_type
+
+
+def test_an_identical_registration_is_not_appended_again() -> None:
+    nodes = load_cluster_spec("3x8")
+    latest: dict[str, NodeRegistered] = {n.node_id: n for n in nodes[:2]}
+    assert registrations_to_append(nodes, latest) == [nodes[2]]
+
+
+def test_a_changed_node_is_registered_again() -> None:
+    before = load_cluster_spec("1x8")[0]
+    after = before.model_copy(update={"labels": {"pool": "new"}})
+    assert registrations_to_append([after], {before.node_id: before}) == [after]
