@@ -1,0 +1,106 @@
+"""Teams, queues and the unauthenticated endpoints (health, readiness, metrics, docs)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+
+from schemas.teams import QueueConfigured, TeamCreated
+from services.runtime import EventStore
+from tests.api.conftest import Api
+
+pytestmark = pytest.mark.integration
+
+
+async def test_a_new_teams_token_authenticates_the_team(api: Api) -> None:
+    headers = await api.create_team("nlp")
+    response = await api.client.get("/v1/jobs", headers=headers)
+    assert response.status_code == 200
+
+
+async def test_only_the_tokens_sha256_is_recorded(api: Api, store: EventStore) -> None:
+    response = await api.client.post(
+        "/v1/teams", json={"name": "nlp", "guaranteed_gpus": 8}, headers=api.as_admin()
+    )
+    token = response.json()["token"]
+    assert len(token) >= 43  # 32 random bytes, URL-safe
+    [created] = await store.read_stream("team-nlp")
+    assert isinstance(created.payload, TeamCreated)
+    assert created.payload.token_sha256 == hashlib.sha256(token.encode()).hexdigest()
+    assert token not in created.payload.model_dump_json()
+
+
+async def test_creating_a_team_configures_its_queue(api: Api, store: EventStore) -> None:
+    await api.create_team("nlp", guaranteed_gpus=16)
+    [configured] = await store.read_stream("queue-nlp")
+    assert isinstance(configured.payload, QueueConfigured)
+    assert configured.payload.guaranteed_gpus == 16
+
+
+async def test_creating_an_existing_team_conflicts(api: Api) -> None:
+    await api.create_team("nlp")
+    response = await api.client.post(
+        "/v1/teams", json={"name": "nlp", "guaranteed_gpus": 8}, headers=api.as_admin()
+    )
+    assert response.status_code == 409
+
+
+async def test_a_max_below_the_guarantee_is_refused(api: Api) -> None:
+    response = await api.client.post(
+        "/v1/teams",
+        json={"name": "nlp", "guaranteed_gpus": 8, "max_gpus": 4},
+        headers=api.as_admin(),
+    )
+    assert response.status_code == 422
+
+
+async def test_a_configured_queue_is_listed_with_its_quota(api: Api) -> None:
+    response = await api.client.put(
+        "/v1/queues/research",
+        json={"parent": "org", "guaranteed_gpus": 32, "max_gpus": 64, "weight": 2},
+        headers=api.as_admin(),
+    )
+    assert response.status_code == 200
+    listed = await api.client.get("/v1/queues", headers=api.as_admin())
+    [queue] = [q for q in listed.json()["items"] if q["name"] == "research"]
+    assert (queue["parent"], queue["guaranteed_gpus"], queue["max_gpus"], queue["weight"]) == (
+        "org",
+        32,
+        64,
+        2.0,
+    )
+
+
+async def test_health_needs_no_token(api: Api) -> None:
+    response = await api.client.get("/healthz")
+    assert (response.status_code, response.json()["status"]) == (200, "ok")
+
+
+async def test_ready_when_the_read_models_caught_up_with_the_log(api: Api) -> None:
+    await api.submit(api.as_admin())
+    response = await api.client.get("/readyz")
+    assert response.status_code == 200
+    assert response.json()["detail"]["lag"] == 0
+
+
+async def test_metrics_count_requests_and_pending_jobs(api: Api) -> None:
+    await api.submit(api.as_admin(), priority="production")
+    text = (await api.client.get("/metrics")).text
+    assert 'gangway_api_requests_total{method="POST",route="/v1/jobs",status="201"} 1.0' in text
+    assert 'gangway_pending_jobs{class="production"} 1.0' in text
+    assert "gangway_api_consumer_lag_events" in text
+
+
+async def test_the_openapi_document_is_served_with_stable_operation_ids(api: Api) -> None:
+    spec = (await api.client.get("/openapi.json")).json()
+    operations = {op["operationId"] for path in spec["paths"].values() for op in path.values()}
+    assert {
+        "submitJob",
+        "getJob",
+        "listJobs",
+        "cancelJob",
+        "listEvents",
+        "createTeam",
+    } <= operations
+    assert (await api.client.get("/docs")).status_code == 200
