@@ -1,0 +1,44 @@
+"""The read models fed from the bus: the relay publishes the log, the API's consumer applies it."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+
+from schemas.jobs import JobAdmitted
+from services.api.app import create_app
+from services.runtime import EventStore, OutboxRelay, Settings
+from tests.api.conftest import ADMIN_TOKEN, api_settings
+from tests.integration.support import running
+
+pytestmark = pytest.mark.integration
+
+
+async def test_events_of_other_services_reach_the_read_models_through_the_bus(
+    settings: Settings, store: EventStore, tmp_path: Path
+) -> None:
+    # The log poll runs once at start and then not for an hour: only the bus can deliver.
+    configured = api_settings(settings, tmp_path, catch_up_interval_s=3600)
+    app = create_app(configured, use_bus=True)
+    headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with (
+        running(OutboxRelay(store, settings)),
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client,
+    ):
+        created = await client.post(
+            "/v1/jobs", json={"name": "train", "team": "nlp"}, headers=headers
+        )
+        job_id = created.json()["id"]
+        await store.append(
+            f"job-{job_id}", 1, [JobAdmitted(job_id=job_id, queue="nlp", priority="research")]
+        )
+        async with asyncio.timeout(60):
+            while True:
+                job = (await client.get(f"/v1/jobs/{job_id}", headers=headers)).json()
+                if job["state"] == "queued":
+                    break
+                await asyncio.sleep(0.1)
