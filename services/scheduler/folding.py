@@ -1,0 +1,67 @@
+"""The scheduler's memory as folded from the log, and the one way events enter it.
+
+`Folded` is the core state plus what the service needs besides: the log position it covers and
+each stream's version as last folded (the expected versions of the scheduler's appends). Events
+enter only through `fold_raw` / `fold_envelopes`, strictly one position after another, so that
+live state, a replay and snapshot + tail all fold the same events in the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from schemas import REGISTRY, EventEnvelope, EventRegistry
+from services.runtime.records import RawEvent
+from services.scheduler.core.policy import SchedulingPolicy
+from services.scheduler.core.state import SchedulerState
+
+
+class LogGap(RuntimeError):
+    """An event arrived that does not follow the last folded position: folding it would make
+    this state differ from a replay's, so the follower must re-read from its position."""
+
+
+@dataclass
+class Folded:
+    state: SchedulerState
+    position: int = 0
+    versions: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def empty(cls, policy: SchedulingPolicy) -> Folded:
+        return cls(SchedulerState(policy))
+
+    def fold_raw(self, batch: Sequence[RawEvent], registry: EventRegistry = REGISTRY) -> int:
+        """Fold stored events (payload still JSON), the hot path of replay; returns the count.
+
+        Only the payload is validated (`model_validate_json`); the envelope is never built.
+        """
+        apply = self.state.apply
+        decode = registry.decode
+        versions = self.versions
+        position = self.position
+        for raw in batch:
+            if raw.position != position + 1:
+                self.position = position
+                raise LogGap(f"expected position {position + 1}, got {raw.position}")
+            apply(decode(raw.type, raw.schema_version, raw.payload), raw.recorded_at.timestamp())
+            versions[raw.stream] = raw.version
+            position = raw.position
+        self.position = position
+        return len(batch)
+
+    def fold_envelopes(self, envelopes: Iterable[EventEnvelope]) -> int:
+        """Fold events already decoded (those the scheduler has just appended)."""
+        count = 0
+        for envelope in envelopes:
+            if envelope.position != self.position + 1:
+                raise LogGap(f"expected position {self.position + 1}, got {envelope.position}")
+            self.state.apply(envelope.payload, envelope.recorded_at.timestamp())
+            self.versions[envelope.stream] = envelope.version
+            self.position = envelope.position
+            count += 1
+        return count
+
+    def stream_version(self, stream: str) -> int:
+        return self.versions.get(stream, 0)

@@ -1,0 +1,358 @@
+"""The scheduler service: one active leader folding the log and appending the core's decisions.
+
+Life of a replica:
+1. rebuild its state (snapshot + tail) and stand by, following the log, while it waits for the
+   leader lock (a PostgreSQL advisory lock on a dedicated connection);
+2. on winning, the epoch is raised (LeaderElected) and every append carries it, so a deposed
+   leader's writes are refused (StaleLeader) even if it never noticed it was deposed;
+3. as leader: follow the log strictly by position (NOTIFY only wakes it up), and after each
+   catch-up, and at least every cycle interval, run the core's cycle and append its decisions in
+   one multi-stream append with the expected version of every stream as last folded. A conflict
+   means the log moved under the cycle: catch up and decide again. The decisions are folded in
+   the log's order, like any other event, so the live state is the state a replay gives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import asyncpg
+
+from schemas import Event, EventEnvelope
+from services.runtime.errors import ConcurrencyConflict, StaleLeader
+from services.runtime.leadership import Leadership, acquire_leadership
+from services.runtime.records import Metadata, StreamAppend
+from services.runtime.store import NOTIFY_CHANNEL, EventStore
+from services.scheduler.core.cycle import schedule
+from services.scheduler.core.policy import SchedulingPolicy
+from services.scheduler.folding import Folded, LogGap
+from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.replay import rebuild
+from services.scheduler.settings import SchedulerSettings
+from services.scheduler.snapshots import SnapshotStore
+
+log = logging.getLogger(__name__)
+
+# The process exit status of a leader that found itself deposed (a supervisor restarts it as a
+# standby); 0 is a requested shutdown.
+EXIT_DEPOSED = 3
+
+# Re-running a cycle after this many conflicts in a row waits for the next wake-up instead.
+_MAX_CYCLE_ATTEMPTS = 5
+_STATE_GAUGES_EVERY_S = 10.0
+
+
+class Deposed(Exception):
+    """This replica is no longer the leader: another holds the lock, or its epoch is fenced."""
+
+
+def with_server_settings(dsn: str, **settings: str) -> str:
+    """`dsn` with PostgreSQL session settings added (asyncpg passes unknown query parameters
+    to the server as settings)."""
+    parts = urlsplit(dsn)
+    query = dict(parse_qsl(parts.query))
+    query.update(settings)
+    return urlunsplit(parts._replace(query=urlencode(query)))
+
+
+def segments(decisions: Sequence[Event], folded: Folded) -> list[list[StreamAppend]]:
+    """The decisions as appends that keep their exact order, with expected versions.
+
+    The core's order matters (a gang's release comes before the binding that reuses its GPUs),
+    and one append takes each stream once, so the decisions are cut into segments: runs of
+    one stream's consecutive events, a new segment whenever a stream comes back after another.
+    Usually a cycle is one segment. Each stream expects its version as last folded, plus what
+    earlier segments of the same cycle add to it.
+    """
+    out: list[list[StreamAppend]] = []
+    expected: dict[str, int] = {}
+    runs: list[tuple[str, list[Event]]] = []
+
+    def close() -> None:
+        appends = []
+        for stream, events in runs:
+            version = expected.get(stream, folded.stream_version(stream))
+            appends.append(StreamAppend(stream, version, events))
+            expected[stream] = version + len(events)
+        out.append(appends)
+        runs.clear()
+
+    for event in decisions:
+        stream = event.stream
+        if runs and runs[-1][0] == stream:
+            runs[-1][1].append(event)
+            continue
+        if any(stream == seen for seen, _ in runs):
+            close()
+        runs.append((stream, [event]))
+    if runs:
+        close()
+    return out
+
+
+class SchedulerService:
+    def __init__(
+        self,
+        settings: SchedulerSettings,
+        store: EventStore,
+        policy: SchedulingPolicy,
+        snapshots: SnapshotStore,
+        metrics: SchedulerMetrics,
+        *,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.policy = policy
+        self.snapshots = snapshots
+        self.metrics = metrics
+        self.clock = clock
+        self.folded = Folded.empty(policy)
+        self.leadership: Leadership | None = None
+        self._wake = asyncio.Event()
+        self._since_snapshot = 0
+        self._gauges_at = 0.0
+        self._lag_at = 0.0
+
+    # ------------------------------------------------------------------ life
+
+    async def run(self, stop: asyncio.Event) -> int:
+        """Stand by, lead until `stop` is set or this replica is deposed; the exit status."""
+        rebuilt = await rebuild(
+            self.store,
+            self.policy,
+            snapshots=self.snapshots,
+            batch_size=self.settings.scheduler_read_batch,
+        )
+        self.folded = rebuilt.folded
+        log.info(
+            "%s rebuilt state at position %d in %.2f s (snapshot at %s, %d events replayed)",
+            self.settings.instance_id,
+            self.folded.position,
+            rebuilt.seconds,
+            rebuilt.snapshot_position,
+            rebuilt.events_replayed,
+        )
+        await self._observe(force=True)
+        listener: asyncpg.Connection = await asyncpg.connect(self.settings.pg_dsn)
+        try:
+            await listener.add_listener(NOTIFY_CHANNEL, self._on_notify)
+            leadership = await self._stand_by(stop)
+            if leadership is None:
+                return 0
+            self.leadership = leadership
+            self.metrics.leader_epoch.set(leadership.epoch)
+            self.metrics.is_leader.set(1)
+            log.info("%s leads at epoch %d", self.settings.instance_id, leadership.epoch)
+            try:
+                await self._lead(stop)
+            except Deposed as why:
+                log.error(
+                    "%s deposed at epoch %d: %s; stepping down",
+                    self.settings.instance_id,
+                    leadership.epoch,
+                    why,
+                )
+                return EXIT_DEPOSED
+            finally:
+                self.metrics.is_leader.set(0)
+                await leadership.release()
+            await self._snapshot()
+            log.info("%s stopped at position %d", self.settings.instance_id, self.folded.position)
+            return 0
+        finally:
+            with contextlib.suppress(Exception):
+                await listener.close()
+
+    async def _stand_by(self, stop: asyncio.Event) -> Leadership | None:
+        """Follow the log until this replica holds the lock (None: stopped first)."""
+        while not stop.is_set():
+            election = asyncio.create_task(
+                acquire_leadership(
+                    self.store,
+                    self.lock_dsn,
+                    self.settings.instance_id,
+                    poll_interval_s=self.settings.scheduler_standby_poll_s,
+                    stop=stop,
+                )
+            )
+            log.info("%s stands by for the leader lock", self.settings.instance_id)
+            while not election.done():
+                await self._wait(stop, election, seconds=self.settings.scheduler_cycle_interval_s)
+                await self._follow()
+                await self._observe()
+            try:
+                return election.result()
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+                # The lock connection broke (database restart, or this standby was paused past
+                # the session timeout): try again on a fresh one.
+                log.warning("election connection failed: %r; retrying", error)
+                await _sleep_unless(stop, self.settings.scheduler_standby_poll_s)
+        return None
+
+    async def _lead(self, stop: asyncio.Event) -> None:
+        assert self.leadership is not None
+        keep_alive = asyncio.create_task(self._keep_alive(self.leadership))
+        try:
+            await self._follow()
+            while not stop.is_set():
+                await self.cycle()
+                await self._observe()
+                await self._wait(stop, keep_alive, seconds=self.settings.scheduler_cycle_interval_s)
+                if keep_alive.done():
+                    raise Deposed("the leader lock's session is gone")
+                await self._follow()
+        finally:
+            keep_alive.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await keep_alive
+
+    @property
+    def lock_dsn(self) -> str:
+        # The server ends the lock's session when the leader stops pinging it (paused, hung),
+        # which releases the lock for a standby; see SchedulerSettings.scheduler_lock_timeout_s.
+        timeout_ms = int(self.settings.scheduler_lock_timeout_s * 1000)
+        return with_server_settings(self.settings.pg_dsn, idle_session_timeout=str(timeout_ms))
+
+    async def _keep_alive(self, leadership: Leadership) -> None:
+        """Ping the lock's session well within its idle timeout; return when it is gone."""
+        interval = self.settings.scheduler_lock_timeout_s / 4
+        while True:
+            await asyncio.sleep(interval)
+            if not await leadership.still_held():
+                return
+
+    # ------------------------------------------------------------------ following
+
+    async def _follow(self) -> int:
+        """Fold every committed event after our position, in position order."""
+        # Cleared before reading: an append notified from now on wakes the next wait at once.
+        self._wake.clear()
+        folded_now = 0
+        try:
+            async for batch in self.store.iter_raw(
+                self.folded.position, batch_size=self.settings.scheduler_read_batch
+            ):
+                folded_now += self.folded.fold_raw(batch, self.store.registry)
+        except LogGap as gap:
+            # Cannot happen with a gap-free log; re-reading from our position is always safe.
+            log.warning("%s; re-reading", gap)
+        self._after_fold(folded_now)
+        return folded_now
+
+    def _after_fold(self, count: int) -> None:
+        if count:
+            self.metrics.follower.events_handled.inc(count)
+            self.metrics.follower.position.set(self.folded.position)
+            self._since_snapshot += count
+
+    def _fold_own(self, envelopes: list[EventEnvelope]) -> bool:
+        """Fold our just-appended decisions directly when nothing was committed between our
+        position and them; False when the log must be read instead (to keep its order)."""
+        if not envelopes or envelopes[0].position != self.folded.position + 1:
+            return False
+        self._after_fold(self.folded.fold_envelopes(envelopes))
+        return True
+
+    # ------------------------------------------------------------------ deciding
+
+    async def cycle(self) -> list[EventEnvelope]:
+        """Run the core's cycle and append its decisions; returns what was appended."""
+        assert self.leadership is not None
+        for _ in range(_MAX_CYCLE_ATTEMPTS):
+            started = time.perf_counter()
+            decisions = schedule(self.folded.state, self.clock()).decisions
+            self.metrics.cycle_seconds.observe(time.perf_counter() - started)
+            if not decisions:
+                break
+            try:
+                envelopes = await self._append(decisions, self.leadership.epoch)
+            except ConcurrencyConflict as conflict:
+                # The log moved under the cycle (a cancel, a task exit): fold it and decide
+                # again. Nothing was appended, so no GPU is bound twice.
+                self.metrics.conflicts.inc()
+                log.info("cycle conflicted (%s); catching up", conflict)
+                await self._follow()
+                continue
+            except StaleLeader as fenced:
+                raise Deposed(str(fenced)) from fenced
+            for event in decisions:
+                self.metrics.decisions.labels(event.type).inc()
+            if not self._fold_own(envelopes):
+                await self._follow()
+            await self._maybe_snapshot()
+            return envelopes
+        await self._maybe_snapshot()
+        return []
+
+    async def _append(self, decisions: Sequence[Event], epoch: int) -> list[EventEnvelope]:
+        """All the decisions in one transaction, in the core's order, fenced by `epoch`."""
+        metadata = Metadata(producer=self.settings.service_name)
+        parts = segments(decisions, self.folded)
+        if len(parts) == 1:
+            return await self.store.append_many(parts[0], metadata, epoch=epoch)
+        envelopes: list[EventEnvelope] = []
+        async with self.store.pool.acquire() as conn, conn.transaction():
+            for appends in parts:
+                envelopes += await self.store.append_many(appends, metadata, epoch=epoch, conn=conn)
+        return envelopes
+
+    # ------------------------------------------------------------------ snapshots, metrics
+
+    async def _maybe_snapshot(self) -> None:
+        if self._since_snapshot >= self.settings.scheduler_snapshot_every:
+            await self._snapshot()
+
+    async def _snapshot(self) -> None:
+        if self._since_snapshot == 0:
+            return
+        try:
+            await self.snapshots.save(self.folded, keep=self.settings.scheduler_snapshots_kept)
+            self._since_snapshot = 0
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+            # A snapshot is only a cache: failing to write one costs replay time, nothing else.
+            log.warning("snapshot not saved: %r", error)
+
+    async def _observe(self, *, force: bool = False) -> None:
+        self.metrics.gpus_allocated.set(self.folded.state.allocated_gpus)
+        now = time.monotonic()
+        if now - self._lag_at >= 1.0 or force:
+            self._lag_at = now
+            head = await self.store.head()
+            self.metrics.follower.lag_events.set(max(0, head - self.folded.position))
+        if force or now - self._gauges_at >= _STATE_GAUGES_EVERY_S:
+            self._gauges_at = now
+            self.metrics.observe_state(self.folded.state)
+
+    # ------------------------------------------------------------------ waiting
+
+    def _on_notify(self, *_: Any) -> None:
+        self._wake.set()
+
+    async def _wait(
+        self, stop: asyncio.Event, also: asyncio.Future[Any], *, seconds: float
+    ) -> None:
+        """Until an append is notified (since the last catch-up), `stop` is set, `also` is
+        done or `seconds` pass."""
+        waiters = {asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())}
+        try:
+            await asyncio.wait(
+                {*waiters, also}, timeout=seconds, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+
+async def _sleep_unless(stop: asyncio.Event, seconds: float) -> bool:
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        return False
+    return True

@@ -1,0 +1,31 @@
+"""The scheduler process's settings: the shared runtime settings plus its own knobs."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from pydantic import Field
+
+from services.runtime.settings import Settings
+
+
+class SchedulerSettings(Settings):
+    service_name: str = "scheduler"
+    # Names this replica in LeaderElected and in logs; defaults to host:pid.
+    instance_id: str = Field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    # 0 picks a free port (several replicas on one machine).
+    metrics_port: int = Field(default=9102, ge=0, le=65535)
+    # A cycle runs at least this often, for the decisions time alone makes (grace deadlines,
+    # aging, max runtime), even when no event arrives.
+    scheduler_cycle_interval_s: float = Field(default=1.0, gt=0)
+    # A snapshot of the folded state after this many events folded since the last one.
+    scheduler_snapshot_every: int = Field(default=50_000, ge=1)
+    scheduler_snapshots_kept: int = Field(default=3, ge=1)
+    # PostgreSQL ends the leader's lock session after this long without a sign of life
+    # (idle_session_timeout), so a paused or hung leader loses the lock and a standby takes
+    # over; the leader pings its lock connection several times within it.
+    scheduler_lock_timeout_s: float = Field(default=6.0, ge=1)
+    scheduler_read_batch: int = Field(default=20_000, ge=1)
+    # How often a standby tries the lock and catches up with the log meanwhile.
+    scheduler_standby_poll_s: float = Field(default=0.5, gt=0)
