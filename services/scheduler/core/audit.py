@@ -1,0 +1,452 @@
+"""The auditor: replays any event sequence and checks the invariants of DESIGN §4.
+
+1. A GPU is bound to at most one gang at any time.
+2. A gang is bound whole or not at all.
+3. Nothing is placed on a drained, lost or unhealthy node or GPU.
+4. A team can always reach its guaranteed quota (by reclaiming borrowed capacity).
+5. Every submitted job is terminal, or pending with a reason; none is lost.
+6. A deposed scheduler's writes are rejected (leader epoch fencing).
+
+It keeps its own small model of the log (it does not trust the scheduler's state) and reports
+each violation with the log positions of the events involved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from schemas.base import Event
+from schemas.jobs import (
+    GANG_RELEASING_EVENTS,
+    GangReserved,
+    JobAdmitted,
+    JobCancelled,
+    JobDeferred,
+    JobEvent,
+    JobFailed,
+    JobRejected,
+    JobRequeued,
+    JobResumed,
+    JobSpec,
+    JobSubmitted,
+    JobSucceeded,
+    JobSuspended,
+    PreemptionRequested,
+    ReservationPlanned,
+)
+from schemas.leadership import LeaderElected
+from schemas.nodes import (
+    GpuRecovered,
+    GpuUnhealthy,
+    NodeDrained,
+    NodeDrainRequested,
+    NodeLost,
+    NodeRecovered,
+    NodeRegistered,
+    NodeUndrained,
+)
+from schemas.teams import QueueConfigured, TeamCreated
+from services.scheduler.core.policy import SchedulingPolicy
+
+# Events only the active scheduler writes: these are fenced by the leader epoch.
+SCHEDULER_DECISIONS: tuple[type[Event], ...] = (
+    GangReserved,
+    PreemptionRequested,
+    JobRequeued,
+    ReservationPlanned,
+    JobDeferred,
+)
+_TERMINAL: tuple[type[Event], ...] = (JobSucceeded, JobFailed, JobCancelled, JobRejected)
+# Decisions that make no sense once a job has finished (late task reports are normal).
+_NOT_AFTER_END: tuple[type[Event], ...] = (
+    *_TERMINAL,
+    GangReserved,
+    PreemptionRequested,
+    JobRequeued,
+    JobResumed,
+    JobSuspended,
+    JobDeferred,
+    ReservationPlanned,
+    JobAdmitted,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    invariant: int
+    message: str
+    positions: tuple[int, ...]
+
+
+@dataclass(slots=True)
+class _Node:
+    gpus: frozenset[int]
+    lost: bool = False
+    draining: bool = False
+    drained: bool = False
+    unhealthy: set[int] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class _Job:
+    spec: JobSpec
+    submitted_at: int
+    queue: str
+    terminal_at: int | None = None
+    gang: list[tuple[str, int]] = field(default_factory=list)
+    gang_at: int | None = None
+    gang_since: float = 0.0
+    attempt: int = 0
+    waiting: bool = False
+    # Whether a reason (JobDeferred, ReservationPlanned) was recorded since it began waiting.
+    explained: bool = False
+    entitled_since: float | None = None
+
+
+@dataclass(slots=True)
+class _Queue:
+    parent: str | None
+    guaranteed: int
+    at: int
+
+
+class Auditor:
+    """Feed it every event in log order: `observe(event, position, at, epoch)`."""
+
+    def __init__(
+        self, policy: SchedulingPolicy | None = None, reclaim_within_s: float = 3600.0
+    ) -> None:
+        self.violations: list[Violation] = []
+        self._policy = policy if policy is not None else SchedulingPolicy()
+        # How long a job entitled to its guarantee may wait while reclaimable borrowers run.
+        self._reclaim_within_s = reclaim_within_s
+        self._nodes: dict[str, _Node] = {}
+        self._bound: dict[tuple[str, int], tuple[str, int]] = {}
+        self._jobs: dict[str, _Job] = {}
+        self._queues: dict[str, _Queue] = {}
+        self._usage: dict[str, int] = {}
+        self._epoch = 0
+        self._epoch_at: int | None = None
+        self._oversubscribed = False
+
+    def _flag(self, invariant: int, message: str, *positions: int) -> None:
+        self.violations.append(Violation(invariant, message, tuple(positions)))
+
+    def observe(self, event: Event, position: int, at: float, epoch: int | None) -> None:
+        self._check_fencing(event, position, epoch)
+        if isinstance(event, JobEvent):
+            self._observe_job(event, position, at)
+        elif isinstance(event, NodeRegistered):
+            self._nodes[event.node_id] = _Node(gpus=frozenset(g.index for g in event.gpus))
+            self._check_guarantees(position)
+        elif isinstance(event, TeamCreated | QueueConfigured):
+            name = event.name
+            self._queues[name] = _Queue(event.parent, event.guaranteed_gpus, position)
+            self._check_guarantees(position)
+        else:
+            self._observe_node(event)
+
+    # ---------------------------------------------------------------- 6
+
+    def _check_fencing(self, event: Event, position: int, epoch: int | None) -> None:
+        if isinstance(event, LeaderElected):
+            if event.epoch <= self._epoch and self._epoch_at is not None:
+                self._flag(
+                    6,
+                    f"leader epoch {event.epoch} does not exceed epoch {self._epoch}",
+                    self._epoch_at,
+                    position,
+                )
+            else:
+                self._epoch = event.epoch
+                self._epoch_at = position
+            return
+        if (
+            epoch is not None
+            and self._epoch_at is not None
+            and epoch < self._epoch
+            and isinstance(event, SCHEDULER_DECISIONS)
+        ):
+            self._flag(
+                6,
+                f"{event.type} written with epoch {epoch} after epoch {self._epoch} "
+                "was elected (a deposed scheduler's write)",
+                self._epoch_at,
+                position,
+            )
+
+    # ---------------------------------------------------------------- nodes
+
+    def _observe_node(self, event: Event) -> None:
+        node_id = getattr(event, "node_id", None)
+        node = self._nodes.get(node_id) if isinstance(node_id, str) else None
+        if node is None:
+            return
+        if isinstance(event, NodeLost):
+            node.lost = True
+        elif isinstance(event, NodeRecovered):
+            node.lost = False
+        elif isinstance(event, NodeDrainRequested):
+            node.draining = True
+        elif isinstance(event, NodeDrained):
+            node.drained, node.draining = True, False
+        elif isinstance(event, NodeUndrained):
+            node.drained = node.draining = False
+        elif isinstance(event, GpuUnhealthy):
+            node.unhealthy.add(event.gpu_index)
+        elif isinstance(event, GpuRecovered):
+            node.unhealthy.discard(event.gpu_index)
+
+    # ---------------------------------------------------------------- jobs
+
+    def _observe_job(self, event: JobEvent, position: int, at: float) -> None:
+        if isinstance(event, JobSubmitted):
+            if event.job_id not in self._jobs:
+                spec = event.spec
+                self._jobs[event.job_id] = _Job(spec, position, spec.queue or spec.team)
+            return
+        job = self._jobs.get(event.job_id)
+        if job is None:
+            self._flag(
+                5, f"{event.type} for job {event.job_id}, which was never submitted", position
+            )
+            return
+        if job.terminal_at is not None:
+            if isinstance(event, _NOT_AFTER_END):
+                self._flag(
+                    5,
+                    f"{event.type} for job {event.job_id} after it finished",
+                    job.terminal_at,
+                    position,
+                )
+            return
+        if isinstance(event, JobAdmitted):
+            job.queue = event.queue
+            job.waiting, job.explained = True, False
+        elif isinstance(event, GangReserved):
+            self._observe_gang(job, event, position, at)
+        elif isinstance(event, GANG_RELEASING_EVENTS):
+            attempt = getattr(event, "attempt", None)
+            if attempt is None or attempt == job.attempt:
+                self._release(event.job_id, job)
+            if isinstance(event, JobRequeued):
+                job.waiting, job.explained = True, False
+        elif isinstance(event, JobResumed):
+            job.waiting, job.explained = True, False
+        elif isinstance(event, JobDeferred):
+            job.explained = True
+            self._check_reclaim(event.job_id, job, event, position, at)
+        elif isinstance(event, ReservationPlanned):
+            job.explained = True
+        if isinstance(event, _TERMINAL):
+            job.terminal_at = position
+            job.waiting = False
+        elif isinstance(event, JobSuspended):
+            job.waiting = False
+
+    def _release(self, job_id: str, job: _Job) -> None:
+        for slot in job.gang:
+            if self._bound.get(slot, ("", 0))[0] == job_id:
+                del self._bound[slot]
+        if job.gang:
+            self._usage[job.queue] = self._usage.get(job.queue, 0) - len(job.gang)
+        job.gang = []
+        job.gang_at = None
+
+    def _observe_gang(self, job: _Job, event: GangReserved, position: int, at: float) -> None:
+        job_id = event.job_id
+        if job.gang_at is not None:
+            self._flag(
+                2,
+                f"job {job_id} got a second gang while its first is still bound",
+                job.gang_at,
+                position,
+            )
+            return
+        spec = job.spec
+        ranks = sorted(event.ranks, key=lambda r: r.rank)
+        numbers = [r.rank for r in ranks]
+        if numbers != list(range(len(ranks))):
+            self._flag(
+                2, f"gang of job {job_id} has ranks {numbers}, not 0..{len(ranks) - 1}", position
+            )
+        if not spec.gang_min_tasks <= len(ranks) <= spec.tasks:
+            self._flag(
+                2,
+                f"gang of job {job_id} binds {len(ranks)} ranks; it needs between "
+                f"{spec.gang_min_tasks} and {spec.tasks}",
+                position,
+            )
+        tp = spec.topology.tp_size
+        group = tp // spec.gpus_per_task if tp is not None and tp > spec.gpus_per_task else 1
+        if len(ranks) % group:
+            self._flag(2, f"gang of job {job_id} splits a tp group of {group} ranks", position)
+        for placement in ranks:
+            if len(set(placement.gpus)) != spec.gpus_per_task:
+                self._flag(
+                    2,
+                    f"rank {placement.rank} of job {job_id} holds "
+                    f"{len(set(placement.gpus))} GPUs, not {spec.gpus_per_task}",
+                    position,
+                )
+            if group > 1:
+                first = (
+                    ranks[placement.rank - placement.rank % group]
+                    if placement.rank < len(ranks)
+                    else placement
+                )
+                if first.node_id != placement.node_id:
+                    self._flag(
+                        2,
+                        f"tp group of rank {placement.rank} of job {job_id} spans "
+                        f"nodes {first.node_id} and {placement.node_id}",
+                        position,
+                    )
+        slots: list[tuple[str, int]] = []
+        for placement in ranks:
+            node = self._nodes.get(placement.node_id)
+            if node is None:
+                self._flag(3, f"job {job_id} placed on unknown node {placement.node_id}", position)
+                continue
+            if node.lost or node.draining or node.drained:
+                what = "lost" if node.lost else "drained" if node.drained else "draining"
+                self._flag(3, f"job {job_id} placed on {what} node {placement.node_id}", position)
+            for gpu in placement.gpus:
+                slot = (placement.node_id, gpu)
+                if gpu not in node.gpus:
+                    self._flag(
+                        3,
+                        f"job {job_id} placed on GPU {gpu} that node "
+                        f"{placement.node_id} does not have",
+                        position,
+                    )
+                elif gpu in node.unhealthy:
+                    self._flag(
+                        3,
+                        f"job {job_id} placed on unhealthy GPU {gpu} of node {placement.node_id}",
+                        position,
+                    )
+                holder = self._bound.get(slot)
+                if holder is not None and holder[0] != job_id:
+                    self._flag(
+                        1,
+                        f"GPU {gpu} of node {placement.node_id} bound to job "
+                        f"{job_id} while job {holder[0]} holds it",
+                        holder[1],
+                        position,
+                    )
+                elif slot in slots:
+                    self._flag(
+                        1,
+                        f"GPU {gpu} of node {placement.node_id} bound twice in the "
+                        f"gang of job {job_id}",
+                        position,
+                    )
+                slots.append(slot)
+        for slot in slots:
+            self._bound.setdefault(slot, (job_id, position))
+        job.gang = slots
+        job.gang_at = position
+        job.gang_since = at
+        job.attempt = event.attempt
+        job.waiting = False
+        job.entitled_since = None
+        self._usage[job.queue] = self._usage.get(job.queue, 0) + len(slots)
+
+    # ---------------------------------------------------------------- 4
+
+    def _check_guarantees(self, position: int) -> None:
+        """Guarantees that add up to more than the cluster can never all be reached."""
+        capacity = sum(len(node.gpus) for node in self._nodes.values())
+        roots = [
+            q for q in self._queues.values() if q.parent is None or q.parent not in self._queues
+        ]
+        promised = sum(q.guaranteed for q in roots)
+        over = capacity > 0 and promised > capacity
+        if over and not self._oversubscribed:
+            self._flag(
+                4,
+                f"top-level guarantees add up to {promised} GPUs, more than the "
+                f"cluster's {capacity}",
+                *sorted(q.at for q in roots),
+                position,
+            )
+        self._oversubscribed = over
+
+    def _check_reclaim(
+        self, job_id: str, job: _Job, event: JobDeferred, position: int, at: float
+    ) -> None:
+        """A job within its queue's guarantee must not wait long while borrowers could yield."""
+        queue = self._queues.get(job.queue)
+        gpus = job.spec.gang_min_tasks * job.spec.gpus_per_task
+        if queue is None or self._usage.get(job.queue, 0) + gpus > queue.guaranteed:
+            job.entitled_since = None
+            return
+        if event.code == "quota_ceiling":
+            self._flag(
+                4,
+                f"job {job_id} was held at its queue ceiling while its queue "
+                f"{job.queue} is within its guarantee",
+                position,
+            )
+            return
+        reclaimable = self._reclaimable(job.queue, at)
+        if reclaimable < gpus:
+            job.entitled_since = None
+            return
+        if job.entitled_since is None:
+            job.entitled_since = at
+        elif at - job.entitled_since > self._reclaim_within_s:
+            self._flag(
+                4,
+                f"job {job_id} waited {at - job.entitled_since:.0f} s within the "
+                f"guarantee of queue {job.queue} while {reclaimable} borrowed GPUs "
+                "could have been reclaimed",
+                job.submitted_at,
+                position,
+            )
+            job.entitled_since = at
+
+    def _reclaimable(self, queue: str, at: float) -> int:
+        """Preemptible GPUs held beyond their queues' guarantees, by other queues."""
+        borrowed: dict[str, int] = {}
+        for name, used in self._usage.items():
+            record = self._queues.get(name)
+            guarantee = record.guaranteed if record is not None else 0
+            if name != queue and used > guarantee:
+                borrowed[name] = used - guarantee
+        total = 0
+        for other in self._jobs.values():
+            if other.gang_at is None or other.queue not in borrowed:
+                continue
+            spec = other.spec
+            pclass = self._policy.priority_class(spec.priority)
+            if not pclass.preemptible or spec.preemptible is False:
+                continue
+            if at - other.gang_since < spec.min_runtime_s:
+                continue
+            total += len(other.gang)
+        return min(total, sum(borrowed.values()))
+
+    # ---------------------------------------------------------------- 5
+
+    def unexplained(self) -> list[str]:
+        """Admitted jobs, neither terminal nor placed, with no reason recorded since they began
+        waiting (invariant 5).
+
+        The log alone cannot tell a job waiting for the next cycle from a forgotten one, so a
+        caller asks at a quiet point (right after a cycle's decisions are recorded).
+        """
+        return [
+            job_id
+            for job_id, job in self._jobs.items()
+            if job.waiting and not job.explained and job.terminal_at is None
+        ]
+
+    def check_explained(self, position: int) -> None:
+        """Record an invariant-5 violation for each job `unexplained()` names, at `position`."""
+        for job_id in self.unexplained():
+            job = self._jobs[job_id]
+            self._flag(
+                5, f"job {job_id} waits without a recorded reason", job.submitted_at, position
+            )

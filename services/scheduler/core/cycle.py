@@ -1,0 +1,682 @@
+"""One scheduling cycle: `schedule(state, now)` returns decisions and leaves the state alone.
+
+The phases, in order (as in Kueue's scheduler):
+
+1. reactions — outcomes of what happened: exits, cancels, suspends, lost nodes, drains,
+   preemption deadlines, max runtime;
+2. snapshot  — free GPUs after those releases, with topology aggregates;
+3. order     — waiting jobs by class, fair share and age (aging first), or arrival for fifo;
+4. place     — each job in order: quota, then a topology-fit placement committed whole;
+5. backfill  — the first job that cannot start becomes the head: a reservation on concrete
+               nodes is planned and later jobs may only start where they do not delay it;
+6. preempt   — checkpoint-then-evict whole gangs for jobs entitled to them;
+7. explain   — a reason (and estimated start) for every job still waiting, recorded on change.
+
+The caller records `decisions` in order and folds each back with `state.apply(event, now)`:
+releases come before the bindings that reuse their GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from schemas.base import Event
+from schemas.jobs import (
+    GangReserved,
+    JobCancelled,
+    JobDeferred,
+    JobFailed,
+    JobRequeued,
+    JobResumed,
+    JobSucceeded,
+    JobSuspended,
+    PreemptionRequested,
+    RankPlacement,
+    ReservationPlanned,
+)
+from schemas.nodes import NodeDrained
+from services.scheduler.core.ordering import fair_share, fifo_key, gangway_key, is_aged
+from services.scheduler.core.placement import Allocation, Shape, Snapshot, find_placement, shape_of
+from services.scheduler.core.policy import PriorityClass, SchedulingPolicy
+from services.scheduler.core.preemption import plan_preemption
+from services.scheduler.core.quota import QuotaBook
+from services.scheduler.core.reservation import estimated_end, plan_reservation
+from services.scheduler.core.state import (
+    HOLDING_STATES,
+    TERMINAL_STATES,
+    JobRecord,
+    SchedulerState,
+    bits,
+)
+
+MAX_PREEMPTORS_PER_CYCLE = 8
+
+
+@dataclass(slots=True)
+class CycleResult:
+    """The decisions of one cycle, plus figures for metrics and benchmarks."""
+
+    decisions: list[Event] = field(default_factory=list)
+    gangs_placed: int = 0
+    tasks_placed: int = 0
+    preemptions: int = 0
+    considered: int = 0
+    skipped: bool = False
+    # The earliest time at which a cycle without new events could decide something new.
+    next_wakeup: float | None = None
+    head_job_id: str | None = None
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """Why a waiting job stays waiting this cycle (typed, as Kubernetes' framework statuses)."""
+
+    code: str
+    message: str
+    estimated_start: float | None = None
+
+
+def schedule(state: SchedulerState, now: float) -> CycleResult:
+    """Decide what to do at `now`. Pure with respect to the state's contents.
+
+    A cycle whose state has not changed since a cycle that decided nothing, before that cycle's
+    next time-driven wake-up, is answered at once: that memo is the only thing written.
+    """
+    memo = state.quiet_memo
+    if memo is not None and memo[0] == state.generation and now < memo[1]:
+        return CycleResult(skipped=True, next_wakeup=memo[1])
+    result = _Cycle(state, now).run()
+    if not result.decisions:
+        wakeup = result.next_wakeup if result.next_wakeup is not None else float("inf")
+        state.quiet_memo = (state.generation, wakeup)
+    return result
+
+
+def _when(ts: float) -> str:
+    moment = datetime.fromtimestamp(ts, UTC)
+    return moment.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _racks_of(state: SchedulerState, node_ids: list[str], limit: int = 4) -> str:
+    racks: list[str] = []
+    for node_id in node_ids:
+        node = state._nodes.get(node_id)
+        if node is not None and node.rack not in racks:
+            racks.append(node.rack)
+    shown = ", ".join(racks[:limit])
+    more = f" and {len(racks) - limit} more" if len(racks) > limit else ""
+    label = "rack" if len(racks) == 1 else "racks"
+    return f"{label} {shown}{more}"
+
+
+def describe_need(shape: Shape) -> str:
+    """'needs 64 GPUs (8 tasks x 8) in one rack, tp groups of 8 on one NVLink domain'."""
+    tasks = shape.units * shape.tasks_per_unit
+    text = f"needs {shape.gpus} GPU{'s' if shape.gpus != 1 else ''}"
+    if tasks > 1:
+        text += f" ({tasks} tasks x {shape.gpus_per_task})"
+    if shape.gpu_type:
+        text += f" of type {shape.gpu_type}"
+    if shape.require == "node" or (shape.units == 1 and shape.gpus > 1):
+        text += " in one NVLink domain"
+    elif shape.require in ("rack", "block"):
+        text += f" in one {shape.require}"
+    if shape.tasks_per_unit > 1:
+        text += f", tp groups of {shape.unit_gpus} GPUs each on one node"
+    if shape.min_units < shape.units:
+        text += f" (at least {shape.min_units * shape.tasks_per_unit} tasks)"
+    return text
+
+
+class _Cycle:
+    def __init__(self, state: SchedulerState, now: float) -> None:
+        self.state = state
+        self.policy: SchedulingPolicy = state.policy
+        self.now = now
+        self.result = CycleResult()
+        self.decisions = self.result.decisions
+        self.released: set[str] = set()
+        self.handled: set[str] = set()
+        self.outcomes: dict[str, _Outcome] = {}
+        self.wakeups: list[float] = []
+        self.shapes: dict[str, Shape] = {}
+
+    def run(self) -> CycleResult:
+        self.react()
+        snap = self.snapshot()
+        waiting = self.order()
+        quota = QuotaBook(self.state._queues)
+        for job_id in self.released:
+            job = self.state._jobs[job_id]
+            quota.charge(job.queue, -job.bound_gpus)
+        blocked = self.place(snap, waiting, quota)
+        if self.policy.preemption and not self.policy.is_fifo:
+            self.preempt(snap, blocked, quota)
+        self.explain(waiting)
+        self.result.next_wakeup = min(self.wakeups) if self.wakeups else None
+        return self.result
+
+    # ------------------------------------------------------------ 1. reactions
+
+    def emit(self, event: Event) -> None:
+        self.decisions.append(event)
+
+    def release(self, job: JobRecord, event: Event) -> None:
+        self.emit(event)
+        self.released.add(job.job_id)
+        self.handled.add(job.job_id)
+
+    def react(self) -> None:
+        """Cancels first, then gang outcomes, then suspends and resumes.
+
+        Hardware and request checks run only for jobs the state flagged for attention; every
+        holding gang is visited for its deadlines, which is cheap.
+        """
+        state = self.state
+        flagged = sorted(state._attention)
+        for job_id in flagged:
+            job = state._jobs.get(job_id)
+            if job is not None and job.cancel_requested and job.state not in TERMINAL_STATES:
+                self.release(
+                    job,
+                    JobCancelled(
+                        job_id=job.job_id,
+                        attempt=job.attempt or None,
+                        reason="cancelled by request",
+                    ),
+                )
+        attention = set(flagged)
+        for job in list(state._holding.values()):
+            if job.job_id not in self.handled:
+                self.react_to_gang(job, job.job_id in attention)
+        for job_id in flagged:
+            job = state._jobs.get(job_id)
+            if job is not None and job.job_id not in self.handled:
+                self.react_to_requests(job)
+        self.react_to_drains()
+
+    def react_to_requests(self, job: JobRecord) -> None:
+        if job.state in TERMINAL_STATES:
+            return
+        if job.suspend_requested and job.state != "suspended":
+            attempt = job.attempt if job.state in HOLDING_STATES else None
+            self.release(job, JobSuspended(job_id=job.job_id, attempt=attempt))
+        elif job.resume_requested and job.state == "suspended":
+            self.emit(JobResumed(job_id=job.job_id))
+            self.handled.add(job.job_id)
+
+    def react_to_gang(self, job: JobRecord, flagged: bool) -> None:
+        """Outcomes of a bound gang: exits, lost hardware, drains, deadlines."""
+        now, policy = self.now, self.policy
+        spec = job.spec
+        ranks = len(job.ranks)
+        codes = job.exit_codes
+        failed = [rank for rank, code in sorted(codes.items()) if code != 0]
+        if job.state == "preempting":
+            deadline = (job.preempt_requested_at or now) + job.preempt_grace_s
+            drained = job.preemptor_id is None
+            code = "node_drained" if drained else "preempted"
+            if len(codes) == ranks and not failed:
+                self.release(job, JobSucceeded(job_id=job.job_id, attempt=job.attempt))
+            elif len(codes) == ranks or now >= deadline:
+                why = (
+                    "checkpointed off a draining node"
+                    if drained
+                    else f"preempted for job {job.preemptor_id}"
+                )
+                self.release(
+                    job, JobRequeued(job_id=job.job_id, attempt=job.attempt, code=code, reason=why)
+                )
+            else:
+                self.wakeups.append(deadline)
+            return
+        if failed:
+            rank = failed[0]
+            retries = spec.max_retries if spec is not None else 0
+            if job.failures + 1 <= retries:
+                self.release(
+                    job,
+                    JobRequeued(
+                        job_id=job.job_id,
+                        attempt=job.attempt,
+                        code="task_failed",
+                        reason=f"rank {rank} exited with code {codes[rank]}; "
+                        f"retry {job.failures + 1} of {retries}",
+                    ),
+                )
+            else:
+                self.release(
+                    job,
+                    JobFailed(
+                        job_id=job.job_id,
+                        attempt=job.attempt,
+                        reason=f"rank {rank} exited with code {codes[rank]}; "
+                        f"no retries left (max_retries={retries})",
+                    ),
+                )
+            return
+        if ranks and len(codes) == ranks:
+            self.release(job, JobSucceeded(job_id=job.job_id, attempt=job.attempt))
+            return
+        lost = self.lost_hardware(job) if flagged else None
+        if lost is not None:
+            code, why = lost
+            self.release(
+                job, JobRequeued(job_id=job.job_id, attempt=job.attempt, code=code, reason=why)
+            )
+            return
+        if spec is not None and spec.max_runtime_s is not None and job.started_at is not None:
+            limit = job.started_at + spec.max_runtime_s
+            if now > limit:
+                self.release(
+                    job,
+                    JobFailed(
+                        job_id=job.job_id, attempt=job.attempt, reason="exceeded max_runtime_s"
+                    ),
+                )
+                return
+            self.wakeups.append(limit)
+        draining = self.draining_node_of(job) if flagged else None
+        if draining is not None:
+            self.emit(
+                PreemptionRequested(
+                    job_id=job.job_id,
+                    attempt=job.attempt,
+                    preemptor_job_id=None,
+                    reason=f"node {draining} is draining: checkpoint and move",
+                    grace_s=policy.preemption_grace_s,
+                )
+            )
+            self.handled.add(job.job_id)
+            return
+        if policy.backfill:
+            self.wakeups.append(estimated_end(job, now, policy))
+
+    def lost_hardware(self, job: JobRecord) -> tuple[str, str] | None:
+        nodes = self.state._node_list
+        for node_index, mask in job.ranks:
+            node = nodes[node_index]
+            if node.lost:
+                return "node_lost", f"node {node.node_id} was lost; the gang restarts whole"
+            bad = mask & node.unhealthy_mask
+            if bad:
+                return "gpu_unhealthy", (
+                    f"GPU {bits(bad)[0]} of node {node.node_id} became unhealthy; "
+                    "the gang restarts whole"
+                )
+        return None
+
+    def draining_node_of(self, job: JobRecord) -> str | None:
+        nodes = self.state._node_list
+        for node_index, _ in job.ranks:
+            if nodes[node_index].draining:
+                return nodes[node_index].node_id
+        return None
+
+    def react_to_drains(self) -> None:
+        state = self.state
+        for index in sorted(state._draining):
+            node = state._node_list[index]
+            if not node.draining:
+                continue
+            if all(job_id in self.released for job_id in node.gangs):
+                self.emit(NodeDrained(node_id=node.node_id))
+
+    # ------------------------------------------------------------ 2. snapshot
+
+    def snapshot(self) -> Snapshot:
+        state = self.state
+        snap = Snapshot(state._node_list, state._free)
+        for job_id in sorted(self.released):
+            job = state._jobs[job_id]
+            for node_index, mask in job.ranks:
+                snap.release(node_index, mask)
+        return snap
+
+    # ------------------------------------------------------------ 3. order
+
+    def order(self) -> list[JobRecord]:
+        state, policy, now = self.state, self.policy, self.now
+        candidates = [job for job in state._waiting.values() if job.job_id not in self.handled]
+        self.result.considered = len(candidates)
+        if policy.is_fifo:
+            candidates.sort(key=fifo_key)
+            return candidates
+        shares: dict[str, float] = {}
+        keyed = []
+        for job in candidates:
+            share = shares.get(job.queue)
+            if share is None:
+                share = fair_share(state._queues.get(job.queue), now, policy)
+                shares[job.queue] = share
+            rank = policy.priority_class(job.priority).rank
+            aged = is_aged(job, now, policy)
+            if not aged and job.queued_at is not None:
+                self.wakeups.append(job.queued_at + policy.aging_max_wait_s)
+            keyed.append((gangway_key(job, rank, share, aged, self.victims_released(job)), job))
+        keyed.sort(key=lambda pair: pair[0])
+        return [job for _, job in keyed]
+
+    def victims_released(self, job: JobRecord) -> bool:
+        if not job.awaiting_victims:
+            return False
+        return not self.victims_pending(job)
+
+    def victims_pending(self, job: JobRecord) -> list[str]:
+        jobs = self.state._jobs
+        return [
+            victim
+            for victim in job.awaiting_victims
+            if victim not in self.released
+            and (record := jobs.get(victim)) is not None
+            and record.state in HOLDING_STATES
+        ]
+
+    # ------------------------------------------------------------ 4-5. place and backfill
+
+    def shape(self, job: JobRecord) -> Shape | None:
+        shape = self.shapes.get(job.job_id)
+        if shape is None and job.spec is not None:
+            shape = shape_of(job.spec)
+            self.shapes[job.job_id] = shape
+        return shape
+
+    def place(self, snap: Snapshot, waiting: list[JobRecord], quota: QuotaBook) -> list[JobRecord]:
+        """Place jobs in order; return those that wait for capacity (preemption may help them)."""
+        policy, now = self.policy, self.now
+        fifo = policy.is_fifo
+        enforce = policy.enforce_quotas and not fifo
+        failed: dict[tuple[str | None, int, str, bool], int] = {}
+        blocked: list[JobRecord] = []
+        head: JobRecord | None = None
+        head_start: float | None = None
+        budget = policy.max_placements_per_cycle
+        for job in waiting:
+            shape = self.shape(job)
+            if shape is None:
+                continue
+            pending_victims = self.victims_pending(job) if job.awaiting_victims else []
+            if pending_victims:
+                self.outcomes[job.job_id] = _Outcome(
+                    "awaiting_preemption",
+                    f"{describe_need(shape)}; waiting for {len(pending_victims)} preempted "
+                    f"gang{'s' if len(pending_victims) != 1 else ''} to release their GPUs",
+                )
+                continue
+            if fifo and head is not None:
+                self.outcomes[job.job_id] = _Outcome(
+                    "head_of_line", f"waiting behind job {head.job_id}, first in line (fifo)"
+                )
+                continue
+            if enforce:
+                hit = quota.ceiling_hit(job.queue, shape.min_gpus)
+                if hit is not None:
+                    name, ceiling = hit
+                    self.outcomes[job.job_id] = _Outcome(
+                        "quota_ceiling",
+                        f"{describe_need(shape)}; queue {name} would exceed its ceiling "
+                        f"of {ceiling} GPUs",
+                    )
+                    continue
+            if head is not None and not policy.backfill:
+                self.outcomes[job.job_id] = _Outcome(
+                    "behind_head",
+                    f"{describe_need(shape)}; waiting behind job {head.job_id} (backfill is off)",
+                )
+                continue
+            infeasible = self.infeasible(shape)
+            if infeasible is not None:
+                self.outcomes[job.job_id] = _Outcome("unsatisfiable", infeasible)
+                continue
+            if budget <= 0:
+                self.outcomes[job.job_id] = _Outcome(
+                    "cycle_budget", f"{describe_need(shape)}; placement deferred to the next cycle"
+                )
+                continue
+            fits_before_head = False
+            if head_start is not None:
+                fits_before_head = now + self.estimate(job) <= head_start
+            avoid = head is not None and not fits_before_head
+            allocation = self.try_place(snap, shape, avoid, failed)
+            if allocation is not None:
+                self.bind(snap, job, shape, allocation, quota)
+                budget -= 1
+                continue
+            if snap.total_free == 0 and head is not None:
+                self.outcomes[job.job_id] = _Outcome(
+                    "no_capacity", f"{describe_need(shape)}; no free GPUs now"
+                )
+                blocked.append(job)
+                continue
+            if head is None and self.may_be_head(job):
+                head = job
+                self.result.head_job_id = job.job_id
+                if fifo or not policy.backfill:
+                    self.outcomes[job.job_id] = _Outcome(
+                        "no_capacity", f"{describe_need(shape)}; waiting for GPUs to free up"
+                    )
+                    blocked.append(job)
+                    continue
+                head_start = self.reserve(snap, job, shape)
+                failed = {key: k for key, k in failed.items() if not key[3]}
+                blocked.append(job)
+                continue
+            code = (
+                "backfill_blocked" if avoid and self.fits_anywhere(snap, shape) else "no_capacity"
+            )
+            if code == "backfill_blocked" and head is not None:
+                message = (
+                    f"{describe_need(shape)}; free GPUs are reserved for job {head.job_id} "
+                    "and this job would not end before it starts"
+                )
+            else:
+                message = f"{describe_need(shape)}; not enough free GPUs in one placement now"
+            self.outcomes[job.job_id] = _Outcome(code, message)
+            blocked.append(job)
+        return blocked
+
+    def may_be_head(self, job: JobRecord) -> bool:
+        """Best-effort work runs on idle capacity only; it never holds a reservation."""
+        return self.policy.is_fifo or job.priority != self.policy.idle_only_priority
+
+    def estimate(self, job: JobRecord) -> float:
+        spec = job.spec
+        if spec is not None and spec.estimated_runtime_s is not None:
+            return spec.estimated_runtime_s
+        if spec is not None and spec.max_runtime_s is not None:
+            return spec.max_runtime_s
+        return self.policy.default_runtime_estimate_s
+
+    def try_place(
+        self,
+        snap: Snapshot,
+        shape: Shape,
+        avoid: bool,
+        failed: dict[tuple[str | None, int, str, bool], int],
+    ) -> Allocation | None:
+        # Capacity only shrinks while placing, so a shape that failed makes larger ones fail too.
+        key = shape.failure_key(avoid)
+        smallest_failure = failed.get(key)
+        if smallest_failure is not None and shape.min_units >= smallest_failure:
+            return None
+        if snap.total_free < shape.min_gpus:
+            return None
+        allocation = find_placement(snap, shape, avoid)
+        if allocation is None:
+            failed[key] = min(shape.min_units, smallest_failure or shape.min_units)
+        return allocation
+
+    def fits_anywhere(self, snap: Snapshot, shape: Shape) -> bool:
+        return find_placement(snap, shape, False) is not None
+
+    def infeasible(self, shape: Shape) -> str | None:
+        """Why the gang could never fit this cluster as it is (empty), or None."""
+        biggest, pools = self.state.capacity_profile()
+        if shape.gpu_type is not None and shape.gpu_type not in pools:
+            return f"{describe_need(shape)}; the cluster has no schedulable {shape.gpu_type} GPUs"
+        usable = [shape.gpu_type] if shape.gpu_type is not None else list(pools)
+        largest = max((biggest.get(pool, 0) for pool in usable), default=0)
+        if shape.unit_gpus > largest:
+            return (
+                f"{describe_need(shape)}; no schedulable node has {shape.unit_gpus} healthy "
+                f"GPUs (largest has {largest})"
+            )
+        if shape.require == "node" and shape.min_gpus > largest:
+            return (
+                f"{describe_need(shape)}; no schedulable node has that many (largest has {largest})"
+            )
+        capacity = max((pools.get(pool, 0) for pool in usable), default=0)
+        if shape.min_gpus > capacity:
+            return (
+                f"{describe_need(shape)}; the cluster has only {capacity} schedulable GPUs"
+                " of that kind"
+            )
+        return None
+
+    def bind(
+        self,
+        snap: Snapshot,
+        job: JobRecord,
+        shape: Shape,
+        allocation: Allocation,
+        quota: QuotaBook,
+    ) -> None:
+        ranks = snap.commit(shape, allocation)
+        nodes = self.state._node_list
+        self.emit(
+            GangReserved(
+                job_id=job.job_id,
+                attempt=job.attempt + 1,
+                ranks=[
+                    RankPlacement(rank=rank, node_id=nodes[index].node_id, gpus=bits(mask))
+                    for rank, (index, mask) in enumerate(ranks)
+                ],
+            )
+        )
+        quota.charge(job.queue, sum(mask.bit_count() for _, mask in ranks))
+        self.result.gangs_placed += 1
+        self.result.tasks_placed += len(ranks)
+
+    def reserve(self, snap: Snapshot, job: JobRecord, shape: Shape) -> float | None:
+        """Plan the head's earliest start on concrete nodes; pin them against backfill."""
+        state, now, policy = self.state, self.now, self.policy
+        planned = plan_reservation(snap, shape, state, self.released, now, policy)
+        if planned is None:
+            self.outcomes[job.job_id] = _Outcome(
+                "no_capacity",
+                f"{describe_need(shape)}; it does not fit even when the running gangs end",
+            )
+            return None
+        start, allocation = planned
+        snap.reserved = frozenset(index for index, _ in allocation)
+        node_ids = sorted(state._node_list[index].node_id for index, _ in allocation)
+        where = _racks_of(state, node_ids)
+        self.outcomes[job.job_id] = _Outcome(
+            "reserved_head",
+            f"{describe_need(shape)}; earliest at {_when(start)} on {where}",
+            estimated_start=start,
+        )
+        previous = job.estimated_start
+        moved = (
+            previous is None
+            or abs(previous - start) > policy.reservation_move_threshold_s
+            or _racks_of(state, list(job.reserved_nodes)) != where
+        )
+        if moved:
+            self.emit(
+                ReservationPlanned(
+                    job_id=job.job_id, start_at=datetime.fromtimestamp(start, UTC), nodes=node_ids
+                )
+            )
+        self.wakeups.append(start)
+        return start
+
+    # ------------------------------------------------------------ 6. preempt
+
+    def preempt(self, snap: Snapshot, blocked: list[JobRecord], quota: QuotaBook) -> None:
+        policy, now = self.policy, self.now
+        taken: set[str] = set()
+        preemptors = 0
+        for job in blocked:
+            if preemptors >= MAX_PREEMPTORS_PER_CYCLE:
+                break
+            shape = self.shape(job)
+            if shape is None or (job.awaiting_victims and self.victims_pending(job)):
+                continue
+            if job.last_preempting_at is not None:
+                calm_until = job.last_preempting_at + policy.hysteresis_s
+                if now < calm_until:
+                    self.wakeups.append(calm_until)
+                    continue
+            pclass = policy.priority_class(job.priority)
+            reclaiming = quota.within_guarantee(job.queue, shape.min_gpus)
+            overrun_head = (
+                job.job_id == self.result.head_job_id
+                and job.estimated_start is not None
+                and job.estimated_start <= now
+            )
+            if not (pclass.can_preempt or reclaiming or overrun_head):
+                continue
+            if job.priority == policy.idle_only_priority:
+                continue
+            plan = plan_preemption(
+                snap,
+                shape,
+                job,
+                pclass,
+                reclaiming,
+                overrun_head,
+                self.state,
+                quota,
+                self.released | taken,
+                now,
+                policy,
+                self.wakeups,
+            )
+            if plan is None:
+                continue
+            preemptors += 1
+            names = ", ".join(victim.job_id for victim in plan[:3])
+            more = f" and {len(plan) - 3} more" if len(plan) > 3 else ""
+            for victim in plan:
+                taken.add(victim.job_id)
+                quota.charge(victim.queue, -victim.bound_gpus)
+                why = (
+                    "reclaiming guaranteed capacity"
+                    if reclaiming
+                    else "its reservation is overdue"
+                    if overrun_head and not pclass.can_preempt
+                    else f"priority {job.priority}"
+                )
+                self.emit(
+                    PreemptionRequested(
+                        job_id=victim.job_id,
+                        attempt=victim.attempt,
+                        preemptor_job_id=job.job_id,
+                        reason=f"preempted for job {job.job_id} ({why})",
+                        grace_s=policy.preemption_grace_s,
+                    )
+                )
+                self.result.preemptions += 1
+            self.outcomes[job.job_id] = _Outcome(
+                "preempting",
+                f"{describe_need(shape)}; preempting {names}{more}; starts once they checkpoint "
+                f"(within {policy.preemption_grace_s:g} s)",
+            )
+
+    # ------------------------------------------------------------ 7. explain
+
+    def explain(self, waiting: list[JobRecord]) -> None:
+        for job in waiting:
+            outcome = self.outcomes.get(job.job_id)
+            if outcome is None:
+                continue
+            if job.reason_code != outcome.code or job.reason != outcome.message:
+                self.emit(
+                    JobDeferred(job_id=job.job_id, code=outcome.code, message=outcome.message)
+                )
+
+
+def class_of(policy: SchedulingPolicy, job: JobRecord) -> PriorityClass:
+    return policy.priority_class(job.priority)

@@ -1,0 +1,360 @@
+"""Topology-aware, best-fit gang placement on a cycle's snapshot of free GPUs.
+
+The topology is node (one NVLink domain) ⊂ rack ⊂ block ⊂ cluster. A gang is cut into *units*:
+the GPUs that must share a node (one task, or one tensor-parallel group of consecutive ranks).
+Placement searches the narrowest domain first — one node, one rack, one block, then the
+cluster — and inside a domain takes the fullest pieces first with a best-fit last piece, so a
+gang lands on few nodes and racks while whole nodes stay free for large gangs.
+
+`find_placement` only reads; `Snapshot.commit` binds a found placement. A placement is thus a
+tentative allocation that is committed whole or simply dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from schemas.jobs import JobSpec
+from services.scheduler.core.state import NodeRecord, popcount
+
+# (node index, units placed there)
+Allocation = list[tuple[int, int]]
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a gang needs from the topology, independent of who asks."""
+
+    gpu_type: str | None
+    unit_gpus: int
+    tasks_per_unit: int
+    gpus_per_task: int
+    units: int
+    min_units: int
+    require: str
+
+    @property
+    def gpus(self) -> int:
+        return self.units * self.unit_gpus
+
+    @property
+    def min_gpus(self) -> int:
+        return self.min_units * self.unit_gpus
+
+    def failure_key(self, avoid_reserved: bool) -> tuple[str | None, int, str, bool]:
+        return (self.gpu_type, self.unit_gpus, self.require, avoid_reserved)
+
+
+def shape_of(spec: JobSpec) -> Shape:
+    tp = spec.topology.tp_size
+    g = spec.gpus_per_task
+    # When tp is a multiple of gpus_per_task, tp/g consecutive ranks form one group on one node.
+    tasks_per_unit = tp // g if tp is not None and tp > g else 1
+    units = spec.tasks // tasks_per_unit
+    min_units = max(1, -(-spec.gang_min_tasks // tasks_per_unit))
+    return Shape(
+        gpu_type=spec.gpu_type,
+        unit_gpus=g * tasks_per_unit,
+        tasks_per_unit=tasks_per_unit,
+        gpus_per_task=g,
+        units=units,
+        min_units=min(min_units, units),
+        require=spec.topology.require,
+    )
+
+
+class Snapshot:
+    """Free GPUs of the schedulable nodes with per-rack, per-block and per-pool aggregates.
+
+    Only nodes with free GPUs are indexed, so building it costs what is free, not the cluster.
+    `levels[pool][c]` holds the nodes with exactly `c` free GPUs: best-fit on one node is a
+    walk up from the needed count. `reserved` nodes are those a head gang's reservation pins.
+    """
+
+    __slots__ = (
+        "block_free",
+        "block_racks",
+        "count",
+        "free",
+        "levels",
+        "nodes",
+        "pool_blocks",
+        "pool_free",
+        "rack_free",
+        "rack_nodes",
+        "reserved",
+    )
+
+    def __init__(self, nodes: Sequence[NodeRecord], free: dict[int, int]) -> None:
+        self.nodes = nodes
+        self.free: dict[int, int] = {}
+        self.count: dict[int, int] = {}
+        self.levels: dict[str, list[set[int]]] = {}
+        self.rack_nodes: dict[int, set[int]] = {}
+        self.rack_free: dict[int, int] = {}
+        self.block_racks: dict[int, set[int]] = {}
+        self.block_free: dict[int, int] = {}
+        self.pool_blocks: dict[str, set[int]] = {}
+        self.pool_free: dict[str, int] = {}
+        self.reserved: frozenset[int] = frozenset()
+        for index in sorted(free):
+            self._add(index, free[index])
+
+    def copy(self) -> Snapshot:
+        twin = Snapshot.__new__(Snapshot)
+        twin.nodes = self.nodes
+        twin.free = dict(self.free)
+        twin.count = dict(self.count)
+        twin.levels = {pool: [set(s) for s in levels] for pool, levels in self.levels.items()}
+        twin.rack_nodes = {rack: set(s) for rack, s in self.rack_nodes.items()}
+        twin.rack_free = dict(self.rack_free)
+        twin.block_racks = {block: set(s) for block, s in self.block_racks.items()}
+        twin.block_free = dict(self.block_free)
+        twin.pool_blocks = {pool: set(s) for pool, s in self.pool_blocks.items()}
+        twin.pool_free = dict(self.pool_free)
+        twin.reserved = self.reserved
+        return twin
+
+    @property
+    def total_free(self) -> int:
+        return sum(self.pool_free.values())
+
+    def _add(self, index: int, mask: int) -> None:
+        if not mask:
+            return
+        node = self.nodes[index]
+        pool = node.gpu_type
+        count = popcount(mask)
+        self.free[index] = mask
+        self.count[index] = count
+        levels = self.levels.get(pool)
+        if levels is None:
+            levels = [set() for _ in range(65)]
+            self.levels[pool] = levels
+        levels[count].add(index)
+        self.rack_nodes.setdefault(node.rack_id, set()).add(index)
+        self.rack_free[node.rack_id] = self.rack_free.get(node.rack_id, 0) + count
+        self.block_racks.setdefault(node.block_id, set()).add(node.rack_id)
+        self.block_free[node.block_id] = self.block_free.get(node.block_id, 0) + count
+        self.pool_blocks.setdefault(pool, set()).add(node.block_id)
+        self.pool_free[pool] = self.pool_free.get(pool, 0) + count
+
+    def _remove(self, index: int) -> None:
+        mask = self.free.pop(index, 0)
+        if not mask:
+            return
+        node = self.nodes[index]
+        pool = node.gpu_type
+        count = self.count.pop(index)
+        self.levels[pool][count].discard(index)
+        rack_nodes = self.rack_nodes[node.rack_id]
+        rack_nodes.discard(index)
+        self.rack_free[node.rack_id] -= count
+        self.block_free[node.block_id] -= count
+        self.pool_free[pool] -= count
+        if not rack_nodes:
+            del self.rack_nodes[node.rack_id]
+            del self.rack_free[node.rack_id]
+            racks = self.block_racks[node.block_id]
+            racks.discard(node.rack_id)
+            if not racks:
+                del self.block_racks[node.block_id]
+                del self.block_free[node.block_id]
+                self.pool_blocks[pool].discard(node.block_id)
+
+    def set_free(self, index: int, mask: int) -> None:
+        self._remove(index)
+        self._add(index, mask)
+
+    def release(self, index: int, mask: int) -> None:
+        """Give GPUs back (a gang leaving, for planning); only bits of a schedulable node count."""
+        node = self.nodes[index]
+        usable = mask & node.all_mask & ~node.unhealthy_mask
+        if not node.schedulable or not usable:
+            return
+        self.set_free(index, self.free.get(index, 0) | usable)
+
+    def commit(self, shape: Shape, allocation: Allocation) -> list[tuple[int, int]]:
+        """Bind the allocation: one (node index, GPU mask) per rank, ranks in topology order.
+
+        Consecutive ranks of one unit share a node, and nodes are visited rack by rack, so that
+        neighbouring ranks (pipeline stages, tp groups) sit close together.
+        """
+        ranks: list[tuple[int, int]] = []
+        ordered = sorted(
+            allocation,
+            key=lambda item: (self.nodes[item[0]].block_id, self.nodes[item[0]].rack_id, item[0]),
+        )
+        for index, units in ordered:
+            mask = self.free[index]
+            for _ in range(units * shape.tasks_per_unit):
+                taken = 0
+                for _ in range(shape.gpus_per_task):
+                    low = mask & -mask
+                    taken |= low
+                    mask ^= low
+                ranks.append((index, taken))
+            self.set_free(index, mask)
+        return ranks
+
+    # ---------------------------------------------------------------- capacity
+
+    def node_units(self, index: int, unit_gpus: int, avoid_reserved: bool) -> int:
+        if avoid_reserved and index in self.reserved:
+            return 0
+        return self.count.get(index, 0) // unit_gpus
+
+    def rack_units(self, rack: int, unit_gpus: int, avoid_reserved: bool) -> int:
+        return sum(self.node_units(i, unit_gpus, avoid_reserved) for i in self.rack_nodes[rack])
+
+
+def find_placement(snap: Snapshot, shape: Shape, avoid_reserved: bool) -> Allocation | None:
+    """Where the gang fits now, as (node, units) pairs, or None. Never places a part below min."""
+    pools = [shape.gpu_type] if shape.gpu_type is not None else sorted(snap.pool_free)
+    for pool in pools:
+        if snap.pool_free.get(pool, 0) < shape.min_gpus:
+            continue
+        found = _place_in_pool(snap, pool, shape, shape.units, avoid_reserved)
+        if found is None and shape.min_units < shape.units:
+            best = _best_units(snap, pool, shape, avoid_reserved)
+            if best >= shape.min_units:
+                found = _place_in_pool(snap, pool, shape, min(best, shape.units), avoid_reserved)
+        if found is not None:
+            return found
+    return None
+
+
+def _best_units(snap: Snapshot, pool: str, shape: Shape, avoid: bool) -> int:
+    """The most units one placement could get in the pool under the shape's locality."""
+    u = shape.unit_gpus
+    best = 0
+    for block in sorted(snap.pool_blocks.get(pool, ())):
+        block_units = 0
+        for rack in snap.block_racks[block]:
+            if shape.require == "node":
+                for index in snap.rack_nodes[rack]:
+                    best = max(best, snap.node_units(index, u, avoid))
+                continue
+            rack_units = snap.rack_units(rack, u, avoid)
+            block_units += rack_units
+            if shape.require == "rack":
+                best = max(best, rack_units)
+        if shape.require == "block":
+            best = max(best, block_units)
+        elif shape.require == "none":
+            best += block_units
+    return best
+
+
+def _place_in_pool(
+    snap: Snapshot, pool: str, shape: Shape, units: int, avoid: bool
+) -> Allocation | None:
+    u = shape.unit_gpus
+    need = units * u
+    if snap.pool_free.get(pool, 0) < need:
+        return None
+    levels = snap.levels.get(pool)
+    if levels is None:
+        return None
+    # One node, best fit: the fullest node that still has room.
+    if need < len(levels):
+        for count in range(need, len(levels)):
+            for index in levels[count]:
+                if not (avoid and index in snap.reserved):
+                    return [(index, units)]
+    if shape.require == "node" or units == 1:
+        return None
+    blocks = [b for b in snap.pool_blocks.get(pool, ()) if snap.block_free[b] >= u]
+    # One rack, best fit among racks.
+    rack_units: dict[int, int] = {}
+    best_rack: tuple[int, int] | None = None
+    for block in blocks:
+        for rack in snap.block_racks[block]:
+            if snap.rack_free[rack] < u:
+                continue
+            capacity = snap.rack_units(rack, u, avoid)
+            rack_units[rack] = capacity
+            if snap.rack_free[rack] >= need and capacity >= units:
+                candidate = (capacity, rack)
+                if best_rack is None or candidate < best_rack:
+                    best_rack = candidate
+    if best_rack is not None:
+        return _fill_rack(snap, best_rack[1], units, u, avoid)
+    if shape.require == "rack":
+        return None
+    # One block, best fit among blocks; inside it, the fullest racks first.
+    block_units: dict[int, int] = {}
+    best_block: tuple[int, int] | None = None
+    for block in blocks:
+        capacity = sum(rack_units.get(rack, 0) for rack in snap.block_racks[block])
+        block_units[block] = capacity
+        if capacity >= units:
+            candidate = (capacity, block)
+            if best_block is None or candidate < best_block:
+                best_block = candidate
+    if best_block is not None:
+        return _fill_block(snap, best_block[1], units, u, avoid, rack_units)
+    if shape.require == "block":
+        return None
+    # The cluster: the fullest blocks first, a best-fit last block.
+    chosen = _greedy(sorted(((c, b) for b, c in block_units.items() if c), key=_fullest), units)
+    if chosen is None:
+        return None
+    allocation: Allocation = []
+    for block, take in chosen:
+        part = _fill_block(snap, block, take, u, avoid, rack_units)
+        if part is None:  # cannot happen: block_units counted exactly these units
+            return None
+        allocation.extend(part)
+    return allocation
+
+
+def _fullest(item: tuple[int, int]) -> tuple[int, int]:
+    return (-item[0], item[1])
+
+
+def _greedy(items: list[tuple[int, int]], need: int) -> list[tuple[int, int]] | None:
+    """Take (capacity, id) pieces fullest first; the last piece is the smallest that suffices."""
+    chosen: list[tuple[int, int]] = []
+    remaining = need
+    for position, (capacity, ident) in enumerate(items):
+        if capacity >= remaining:
+            last = position
+            for later in range(position + 1, len(items)):
+                if items[later][0] >= remaining:
+                    last = later
+                else:
+                    break
+            chosen.append((items[last][1], remaining))
+            return chosen
+        chosen.append((ident, capacity))
+        remaining -= capacity
+    return None
+
+
+def _fill_block(
+    snap: Snapshot, block: int, units: int, u: int, avoid: bool, rack_units: dict[int, int]
+) -> Allocation | None:
+    racks = sorted(
+        ((rack_units.get(r, 0), r) for r in snap.block_racks[block] if rack_units.get(r, 0)),
+        key=_fullest,
+    )
+    chosen = _greedy(racks, units)
+    if chosen is None:
+        return None
+    allocation: Allocation = []
+    for rack, take in chosen:
+        part = _fill_rack(snap, rack, take, u, avoid)
+        if part is None:
+            return None
+        allocation.extend(part)
+    return allocation
+
+
+def _fill_rack(snap: Snapshot, rack: int, units: int, u: int, avoid: bool) -> Allocation | None:
+    nodes = sorted(
+        ((c, i) for i in snap.rack_nodes[rack] if (c := snap.node_units(i, u, avoid))),
+        key=_fullest,
+    )
+    return _greedy(nodes, units)

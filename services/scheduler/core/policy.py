@@ -1,0 +1,89 @@
+"""The knobs of the scheduler: priority classes and the scheduling policy, as plain frozen data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+PolicyName = Literal["gangway", "fifo"]
+
+
+@dataclass(frozen=True, slots=True)
+class PriorityClass:
+    """A named priority level.
+
+    `rank` orders classes: a larger rank outranks a smaller one. `preemptible` says whether a
+    gang of this class may be evicted; `can_preempt` whether its jobs may evict lower ranks.
+    """
+
+    name: str
+    rank: int
+    preemptible: bool
+    can_preempt: bool
+
+
+DEFAULT_PRIORITY_CLASSES: tuple[PriorityClass, ...] = (
+    PriorityClass("inference-critical", rank=300, preemptible=False, can_preempt=True),
+    PriorityClass("production", rank=200, preemptible=True, can_preempt=True),
+    PriorityClass("research", rank=100, preemptible=True, can_preempt=False),
+    PriorityClass("best-effort", rank=0, preemptible=True, can_preempt=False),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulingPolicy:
+    """How the core decides; every field has a default an operator would expect.
+
+    `name="fifo"` is the baseline: strict arrival order, head-of-line blocking, no backfill,
+    no preemption, quotas ignored.
+    """
+
+    name: PolicyName = "gangway"
+    priority_classes: tuple[PriorityClass, ...] = DEFAULT_PRIORITY_CLASSES
+    default_priority: str = "research"
+    backfill: bool = True
+    preemption: bool = True
+    preemption_grace_s: float = 120.0
+    fair_share_half_life_s: float = 7 * 86400.0
+    # No job waits longer than this before it becomes the head of the line with a reservation.
+    aging_max_wait_s: float = 6 * 3600.0
+    # A gang preempted (or a preemptor that preempted) is left alone for this long, against storms.
+    hysteresis_s: float = 600.0
+    # Used for backfill planning when a job gives no estimated_runtime_s.
+    default_runtime_estimate_s: float = 4 * 3600.0
+    # A job past its estimate is planned to end this long after `now` (it may end any moment).
+    overrun_grace_s: float = 300.0
+    # A reservation is re-announced only when its start moves by more than this, or its nodes.
+    reservation_move_threshold_s: float = 300.0
+    # Best-effort jobs run only on idle capacity: they never count against a guarantee.
+    idle_only_priority: str = "best-effort"
+    enforce_quotas: bool = True
+    # Placements a cycle may make; the rest wait for the next cycle (bounds cycle time).
+    max_placements_per_cycle: int = 20_000
+    _classes: dict[str, PriorityClass] = field(
+        init=False, repr=False, compare=False, hash=False, default_factory=dict
+    )
+
+    def __post_init__(self) -> None:
+        if self.name not in ("gangway", "fifo"):
+            raise ValueError(f"unknown policy {self.name!r}")
+        if not self.priority_classes:
+            raise ValueError("at least one priority class is needed")
+        classes = {pc.name: pc for pc in self.priority_classes}
+        if len(classes) != len(self.priority_classes):
+            raise ValueError("priority class names must be unique")
+        self._classes.update(classes)
+
+    @property
+    def is_fifo(self) -> bool:
+        return self.name == "fifo"
+
+    def priority_class(self, name: str) -> PriorityClass:
+        """The class of that name; an unknown name falls back to the default class (or lowest)."""
+        found = self._classes.get(name)
+        if found is not None:
+            return found
+        fallback = self._classes.get(self.default_priority)
+        if fallback is not None:
+            return fallback
+        return min(self.priority_classes, key=lambda pc: pc.rank)

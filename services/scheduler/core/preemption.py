@@ -1,0 +1,157 @@
+"""The preemption planner: whole gangs, borrowers first, then the lowest priority, then the
+smallest set that suffices; never a protected gang (non-preemptible, younger than its minimum
+runtime, or preempted within the hysteresis window)."""
+
+from __future__ import annotations
+
+from collections.abc import Set
+
+from services.scheduler.core.placement import Allocation, Shape, Snapshot, find_placement
+from services.scheduler.core.policy import PriorityClass, SchedulingPolicy
+from services.scheduler.core.quota import QuotaBook
+from services.scheduler.core.reservation import has_overrun
+from services.scheduler.core.state import JobRecord, SchedulerState
+
+MAX_CANDIDATES = 512
+MAX_TRIES = 48
+
+
+def is_protected(
+    victim: JobRecord, now: float, policy: SchedulingPolicy, wakeups: list[float]
+) -> bool:
+    """Whether the gang may not be preempted now (adds when that changes to `wakeups`)."""
+    if victim.state not in ("running", "reserved"):
+        return True
+    if not policy.priority_class(victim.priority).preemptible:
+        return True
+    spec = victim.spec
+    if spec is not None and spec.preemptible is False:
+        return True
+    started = victim.started_at if victim.started_at is not None else victim.reserved_at
+    min_runtime = spec.min_runtime_s if spec is not None else 0.0
+    if started is None or now < started + min_runtime:
+        if started is not None:
+            wakeups.append(started + min_runtime)
+        return True
+    if victim.last_preempted_at is not None:
+        calm_until = victim.last_preempted_at + policy.hysteresis_s
+        if now < calm_until:
+            wakeups.append(calm_until)
+            return True
+    return False
+
+
+def victim_order(victim: JobRecord, borrower: bool, rank: int) -> tuple[int, int, int, float, int]:
+    """Borrowers first, then the lowest class, then the smallest gang, then the youngest."""
+    started = victim.started_at if victim.started_at is not None else victim.reserved_at or 0.0
+    return (0 if borrower else 1, rank, victim.bound_gpus, -started, victim.seq)
+
+
+def plan_preemption(
+    snap: Snapshot,
+    shape: Shape,
+    preemptor: JobRecord,
+    pclass: PriorityClass,
+    reclaiming: bool,
+    overrun_head: bool,
+    state: SchedulerState,
+    quota: QuotaBook,
+    excluded: Set[str],
+    now: float,
+    policy: SchedulingPolicy,
+    wakeups: list[float],
+) -> list[JobRecord] | None:
+    """The whole gangs to evict so that the preemptor fits, or None (then nobody is evicted)."""
+    if find_placement(snap, shape, False) is not None:
+        return None  # idle capacity serves (only a reservation held it back): never preempt
+    nodes = state._node_list
+    tiers: tuple[list[tuple[tuple[int, int, int, float, int], JobRecord]], ...] = ([], [])
+    for victim in state._holding.values():
+        if victim.job_id in excluded or victim.job_id == preemptor.job_id or not victim.ranks:
+            continue
+        if shape.gpu_type is not None and nodes[victim.ranks[0][0]].gpu_type != shape.gpu_type:
+            continue
+        vrank = policy.priority_class(victim.priority).rank
+        borrower = victim.queue != preemptor.queue and quota.borrowing(victim.queue) > 0
+        allowed = (
+            (pclass.can_preempt and vrank < pclass.rank)
+            or (reclaiming and borrower)
+            or (overrun_head and vrank <= pclass.rank and has_overrun(victim, now, policy))
+        )
+        if not allowed or is_protected(victim, now, policy, wakeups):
+            continue
+        tiers[0 if borrower else 1].append((victim_order(victim, borrower, vrank), victim))
+    borrowers = sorted(tiers[0], key=lambda pair: pair[0])
+    everyone = sorted(tiers[0] + tiers[1], key=lambda pair: pair[0])
+    planning = snap.copy()
+    planning.reserved = frozenset()
+    for candidates in (borrowers, everyone):
+        victims = [victim for _, victim in candidates[:MAX_CANDIDATES]]
+        if not victims:
+            continue
+        chosen = _single(planning, shape, victims) or _greedy(planning, shape, victims)
+        if chosen is not None:
+            return chosen
+    return None
+
+
+def _release(planning: Snapshot, victims: list[JobRecord]) -> dict[int, int]:
+    """Release the victims' GPUs into the planning snapshot; return what to restore."""
+    before: dict[int, int] = {}
+    for victim in victims:
+        for index, mask in victim.ranks:
+            if index not in before:
+                before[index] = planning.free.get(index, 0)
+            planning.release(index, mask)
+    return before
+
+
+def _restore(planning: Snapshot, before: dict[int, int]) -> None:
+    for index, mask in before.items():
+        planning.set_free(index, mask)
+
+
+def _fits(planning: Snapshot, shape: Shape, victims: list[JobRecord]) -> Allocation | None:
+    before = _release(planning, victims)
+    try:
+        if planning.total_free < shape.min_gpus:
+            return None
+        return find_placement(planning, shape, False)
+    finally:
+        _restore(planning, before)
+
+
+def _single(planning: Snapshot, shape: Shape, victims: list[JobRecord]) -> list[JobRecord] | None:
+    """The first single gang (in victim order) whose eviction alone suffices."""
+    tries = 0
+    free = planning.total_free
+    for victim in victims:
+        if free + victim.bound_gpus < shape.min_gpus:
+            continue
+        tries += 1
+        if _fits(planning, shape, [victim]) is not None:
+            return [victim]
+        if tries >= MAX_TRIES:
+            break
+    return None
+
+
+def _greedy(planning: Snapshot, shape: Shape, victims: list[JobRecord]) -> list[JobRecord] | None:
+    """Add gangs in victim order until the preemptor fits, then keep only those it lands on."""
+    chosen: list[JobRecord] = []
+    tries = 0
+    for victim in victims:
+        chosen.append(victim)
+        if planning.total_free + sum(v.bound_gpus for v in chosen) < shape.min_gpus:
+            continue
+        tries += 1
+        allocation = _fits(planning, shape, chosen)
+        if allocation is not None:
+            landing = {index for index, _ in allocation}
+            needed = [v for v in chosen if any(index in landing for index, _ in v.ranks)]
+            if needed != chosen and _fits(planning, shape, needed) is not None:
+                return needed
+            return chosen
+        if tries >= MAX_TRIES:
+            break
+    return None

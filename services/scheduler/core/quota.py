@@ -1,0 +1,63 @@
+"""Hierarchical queues: guarantees, borrowing ceilings, and who is borrowing now."""
+
+from __future__ import annotations
+
+from services.scheduler.core.state import QueueRecord
+
+MAX_DEPTH = 16  # a misconfigured parent loop must not hang the cycle
+
+
+class QuotaBook:
+    """Usage per queue subtree for one cycle; charged as gangs are placed or planned away."""
+
+    def __init__(self, queues: dict[str, QueueRecord]) -> None:
+        self._queues = queues
+        self._chains: dict[str, tuple[str, ...]] = {}
+        self.usage: dict[str, int] = {}
+        for name, queue in queues.items():
+            if queue.allocated:
+                self.charge(name, queue.allocated)
+
+    def chain(self, name: str) -> tuple[str, ...]:
+        """The queue and its ancestors, leaf first."""
+        cached = self._chains.get(name)
+        if cached is not None:
+            return cached
+        chain: list[str] = []
+        current: str | None = name
+        while current is not None and current not in chain and len(chain) < MAX_DEPTH:
+            chain.append(current)
+            record = self._queues.get(current)
+            current = record.parent if record is not None else None
+        result = tuple(chain)
+        self._chains[name] = result
+        return result
+
+    def charge(self, name: str, gpus: int) -> None:
+        for queue in self.chain(name):
+            self.usage[queue] = self.usage.get(queue, 0) + gpus
+
+    def ceiling_hit(self, name: str, gpus: int) -> tuple[str, int] | None:
+        """The first queue on the chain whose max the gang would exceed, with that max."""
+        for queue in self.chain(name):
+            record = self._queues.get(queue)
+            if record is None or record.max_gpus is None:
+                continue
+            if self.usage.get(queue, 0) + gpus > record.max_gpus:
+                return queue, record.max_gpus
+        return None
+
+    def guarantee(self, name: str) -> int:
+        record = self._queues.get(name)
+        return record.guaranteed_gpus if record is not None and record.configured else 0
+
+    def within_guarantee(self, name: str, gpus: int) -> bool:
+        """Would the queue stay within its guarantee with `gpus` more? (It may then reclaim.)"""
+        record = self._queues.get(name)
+        if record is None or not record.configured or record.guaranteed_gpus <= 0:
+            return False
+        return self.usage.get(name, 0) + gpus <= record.guaranteed_gpus
+
+    def borrowing(self, name: str) -> int:
+        """GPUs the queue uses beyond its guarantee (0 when it is within it)."""
+        return max(0, self.usage.get(name, 0) - self.guarantee(name))

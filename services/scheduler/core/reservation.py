@@ -1,0 +1,90 @@
+"""EASY backfill: the head gang's earliest start, on concrete nodes, from running gangs' ends."""
+
+from __future__ import annotations
+
+from collections.abc import Set
+
+from services.scheduler.core.placement import Allocation, Shape, Snapshot, find_placement
+from services.scheduler.core.policy import SchedulingPolicy
+from services.scheduler.core.state import JobRecord, SchedulerState
+
+# Trying a placement after every released gang would cost a placement per running job; after
+# this many failed tries, try again only once a further 1/8 of the need has been freed.
+EAGER_TRIES = 16
+
+
+def runtime_estimate(job: JobRecord, policy: SchedulingPolicy) -> float:
+    spec = job.spec
+    if spec is None:
+        return policy.default_runtime_estimate_s
+    estimate = spec.estimated_runtime_s or policy.default_runtime_estimate_s
+    if spec.max_runtime_s is not None:
+        estimate = min(estimate, spec.max_runtime_s)
+    return estimate
+
+
+def estimated_end(job: JobRecord, now: float, policy: SchedulingPolicy) -> float:
+    """When the gang is expected to release its GPUs.
+
+    A gang being preempted leaves by its grace deadline; one past its estimate may end at any
+    moment, so it is planned to end shortly after `now` (and becomes a preemption candidate for
+    an overdue head: an overrun cannot push a reservation back forever).
+    """
+    if job.state == "preempting" and job.preempt_requested_at is not None:
+        return max(now, job.preempt_requested_at + job.preempt_grace_s)
+    started = job.started_at if job.started_at is not None else job.reserved_at
+    if started is None:
+        started = now
+    end = started + runtime_estimate(job, policy)
+    if end <= now:
+        return now + policy.overrun_grace_s
+    return end
+
+
+def has_overrun(job: JobRecord, now: float, policy: SchedulingPolicy) -> bool:
+    started = job.started_at if job.started_at is not None else job.reserved_at
+    return started is not None and now > started + runtime_estimate(job, policy)
+
+
+def plan_reservation(
+    snap: Snapshot,
+    shape: Shape,
+    state: SchedulerState,
+    released: Set[str],
+    now: float,
+    policy: SchedulingPolicy,
+) -> tuple[float, Allocation] | None:
+    """(start time, allocation) for the head: replay gang ends on a copy until the head fits."""
+    planning = snap.copy()
+    planning.reserved = frozenset()
+    nodes = state._node_list
+    ends = sorted(
+        (estimated_end(job, now, policy), job.seq, job)
+        for job in state._holding.values()
+        if job.job_id not in released
+        and job.ranks
+        and (shape.gpu_type is None or nodes[job.ranks[0][0]].gpu_type == shape.gpu_type)
+    )
+    tries = 0
+    freed_at_last_try = -1
+    freed = 0
+    step = max(shape.unit_gpus, shape.min_gpus // 8)
+    for end, _, job in ends:
+        for index, mask in job.ranks:
+            planning.release(index, mask)
+        freed += job.bound_gpus
+        if planning.total_free < shape.min_gpus:
+            continue
+        if tries >= EAGER_TRIES and freed - freed_at_last_try < step:
+            continue
+        tries += 1
+        freed_at_last_try = freed
+        allocation = find_placement(planning, shape, False)
+        if allocation is not None:
+            return max(end, now), allocation
+    if tries == 0 or freed != freed_at_last_try:
+        allocation = find_placement(planning, shape, False)
+        if allocation is not None:
+            last = ends[-1][0] if ends else now
+            return max(last, now), allocation
+    return None

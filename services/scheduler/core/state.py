@@ -1,0 +1,880 @@
+"""The scheduler's memory, folded from recorded events: `state.apply(event, at)`.
+
+Folding is deterministic and tolerant: an event about a job or node the state never saw, or about
+an attempt that is no longer current, changes nothing. GPUs are bound only by GangReserved and
+released only by the gang-releasing events, so a replay of any log gives the same bindings.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from schemas.base import Event
+from schemas.jobs import (
+    GangReserved,
+    JobAdmitted,
+    JobCancelled,
+    JobCancelRequested,
+    JobDeferred,
+    JobFailed,
+    JobRejected,
+    JobRequeued,
+    JobResumed,
+    JobResumeRequested,
+    JobSpec,
+    JobSubmitted,
+    JobSucceeded,
+    JobSuspended,
+    JobSuspendRequested,
+    PreemptionRequested,
+    ReservationPlanned,
+    TaskExited,
+    TaskStarted,
+)
+from schemas.nodes import (
+    GpuRecovered,
+    GpuUnhealthy,
+    NodeDrained,
+    NodeDrainRequested,
+    NodeLost,
+    NodeRecovered,
+    NodeRegistered,
+    NodeUndrained,
+)
+from schemas.teams import QueueConfigured, TeamCreated
+from services.scheduler.core.policy import SchedulingPolicy
+
+JobStateName = Literal[
+    "pending",
+    "queued",
+    "reserved",
+    "running",
+    "preempting",
+    "suspended",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "rejected",
+]
+NodeStateName = Literal["ready", "draining", "drained", "lost"]
+
+TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "rejected"})
+WAITING_STATES: frozenset[str] = frozenset({"pending", "queued"})
+HOLDING_STATES: frozenset[str] = frozenset({"reserved", "running", "preempting"})
+
+
+def popcount(mask: int) -> int:
+    return mask.bit_count()
+
+
+def bits(mask: int) -> list[int]:
+    """The GPU indices set in `mask`, lowest first."""
+    out: list[int] = []
+    index = 0
+    while mask:
+        if mask & 1:
+            out.append(index)
+        mask >>= 1
+        index += 1
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """What a person (or the API) may ask about a job."""
+
+    job_id: str
+    state: JobStateName
+    team: str
+    queue: str
+    priority: str
+    gpus: int
+    reason_code: str | None
+    reason: str | None
+    estimated_start: float | None
+    placement: dict[str, list[int]]
+    attempt: int
+    submitted_at: float | None
+    started_at: float | None
+    name: str = ""
+    tasks: int = 0
+    gpus_per_task: int = 0
+    requeues: int = 0
+    finished_at: float | None = None
+    reserved_nodes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    node_id: str
+    hostname: str
+    gpu_type: str
+    rack: str
+    block: str
+    state: NodeStateName
+    gpus: int
+    free_gpus: int
+    allocated_gpus: int
+    unhealthy_gpus: tuple[int, ...]
+    gangs: tuple[str, ...]
+    labels: dict[str, str]
+
+
+@dataclass(slots=True)
+class NodeRecord:
+    index: int
+    node_id: str
+    hostname: str
+    gpu_type: str
+    rack: str
+    block: str
+    gpu_count: int
+    all_mask: int
+    labels: dict[str, str]
+    # Dense ids of (gpu_type, block, rack) and (gpu_type, block): the placement's aggregates.
+    rack_id: int = 0
+    block_id: int = 0
+    unhealthy_mask: int = 0
+    bound_mask: int = 0
+    lost: bool = False
+    draining: bool = False
+    drained: bool = False
+    # Gangs bound here: job id → the GPUs it holds on this node.
+    gangs: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def schedulable(self) -> bool:
+        return not (self.lost or self.draining or self.drained)
+
+    @property
+    def free_mask(self) -> int:
+        if not self.schedulable:
+            return 0
+        return self.all_mask & ~self.unhealthy_mask & ~self.bound_mask
+
+    @property
+    def state(self) -> NodeStateName:
+        if self.lost:
+            return "lost"
+        if self.drained:
+            return "drained"
+        if self.draining:
+            return "draining"
+        return "ready"
+
+
+@dataclass(slots=True)
+class JobRecord:
+    job_id: str
+    seq: int
+    spec: JobSpec | None
+    state: JobStateName
+    submitted_at: float | None
+    team: str = ""
+    queue: str = ""
+    priority: str = ""
+    admitted: bool = False
+    reason_code: str | None = None
+    reason: str | None = None
+    estimated_start: float | None = None
+    reserved_nodes: tuple[str, ...] = ()
+    attempt: int = 0
+    # The current attempt's gang: rank → (node index, GPU mask), empty when nothing is bound.
+    ranks: list[tuple[int, int]] = field(default_factory=list)
+    started_ranks: set[int] = field(default_factory=set)
+    exit_codes: dict[int, int] = field(default_factory=dict)
+    # When the job last began waiting for a gang (admission, requeue, resume): aging runs from here.
+    queued_at: float | None = None
+    reserved_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    failures: int = 0
+    requeues: int = 0
+    cancel_requested: bool = False
+    suspend_requested: bool = False
+    resume_requested: bool = False
+    preempt_requested_at: float | None = None
+    preempt_grace_s: float = 0.0
+    preemptor_id: str | None = None
+    # Hysteresis: when this job was last preempted, and when it last caused a preemption.
+    last_preempted_at: float | None = None
+    last_preempting_at: float | None = None
+    # A preemptor that waits for its victims is placed first once they are released.
+    awaiting_victims: tuple[str, ...] = ()
+
+    @property
+    def gpus(self) -> int:
+        return self.spec.total_gpus if self.spec is not None else 0
+
+    @property
+    def bound_gpus(self) -> int:
+        return sum(popcount(mask) for _, mask in self.ranks)
+
+
+@dataclass(slots=True)
+class QueueRecord:
+    name: str
+    parent: str | None = None
+    guaranteed_gpus: int = 0
+    max_gpus: int | None = None
+    weight: float = 1.0
+    configured: bool = False
+    # GPUs bound now to gangs of this queue (not its children).
+    allocated: int = 0
+    # Exponentially decayed GPU usage (GPU·s, decayed), brought up to date at `usage_at`.
+    decayed_usage: float = 0.0
+    usage_at: float = 0.0
+
+
+class SchedulerState:
+    """Everything the core knows, folded from events. Read it through views; change it by apply."""
+
+    def __init__(self, policy: SchedulingPolicy | None = None) -> None:
+        self.policy = policy if policy is not None else SchedulingPolicy()
+        self._nodes: dict[str, NodeRecord] = {}
+        self._node_list: list[NodeRecord] = []
+        self._jobs: dict[str, JobRecord] = {}
+        # Jobs admitted and waiting for a gang, in arrival order (dicts keep insertion order).
+        self._waiting: dict[str, JobRecord] = {}
+        # Jobs holding a gang (reserved, running, preempting).
+        self._holding: dict[str, JobRecord] = {}
+        # Jobs with something for the reactions phase to decide (exits, requests, lost GPUs).
+        self._attention: set[str] = set()
+        self._queues: dict[str, QueueRecord] = {}
+        # Nodes with placeable free GPUs: node index → free mask.
+        self._free: dict[int, int] = {}
+        self._draining: set[int] = set()
+        self._rack_ids: dict[tuple[str, str, str], int] = {}
+        self._block_ids: dict[tuple[str, str], int] = {}
+        self._seq = 0
+        self._clock = 0.0
+        self._allocated = 0
+        self._total = 0
+        self._unhealthy = 0
+        self._lost_gpus = 0
+        self._pending = 0
+        # Bumped by every fold that could change a decision; the cycle memoises quiet results.
+        self.generation = 0
+        self._node_generation = 0
+        self._profile: tuple[int, dict[str, int], dict[str, int]] | None = None
+        self.quiet_memo: tuple[int, float] | None = None
+        self._handlers: dict[type[Event], Callable[[Any, float], None]] = {
+            JobSubmitted: self._on_submitted,
+            JobAdmitted: self._on_admitted,
+            JobRejected: self._on_rejected,
+            JobCancelRequested: self._on_cancel_requested,
+            JobSuspendRequested: self._on_suspend_requested,
+            JobResumeRequested: self._on_resume_requested,
+            JobDeferred: self._on_deferred,
+            ReservationPlanned: self._on_reservation_planned,
+            GangReserved: self._on_gang_reserved,
+            TaskStarted: self._on_task_started,
+            TaskExited: self._on_task_exited,
+            PreemptionRequested: self._on_preemption_requested,
+            JobRequeued: self._on_requeued,
+            JobSuspended: self._on_suspended,
+            JobResumed: self._on_resumed,
+            JobSucceeded: self._on_succeeded,
+            JobFailed: self._on_failed,
+            JobCancelled: self._on_cancelled,
+            NodeRegistered: self._on_node_registered,
+            NodeLost: self._on_node_lost,
+            NodeRecovered: self._on_node_recovered,
+            NodeDrainRequested: self._on_drain_requested,
+            NodeDrained: self._on_drained,
+            NodeUndrained: self._on_undrained,
+            GpuUnhealthy: self._on_gpu_unhealthy,
+            GpuRecovered: self._on_gpu_recovered,
+            TeamCreated: self._on_team_created,
+            QueueConfigured: self._on_queue_configured,
+        }
+
+    # ---------------------------------------------------------------- evolve
+
+    def apply(self, event: Event, at: float) -> None:
+        """Fold one recorded event, recorded at `at` (unix seconds)."""
+        handler = self._handlers.get(type(event))
+        if at > self._clock:
+            self._clock = at
+        if handler is None:
+            return
+        handler(event, at)
+        self.generation += 1
+
+    def apply_all(self, events: Iterable[tuple[Event, float]]) -> None:
+        for event, at in events:
+            self.apply(event, at)
+
+    # ---------------------------------------------------------------- views
+
+    def job(self, job_id: str) -> JobView | None:
+        record = self._jobs.get(job_id)
+        return None if record is None else self._job_view(record)
+
+    def jobs(self) -> Iterator[JobView]:
+        return (self._job_view(record) for record in self._jobs.values())
+
+    def node(self, node_id: str) -> NodeView | None:
+        record = self._nodes.get(node_id)
+        return None if record is None else _node_view(record)
+
+    def nodes(self) -> Iterator[NodeView]:
+        return (_node_view(record) for record in self._node_list)
+
+    @property
+    def allocated_gpus(self) -> int:
+        return self._allocated
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs of every registered node that is not lost."""
+        return self._total - self._lost_gpus
+
+    @property
+    def healthy_gpus(self) -> int:
+        """GPUs that could take work: on nodes neither lost, draining nor drained, and healthy."""
+        return sum(
+            popcount(node.all_mask & ~node.unhealthy_mask)
+            for node in self._node_list
+            if node.schedulable
+        )
+
+    @property
+    def free_gpus(self) -> int:
+        return sum(popcount(mask) for mask in self._free.values())
+
+    @property
+    def pending(self) -> int:
+        """Jobs submitted and not yet holding a gang or finished (pending and queued)."""
+        return self._pending
+
+    @property
+    def clock(self) -> float:
+        """The latest recorded time folded so far."""
+        return self._clock
+
+    def capacity_profile(self) -> tuple[dict[str, int], dict[str, int]]:
+        """Per GPU type: the largest schedulable node's healthy GPUs, and all schedulable GPUs.
+
+        What an empty cluster could offer; it tells a gang that can never fit from one that waits.
+        Cached until a node event changes it.
+        """
+        cached = self._profile
+        if cached is not None and cached[0] == self._node_generation:
+            return cached[1], cached[2]
+        biggest: dict[str, int] = {}
+        capacity: dict[str, int] = {}
+        for node in self._node_list:
+            if not node.schedulable:
+                continue
+            healthy = popcount(node.all_mask & ~node.unhealthy_mask)
+            pool = node.gpu_type
+            biggest[pool] = max(biggest.get(pool, 0), healthy)
+            capacity[pool] = capacity.get(pool, 0) + healthy
+        self._profile = (self._node_generation, biggest, capacity)
+        return biggest, capacity
+
+    def queue_usage(self, queue: str) -> int:
+        record = self._queues.get(queue)
+        return 0 if record is None else record.allocated
+
+    def _job_view(self, job: JobRecord) -> JobView:
+        placement: dict[str, list[int]] = {}
+        for node_index, mask in job.ranks:
+            node_id = self._node_list[node_index].node_id
+            placement.setdefault(node_id, []).extend(bits(mask))
+        for gpus in placement.values():
+            gpus.sort()
+        spec = job.spec
+        return JobView(
+            job_id=job.job_id,
+            state=job.state,
+            team=job.team,
+            queue=job.queue,
+            priority=job.priority,
+            gpus=job.bound_gpus if job.ranks else job.gpus,
+            reason_code=job.reason_code,
+            reason=job.reason,
+            estimated_start=job.estimated_start,
+            placement=placement,
+            attempt=job.attempt,
+            submitted_at=job.submitted_at,
+            started_at=job.started_at,
+            name=spec.name if spec is not None else "",
+            tasks=len(job.ranks) if job.ranks else (spec.tasks if spec is not None else 0),
+            gpus_per_task=spec.gpus_per_task if spec is not None else 0,
+            requeues=job.requeues,
+            finished_at=job.finished_at,
+            reserved_nodes=job.reserved_nodes,
+        )
+
+    # ---------------------------------------------------------------- jobs
+
+    def _set_state(self, job: JobRecord, new: JobStateName) -> None:
+        old = job.state
+        if old == new:
+            return
+        if old in WAITING_STATES:
+            self._pending -= 1
+        if new in WAITING_STATES:
+            self._pending += 1
+        if old == "queued":
+            self._waiting.pop(job.job_id, None)
+        if new == "queued":
+            self._waiting[job.job_id] = job
+        if old in HOLDING_STATES and new not in HOLDING_STATES:
+            self._holding.pop(job.job_id, None)
+        if new in HOLDING_STATES:
+            self._holding[job.job_id] = job
+        job.state = new
+
+    def _on_submitted(self, event: JobSubmitted, at: float) -> None:
+        if event.job_id in self._jobs:
+            return  # a duplicate delivery: the first submission stands
+        spec = event.spec
+        self._seq += 1
+        job = JobRecord(
+            job_id=event.job_id,
+            seq=self._seq,
+            spec=spec,
+            state="pending",
+            submitted_at=at,
+            team=spec.team,
+            queue=spec.queue or spec.team,
+            priority=spec.priority,
+            reason_code="awaiting_admission",
+            reason="waiting for admission",
+        )
+        self._jobs[event.job_id] = job
+        self._pending += 1
+
+    def _on_admitted(self, event: JobAdmitted, at: float) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is None or job.state != "pending":
+            return
+        job.queue = event.queue
+        job.priority = event.priority
+        job.admitted = True
+        job.queued_at = at
+        job.reason_code = "queued"
+        job.reason = "queued; waiting for the next scheduling cycle"
+        self._set_state(job, "queued")
+
+    def _on_rejected(self, event: JobRejected, at: float) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is None or job.state != "pending":
+            return
+        job.reason_code = event.code
+        job.reason = event.reason
+        job.finished_at = at
+        self._set_state(job, "rejected")
+
+    def _on_cancel_requested(self, event: JobCancelRequested, at: float) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is None or job.state in TERMINAL_STATES:
+            return
+        job.cancel_requested = True
+        self._attention.add(job.job_id)
+
+    def _on_suspend_requested(self, event: JobSuspendRequested, at: float) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is None or job.state in TERMINAL_STATES or job.state == "suspended":
+            return
+        job.suspend_requested = True
+        job.resume_requested = False
+        self._attention.add(job.job_id)
+
+    def _on_resume_requested(self, event: JobResumeRequested, at: float) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is None or job.state in TERMINAL_STATES:
+            return
+        if job.state == "suspended":
+            job.resume_requested = True
+            self._attention.add(job.job_id)
+        else:
+            job.suspend_requested = False  # resume before the suspension took effect
+
+    def _on_deferred(self, event: JobDeferred, at: float) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is None or job.state in TERMINAL_STATES:
+            return
+        job.reason_code = event.code
+        job.reason = event.message
+
+    def _on_reservation_planned(self, event: ReservationPlanned, at: float) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is None or job.state in TERMINAL_STATES:
+            return
+        job.estimated_start = event.start_at.timestamp()
+        job.reserved_nodes = tuple(event.nodes)
+
+    def _on_gang_reserved(self, event: GangReserved, at: float) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is None or job.state in TERMINAL_STATES or job.ranks:
+            return  # a gang is bound once per attempt; a second one would double-bind
+        ranks: list[tuple[int, int]] = []
+        for placement in event.ranks:
+            node = self._nodes.get(placement.node_id)
+            if node is None:
+                return  # placed on a node this state never saw: ignore the whole gang
+            mask = 0
+            for gpu in placement.gpus:
+                mask |= 1 << gpu
+            ranks.append((node.index, mask))
+        job.attempt = event.attempt
+        job.ranks = ranks
+        job.started_ranks = set()
+        job.exit_codes = {}
+        job.reserved_at = at
+        job.started_at = None
+        job.preempt_requested_at = None
+        job.preemptor_id = None
+        job.awaiting_victims = ()
+        job.reason_code = None
+        job.reason = None
+        job.estimated_start = None
+        job.reserved_nodes = ()
+        touched: dict[int, int] = {}
+        for node_index, mask in ranks:
+            touched[node_index] = touched.get(node_index, 0) | mask
+        gpus = 0
+        for node_index, mask in touched.items():
+            node = self._node_list[node_index]
+            node.gangs[job.job_id] = node.gangs.get(job.job_id, 0) | mask
+            node.bound_mask |= mask
+            self._refresh(node)
+            gpus += popcount(mask)
+            if node.lost or (mask & node.unhealthy_mask) or node.draining:
+                self._attention.add(job.job_id)
+        self._allocated += gpus
+        self._charge(job.queue, gpus, at)
+        self._set_state(job, "reserved")
+
+    def _on_task_started(self, event: TaskStarted, at: float) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is None or event.attempt != job.attempt or job.state not in HOLDING_STATES:
+            return
+        if event.rank >= len(job.ranks):
+            return
+        job.started_ranks.add(event.rank)
+        if job.state == "reserved" and len(job.started_ranks) == len(job.ranks):
+            job.started_at = at
+            self._set_state(job, "running")
+
+    def _on_task_exited(self, event: TaskExited, at: float) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is None or event.attempt != job.attempt or job.state not in HOLDING_STATES:
+            return
+        if event.rank >= len(job.ranks):
+            return
+        job.exit_codes[event.rank] = event.exit_code
+        self._attention.add(job.job_id)
+
+    def _on_preemption_requested(self, event: PreemptionRequested, at: float) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is None or event.attempt != job.attempt or job.state not in HOLDING_STATES:
+            return
+        if job.preempt_requested_at is None:
+            job.preempt_requested_at = at
+            job.preempt_grace_s = event.grace_s
+        job.preemptor_id = event.preemptor_job_id
+        job.last_preempted_at = at
+        self._set_state(job, "preempting")
+        self._attention.add(job.job_id)
+        preemptor = self._jobs.get(event.preemptor_job_id or "")
+        if preemptor is not None and preemptor.state in WAITING_STATES:
+            preemptor.last_preempting_at = at
+            if job.job_id not in preemptor.awaiting_victims:
+                preemptor.awaiting_victims = (*preemptor.awaiting_victims, job.job_id)
+
+    def _release(self, job: JobRecord, at: float) -> None:
+        """Free the gang's GPUs; idempotent (a second release finds nothing bound)."""
+        if not job.ranks:
+            return
+        touched: set[int] = set()
+        for node_index, _ in job.ranks:
+            touched.add(node_index)
+        gpus = 0
+        for node_index in sorted(touched):
+            node = self._node_list[node_index]
+            mask = node.gangs.pop(job.job_id, 0)
+            gpus += popcount(mask)
+            remaining = 0
+            for other in node.gangs.values():
+                remaining |= other
+            node.bound_mask = remaining
+            self._refresh(node)
+            if node.draining:
+                self._draining.add(node_index)
+        self._allocated -= gpus
+        self._charge(job.queue, -gpus, at)
+        job.ranks = []
+        job.started_ranks = set()
+        job.exit_codes = {}
+        job.preempt_requested_at = None
+
+    def _on_requeued(self, event: JobRequeued, at: float) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is None or job.state in TERMINAL_STATES or event.attempt != job.attempt:
+            return
+        if job.state not in HOLDING_STATES:
+            return
+        self._release(job, at)
+        job.requeues += 1
+        if event.code == "task_failed":
+            job.failures += 1
+        job.started_at = None
+        job.queued_at = at
+        job.reason_code = event.code
+        job.reason = event.reason
+        self._set_state(job, "queued")
+        self._attention.discard(job.job_id)
+        if job.cancel_requested or job.suspend_requested:
+            self._attention.add(job.job_id)
+
+    def _on_suspended(self, event: JobSuspended, at: float) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is None or job.state in TERMINAL_STATES:
+            return
+        self._release(job, at)
+        job.suspend_requested = False
+        job.started_at = None
+        job.reason_code = "suspended"
+        job.reason = "suspended by request; resume to queue it again"
+        self._set_state(job, "suspended")
+        self._attention.discard(job.job_id)
+        if job.cancel_requested or job.resume_requested:
+            self._attention.add(job.job_id)
+
+    def _on_resumed(self, event: JobResumed, at: float) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is None or job.state != "suspended":
+            return
+        job.resume_requested = False
+        job.queued_at = at
+        job.reason_code = "queued"
+        job.reason = "resumed; waiting for the next scheduling cycle"
+        self._set_state(job, "queued" if job.admitted else "pending")
+
+    def _finish(self, job: JobRecord, state: JobStateName, at: float, reason: str | None) -> None:
+        self._release(job, at)
+        job.finished_at = at
+        job.reason_code = None if state == "succeeded" else state
+        job.reason = reason
+        job.estimated_start = None
+        job.reserved_nodes = ()
+        job.awaiting_victims = ()
+        self._set_state(job, state)
+        self._attention.discard(job.job_id)
+
+    def _on_succeeded(self, event: JobSucceeded, at: float) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is None or job.state in TERMINAL_STATES:
+            return
+        self._finish(job, "succeeded", at, None)
+
+    def _on_failed(self, event: JobFailed, at: float) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is None or job.state in TERMINAL_STATES:
+            return
+        self._finish(job, "failed", at, event.reason)
+
+    def _on_cancelled(self, event: JobCancelled, at: float) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is None or job.state in TERMINAL_STATES:
+            return
+        self._finish(job, "cancelled", at, event.reason)
+
+    # ---------------------------------------------------------------- nodes
+
+    def _refresh(self, node: NodeRecord, topology_changed: bool = False) -> None:
+        if topology_changed:
+            self._node_generation += 1
+        free = node.free_mask
+        if free:
+            self._free[node.index] = free
+        else:
+            self._free.pop(node.index, None)
+
+    def _flag_gangs(self, node: NodeRecord, mask: int | None = None) -> None:
+        for job_id, held in node.gangs.items():
+            if mask is None or held & mask:
+                self._attention.add(job_id)
+
+    def _on_node_registered(self, event: NodeRegistered, at: float) -> None:
+        all_mask = 0
+        for gpu in event.gpus:
+            all_mask |= 1 << gpu.index
+        node = self._nodes.get(event.node_id)
+        if node is None:
+            node = NodeRecord(
+                index=len(self._node_list),
+                node_id=event.node_id,
+                hostname=event.hostname,
+                gpu_type=event.gpu_type,
+                rack=event.rack,
+                block=event.block,
+                gpu_count=popcount(all_mask),
+                all_mask=all_mask,
+                labels=dict(event.labels),
+            )
+            self._nodes[event.node_id] = node
+            self._node_list.append(node)
+            self._place_in_topology(node)
+            self._total += node.gpu_count
+        else:
+            # A re-registration: topology may be corrected, the node is evidently up again.
+            if node.lost:
+                node.lost = False
+                self._lost_gpus -= node.gpu_count
+            self._total += popcount(all_mask) - node.gpu_count
+            node.hostname = event.hostname
+            node.gpu_type = event.gpu_type
+            node.rack = event.rack
+            node.block = event.block
+            node.gpu_count = popcount(all_mask)
+            node.all_mask = all_mask
+            node.labels = dict(event.labels)
+            self._place_in_topology(node)
+        self._refresh(node, topology_changed=True)
+
+    def _place_in_topology(self, node: NodeRecord) -> None:
+        rack_key = (node.gpu_type, node.block, node.rack)
+        block_key = (node.gpu_type, node.block)
+        node.rack_id = self._rack_ids.setdefault(rack_key, len(self._rack_ids))
+        node.block_id = self._block_ids.setdefault(block_key, len(self._block_ids))
+
+    def _on_node_lost(self, event: NodeLost, at: float) -> None:
+        node = self._nodes.get(event.node_id)
+        if node is None or node.lost:
+            return
+        node.lost = True
+        self._lost_gpus += node.gpu_count
+        self._refresh(node, topology_changed=True)
+        self._flag_gangs(node)
+
+    def _on_node_recovered(self, event: NodeRecovered, at: float) -> None:
+        node = self._nodes.get(event.node_id)
+        if node is None or not node.lost:
+            return
+        node.lost = False
+        self._lost_gpus -= node.gpu_count
+        self._refresh(node, topology_changed=True)
+
+    def _on_drain_requested(self, event: NodeDrainRequested, at: float) -> None:
+        node = self._nodes.get(event.node_id)
+        if node is None or node.drained:
+            return
+        node.draining = True
+        self._draining.add(node.index)
+        self._refresh(node, topology_changed=True)
+        self._flag_gangs(node)
+
+    def _on_drained(self, event: NodeDrained, at: float) -> None:
+        node = self._nodes.get(event.node_id)
+        if node is None:
+            return
+        node.drained = True
+        node.draining = False
+        self._draining.discard(node.index)
+        self._refresh(node, topology_changed=True)
+
+    def _on_undrained(self, event: NodeUndrained, at: float) -> None:
+        node = self._nodes.get(event.node_id)
+        if node is None:
+            return
+        node.drained = False
+        node.draining = False
+        self._draining.discard(node.index)
+        self._refresh(node, topology_changed=True)
+
+    def _on_gpu_unhealthy(self, event: GpuUnhealthy, at: float) -> None:
+        node = self._nodes.get(event.node_id)
+        if node is None:
+            return
+        bit = 1 << event.gpu_index
+        if not bit & node.all_mask or bit & node.unhealthy_mask:
+            return
+        node.unhealthy_mask |= bit
+        self._refresh(node, topology_changed=True)
+        self._flag_gangs(node, bit)
+
+    def _on_gpu_recovered(self, event: GpuRecovered, at: float) -> None:
+        node = self._nodes.get(event.node_id)
+        if node is None:
+            return
+        node.unhealthy_mask &= ~(1 << event.gpu_index)
+        self._refresh(node, topology_changed=True)
+
+    # ---------------------------------------------------------------- queues
+
+    def _queue(self, name: str) -> QueueRecord:
+        record = self._queues.get(name)
+        if record is None:
+            record = QueueRecord(name=name)
+            self._queues[name] = record
+        return record
+
+    def _on_team_created(self, event: TeamCreated, at: float) -> None:
+        queue = self._queue(event.name)
+        queue.parent = event.parent
+        queue.guaranteed_gpus = event.guaranteed_gpus
+        queue.max_gpus = event.max_gpus
+        queue.configured = True
+        if event.parent is not None:
+            self._queue(event.parent)
+
+    def _on_queue_configured(self, event: QueueConfigured, at: float) -> None:
+        queue = self._queue(event.name)
+        queue.parent = event.parent
+        queue.guaranteed_gpus = event.guaranteed_gpus
+        queue.max_gpus = event.max_gpus
+        queue.weight = event.weight
+        queue.configured = True
+        if event.parent is not None:
+            self._queue(event.parent)
+
+    def _charge(self, queue_name: str, gpus: int, at: float) -> None:
+        """Account `gpus` more (or fewer) GPUs to the queue and decay its usage up to `at`."""
+        queue = self._queue(queue_name)
+        self._decay(queue, at)
+        queue.allocated += gpus
+
+    def _decay(self, queue: QueueRecord, at: float) -> None:
+        queue.decayed_usage = decayed_usage(
+            queue.decayed_usage,
+            queue.allocated,
+            at - queue.usage_at,
+            self.policy.fair_share_half_life_s,
+        )
+        queue.usage_at = max(queue.usage_at, at)
+
+
+def decayed_usage(previous: float, allocated: int, elapsed: float, half_life_s: float) -> float:
+    """GPU·seconds with exponential decay: usage `elapsed` seconds later at constant `allocated`."""
+    if elapsed <= 0:
+        return previous
+    rate = math.log(2) / half_life_s
+    decay = math.exp(-rate * elapsed)
+    return previous * decay + allocated * (1.0 - decay) / rate
+
+
+def _node_view(node: NodeRecord) -> NodeView:
+    bound = node.bound_mask & node.all_mask
+    return NodeView(
+        node_id=node.node_id,
+        hostname=node.hostname,
+        gpu_type=node.gpu_type,
+        rack=node.rack,
+        block=node.block,
+        state=node.state,
+        gpus=node.gpu_count,
+        free_gpus=popcount(node.free_mask),
+        allocated_gpus=popcount(bound),
+        unhealthy_gpus=tuple(bits(node.unhealthy_mask)),
+        gangs=tuple(node.gangs),
+        labels=dict(node.labels),
+    )
