@@ -93,7 +93,9 @@ class ConsumerLoop(ABC):
         consumer = make_consumer(
             self.settings,
             *self.topics,
-            group_id=self.name,
+            # Group ids are broker-wide: the prefix keeps a test run's consumers out of the
+            # groups of the `make up` services on the same broker (the inbox keeps `name`).
+            group_id=f"{self.settings.topic_prefix}.{self.name}",
             client_id=f"{self.settings.service_name}-{self.name}",
         )
         producer = make_producer(self.settings, client_id=f"{self.settings.service_name}-dlq")
