@@ -217,9 +217,9 @@ class _Cycle:
             deadline = (job.preempt_requested_at or now) + job.preempt_grace_s
             drained = job.preemptor_id is None
             code = "node_drained" if drained else "preempted"
-            if len(codes) == ranks and not failed:
-                self.release(job, JobSucceeded(job_id=job.job_id, attempt=job.attempt))
-            elif len(codes) == ranks or now >= deadline:
+            # Ranks leaving a gang under eviction were checkpointed away, whatever their code:
+            # the job resumes from its checkpoint rather than being reported as done.
+            if len(codes) == ranks or now >= deadline:
                 why = (
                     "checkpointed off a draining node"
                     if drained

@@ -1,0 +1,248 @@
+"""Fluent builders and a history-replay harness for the scheduling core's tests.
+
+`a_job().gpus(8).tasks(4)` builds a job spec; `History` is a tiny event log around the real core:
+it records every event (the test's and the scheduler's), folds it into a SchedulerState and
+feeds it to an Auditor, as the scheduler service does in production.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from typing import Any, TypeVar
+
+from schemas.base import Event
+from schemas.jobs import (
+    GangReserved,
+    JobAdmitted,
+    JobCancelRequested,
+    JobDeferred,
+    JobResumeRequested,
+    JobSpec,
+    JobSubmitted,
+    JobSuspendRequested,
+    TaskExited,
+    TaskStarted,
+    TopologySpec,
+)
+from schemas.nodes import GpuUnhealthy, NodeDrainRequested, NodeLost, NodeRecovered
+from schemas.teams import QueueConfigured, TeamCreated
+from services.scheduler.core import (
+    Auditor,
+    CycleResult,
+    JobView,
+    SchedulerState,
+    SchedulingPolicy,
+    parse_cluster_spec,
+    schedule,
+)
+
+E = TypeVar("E", bound=Event)
+T0 = 1_700_000_000.0
+_ids = itertools.count(1)
+
+
+class JobBuilder:
+    def __init__(self, job_id: str | None = None) -> None:
+        self.job_id = job_id or f"job-{next(_ids):05d}"
+        self._fields: dict[str, Any] = {"name": self.job_id, "team": "team-a"}
+        self._topology: dict[str, Any] = {}
+
+    def _set(self, **fields: Any) -> JobBuilder:
+        self._fields.update(fields)
+        return self
+
+    def gpus(self, per_task: int) -> JobBuilder:
+        return self._set(gpus_per_task=per_task)
+
+    def tasks(self, tasks: int) -> JobBuilder:
+        return self._set(tasks=tasks)
+
+    def min_tasks(self, tasks: int) -> JobBuilder:
+        return self._set(min_tasks=tasks)
+
+    def team(self, team: str) -> JobBuilder:
+        return self._set(team=team)
+
+    def priority(self, name: str) -> JobBuilder:
+        return self._set(priority=name)
+
+    def gpu_type(self, name: str) -> JobBuilder:
+        return self._set(gpu_type=name)
+
+    def estimate(self, seconds: float) -> JobBuilder:
+        return self._set(estimated_runtime_s=seconds)
+
+    def max_runtime(self, seconds: float) -> JobBuilder:
+        return self._set(max_runtime_s=seconds)
+
+    def min_runtime(self, seconds: float) -> JobBuilder:
+        return self._set(min_runtime_s=seconds)
+
+    def preemptible(self, flag: bool) -> JobBuilder:
+        return self._set(preemptible=flag)
+
+    def retries(self, count: int) -> JobBuilder:
+        return self._set(max_retries=count)
+
+    def tp(self, size: int) -> JobBuilder:
+        self._topology["tp_size"] = size
+        return self
+
+    def require(self, level: str) -> JobBuilder:
+        self._topology["require"] = level
+        return self
+
+    def prefer(self, level: str) -> JobBuilder:
+        self._topology["prefer"] = level
+        return self
+
+    def spec(self) -> JobSpec:
+        return JobSpec(**self._fields, topology=TopologySpec(**self._topology))
+
+
+def a_job(job_id: str | None = None) -> JobBuilder:
+    return JobBuilder(job_id)
+
+
+class History:
+    """An event log driving the real core: submit, run cycles, play the node agents."""
+
+    def __init__(
+        self, cluster: str = "16x8:4:2", policy: SchedulingPolicy | None = None,
+        start: float = T0,
+    ) -> None:
+        self.policy = policy or SchedulingPolicy()
+        self.state = SchedulerState(self.policy)
+        self.auditor = Auditor(self.policy)
+        self.now = start
+        self.log: list[tuple[Event, float]] = []
+        self.cycles: list[CycleResult] = []
+        for node in parse_cluster_spec(cluster):
+            self.record(node)
+
+    # ------------------------------------------------------------ the log
+
+    def record(self, event: Event, at: float | None = None) -> None:
+        when = self.now if at is None else at
+        self.auditor.observe(event, len(self.log), when, None)
+        self.log.append((event, when))
+        self.state.apply(event, when)
+
+    def advance(self, seconds: float) -> History:
+        self.now += seconds
+        return self
+
+    def events(self, kind: type[E], job_id: str | None = None) -> list[E]:
+        return [
+            e for e, _ in self.log
+            if isinstance(e, kind) and (job_id is None or getattr(e, "job_id", None) == job_id)
+        ]
+
+    def replayed(self) -> SchedulerState:
+        """A fresh state folded from the whole log, as a restarted scheduler would build it."""
+        state = SchedulerState(self.policy)
+        for event, at in self.log:
+            state.apply(event, at)
+        return state
+
+    # ------------------------------------------------------------ users and admins
+
+    def team(
+        self, name: str, guaranteed: int = 0, max_gpus: int | None = None,
+        parent: str | None = None,
+    ) -> History:
+        self.record(TeamCreated(name=name, parent=parent, guaranteed_gpus=guaranteed,
+                                max_gpus=max_gpus, token_sha256="0" * 64))
+        return self
+
+    def queue(self, name: str, guaranteed: int = 0, max_gpus: int | None = None,
+              parent: str | None = None, weight: float = 1.0) -> History:
+        self.record(QueueConfigured(name=name, parent=parent, guaranteed_gpus=guaranteed,
+                                    max_gpus=max_gpus, weight=weight))
+        return self
+
+    def submit(self, *builders: JobBuilder) -> list[str]:
+        ids = []
+        for builder in builders:
+            spec = builder.spec()
+            self.record(JobSubmitted(job_id=builder.job_id, spec=spec, submitted_by="test"))
+            self.record(JobAdmitted(job_id=builder.job_id, queue=spec.queue or spec.team,
+                                    priority=spec.priority))
+            ids.append(builder.job_id)
+        return ids
+
+    def cancel(self, job_id: str) -> None:
+        self.record(JobCancelRequested(job_id=job_id, by="test"))
+
+    def suspend(self, job_id: str) -> None:
+        self.record(JobSuspendRequested(job_id=job_id, by="test"))
+
+    def resume(self, job_id: str) -> None:
+        self.record(JobResumeRequested(job_id=job_id, by="test"))
+
+    # ------------------------------------------------------------ the scheduler
+
+    def cycle(self) -> list[Event]:
+        result = schedule(self.state, self.now)
+        self.cycles.append(result)
+        for decision in result.decisions:
+            self.record(decision)
+        return result.decisions
+
+    def run(self, cycles: int = 1, every_s: float = 1.0, agents: bool = True) -> None:
+        """Cycles `every_s` apart; with agents on, every reserved gang starts right away."""
+        for _ in range(cycles):
+            self.cycle()
+            if agents:
+                self.start_all()
+            self.advance(every_s)
+
+    # ------------------------------------------------------------ node agents and hardware
+
+    def gang(self, job_id: str) -> GangReserved:
+        return self.events(GangReserved, job_id)[-1]
+
+    def start(self, job_id: str) -> None:
+        gang = self.gang(job_id)
+        for rank in gang.ranks:
+            self.record(TaskStarted(job_id=job_id, attempt=gang.attempt, rank=rank.rank,
+                                    node_id=rank.node_id))
+
+    def start_all(self) -> None:
+        for view in list(self.state.jobs()):
+            if view.state == "reserved":
+                self.start(view.job_id)
+
+    def exit(self, job_id: str, code: int = 0, ranks: Iterable[int] | None = None) -> None:
+        gang = self.gang(job_id)
+        chosen = set(ranks) if ranks is not None else {r.rank for r in gang.ranks}
+        for rank in gang.ranks:
+            if rank.rank in chosen:
+                self.record(TaskExited(job_id=job_id, attempt=gang.attempt, rank=rank.rank,
+                                       node_id=rank.node_id, exit_code=code))
+
+    def lose(self, node_id: str) -> None:
+        self.record(NodeLost(node_id=node_id, reason="no heartbeat"))
+
+    def recover(self, node_id: str) -> None:
+        self.record(NodeRecovered(node_id=node_id))
+
+    def drain(self, node_id: str) -> None:
+        self.record(NodeDrainRequested(node_id=node_id, reason="ecc errors", by="health"))
+
+    def break_gpu(self, node_id: str, gpu: int) -> None:
+        self.record(GpuUnhealthy(node_id=node_id, gpu_index=gpu, reason="xid 79"))
+
+    # ------------------------------------------------------------ reading
+
+    def job(self, job_id: str) -> JobView:
+        view = self.state.job(job_id)
+        assert view is not None, f"no job {job_id}"
+        return view
+
+    def bound_gpus(self, job_id: str) -> int:
+        return sum(len(gpus) for gpus in self.job(job_id).placement.values())
+
+    def deferrals(self, job_id: str) -> list[JobDeferred]:
+        return self.events(JobDeferred, job_id)

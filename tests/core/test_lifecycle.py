@@ -1,0 +1,170 @@
+"""The core decides outcomes: success, retries, cancel, suspend/resume, runtime limits, hardware."""
+
+from __future__ import annotations
+
+from schemas.jobs import (
+    JobCancelled,
+    JobFailed,
+    JobRequeued,
+    JobSucceeded,
+    PreemptionRequested,
+)
+from schemas.nodes import NodeDrained
+from tests.core.builders import History, a_job
+
+
+def test_all_ranks_exiting_zero_succeeds_the_job_and_frees_its_gpus() -> None:
+    history = History()
+    job = history.submit(a_job().gpus(8).tasks(2))[0]
+    history.run()
+
+    history.exit(job, 0)
+    history.run()
+
+    assert history.job(job).state == "succeeded"
+    assert history.state.allocated_gpus == 0
+    assert len(history.events(JobSucceeded, job)) == 1
+
+
+def test_a_failed_rank_requeues_the_whole_gang_while_retries_remain() -> None:
+    history = History()
+    job = history.submit(a_job().gpus(8).tasks(2).retries(1))[0]
+    history.run()
+
+    history.exit(job, 1, ranks=[1])
+    history.cycle()
+
+    requeue = history.events(JobRequeued, job)
+    assert [e.code for e in requeue] == ["task_failed"]
+    history.run()
+    assert history.job(job).state == "running"
+    assert history.job(job).attempt == 2
+
+
+def test_a_failed_rank_fails_the_job_once_retries_are_spent() -> None:
+    history = History()
+    job = history.submit(a_job().gpus(8).retries(0))[0]
+    history.run()
+
+    history.exit(job, 137)
+    history.run()
+
+    assert history.job(job).state == "failed"
+    assert history.state.allocated_gpus == 0
+
+
+def test_cancelling_a_running_job_releases_it_without_preemption() -> None:
+    history = History()
+    job = history.submit(a_job().gpus(8))[0]
+    history.run()
+
+    history.cancel(job)
+    history.run()
+
+    assert history.job(job).state == "cancelled"
+    assert history.events(PreemptionRequested, job) == []
+    assert len(history.events(JobCancelled, job)) == 1
+    assert history.state.allocated_gpus == 0
+
+
+def test_cancelling_a_waiting_job_ends_it() -> None:
+    history = History("1x8:1:1")
+    history.submit(a_job().gpus(8))
+    waiting = history.submit(a_job().gpus(8))[0]
+    history.run()
+
+    history.cancel(waiting)
+    history.run()
+
+    assert history.job(waiting).state == "cancelled"
+
+
+def test_suspend_releases_the_gang_and_resume_queues_it_again() -> None:
+    history = History()
+    job = history.submit(a_job().gpus(8))[0]
+    history.run()
+
+    history.suspend(job)
+    history.run()
+    assert history.job(job).state == "suspended"
+    assert history.state.allocated_gpus == 0
+
+    history.resume(job)
+    history.run(cycles=2)
+    assert history.job(job).state == "running"
+
+
+def test_a_job_past_its_max_runtime_fails() -> None:
+    history = History()
+    job = history.submit(a_job().gpus(8).max_runtime(600))[0]
+    history.run()
+
+    history.advance(601)
+    history.run()
+
+    assert history.job(job).state == "failed"
+    assert history.events(JobFailed, job)[0].reason == "exceeded max_runtime_s"
+
+
+def test_a_lost_node_requeues_every_gang_on_it_whole() -> None:
+    history = History("8x8:4:2")
+    job = history.submit(a_job().gpus(8).tasks(3))[0]
+    history.run()
+    node = sorted(history.job(job).placement)[1]
+
+    history.lose(node)
+    history.cycle()
+
+    assert [e.code for e in history.events(JobRequeued, job)] == ["node_lost"]
+    assert history.job(job).placement == {}
+    history.run()
+    assert node not in history.job(job).placement
+    assert history.job(job).state == "running"
+
+
+def test_an_unhealthy_gpu_requeues_the_gang_that_holds_it() -> None:
+    history = History("2x8:2:1")
+    job = history.submit(a_job().gpus(8))[0]
+    history.run()
+    node = next(iter(history.job(job).placement))
+
+    history.break_gpu(node, 5)
+    history.cycle()
+
+    assert [e.code for e in history.events(JobRequeued, job)] == ["gpu_unhealthy"]
+
+
+def test_draining_a_node_checkpoints_its_gangs_away_then_reports_it_drained() -> None:
+    history = History("4x8:4:1")
+    job = history.submit(a_job().gpus(8).tasks(2))[0]
+    history.run()
+    node = sorted(history.job(job).placement)[0]
+
+    history.drain(node)
+    history.cycle()
+    assert len(history.events(PreemptionRequested, job)) == 1
+    assert history.events(NodeDrained) == []
+
+    history.exit(job, 0)  # ranks checkpoint and stop
+    history.cycle()
+
+    assert [e.code for e in history.events(JobRequeued, job)] == ["node_drained"]
+    assert [e.node_id for e in history.events(NodeDrained)] == [node]
+    history.run()
+    assert node not in history.job(job).placement
+
+
+def test_preempted_gangs_are_requeued_at_the_grace_deadline_if_ranks_do_not_exit() -> None:
+    history = History("2x8:2:1")
+    job = history.submit(a_job().gpus(8))[0]
+    history.run()
+    history.drain(next(iter(history.job(job).placement)))
+    history.cycle()
+
+    history.advance(history.policy.preemption_grace_s - 1)
+    history.cycle()
+    assert history.events(JobRequeued, job) == []
+
+    history.advance(2)
+    history.cycle()
+    assert len(history.events(JobRequeued, job)) == 1
