@@ -97,6 +97,7 @@ class JobRecord:
     exited_ranks: Mapping[int, int] = field(default_factory=dict)
     requests: frozenset[Request] = frozenset()
     preemptions: int = 0
+    admitted: bool = False
     finished_at: datetime | None = None
 
     @property
@@ -143,17 +144,25 @@ def evolve_job(
 
 def _evolve_live(job: JobRecord, event: Event, at: datetime) -> JobRecord | None:
     match event:
-        case JobAdmitted(queue=queue, priority=priority):
-            state: JobState = "queued" if job.state == "pending" else job.state
-            reason = AWAITING_SCHEDULING if job.state == "pending" else job.reason
-            return replace(job, state=state, queue=queue, priority=priority, reason=reason)
-        case JobRejected(code=code, reason=reason):
+        # Admission decides once, on a pending job; a late duplicate decision changes nothing.
+        case JobAdmitted(queue=queue, priority=priority) if job.state == "pending":
+            return replace(
+                job,
+                state="queued",
+                queue=queue,
+                priority=priority,
+                admitted=True,
+                reason=AWAITING_SCHEDULING,
+                reason_code=None,
+            )
+        case JobRejected(code=code, reason=reason) if job.state == "pending":
             return _finish(job, "rejected", at, reason=reason, code=code)
         case JobDeferred(code=code, message=message):
             return replace(job, reason=message, reason_code=code)
         case ReservationPlanned(start_at=start_at, nodes=nodes):
             return replace(job, estimated_start=start_at, planned_nodes=tuple(nodes))
-        case GangReserved(attempt=attempt, ranks=ranks):
+        # One gang per attempt: a second GangReserved while one is held would double-bind.
+        case GangReserved(attempt=attempt, ranks=ranks) if not job.holds_gpus:
             placement: dict[str, list[int]] = {}
             for rank in ranks:
                 placement.setdefault(rank.node_id, []).extend(rank.gpus)
@@ -170,13 +179,13 @@ def _evolve_live(job: JobRecord, event: Event, at: datetime) -> JobRecord | None
                 estimated_start=None,
                 planned_nodes=(),
             )
-        case TaskStarted(attempt=attempt, rank=rank) if attempt == job.attempt:
+        case TaskStarted(attempt=attempt, rank=rank) if _current(job, attempt):
             started = job.started_ranks | {rank}
             running = job.state == "reserved" and job.gang_ranks <= started
             return replace(job, started_ranks=started, state="running" if running else job.state)
-        case TaskExited(attempt=attempt, rank=rank, exit_code=code) if attempt == job.attempt:
+        case TaskExited(attempt=attempt, rank=rank, exit_code=code) if _current(job, attempt):
             return replace(job, exited_ranks={**job.exited_ranks, rank: code})
-        case PreemptionRequested(attempt=attempt, reason=reason) if attempt == job.attempt:
+        case PreemptionRequested(attempt=attempt, reason=reason) if _current(job, attempt):
             return replace(
                 job,
                 state="preempting",
@@ -184,7 +193,7 @@ def _evolve_live(job: JobRecord, event: Event, at: datetime) -> JobRecord | None
                 reason_code="preempted",
                 preemptions=job.preemptions + 1,
             )
-        case JobRequeued(attempt=attempt, code=code, reason=reason) if attempt == job.attempt:
+        case JobRequeued(attempt=attempt, code=code, reason=reason) if _current(job, attempt):
             return _release(job, "queued", reason=reason, code=code)
         case JobCancelRequested():
             return replace(job, requests=job.requests | {"cancel"})
@@ -195,8 +204,11 @@ def _evolve_live(job: JobRecord, event: Event, at: datetime) -> JobRecord | None
         case JobSuspended():
             released = _release(job, "suspended", reason="suspended on request", code="suspended")
             return replace(released, requests=released.requests - {"suspend"})
-        case JobResumed():
-            resumed = replace(job, state="queued", reason=AWAITING_SCHEDULING, reason_code=None)
+        case JobResumed() if job.state == "suspended":
+            # A job suspended before admission goes back to waiting for admission.
+            state: JobState = "queued" if job.admitted else "pending"
+            reason = AWAITING_SCHEDULING if job.admitted else AWAITING_ADMISSION
+            resumed = replace(job, state=state, reason=reason, reason_code=None)
             return replace(resumed, requests=resumed.requests - {"resume"})
         case JobSucceeded():
             return _finish(job, "succeeded", at, reason=None, code=None)
@@ -205,6 +217,11 @@ def _evolve_live(job: JobRecord, event: Event, at: datetime) -> JobRecord | None
         case JobCancelled(reason=reason):
             return _finish(job, "cancelled", at, reason=reason, code="cancelled")
     return None
+
+
+def _current(job: JobRecord, attempt: int) -> bool:
+    """Whether an event of `attempt` concerns the gang the job holds now."""
+    return job.holds_gpus and attempt == job.attempt
 
 
 def _release(job: JobRecord, state: JobState, *, reason: str | None, code: str | None) -> JobRecord:

@@ -1,0 +1,169 @@
+"""The REST client the `gangway` commands use (httpx), and where it finds the API and token.
+
+The API address: GANGWAY_API_URL, else the line in `.gangway/env` (written by `make up`).
+The token: GANGWAY_TOKEN, else the admin token in GANGWAY_ADMIN_TOKEN_FILE or
+`.gangway/admin.token`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+
+DEFAULT_API_URL = "http://127.0.0.1:8080"
+STATE_DIR = Path(".gangway")
+
+
+class ClientError(Exception):
+    """Anything the user should read as one line: the API's problem or an unreachable API."""
+
+
+class ApiError(ClientError):
+    def __init__(self, status: int, detail: str, problem: Mapping[str, Any]) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.problem = dict(problem)
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    if not path.is_file():
+        return {}
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    return {key.strip(): value.strip() for key, value in pairs if not key.startswith("#")}
+
+
+@dataclass(frozen=True, slots=True)
+class ClientConfig:
+    api_url: str
+    token: str | None
+
+    @classmethod
+    def load(
+        cls, env: Mapping[str, str] | None = None, state_dir: Path = STATE_DIR
+    ) -> ClientConfig:
+        environ = os.environ if env is None else env
+        file_env = read_env_file(state_dir / "env")
+        url = environ.get("GANGWAY_API_URL") or file_env.get("GANGWAY_API_URL") or DEFAULT_API_URL
+        token = environ.get("GANGWAY_TOKEN") or None
+        if token is None:
+            token_file = Path(environ.get("GANGWAY_ADMIN_TOKEN_FILE") or state_dir / "admin.token")
+            if token_file.is_file():
+                token = token_file.read_text().strip() or None
+        return cls(api_url=url.rstrip("/"), token=token)
+
+
+class GangwayClient:
+    def __init__(self, config: ClientConfig, *, timeout_s: float = 30.0) -> None:
+        headers = {"Accept": "application/json"}
+        if config.token:
+            headers["Authorization"] = f"Bearer {config.token}"
+        self.config = config
+        self._http = httpx.Client(base_url=config.api_url, headers=headers, timeout=timeout_s)
+
+    def __enter__(self) -> GangwayClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    # ------------------------------------------------------------------ jobs
+
+    def submit(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/jobs", json=dict(spec))
+
+    def jobs(
+        self,
+        *,
+        team: str | None = None,
+        state: str | None = None,
+        limit: int = 100,
+        after: int | None = None,
+    ) -> dict[str, Any]:
+        params = _params(team=team, state=state, limit=limit, after=after)
+        return self._call("GET", "/v1/jobs", params=params)
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{_segment(job_id)}")
+
+    def job_events(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/jobs/{_segment(job_id)}/events")
+
+    def request(self, job_id: str, action: str) -> dict[str, Any]:
+        """`action`: cancel, suspend or resume."""
+        return self._call("POST", f"/v1/jobs/{_segment(job_id)}/{action}")
+
+    # ------------------------------------------------------------------ the rest
+
+    def events(
+        self,
+        *,
+        after: int = 0,
+        types: list[str] | None = None,
+        stream: str | None = None,
+        limit: int = 100,
+    ) -> dict[str, Any]:
+        params = _params(after=after, stream=stream, limit=limit)
+        if types:
+            params["type"] = ",".join(types)
+        return self._call("GET", "/v1/events", params=params)
+
+    def nodes(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/nodes")
+
+    def queues(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/queues")
+
+    def cluster(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/cluster")
+
+    def create_team(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/v1/teams", json=dict(body))
+
+    def configure_queue(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self._call("PUT", f"/v1/queues/{_segment(name)}", json=dict(body))
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.TransportError as error:
+            raise ClientError(
+                f"cannot reach the API at {self.config.api_url} ({type(error).__name__}); "
+                "is it running (make up)?"
+            ) from error
+        if response.is_success:
+            body = response.json()
+            if not isinstance(body, dict):
+                raise ClientError(f"unexpected answer from {method} {path}")
+            return body
+        raise _api_error(response)
+
+
+def _api_error(response: httpx.Response) -> ApiError:
+    try:
+        problem = response.json()
+    except ValueError:
+        problem = {}
+    if not isinstance(problem, dict):
+        problem = {}
+    detail = str(problem.get("detail") or problem.get("title") or response.reason_phrase)
+    if response.status_code == 401:
+        detail += " (set GANGWAY_TOKEN, or run make up for .gangway/admin.token)"
+    return ApiError(response.status_code, detail, problem)
+
+
+def _params(**values: object) -> dict[str, Any]:
+    return {key: value for key, value in values.items() if value is not None}
+
+
+def _segment(value: str) -> str:
+    """One path segment, escaped: an id with a slash must not reach another route."""
+    return quote(value, safe="")

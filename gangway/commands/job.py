@@ -1,0 +1,42 @@
+"""`gangway job ID`: one job in full."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.table import Table
+
+from gangway.commands._common import client, console, one_line_errors, placement, when
+
+HELP = "show one job"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("id", metavar="ID")
+
+
+@one_line_errors
+def run(args: argparse.Namespace) -> int:
+    with client() as api:
+        job = api.job(args.id)
+    table = Table(show_header=False, box=None)
+    for label, value in (
+        ("id", job["id"]),
+        ("name", job["name"]),
+        ("team", job["team"]),
+        ("queue", job["queue"]),
+        ("priority", job["priority"]),
+        ("state", job["state"]),
+        ("reason", job["reason"] or "-"),
+        ("estimated start", when(job["estimated_start"])),
+        ("gpus", f"{job['gpus']} ({job['tasks']} x {job['gpus_per_task']})"),
+        ("placement", placement(job["placement"])),
+        ("attempts", str(job["attempts"])),
+        ("preemptions", str(job["preemptions"])),
+        ("requested", ", ".join(job["requested"]) or "-"),
+        ("submitted", f"{when(job['submitted_at'])} by {job['submitted_by']}"),
+        ("finished", when(job["finished_at"])),
+    ):
+        table.add_row(f"[bold]{label}[/bold]", str(value))
+    console().print(table)
+    return 0
