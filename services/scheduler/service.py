@@ -185,7 +185,7 @@ class SchedulerService:
             log.info("%s stands by for the leader lock", self.settings.instance_id)
             while not election.done():
                 await self._wait(stop, election, seconds=self.settings.scheduler_cycle_interval_s)
-                await self._follow()
+                await self.follow()
                 await self._observe()
             try:
                 return election.result()
@@ -200,14 +200,14 @@ class SchedulerService:
         assert self.leadership is not None
         keep_alive = asyncio.create_task(self._keep_alive(self.leadership))
         try:
-            await self._follow()
+            await self.follow()
             while not stop.is_set():
                 await self.cycle()
                 await self._observe()
                 await self._wait(stop, keep_alive, seconds=self.settings.scheduler_cycle_interval_s)
                 if keep_alive.done():
                     raise Deposed("the leader lock's session is gone")
-                await self._follow()
+                await self.follow()
         finally:
             keep_alive.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -230,7 +230,7 @@ class SchedulerService:
 
     # ------------------------------------------------------------------ following
 
-    async def _follow(self) -> int:
+    async def follow(self) -> int:
         """Fold every committed event after our position, in position order."""
         # Cleared before reading: an append notified from now on wakes the next wait at once.
         self._wake.clear()
@@ -278,14 +278,14 @@ class SchedulerService:
                 # again. Nothing was appended, so no GPU is bound twice.
                 self.metrics.conflicts.inc()
                 log.info("cycle conflicted (%s); catching up", conflict)
-                await self._follow()
+                await self.follow()
                 continue
             except StaleLeader as fenced:
                 raise Deposed(str(fenced)) from fenced
             for event in decisions:
                 self.metrics.decisions.labels(event.type).inc()
             if not self._fold_own(envelopes):
-                await self._follow()
+                await self.follow()
             await self._maybe_snapshot()
             return envelopes
         await self._maybe_snapshot()

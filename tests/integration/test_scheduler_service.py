@@ -1,0 +1,247 @@
+"""The scheduler service in-process against the real PostgreSQL: leading, fencing, replay."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+from prometheus_client import Counter
+
+from schemas.jobs import (
+    GangReserved,
+    JobAdmitted,
+    JobCancelRequested,
+    JobSpec,
+    JobSubmitted,
+    TopologySpec,
+)
+from schemas.teams import TeamCreated
+from services.runtime import EventStore, Leadership, Settings, StreamAppend, acquire_leadership
+from services.runtime.metrics import new_registry
+from services.scheduler.bootstrap import wired
+from services.scheduler.core.policy import SchedulingPolicy
+from services.scheduler.core.topology import parse_cluster_spec
+from services.scheduler.folding import Folded
+from services.scheduler.metrics import SchedulerMetrics
+from services.scheduler.replay import rebuild, verify_replay
+from services.scheduler.service import EXIT_DEPOSED, SchedulerService
+from services.scheduler.settings import SchedulerSettings
+from services.scheduler.snapshots import SnapshotStore, code_version
+from tests.integration.support import wait_until
+
+pytestmark = pytest.mark.integration
+
+
+def scheduler_settings(settings: Settings, name: str, **overrides: object) -> SchedulerSettings:
+    values = {
+        **settings.model_dump(),
+        "service_name": "scheduler",
+        "instance_id": name,
+        "metrics_port": 0,
+        "scheduler_cycle_interval_s": 0.2,
+        "scheduler_standby_poll_s": 0.1,
+        **overrides,
+    }
+    return SchedulerSettings.model_validate(values)
+
+
+@dataclass
+class Replica:
+    service: SchedulerService
+    stop: asyncio.Event
+    task: asyncio.Task[int]
+
+
+@contextlib.asynccontextmanager
+async def replica(settings: Settings, name: str, **overrides: object) -> AsyncIterator[Replica]:
+    config = scheduler_settings(settings, name, **overrides)
+    async with wired(config) as wiring:
+        service = SchedulerService(
+            config,
+            wiring.store,
+            wiring.policy,
+            wiring.snapshots,
+            SchedulerMetrics.create(new_registry()),
+        )
+        stop = asyncio.Event()
+        task = asyncio.create_task(service.run(stop))
+        try:
+            yield Replica(service, stop, task)
+        finally:
+            stop.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(task, 30)
+
+
+async def seed_cluster(store: EventStore, cluster: str = "16x8:4:2") -> None:
+    nodes = parse_cluster_spec(cluster)
+    team = TeamCreated(name="team-a", guaranteed_gpus=64, max_gpus=None, token_sha256="0" * 64)
+    await store.append_many([StreamAppend(e.stream, 0, [e]) for e in [*nodes, team]])
+
+
+def job(job_id: str, *, tasks: int = 2, gpus_per_task: int = 8, tp: int = 8) -> JobSubmitted:
+    spec = JobSpec(
+        name=job_id,
+        team="team-a",
+        tasks=tasks,
+        gpus_per_task=gpus_per_task,
+        topology=TopologySpec(tp_size=tp),
+    )
+    return JobSubmitted(job_id=job_id, spec=spec, submitted_by="tests")
+
+
+async def submit_admitted(store: EventStore, submitted: JobSubmitted) -> None:
+    admitted = JobAdmitted(job_id=submitted.job_id, queue="team-a", priority="research")
+    await store.append(submitted.stream, 0, [submitted, admitted])
+
+
+async def reservation(store: EventStore, job_id: str) -> GangReserved | None:
+    for envelope in await store.read_stream(f"job-{job_id}"):
+        if isinstance(envelope.payload, GangReserved):
+            return envelope.payload
+    return None
+
+
+async def test_the_leader_reserves_an_admitted_job_with_an_append_carrying_its_epoch(
+    settings: Settings, store: EventStore
+) -> None:
+    await seed_cluster(store)
+    async with replica(settings, "a") as leader:
+        await submit_admitted(store, job("j1"))
+        await wait_until(lambda: _has_reservation(store, "j1"), what="j1 reserved", patience_s=30)
+        reserved = [e for e in await store.read_stream("job-j1") if e.type == "GangReserved"]
+        assert leader.service.leadership is not None
+        assert [e.epoch for e in reserved] == [leader.service.leadership.epoch]
+        gang = reserved[0].payload
+        assert isinstance(gang, GangReserved)
+        assert sum(len(rank.gpus) for rank in gang.ranks) == 16
+
+
+async def test_a_standby_leads_with_a_higher_epoch_once_the_leaders_lock_session_ends(
+    settings: Settings, store: EventStore
+) -> None:
+    await seed_cluster(store)
+    async with replica(settings, "first") as first:
+        await wait_until(lambda: _leads(first), what="first leads", patience_s=30)
+        async with replica(settings, "second") as second:
+            await asyncio.sleep(0.5)
+            assert second.service.leadership is None
+            assert first.service.leadership is not None
+            # As PostgreSQL does when the leader stops pinging (paused past the timeout).
+            await first.service.leadership.conn.close()
+            assert await asyncio.wait_for(first.task, 30) == EXIT_DEPOSED
+            await wait_until(lambda: _leads(second), what="second leads", patience_s=30)
+            assert second.service.leadership is not None
+            assert second.service.leadership.epoch == first.service.leadership.epoch + 1
+            await submit_admitted(store, job("after"))
+            await wait_until(
+                lambda: _has_reservation(store, "after"), what="reserved by the new leader"
+            )
+
+
+async def test_a_deposed_leader_that_decides_is_fenced_and_steps_down(
+    settings: Settings, store: EventStore
+) -> None:
+    await seed_cluster(store)
+    async with replica(settings, "old", scheduler_lock_timeout_s=60) as old:
+        await wait_until(lambda: _leads(old), what="old leads", patience_s=30)
+        assert old.service.leadership is not None
+        old_epoch = old.service.leadership.epoch
+        # A new leader is elected behind the old one's back (its lock is still held, so the
+        # epoch is raised directly, as a standby would after the old session died).
+        async with store.pool.acquire() as conn:
+            await conn.execute(
+                "UPDATE leader_epochs SET epoch = epoch + 1 WHERE name = 'scheduler'"
+            )
+        await submit_admitted(store, job("late"))
+        assert await asyncio.wait_for(old.task, 30) == EXIT_DEPOSED
+        assert await reservation(store, "late") is None
+        stale = await store.read_all(0, 10_000)
+        assert all(e.epoch in (None, old_epoch) for e in stale)
+
+
+async def test_a_cancel_committed_between_fold_and_append_is_folded_before_deciding_again(
+    settings: Settings, store: EventStore
+) -> None:
+    """The cycle's append expects the job stream's folded version; a cancel appended after
+    the fold makes it conflict, and the re-run cycle no longer reserves the job."""
+    await seed_cluster(store)
+    async with replica(settings, "a", scheduler_cycle_interval_s=3600) as leader:
+        await wait_until(lambda: _leads(leader), what="leads", patience_s=30)
+        service = leader.service
+        # Freeze following: fold the submission, then cancel behind the fold's back.
+        leader.stop.set()
+        await asyncio.wait_for(leader.task, 30)
+        submitted = job("racy")
+        await submit_admitted(store, submitted)
+        await service.follow()
+        await store.append(submitted.stream, 2, [JobCancelRequested(job_id="racy", by="u")])
+        service.leadership = await _lead_again(service, settings)
+        await service.cycle()
+        assert await reservation(store, "racy") is None
+        assert _total(service.metrics.conflicts) >= 1
+        await service.leadership.release()
+
+
+async def test_snapshot_plus_tail_equals_full_replay(settings: Settings, store: EventStore) -> None:
+    await seed_cluster(store)
+    async with replica(settings, "a", scheduler_snapshot_every=5) as leader:
+        for i in range(12):
+            await submit_admitted(store, job(f"s{i}", tasks=1))
+        await wait_until(lambda: _has_reservation(store, "s11"), what="all reserved", patience_s=30)
+        leader.stop.set()
+        assert await asyncio.wait_for(leader.task, 30) == 0
+    policy = SchedulingPolicy()
+    snapshots = SnapshotStore(store.pool, code_version(policy))
+    assert await snapshots.load(max_position=await store.head()) is not None
+    for i in range(12, 15):
+        await submit_admitted(store, job(f"s{i}", tasks=1))
+    report = await verify_replay(store, policy, snapshots)
+    assert report.snapshot_stored and report.events_tail >= 6
+    assert report.ok, report.differences
+
+
+async def test_a_snapshot_of_another_code_version_is_never_loaded(
+    settings: Settings, store: EventStore
+) -> None:
+    await seed_cluster(store)
+    policy = SchedulingPolicy()
+    folded = Folded.empty(policy)
+    await rebuild_into(store, folded)
+    await SnapshotStore(store.pool, "older-code").save(folded)
+    rebuilt = await rebuild(
+        store, policy, snapshots=SnapshotStore(store.pool, code_version(policy))
+    )
+    assert rebuilt.snapshot_position is None
+    assert rebuilt.events_replayed == await store.head()
+
+
+async def rebuild_into(store: EventStore, folded: Folded) -> None:
+    async for batch in store.iter_raw(folded.position):
+        folded.fold_raw(batch)
+
+
+async def _has_reservation(store: EventStore, job_id: str) -> bool:
+    return await reservation(store, job_id) is not None
+
+
+async def _leads(r: Replica) -> bool:
+    return r.service.leadership is not None
+
+
+async def _lead_again(service: SchedulerService, settings: Settings) -> Leadership:
+    leadership = await acquire_leadership(service.store, settings.pg_dsn, "again")
+    assert leadership is not None
+    return leadership
+
+
+def _total(counter: Counter) -> float:
+    return sum(
+        sample.value
+        for metric in counter.collect()
+        for sample in metric.samples
+        if sample.name.endswith("_total")
+    )
