@@ -1,0 +1,107 @@
+"""EASY backfill: the head gang gets a reservation on concrete nodes that smaller jobs respect."""
+
+from __future__ import annotations
+
+from schemas.jobs import PreemptionRequested, ReservationPlanned
+from tests.core.builders import History, a_job
+
+
+def test_a_256_gpu_gang_is_not_starved_by_a_steady_stream_of_one_gpu_jobs() -> None:
+    history = History("32x8:8:2")  # 256 GPUs
+    history.submit(*(a_job().gpus(1).estimate(600) for _ in range(200)))
+    history.run()
+    big = history.submit(a_job().gpus(8).tasks(32).estimate(3600))[0]
+    started_small: list[str] = []
+    for minute in range(60):
+        # A new 1-GPU job every minute, each longer than the wait for the big gang.
+        started_small += history.submit(a_job().gpus(1).estimate(7200))
+        for view in list(history.state.jobs()):
+            if view.state == "running" and view.started_at is not None \
+                    and history.now - view.started_at >= 600 and view.job_id != big:
+                history.exit(view.job_id, 0)
+        history.run(every_s=60)
+        if history.job(big).state == "running":
+            break
+
+    assert history.job(big).state == "running"
+    assert minute <= 15
+
+
+def test_the_head_gang_gets_a_reservation_with_an_estimated_start_and_a_reason() -> None:
+    history = History("4x8:4:1")
+    history.submit(*(a_job().gpus(8).estimate(1800) for _ in range(3)))
+    history.run()
+    head = history.submit(a_job().gpus(8).tasks(2).estimate(600))[0]
+
+    history.run()
+
+    planned = history.events(ReservationPlanned, head)
+    assert len(planned) == 1
+    view = history.job(head)
+    assert view.estimated_start is not None
+    assert view.estimated_start >= history.now - 1 + 1800 - 10
+    assert view.reason is not None and "earliest at" in view.reason
+
+
+def test_a_short_job_backfills_on_reserved_nodes_when_it_ends_before_the_reservation() -> None:
+    history = History("2x8:2:1")
+    blocker = history.submit(a_job().gpus(4).estimate(3600))[0]
+    history.run()
+    head = history.submit(a_job().gpus(8).tasks(2).estimate(600))[0]
+    history.run()
+    short = history.submit(a_job().gpus(4).estimate(600))[0]
+
+    history.run()
+
+    assert history.job(blocker).state == "running"
+    assert history.job(head).state == "queued"
+    assert history.job(short).state == "running"
+
+
+def test_a_long_job_does_not_backfill_onto_nodes_reserved_for_the_head() -> None:
+    history = History("2x8:2:1")
+    history.submit(a_job().gpus(4).estimate(3600))
+    history.run()
+    head = history.submit(a_job().gpus(8).tasks(2).estimate(600))[0]
+    history.run()
+    long = history.submit(a_job().gpus(4).estimate(10 * 3600))[0]
+
+    history.run()
+
+    assert history.job(head).state == "queued"
+    assert history.job(long).state == "queued"
+    assert history.job(long).reason_code == "backfill_blocked"
+
+
+def test_a_reservation_is_announced_once_not_every_cycle() -> None:
+    history = History("4x8:4:1")
+    history.submit(*(a_job().gpus(8).estimate(3600) for _ in range(4)))
+    history.run()
+    head = history.submit(a_job().gpus(8).tasks(2))[0]
+
+    history.run(cycles=10, every_s=5)
+
+    assert len(history.events(ReservationPlanned, head)) == 1
+
+
+def test_an_overrunning_backfilled_job_is_preempted_for_an_overdue_reservation() -> None:
+    history = History("2x8:2:1")
+    history.submit(a_job().gpus(8).estimate(600))
+    history.run()
+    head = history.submit(a_job().gpus(8).tasks(2).priority("research"))[0]
+    history.run()
+    liar = history.submit(a_job().gpus(8).estimate(300).priority("best-effort"))[0]
+    history.run()
+    assert history.job(liar).state == "running"
+
+    for view in list(history.state.jobs()):
+        if view.state == "running" and view.job_id != liar:
+            history.advance(600)
+            history.exit(view.job_id, 0)
+    history.run(cycles=3, every_s=60)
+    history.advance(history.policy.preemption_grace_s + 1)
+    history.run(cycles=3)
+
+    preemptions = history.events(PreemptionRequested, liar)
+    assert [p.preemptor_job_id for p in preemptions] == [head]
+    assert history.job(head).state == "running"

@@ -1,0 +1,132 @@
+"""Checkpoint-then-evict: whole gangs, borrowers first, lowest priority, the smallest set."""
+
+from __future__ import annotations
+
+from schemas.jobs import GangReserved, PreemptionRequested
+from tests.core.builders import History, a_job
+
+
+def _finish_evictions(history: History) -> None:
+    """Play the agents: ranks of preempted gangs checkpoint and exit."""
+    for view in list(history.state.jobs()):
+        if view.state == "preempting":
+            history.exit(view.job_id, 0)
+
+
+def test_inference_critical_preempts_the_smallest_sufficient_lower_priority_gang() -> None:
+    history = History("4x8:4:1")
+    big = history.submit(a_job().gpus(8).tasks(2).priority("research"))[0]
+    small = history.submit(a_job().gpus(8).priority("research"))[0]
+    history.submit(a_job().gpus(8).priority("production"))
+    history.run()
+    urgent = history.submit(a_job().gpus(8).priority("inference-critical"))[0]
+
+    history.run()
+
+    assert [p.job_id for p in history.events(PreemptionRequested)] == [small]
+    assert history.job(big).state == "running"
+    assert history.job(urgent).placement == {}  # it waits holding nothing
+    _finish_evictions(history)
+    history.run()
+    assert history.job(urgent).state == "running"
+
+
+def test_borrowers_are_preempted_before_gangs_within_their_guarantee() -> None:
+    history = History("4x8:4:1")
+    history.team("alpha", guaranteed=16).team("beta", guaranteed=8).team("ops")
+    within = history.submit(a_job().gpus(8).team("alpha").priority("best-effort"))[0]
+    history.run()  # alpha's gang is the oldest and the lowest class: first victim by priority
+    borrowed = history.submit(*(a_job().gpus(8).team("beta") for _ in range(3)))
+    history.run()
+    urgent = history.submit(a_job().gpus(8).team("ops").priority("inference-critical"))[0]
+
+    history.run()
+
+    preemptions = history.events(PreemptionRequested)
+    assert len(preemptions) == 1
+    assert preemptions[0].job_id in borrowed
+    assert preemptions[0].preemptor_job_id == urgent
+    assert history.job(within).state == "running"
+
+
+def test_a_gang_younger_than_its_min_runtime_is_never_preempted() -> None:
+    history = History("1x8:1:1")
+    young = history.submit(a_job().gpus(8).min_runtime(3600))[0]
+    history.run()
+    urgent = history.submit(a_job().gpus(8).priority("inference-critical"))[0]
+
+    history.run(cycles=3, every_s=60)
+    assert history.events(PreemptionRequested) == []
+    assert history.job(urgent).reason_code is not None
+
+    history.advance(3600)
+    history.run()
+    assert [p.job_id for p in history.events(PreemptionRequested)] == [young]
+
+
+def test_no_preemption_while_idle_capacity_can_serve() -> None:
+    history = History("2x8:2:1")
+    history.submit(a_job().gpus(8).priority("best-effort"))
+    history.run()
+    urgent = history.submit(a_job().gpus(8).priority("inference-critical"))[0]
+
+    history.run()
+
+    assert history.events(PreemptionRequested) == []
+    assert history.job(urgent).state == "running"
+
+
+def test_non_preemptible_gangs_are_never_victims() -> None:
+    history = History("1x8:1:1")
+    history.submit(a_job().gpus(8).preemptible(False))
+    history.run()
+    history.submit(a_job().gpus(8).priority("inference-critical"))
+
+    history.run(cycles=3)
+
+    assert history.events(PreemptionRequested) == []
+
+
+def test_equal_or_higher_priority_gangs_are_not_preempted_by_class() -> None:
+    history = History("1x8:1:1")
+    history.submit(a_job().gpus(8).priority("production"))
+    history.run()
+    history.submit(a_job().gpus(8).priority("production"))
+
+    history.run(cycles=3)
+
+    assert history.events(PreemptionRequested) == []
+
+
+def test_a_preempted_gang_is_not_preempted_again_within_the_hysteresis_window() -> None:
+    history = History("1x8:1:1")
+    victim = history.submit(a_job().gpus(8).priority("best-effort"))[0]
+    history.run()
+    first = history.submit(a_job().gpus(8).priority("production").estimate(60))[0]
+    history.run()
+    _finish_evictions(history)
+    history.run()
+    history.exit(first, 0)  # the preemptor ends quickly; the victim runs again
+    history.run(cycles=2)
+    assert history.job(victim).state == "running"
+    history.submit(a_job().gpus(8).priority("production"))
+
+    history.run(cycles=3, every_s=10)
+
+    assert [p.job_id for p in history.events(PreemptionRequested)] == [victim]
+
+
+def test_a_preemptor_is_placed_first_once_its_victims_release() -> None:
+    history = History("1x8:1:1")
+    history.submit(a_job().gpus(8).priority("research"))
+    history.run()
+    urgent = history.submit(a_job().gpus(8).priority("production"))[0]
+    history.run()
+    history.submit(a_job().gpus(1).priority("production"))  # would squeeze in first otherwise
+    _finish_evictions(history)
+
+    history.run()
+
+    gangs = [g.job_id for g in history.events(GangReserved)]
+    assert gangs[-1] == urgent
+    assert history.bound_gpus(urgent) == 8
