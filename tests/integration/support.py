@@ -12,7 +12,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 
 from schemas import EventEnvelope
 from schemas.jobs import JobDeferred
-from services.runtime import ConsumerLoop, Settings
+from services.runtime import ConsumerLoop, EventStore, Settings
 from services.runtime.migrate import dsn_user
 
 # A generous bound for things that take milliseconds; reaching it means the behaviour is broken.
@@ -100,7 +100,7 @@ async def create_effects_table(settings: Settings) -> None:
         await conn.close()
 
 
-async def count_effects(conn: asyncpg.Connection, envelope: EventEnvelope) -> None:
+async def count_effects(envelope: EventEnvelope, conn: asyncpg.Connection) -> None:
     """The handler under test: without an inbox, a redelivery would raise `times` above 1."""
     await conn.execute(
         "INSERT INTO effects (event_id, stream, version, times) VALUES ($1, $2, $3, 1)"
@@ -132,3 +132,14 @@ async def started(loop: ConsumerLoop, task: asyncio.Task[None]) -> None:
         waiter.cancel()
         task.result()
         raise AssertionError("the consumer stopped before it started")
+
+
+async def appends_waiting(store: EventStore) -> int:
+    """How many appends are blocked behind another append's transaction."""
+    async with store.pool.acquire() as c:
+        return int(
+            await c.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                " AND wait_event_type = 'Lock' AND query LIKE '%event_log_head%'"
+            )
+        )

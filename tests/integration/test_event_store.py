@@ -17,7 +17,7 @@ from services.runtime import (
     StreamAppend,
     acquire_leadership,
 )
-from tests.integration.support import deferrals, wait_until
+from tests.integration.support import appends_waiting, deferrals, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -155,8 +155,7 @@ async def test_a_tailing_reader_never_skips_an_event_whose_transaction_commits_l
         )
 
         async def early_ones_are_waiting() -> bool:
-            waiting = await late_waiters(store)
-            return waiting == 5
+            return await appends_waiting(store) == 5
 
         await wait_until(early_ones_are_waiting, what="the early appends wait for the late one")
         await transaction.commit()
@@ -168,16 +167,6 @@ async def test_a_tailing_reader_never_skips_an_event_whose_transaction_commits_l
 
     assert seen == list(range(1, 14))
     assert [e.stream for e in await store.read_all(0, 3)] == ["job-late"] * 3
-
-
-async def late_waiters(store: EventStore) -> int:
-    async with store.pool.acquire() as c:
-        return int(
-            await c.fetchval(
-                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                " AND wait_event_type = 'Lock' AND query LIKE '%event_log_head%'"
-            )
-        )
 
 
 async def test_only_one_process_leads_at_a_time(store: EventStore, settings: Settings) -> None:

@@ -1,0 +1,254 @@
+"""The consumer runtime against the real Kafka and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import asyncpg
+import pytest
+from aiokafka import AIOKafkaProducer
+
+from schemas import EventEnvelope
+from schemas.telemetry import NodeHeartbeat
+from services.runtime import (
+    DomainError,
+    EventConsumer,
+    EventStore,
+    Outcome,
+    RawEvent,
+    Settings,
+    TelemetryConsumer,
+    Topics,
+    ensure_topics,
+    make_producer,
+    publish_telemetry,
+)
+from services.runtime.relay import message_headers
+from tests.integration.support import (
+    count_effects,
+    create_effects_table,
+    deferrals,
+    header,
+    read_topics,
+    running,
+    wait_until,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def producer(settings: Settings) -> AsyncIterator[AIOKafkaProducer]:
+    await ensure_topics(settings)
+    kafka = make_producer(settings)
+    await kafka.start()
+    yield kafka
+    await kafka.stop()
+
+
+@pytest.fixture
+async def pool(store: EventStore) -> asyncpg.Pool:
+    return store.pool
+
+
+async def _recorded(store: EventStore, stream: str, count: int) -> list[RawEvent]:
+    await store.append(stream, None, deferrals(stream.removeprefix("job-"), count))
+    return [r for r in await store.read_all_raw(0, 10_000) if r.stream == stream]
+
+
+async def _publish(producer: AIOKafkaProducer, topics: Topics, raws: list[RawEvent]) -> None:
+    for raw in raws:
+        await producer.send_and_wait(
+            topics.for_stream(raw.stream),
+            raw.to_json(),
+            key=raw.stream.encode(),
+            headers=message_headers(raw),
+        )
+
+
+async def _effects(store: EventStore) -> dict[int, int]:
+    async with store.pool.acquire() as c:
+        return {r["version"]: r["times"] for r in await c.fetch("SELECT * FROM effects")}
+
+
+async def test_a_malformed_message_is_dead_lettered_with_its_reason_and_the_consumer_goes_on(
+    settings: Settings, store: EventStore, topics: Topics, producer: AIOKafkaProducer
+) -> None:
+    await create_effects_table(settings)
+    consumer = EventConsumer(
+        settings,
+        store.pool,
+        name="effects",
+        topics=[topics.jobs],
+        handlers={"JobDeferred": count_effects},
+    )
+    good = await _recorded(store, "job-a", 2)
+    not_json = b"\xff{not json"
+    unknown_type = json.dumps({"type": "NoSuchEvent", "schema_version": 1, "payload": {}}).encode()
+
+    async with running(consumer):
+        await _publish(producer, topics, good[:1])
+        await producer.send_and_wait(topics.jobs, not_json, key=b"job-a")
+        await producer.send_and_wait(topics.jobs, unknown_type, key=b"job-a")
+        await _publish(producer, topics, good[1:])
+
+        async def both_good_events_applied() -> bool:
+            return await _effects(store) == {1: 1, 2: 1}
+
+        await wait_until(both_good_events_applied, what="the events around the bad ones applied")
+
+    dead = await read_topics(settings, [topics.deadletter], 2)
+    assert sorted(d.value for d in dead) == sorted([not_json, unknown_type])
+    reasons = {d.value: header(d, "deadletter.reason") or "" for d in dead}
+    assert "not JSON" in reasons[not_json]
+    assert "unknown event type 'NoSuchEvent'" in reasons[unknown_type]
+    assert {header(d, "deadletter.topic") for d in dead} == {topics.jobs}
+    assert consumer.counts[Outcome.DEAD_LETTERED] == 2
+
+
+async def test_an_event_its_handler_refuses_is_dead_lettered_and_its_effects_rolled_back(
+    settings: Settings, store: EventStore, topics: Topics, producer: AIOKafkaProducer
+) -> None:
+    await create_effects_table(settings)
+
+    async def refuse_the_first(envelope: EventEnvelope, conn: asyncpg.Connection) -> None:
+        await count_effects(envelope, conn)
+        if envelope.version == 1:
+            raise DomainError("version 1 is not welcome here")
+
+    consumer = EventConsumer(
+        settings,
+        store.pool,
+        name="picky",
+        topics=[topics.jobs],
+        handlers={"JobDeferred": refuse_the_first},
+    )
+    events = await _recorded(store, "job-p", 2)
+
+    async with running(consumer):
+        await _publish(producer, topics, events)
+
+        async def second_applied() -> bool:
+            return await _effects(store) == {2: 1}
+
+        await wait_until(second_applied, what="the second event applied")
+
+    [dead] = await read_topics(settings, [topics.deadletter], 1)
+    assert dead.value == events[0].to_json()
+    assert header(dead, "deadletter.reason") == "DomainError: version 1 is not welcome here"
+    async with store.pool.acquire() as c:
+        inbox = await c.fetch("SELECT event_id FROM inbox WHERE consumer = 'picky'")
+    assert [r["event_id"] for r in inbox] == [events[1].event_id]
+
+
+async def test_a_redelivered_event_changes_nothing(
+    settings: Settings, store: EventStore, topics: Topics, producer: AIOKafkaProducer
+) -> None:
+    await create_effects_table(settings)
+    consumer = EventConsumer(
+        settings,
+        store.pool,
+        name="once",
+        topics=[topics.jobs],
+        handlers={"JobDeferred": count_effects},
+    )
+    events = await _recorded(store, "job-d", 3)
+
+    async with running(consumer):
+        await _publish(producer, topics, events)
+        await _publish(producer, topics, events)
+
+        async def all_seen_twice() -> bool:
+            return consumer.counts[Outcome.DUPLICATE] == 3
+
+        await wait_until(all_seen_twice, what="the copies reached the consumer")
+
+    assert await _effects(store) == {1: 1, 2: 1, 3: 1}
+    assert consumer.counts[Outcome.APPLIED] == 3
+
+
+async def test_a_restarted_consumer_resumes_after_what_it_committed(
+    settings: Settings, store: EventStore, topics: Topics, producer: AIOKafkaProducer
+) -> None:
+    await create_effects_table(settings)
+    events = await _recorded(store, "job-r", 6)
+
+    def consumer() -> EventConsumer:
+        return EventConsumer(
+            settings,
+            store.pool,
+            name="resumer",
+            topics=[topics.jobs],
+            handlers={"JobDeferred": count_effects},
+        )
+
+    first = consumer()
+    async with running(first):
+        await _publish(producer, topics, events[:4])
+
+        async def four_applied() -> bool:
+            return first.counts[Outcome.APPLIED] == 4
+
+        await wait_until(four_applied, what="the first four applied")
+
+    second = consumer()
+    async with running(second):
+        await _publish(producer, topics, events[4:])
+
+        async def all_applied() -> bool:
+            return len(await _effects(store)) == 6
+
+        await wait_until(all_applied, what="the last two applied")
+
+    assert (second.counts[Outcome.APPLIED], second.counts[Outcome.DUPLICATE]) == (2, 0)
+
+
+async def test_events_without_a_handler_are_skipped_and_committed(
+    settings: Settings, store: EventStore, topics: Topics, producer: AIOKafkaProducer
+) -> None:
+    await create_effects_table(settings)
+    consumer = EventConsumer(
+        settings,
+        store.pool,
+        name="uninterested",
+        topics=[topics.jobs],
+        handlers={"JobSubmitted": count_effects},
+    )
+    events = await _recorded(store, "job-s", 3)
+
+    async with running(consumer):
+        await _publish(producer, topics, events)
+
+        async def all_skipped() -> bool:
+            return consumer.counts[Outcome.SKIPPED] == 3
+
+        await wait_until(all_skipped, what="the events skipped")
+
+    assert await _effects(store) == {}
+
+
+async def test_telemetry_reaches_its_handler_and_malformed_samples_are_dead_lettered(
+    settings: Settings, topics: Topics, producer: AIOKafkaProducer
+) -> None:
+    received: list[str] = []
+
+    async def remember(message: object) -> None:
+        assert isinstance(message, NodeHeartbeat)
+        received.append(message.node_id)
+
+    consumer = TelemetryConsumer(settings, name="telemetry", handler=remember)
+    beat = NodeHeartbeat(node_id="n1", at=datetime(2026, 1, 1, tzinfo=UTC))
+
+    async with running(consumer):
+        await producer.send_and_wait(topics.telemetry, b'{"kind": "heartbeat"}', key=b"n1")
+        await publish_telemetry(producer, topics, beat)
+
+        async def heartbeat_handled() -> bool:
+            return received == ["n1"]
+
+        await wait_until(heartbeat_handled, what="the heartbeat handled")
+
+    [dead] = await read_topics(settings, [topics.deadletter], 1)
+    assert "undecodable telemetry" in (header(dead, "deadletter.reason") or "")
