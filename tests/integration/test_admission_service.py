@@ -1,0 +1,121 @@
+"""The admission service against the real log (and, once, through the relay and Kafka)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from schemas import EventEnvelope
+from schemas.jobs import JobAdmitted, JobRejected, JobSpec, JobSubmitted
+from schemas.teams import TeamCreated
+from services.admission.service import Admission
+from services.runtime import EventConsumer, EventStore, OutboxRelay, Settings, StreamAppend, Topics
+from services.scheduler.core.policy import SchedulingPolicy
+from services.scheduler.core.topology import parse_cluster_spec
+from tests.integration.support import running, started, wait_until
+
+pytestmark = pytest.mark.integration
+
+CLASSES = [pc.name for pc in SchedulingPolicy().priority_classes]
+
+
+def admission(store: EventStore) -> Admission:
+    return Admission(store, CLASSES)
+
+
+async def create_team(store: EventStore, name: str = "vision") -> None:
+    team = TeamCreated(name=name, guaranteed_gpus=8, max_gpus=64, token_sha256="0" * 64)
+    await store.append(team.stream, 0, [team])
+
+
+async def register_nodes(store: EventStore) -> None:
+    await store.append_many([StreamAppend(e.stream, 0, [e]) for e in parse_cluster_spec("4x8")])
+
+
+async def submit(store: EventStore, job_id: str, team: str = "vision") -> EventEnvelope:
+    spec = JobSpec(name=job_id, team=team, tasks=2, gpus_per_task=4)
+    [envelope] = await store.append(
+        f"job-{job_id}", 0, [JobSubmitted(job_id=job_id, spec=spec, submitted_by="tests")]
+    )
+    return envelope
+
+
+async def handle(admission: Admission, envelope: EventEnvelope) -> None:
+    async with admission.store.pool.acquire() as conn, conn.transaction():
+        await admission.on_submitted(envelope, conn)
+
+
+async def decisions(store: EventStore, job_id: str) -> list[EventEnvelope]:
+    return [
+        e
+        for e in await store.read_stream(f"job-{job_id}")
+        if isinstance(e.payload, JobAdmitted | JobRejected)
+    ]
+
+
+async def test_a_team_created_just_before_the_submission_is_known_to_the_decision(
+    store: EventStore,
+) -> None:
+    deciding = admission(store)
+    await deciding.catch_up()
+    await register_nodes(store)
+    await create_team(store)
+    envelope = await submit(store, "j1")
+    await handle(deciding, envelope)
+    [decision] = await decisions(store, "j1")
+    assert decision.payload == JobAdmitted(job_id="j1", queue="vision", priority="research")
+    assert decision.causation_id == envelope.event_id
+
+
+async def test_a_team_created_after_the_submission_does_not_count_for_it(
+    store: EventStore,
+) -> None:
+    await register_nodes(store)
+    envelope = await submit(store, "early")
+    await create_team(store)
+    await handle(admission(store), envelope)
+    [decision] = await decisions(store, "early")
+    assert isinstance(decision.payload, JobRejected)
+    assert decision.payload.code == "unknown_team"
+
+
+async def test_a_redelivered_submission_of_a_decided_job_changes_nothing(
+    store: EventStore,
+) -> None:
+    await register_nodes(store)
+    await create_team(store)
+    envelope = await submit(store, "twice")
+    await handle(admission(store), envelope)
+    # A second replica (its own inbox) receives the same message.
+    await handle(admission(store), envelope)
+    assert len(await decisions(store, "twice")) == 1
+
+
+async def test_submissions_on_the_bus_are_each_decided_once_in_their_job_stream(
+    settings: Settings, store: EventStore
+) -> None:
+    await register_nodes(store)
+    await create_team(store)
+    deciding = admission(store)
+    consumer = EventConsumer(
+        settings,
+        store.pool,
+        name="admission",
+        topics=[Topics.from_settings(settings).jobs],
+        handlers={"JobSubmitted": deciding.on_submitted},
+    )
+    async with running(OutboxRelay(store, settings)), running(consumer) as task:
+        await started(consumer, task)
+        for i in range(20):
+            await submit(store, f"bus{i}", team="vision" if i % 2 == 0 else "nobody")
+
+        async def all_decided() -> bool:
+            counts = await asyncio.gather(*(decisions(store, f"bus{i}") for i in range(20)))
+            return all(len(found) == 1 for found in counts)
+
+        await wait_until(all_decided, what="every job decided once")
+    for i in range(20):
+        [decision] = await decisions(store, f"bus{i}")
+        expected = JobAdmitted if i % 2 == 0 else JobRejected
+        assert isinstance(decision.payload, expected)
