@@ -24,8 +24,15 @@ def client() -> GangwayClient:
     return GangwayClient(ClientConfig.load())
 
 
+# Piped output is read by scripts and people alike: wide enough that ids are never cut.
+PIPE_WIDTH = 200
+
+
 def console() -> Console:
-    return Console(highlight=False, soft_wrap=False)
+    out = Console(highlight=False, soft_wrap=False)
+    if not out.is_terminal:
+        out = Console(highlight=False, soft_wrap=False, width=PIPE_WIDTH)
+    return out
 
 
 def fail(message: str, status: int = 1) -> int:

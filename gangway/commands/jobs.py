@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
             if after is None:
                 break
     table = Table("ID", "NAME", "TEAM", "QUEUE", "PRIORITY", "STATE", "GPUS", "SUBMITTED", "REASON")
+    table.columns[0].no_wrap = True  # an id is useless cut in two
     for job in rows[: args.limit]:
         table.add_row(
             job["id"],

@@ -22,6 +22,7 @@ def run(args: argparse.Namespace) -> int:
     table = Table(
         "NODE", "RACK", "BLOCK", "TYPE", "STATE", "GPUS", "ALLOC", "FREE", "JOBS", "REASON"
     )
+    table.columns[0].no_wrap = True  # an id is useless cut in two
     for node in nodes:
         if args.state and node["state"] != args.state:
             continue

@@ -1,0 +1,117 @@
+"""gangway submit / jobs / job / why / cancel / events / nodes / queues, end to end."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from gangway.cli import main
+
+pytestmark = pytest.mark.integration
+
+SPEC_YAML = """\
+name: llama-ft
+team: nlp
+priority: production
+tasks: 2
+gpus_per_task: 4
+command: [torchrun, train.py]
+"""
+
+
+def submit(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str = SPEC_YAML) -> str:
+    spec = tmp_path / "job.yaml"
+    spec.write_text(text)
+    assert main(["submit", str(spec)]) == 0
+    match = re.search(r"submitted job (\S+) \(pending\)", capsys.readouterr().out)
+    assert match
+    return match.group(1)
+
+
+def test_submit_reads_a_yaml_spec_and_prints_the_job_id(
+    api_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_id = submit(tmp_path, capsys)
+    assert main(["job", job_id]) == 0
+    out = capsys.readouterr().out
+    assert "llama-ft" in out and "production" in out and "pending" in out
+
+
+def test_submit_reads_a_json_spec(
+    api_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_id = submit(tmp_path, capsys, json.dumps({"name": "j", "team": "nlp"}))
+    assert job_id
+
+
+def test_an_invalid_spec_is_one_line_naming_the_field(
+    api_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "bad.yaml"
+    spec.write_text("name: x\nteam: nlp\ntasks: 2\nmin_tasks: 3\n")
+    assert main(["submit", str(spec)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gangway: invalid job spec:") and "min_tasks" in err
+    assert err.count("\n") == 1
+
+
+def test_jobs_lists_the_submitted_jobs(
+    api_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = submit(tmp_path, capsys)
+    second = submit(tmp_path, capsys)
+    assert main(["jobs"]) == 0
+    out = capsys.readouterr().out
+    assert first in out and second in out
+
+
+def test_why_gives_the_reason(
+    api_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_id = submit(tmp_path, capsys)
+    assert main(["why", job_id]) == 0
+    out = capsys.readouterr().out
+    assert f"job {job_id} is pending" in out and "reason: awaiting admission" in out
+
+
+def test_cancel_records_the_request(
+    api_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_id = submit(tmp_path, capsys)
+    assert main(["cancel", job_id]) == 0
+    assert f"cancel requested for job {job_id}" in capsys.readouterr().out
+
+
+def test_an_unknown_job_is_a_one_line_error(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["job", "123"]) == 1
+    assert capsys.readouterr().err == "gangway: job 123 not found\n"
+
+
+def test_a_bad_token_is_a_one_line_error(
+    api_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GANGWAY_TOKEN", "wrong")
+    assert main(["jobs"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("gangway: unknown token") and err.count("\n") == 1
+
+
+def test_events_prints_the_log_in_order(
+    api_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_id = submit(tmp_path, capsys)
+    assert main(["events", "--json"]) == 0
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(e["type"], e["stream"]) for e in events] == [("JobSubmitted", f"job-{job_id}")]
+
+
+def test_nodes_and_queues_print_tables(api_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["nodes"]) == 0
+    assert "NODE" in capsys.readouterr().out
+    assert main(["queues"]) == 0
+    assert "QUEUE" in capsys.readouterr().out
