@@ -62,22 +62,17 @@ class ServiceSpec:
         return [python, "-m", self.module, *self.args]
 
     def buildable(self) -> bool:
-        """Whether its entry point exists in this checkout (a package with a `__main__`)."""
+        """Whether its entry point exists in this checkout (a module, or a package with a
+        `__main__`)."""
         try:
-            return (
-                importlib.util.find_spec(self.module) is not None
-                and (
-                    importlib.util.find_spec(f"{self.module}.__main__") is not None
-                    or not _is_package(self.module)
-                )
-            )
+            spec = importlib.util.find_spec(self.module)
+            if spec is None:
+                return False
+            if spec.submodule_search_locations is None:
+                return True
+            return importlib.util.find_spec(f"{self.module}.__main__") is not None
         except ModuleNotFoundError:
             return False
-
-
-def _is_package(module: str) -> bool:
-    spec = importlib.util.find_spec(module)
-    return spec is not None and spec.submodule_search_locations is not None
 
 
 def default_services(
@@ -87,14 +82,16 @@ def default_services(
     scheduler_replicas: int = 2,
     metrics_port_base: int | None = DEFAULT_METRICS_PORT_BASE,
 ) -> list[ServiceSpec]:
-    """The whole system in start order: relay and consumers first, the API, then the fleet.
+    """The whole system in start order: relay and consumers first, the fleet, then the API.
 
     `metrics_port_base` None gives every process an ephemeral metrics port (tests run beside
     `make up` on one machine); otherwise each gets base + its index.
     """
     names = ["relay", "admission"]
     names += ["scheduler"] + [f"scheduler-{i}" for i in range(2, scheduler_replicas + 1)]
-    names += ["inventory", "health", "checkpoint", "api", "agent"]
+    # The fleet before the API: the API's readiness waits on its read models, and nodes
+    # should be heard from soon after the inventory starts counting their silence.
+    names += ["inventory", "health", "checkpoint", "agent", "api"]
 
     def metrics(index: int) -> dict[str, str]:
         port = 0 if metrics_port_base is None else metrics_port_base + index
@@ -124,7 +121,12 @@ def default_services(
                     ready_log=r"\bagent ready\b",
                 )
             )
-        elif name in ("inventory", "health", "checkpoint"):
+        elif name == "inventory":
+            # The same cluster as the fleet's, whatever GANGWAY_CLUSTER says.
+            env["GANGWAY_CLUSTER"] = cluster
+            specs.append(ServiceSpec(name, "services.inventory", env=env,
+                                     ready_log=r"\binventory ready\b"))
+        elif name in ("health", "checkpoint"):
             specs.append(
                 ServiceSpec(name, f"services.{name}", env=env, ready_log=rf"\b{name} ready\b")
             )
@@ -399,7 +401,8 @@ def _cluster_node_count(cluster: str, root: Path) -> int:
 
 
 def service_order(specs: Sequence[ServiceSpec]) -> list[str]:
-    """The order to stop them in: the fleet and the API first, the relay last."""
+    """The order to stop them in: the API and the fleet first, the relay last (so the fleet's
+    last TaskExited events still reach the bus)."""
     return [spec.name for spec in reversed(specs)]
 
 

@@ -1,0 +1,378 @@
+"""The agent of one node or of a simulated fleet: heartbeats and the ranks of its gangs.
+
+One process serves every node it was given (one for a real host, the whole spec for the
+simulated fleet): one heartbeat loop that batches all nodes' heartbeats per round, and one
+consumer of job and checkpoint events that starts, checkpoints and stops the ranks placed on
+those nodes. Rank exits are recorded as TaskExited as they happen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from aiokafka import AIOKafkaProducer
+from prometheus_client import Counter, Gauge
+
+from schemas.checkpoints import CheckpointRequested
+from schemas.envelope import EventEnvelope
+from schemas.jobs import (
+    GANG_RELEASING_EVENTS,
+    GangReserved,
+    PreemptionRequested,
+    TaskExited,
+    TaskStarted,
+)
+from schemas.nodes import NodeRegistered
+from services.agent.faults import HEALTHY, FaultReader
+from services.agent.heartbeats import NvmlSampler, synthetic_heartbeat
+from services.agent.plan import (
+    CHECKPOINT_SIGNAL_ENV,
+    fold_job,
+    latest_checkpoint,
+    rank_env,
+    ranks_to_launch,
+)
+from services.agent.ranks import RankKey, RankProcess, launch
+from services.agent.settings import AgentSettings
+from services.checkpoint.store import (
+    checkpoint_dir,
+    checkpoint_id_for,
+    record_shard,
+    shard_path,
+    write_shard,
+)
+from services.runtime.consumer import EventConsumer, EventHandler
+from services.runtime.kafka import make_producer
+from services.runtime.metrics import new_registry
+from services.runtime.records import Metadata
+from services.runtime.store import EventStore
+from services.runtime.topics import Topics
+
+log = logging.getLogger(__name__)
+
+LAUNCH_FAILED_EXIT_CODE = 127
+
+
+class Agent:
+    def __init__(
+        self,
+        settings: AgentSettings,
+        store: EventStore,
+        nodes: Sequence[NodeRegistered],
+        *,
+        sampler: NvmlSampler | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.nodes = {node.node_id: node for node in nodes}
+        self.sampler = sampler
+        self.topics = Topics.from_settings(settings)
+        self.faults = FaultReader(settings.fault_dir)
+        self.ranks: dict[RankKey, RankProcess] = {}
+        self.launched: set[tuple[str, int, int]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.root_dir = settings.checkpoint_root.resolve()
+        self.work_dir = settings.work_dir.resolve()
+        registry = new_registry()
+        self.registry = registry
+        self.heartbeats_sent = Counter(
+            "gangway_agent_heartbeats", "Heartbeats published", registry=registry
+        )
+        self.ranks_started = Counter(
+            "gangway_agent_ranks_started", "Ranks launched", registry=registry
+        )
+        self.ranks_running = Gauge(
+            "gangway_agent_ranks_running", "Ranks running now", registry=registry
+        )
+
+    # ------------------------------------------------------------------ wiring
+
+    def handlers(self) -> dict[str, EventHandler]:
+        handlers: dict[str, EventHandler] = {
+            "GangReserved": self.on_gang_reserved,
+            "PreemptionRequested": self.on_preemption_requested,
+            "CheckpointRequested": self.on_checkpoint_requested,
+        }
+        for event_type in GANG_RELEASING_EVENTS:
+            handlers[event_type.type] = self.on_gang_released
+        return handlers
+
+    def consumer(self) -> EventConsumer:
+        name = self.settings.consumer_group or self.default_group()
+        return EventConsumer(
+            self.settings,
+            self.store.pool,
+            name=name,
+            topics=[self.topics.jobs, self.topics.checkpoints],
+            handlers=self.handlers(),
+        )
+
+    def default_group(self) -> str:
+        """One consumer group per agent process: every agent must see every gang."""
+        ids = sorted(self.nodes)
+        if len(ids) == 1:
+            return f"agent-{ids[0]}"
+        return f"agent-{ids[0]}-{ids[-1]}-{len(ids)}"
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ------------------------------------------------------------------ heartbeats
+
+    def busy_gpus(self) -> dict[str, set[int]]:
+        busy: dict[str, set[int]] = {}
+        for rank in self.ranks.values():
+            if rank.running:
+                busy.setdefault(rank.placement.node_id, set()).update(rank.placement.gpus)
+        return busy
+
+    async def send_heartbeats(self, producer: AIOKafkaProducer) -> int:
+        """One round: a heartbeat per node that is not silenced, sent as one batch."""
+        faults = self.faults.current()
+        now = datetime.now(UTC)
+        busy = self.busy_gpus()
+        pending = []
+        for node_id, node in self.nodes.items():
+            fault = faults.get(node_id, HEALTHY)
+            if fault.silent:
+                continue
+            if self.sampler is not None:
+                heartbeat = self.sampler.heartbeat(node_id, now, fault)
+            else:
+                heartbeat = synthetic_heartbeat(node, now, fault, busy.get(node_id))
+            pending.append(
+                await producer.send(
+                    self.topics.telemetry,
+                    heartbeat.model_dump_json().encode(),
+                    key=node_id.encode(),
+                )
+            )
+        await asyncio.gather(*pending)
+        self.heartbeats_sent.inc(len(pending))
+        return len(pending)
+
+    async def heartbeat_loop(self, stop: asyncio.Event) -> None:
+        producer = make_producer(self.settings, client_id=f"{self.settings.service_name}-hb")
+        await producer.start()
+        try:
+            interval = self.settings.heartbeat_interval_s
+            next_round = time.monotonic()
+            while not stop.is_set():
+                try:
+                    await self.send_heartbeats(producer)
+                except Exception:
+                    # A broker hiccup costs a round, not the agent; inventory tolerates gaps.
+                    log.exception("heartbeat round failed")
+                next_round += interval
+                delay = max(0.0, next_round - time.monotonic())
+                if delay == 0.0:
+                    next_round = time.monotonic()  # fell behind: do not burst to catch up
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), delay)
+        finally:
+            await producer.stop()
+
+    # ------------------------------------------------------------------ gangs
+
+    async def on_gang_reserved(self, envelope: EventEnvelope, conn: asyncpg.Connection) -> None:
+        reserved = envelope.payload
+        assert isinstance(reserved, GangReserved)
+        if not any(r.node_id in self.nodes for r in reserved.ranks):
+            return
+        view = fold_job(e.payload for e in await self.store.read_stream(reserved.stream))
+        todo = ranks_to_launch(view, reserved, self.nodes, self.launched)
+        if not todo:
+            return
+        if view.spec is None:
+            log.error("job %s has no JobSubmitted in its stream; cannot launch", reserved.job_id)
+            return
+        checkpoints = await self.store.read_stream(f"checkpoint-{reserved.job_id}")
+        latest = latest_checkpoint(e.payload for e in checkpoints)
+        resume = (
+            None
+            if latest is None
+            else checkpoint_dir(self.root_dir, reserved.job_id, latest.checkpoint_id)
+        )
+        world_size = len(reserved.ranks)
+        meta = Metadata.caused_by(envelope)
+        for placement in todo:
+            key = RankKey(reserved.job_id, reserved.attempt, placement.rank)
+            self.launched.add((key.job_id, key.attempt, key.rank))
+            workdir = self.work_dir / key.job_id / f"a{key.attempt}" / f"rank-{key.rank}"
+            env = rank_env(
+                spec=view.spec,
+                job_id=key.job_id,
+                attempt=key.attempt,
+                placement=placement,
+                world_size=world_size,
+                checkpoint_dir=resume,
+                checkpoint_request=workdir / "checkpoint-request.json",
+                agent_env=os.environ,
+            )
+            started = TaskStarted(
+                job_id=key.job_id, attempt=key.attempt, rank=key.rank, node_id=placement.node_id
+            )
+            try:
+                rank = await launch(key, placement, world_size, list(view.spec.command), env,
+                                    workdir)
+            except OSError as error:
+                log.warning("rank %s could not start: %s", key, error)
+                exited = TaskExited(
+                    job_id=key.job_id, attempt=key.attempt, rank=key.rank,
+                    node_id=placement.node_id, exit_code=LAUNCH_FAILED_EXIT_CODE,
+                    reason=f"launch failed: {error}",
+                )
+                await self.store.append(reserved.stream, None, [started, exited], meta)
+                continue
+            rank.checkpoints_itself = CHECKPOINT_SIGNAL_ENV in view.spec.env
+            # Recorded before the exit watcher starts, so TaskStarted always precedes
+            # TaskExited in the log.
+            await self.store.append(reserved.stream, None, [started], meta)
+            self.ranks[key] = rank
+            self.ranks_started.inc()
+            self.ranks_running.inc()
+            log.info("started %s on %s gpus %s (pid %d)", key, placement.node_id,
+                     placement.gpus, rank.pid)
+            self._spawn(self._watch(rank, meta))
+
+    async def _watch(self, rank: RankProcess, meta: Metadata) -> None:
+        code = await rank.process.wait()
+        self.ranks_running.dec()
+        event = TaskExited(
+            job_id=rank.key.job_id,
+            attempt=rank.key.attempt,
+            rank=rank.key.rank,
+            node_id=rank.placement.node_id,
+            exit_code=code,
+            reason=rank.stop_reason,
+        )
+        log.info("%s exited with %d (%s)", rank.key, code, rank.stop_reason or "on its own")
+        backoff = 0.2
+        while True:
+            try:
+                await self.store.append(event.stream, None, [event], meta)
+                break
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+                # The exit must reach the log, or the gang would hold its GPUs forever.
+                log.warning("recording %s failed (%r); retrying", rank.key, error)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+        self.ranks.pop(rank.key, None)
+
+    def _running(self, job_id: str, attempt: int | None) -> list[RankProcess]:
+        return [
+            rank
+            for key, rank in self.ranks.items()
+            if key.job_id == job_id and (attempt is None or key.attempt == attempt) and rank.running
+        ]
+
+    async def on_gang_released(self, envelope: EventEnvelope, conn: asyncpg.Connection) -> None:
+        event = envelope.payload
+        job_id = str(getattr(event, "job_id", ""))
+        attempt = getattr(event, "attempt", None)
+        reason = event.type.removeprefix("Job").lower()
+        for rank in self._running(job_id, attempt):
+            self._spawn(rank.stop(reason, self.settings.stop_timeout_s))
+
+    # ------------------------------------------------------------------ checkpoints
+
+    async def on_preemption_requested(
+        self, envelope: EventEnvelope, conn: asyncpg.Connection
+    ) -> None:
+        event = envelope.payload
+        assert isinstance(event, PreemptionRequested)
+        ranks = self._running(event.job_id, event.attempt)
+        if ranks:
+            self._spawn(self._preempt(ranks, envelope, event.grace_s))
+
+    async def on_checkpoint_requested(
+        self, envelope: EventEnvelope, conn: asyncpg.Connection
+    ) -> None:
+        event = envelope.payload
+        assert isinstance(event, CheckpointRequested)
+        ranks = self._running(event.job_id, event.attempt)
+        if ranks:
+            # A periodic checkpoint gets the default grace: the ranks keep running after it.
+            self._spawn(self._checkpoint(ranks, envelope, self.settings.stop_timeout_s * 2))
+
+    async def _preempt(
+        self, ranks: list[RankProcess], envelope: EventEnvelope, grace_s: float
+    ) -> None:
+        """Checkpoint, then evict, within the grace period."""
+        deadline = time.monotonic() + grace_s
+        for rank in ranks:
+            rank.stop_reason = "preempted"
+        # Leave time for the stop itself inside the grace.
+        budget = max(0.0, grace_s - self.settings.stop_timeout_s)
+        await self._checkpoint(ranks, envelope, budget)
+        remaining = max(0.0, deadline - time.monotonic())
+        await asyncio.gather(
+            *(r.stop("preempted", min(self.settings.stop_timeout_s, remaining)) for r in ranks)
+        )
+
+    async def _checkpoint(
+        self, ranks: list[RankProcess], envelope: EventEnvelope, budget_s: float
+    ) -> None:
+        event = envelope.payload
+        attempt = int(getattr(event, "attempt", 1))
+        directory = checkpoint_dir(
+            self.root_dir, str(getattr(event, "job_id", "")),
+            checkpoint_id_for(attempt, envelope.event_id),
+        )
+        await asyncio.gather(*(self._checkpoint_rank(r, directory, budget_s) for r in ranks))
+
+    async def _checkpoint_rank(self, rank: RankProcess, directory: Path, budget_s: float) -> None:
+        step = int(time.monotonic() - rank.started_at)
+        try:
+            if rank.checkpoints_itself:
+                await self._signal_checkpoint(rank, directory, budget_s, step)
+            else:
+                # A rank that does not checkpoint itself (the simulated fleet's sleep): the
+                # agent saves what it knows of the rank, so the protocol runs end to end.
+                state = {"job_id": rank.key.job_id, "attempt": rank.key.attempt,
+                         "rank": rank.key.rank, "step": step}
+                await asyncio.to_thread(
+                    write_shard, directory, rank.key.rank, json.dumps(state).encode(), step=step
+                )
+        except (OSError, ValueError) as error:
+            log.warning("checkpoint of %s failed: %r", rank.key, error)
+
+    async def _signal_checkpoint(
+        self, rank: RankProcess, directory: Path, budget_s: float, step: int
+    ) -> None:
+        """Ask the rank (SIGUSR1) to write its shard where the request file says; record it."""
+        shard = shard_path(directory, rank.key.rank)
+        request = {"dir": str(directory), "shard": str(shard), "rank": rank.key.rank}
+        (rank.workdir / "checkpoint-request.json").write_text(json.dumps(request))
+        rank.signal(signal.SIGUSR1)
+        deadline = time.monotonic() + budget_s
+        while not shard.exists():
+            if time.monotonic() > deadline or not rank.running:
+                log.warning("%s wrote no shard within %.1f s", rank.key, budget_s)
+                return
+            await asyncio.sleep(0.1)
+        await asyncio.to_thread(record_shard, directory, rank.key.rank, step=step)
+
+    # ------------------------------------------------------------------ shutdown
+
+    async def shutdown(self) -> None:
+        """Stop every rank (their exits are recorded) and wait for the bookkeeping."""
+        ranks = [rank for rank in self.ranks.values() if rank.running]
+        await asyncio.gather(
+            *(r.stop("agent stopped", self.settings.stop_timeout_s) for r in ranks)
+        )
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=self.settings.stop_timeout_s + 5)

@@ -1,0 +1,102 @@
+"""Heartbeats: synthetic readings for simulated nodes, NVML readings for real GPUs."""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from typing import Any
+
+from schemas.nodes import NodeRegistered
+from schemas.telemetry import GpuSample, NodeHeartbeat
+from services.agent.faults import HEALTHY, Fault
+
+log = logging.getLogger(__name__)
+
+HEALTHY_TEMPERATURE_C = 55.0
+NIC_EXPECTED_GBPS = 400.0
+
+
+def synthetic_heartbeat(
+    node: NodeRegistered, at: datetime, fault: Fault = HEALTHY, busy: set[int] | None = None
+) -> NodeHeartbeat:
+    """A healthy node's readings, with the injected fault laid over them."""
+    busy = busy or set()
+    gpus = []
+    for gpu in node.gpus:
+        readings: dict[str, Any] = {
+            "index": gpu.index,
+            "temperature_c": HEALTHY_TEMPERATURE_C + (15.0 if gpu.index in busy else 0.0),
+            "ecc_uncorrected": 0,
+            "xid_errors": [],
+            "utilization": 95.0 if gpu.index in busy else 0.0,
+            "memory_used_mb": gpu.memory_mb // 2 if gpu.index in busy else 0,
+        }
+        readings.update(fault.gpus.get(gpu.index, {}))
+        gpus.append(GpuSample.model_validate(readings))
+    return NodeHeartbeat(
+        node_id=node.node_id,
+        at=at,
+        gpus=gpus,
+        nic_gbps=NIC_EXPECTED_GBPS if fault.nic_gbps is None else fault.nic_gbps,
+        nic_expected_gbps=NIC_EXPECTED_GBPS,
+    )
+
+
+class NvmlSampler:
+    """Reads temperature, utilisation, memory and ECC counters of the host's GPUs.
+
+    XIDs reach NVML as events; the sampler registers for them once and drains what arrived
+    since the last heartbeat.
+    """
+
+    def __init__(self, nvml: Any) -> None:
+        self.nvml = nvml
+        nvml.nvmlInit()
+        self.handles = [
+            nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())
+        ]
+        self.event_set: Any = None
+        try:
+            self.event_set = nvml.nvmlEventSetCreate()
+            for handle in self.handles:
+                nvml.nvmlDeviceRegisterEvents(
+                    handle, nvml.nvmlEventTypeXidCriticalError, self.event_set
+                )
+        except Exception:  # not every driver or GPU supports XID events
+            log.warning("NVML XID events unavailable", exc_info=True)
+            self.event_set = None
+
+    def _xids(self) -> dict[int, list[int]]:
+        found: dict[int, list[int]] = {}
+        if self.event_set is None:
+            return found
+        while True:
+            try:
+                data = self.nvml.nvmlEventSetWait_v2(self.event_set, 0)
+            except Exception:  # NVML_ERROR_TIMEOUT: nothing more pending
+                return found
+            index = self.handles.index(data.device) if data.device in self.handles else 0
+            found.setdefault(index, []).append(int(data.eventData))
+
+    def heartbeat(self, node_id: str, at: datetime, fault: Fault = HEALTHY) -> NodeHeartbeat:
+        nvml = self.nvml
+        xids = self._xids()
+        gpus = []
+        for index, handle in enumerate(self.handles):
+            readings: dict[str, Any] = {"index": index, "xid_errors": xids.get(index, [])}
+            try:
+                readings["temperature_c"] = float(
+                    nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
+                )
+                readings["utilization"] = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
+                readings["memory_used_mb"] = int(nvml.nvmlDeviceGetMemoryInfo(handle).used) >> 20
+                readings["ecc_uncorrected"] = int(
+                    nvml.nvmlDeviceGetTotalEccErrors(
+                        handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
+                    )
+                )
+            except Exception:  # a GPU without ECC, or one gone: report what could be read
+                log.debug("NVML reading of GPU %d incomplete", index, exc_info=True)
+            readings.update(fault.gpus.get(index, {}))
+            gpus.append(GpuSample.model_validate(readings))
+        return NodeHeartbeat(node_id=node_id, at=at, gpus=gpus)

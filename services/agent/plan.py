@@ -1,0 +1,121 @@
+"""What the per-job controller decides, as pure functions of the job's events.
+
+The agent consults the job's stream before acting, so a redelivered or stale GangReserved
+(already started, or already released) starts nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schemas.base import Event
+from schemas.checkpoints import CheckpointCommitted
+from schemas.jobs import (
+    GANG_RELEASING_EVENTS,
+    GangReserved,
+    JobSpec,
+    JobSubmitted,
+    RankPlacement,
+    TaskExited,
+    TaskStarted,
+)
+
+# The env a rank inherits from the agent, whatever the job sets: enough to find its program.
+INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "VIRTUAL_ENV")
+# A job that sets this in its env handles SIGUSR1 by writing its shard (see services/checkpoint).
+CHECKPOINT_SIGNAL_ENV = "GANGWAY_CHECKPOINT_SIGNAL"
+
+
+@dataclass
+class JobView:
+    """A job as its stream tells it to the agent."""
+
+    spec: JobSpec | None = None
+    gangs: dict[int, GangReserved] = field(default_factory=dict)
+    started: set[tuple[int, int]] = field(default_factory=set)  # (attempt, rank)
+    exited: set[tuple[int, int]] = field(default_factory=set)
+    released: set[int] = field(default_factory=set)  # attempts whose gang was released
+    terminal: bool = False
+
+
+def fold_job(events: Iterable[Event]) -> JobView:
+    view = JobView()
+    for event in events:
+        if isinstance(event, JobSubmitted):
+            view.spec = event.spec
+        elif isinstance(event, GangReserved):
+            view.gangs[event.attempt] = event
+        elif isinstance(event, TaskStarted):
+            view.started.add((event.attempt, event.rank))
+        elif isinstance(event, TaskExited):
+            view.exited.add((event.attempt, event.rank))
+        elif isinstance(event, GANG_RELEASING_EVENTS):
+            attempt = getattr(event, "attempt", None)
+            if attempt is None:
+                # Cancelled / suspended / failed outside an attempt: every gang so far is gone.
+                view.released.update(view.gangs)
+            else:
+                view.released.add(attempt)
+            if event.type in ("JobSucceeded", "JobFailed", "JobCancelled"):
+                view.terminal = True
+    return view
+
+
+def ranks_to_launch(
+    view: JobView,
+    reserved: GangReserved,
+    nodes: Iterable[str],
+    launched: set[tuple[str, int, int]],
+) -> list[RankPlacement]:
+    """The ranks of `reserved` this agent must start: on its nodes, never started before, of
+    an attempt that still holds its gang."""
+    if reserved.attempt in view.released or view.terminal:
+        return []
+    ours = set(nodes)
+    return [
+        placement
+        for placement in reserved.ranks
+        if placement.node_id in ours
+        and (reserved.attempt, placement.rank) not in view.started
+        and (reserved.job_id, reserved.attempt, placement.rank) not in launched
+    ]
+
+
+def latest_checkpoint(events: Iterable[Event]) -> CheckpointCommitted | None:
+    latest = None
+    for event in events:
+        if isinstance(event, CheckpointCommitted):
+            latest = event
+    return latest
+
+
+def rank_env(
+    *,
+    spec: JobSpec,
+    job_id: str,
+    attempt: int,
+    placement: RankPlacement,
+    world_size: int,
+    checkpoint_dir: Path | None,
+    checkpoint_request: Path,
+    agent_env: Mapping[str, str],
+) -> dict[str, str]:
+    """The rank's environment: a few of the agent's variables, the job's env, then Gangway's
+    (which the job cannot override: they describe the placement)."""
+    env = {key: agent_env[key] for key in INHERITED_ENV if key in agent_env}
+    env.update(spec.env)
+    env.update(
+        {
+            "CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in placement.gpus),
+            "GANGWAY_JOB_ID": job_id,
+            "GANGWAY_RANK": str(placement.rank),
+            "GANGWAY_WORLD_SIZE": str(world_size),
+            "GANGWAY_ATTEMPT": str(attempt),
+            "GANGWAY_NODE_ID": placement.node_id,
+            "GANGWAY_CHECKPOINT_DIR": "" if checkpoint_dir is None else str(checkpoint_dir),
+            "GANGWAY_CHECKPOINT_REQUEST": str(checkpoint_request),
+        }
+    )
+    return env

@@ -1,0 +1,85 @@
+"""One rank as a real subprocess: start it, signal it, stop it (SIGTERM, then SIGKILL)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from schemas.jobs import RankPlacement
+
+
+@dataclass(frozen=True, slots=True)
+class RankKey:
+    job_id: str
+    attempt: int
+    rank: int
+
+
+@dataclass
+class RankProcess:
+    key: RankKey
+    placement: RankPlacement
+    world_size: int
+    process: asyncio.subprocess.Process
+    workdir: Path
+    started_at: float = field(default_factory=time.monotonic)
+    # Why the agent stopped it (preempted, cancelled …); None while it runs on its own.
+    stop_reason: str | None = None
+    # The job handles SIGUSR1 by writing its own shard; otherwise the agent writes one.
+    checkpoints_itself: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def running(self) -> bool:
+        return self.process.returncode is None
+
+    def signal(self, sig: int) -> None:
+        """Signal the rank's whole process group (it runs in a session of its own), so a
+        launcher script's children get it too."""
+        if not self.running:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, sig)
+
+    async def stop(self, reason: str, timeout_s: float) -> int:
+        """SIGTERM, then SIGKILL after `timeout_s`; returns the exit code."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self.signal(signal.SIGTERM)
+        try:
+            return await asyncio.wait_for(self.process.wait(), timeout_s)
+        except TimeoutError:
+            self.signal(signal.SIGKILL)
+            return await self.process.wait()
+
+
+async def launch(
+    key: RankKey,
+    placement: RankPlacement,
+    world_size: int,
+    argv: list[str],
+    env: dict[str, str],
+    workdir: Path,
+) -> RankProcess:
+    """Start the rank in `workdir`, its output in `workdir/rank.log`. Raises OSError when the
+    program cannot be started (not found, not executable)."""
+    await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+    with (workdir / "rank.log").open("ab") as log:
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=workdir,
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+        )
+    return RankProcess(key, placement, world_size, process, workdir)

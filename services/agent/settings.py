@@ -1,0 +1,29 @@
+"""The agent's settings over the shared runtime settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from services.runtime.settings import Settings
+
+
+class AgentSettings(Settings):
+    # The nodes to run agents for: the cluster spec (simulated fleet) unless NVML finds GPUs.
+    cluster: str = "16x8:4:2"
+    discovery: str = "auto"
+    node_id: str | None = None
+    node_rack: str = "r000"
+    node_block: str = "b00"
+
+    heartbeat_interval_s: float = Field(default=1.0, gt=0)
+    # A file per node here injects faults into its (simulated) telemetry; see faults.py.
+    fault_dir: Path = Path(".gangway/faults")
+    # Ranks' working directories and logs.
+    work_dir: Path = Path(".gangway/agent")
+    checkpoint_root: Path = Path(".gangway/checkpoints")
+    # After SIGTERM, how long a rank may take to exit before SIGKILL.
+    stop_timeout_s: float = Field(default=5.0, ge=0)
+    consumer_group: str | None = None
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)

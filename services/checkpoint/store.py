@@ -1,0 +1,191 @@
+"""Checkpoint storage on a directory: atomic shards, per-shard records, a manifest per checkpoint.
+
+Layout under the root: `<job>/<checkpoint_id>/rank-<r>.bin` (the shard), `rank-<r>.json` (its
+size, sha256 and step, written after the shard by whoever wrote it) and `manifest.json`
+(written by the checkpoint service once every shard verified). Every file lands by
+tmp + fsync + rename + fsync of the directory, so a reader sees a whole file or none.
+Works on a node-local disk for one host and on shared storage (NFS, Lustre) for many.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from schemas.checkpoints import CheckpointShard
+
+MANIFEST = "manifest.json"
+_CHECKPOINT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def checkpoint_id_for(attempt: int, cause: UUID) -> str:
+    """The id of the checkpoint one request (CheckpointRequested / PreemptionRequested) asks
+    for: derived from the request, so agents and the service agree without talking."""
+    return f"a{attempt}-{cause.hex[:16]}"
+
+
+def checkpoint_dir(root: Path, job_id: str, checkpoint_id: str) -> Path:
+    if not _CHECKPOINT_ID.match(job_id) or not _CHECKPOINT_ID.match(checkpoint_id):
+        raise ValueError(f"unsafe checkpoint path component: {job_id!r}/{checkpoint_id!r}")
+    return root / job_id / checkpoint_id
+
+
+def shard_path(directory: Path, rank: int) -> Path:
+    return directory / f"rank-{rank}.bin"
+
+
+def record_path(directory: Path, rank: int) -> Path:
+    return directory / f"rank-{rank}.json"
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to `path` so that a crash leaves the old file or the new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sha256_of(path: Path) -> tuple[int, str]:
+    """(size, sha256) of the file, read in chunks (shards can be gigabytes)."""
+    digest = hashlib.sha256()
+    size = 0
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            digest.update(chunk)
+            size += len(chunk)
+    return size, digest.hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class ShardRecord:
+    rank: int
+    size: int
+    sha256: str
+    step: int
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {"rank": self.rank, "bytes": self.size, "sha256": self.sha256, "step": self.step}
+        ).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> ShardRecord:
+        data: Any = json.loads(raw)
+        if not isinstance(data, dict):
+            raise ValueError("shard record is not a JSON object")
+        record = cls(
+            rank=int(data["rank"]),
+            size=int(data["bytes"]),
+            sha256=str(data["sha256"]),
+            step=int(data.get("step", 0)),
+        )
+        if not re.fullmatch(r"[0-9a-f]{64}", record.sha256) or record.size < 0:
+            raise ValueError("shard record has a bad digest or size")
+        return record
+
+
+def write_shard(directory: Path, rank: int, data: bytes, *, step: int = 0) -> ShardRecord:
+    """Store one rank's shard and then its record (the record's presence means 'done')."""
+    write_atomic(shard_path(directory, rank), data)
+    record = ShardRecord(rank, len(data), hashlib.sha256(data).hexdigest(), step)
+    write_atomic(record_path(directory, rank), record.to_json())
+    return record
+
+
+def record_shard(directory: Path, rank: int, *, step: int = 0) -> ShardRecord:
+    """Write the record of a shard a rank wrote itself (the agent does this for its ranks)."""
+    size, digest = sha256_of(shard_path(directory, rank))
+    record = ShardRecord(rank, size, digest, step)
+    write_atomic(record_path(directory, rank), record.to_json())
+    return record
+
+
+def reported_ranks(directory: Path, world_size: int) -> set[int]:
+    """The ranks whose record is present: those whose writer says their shard is done."""
+    return {r for r in range(world_size) if record_path(directory, r).is_file()}
+
+
+@dataclass(frozen=True, slots=True)
+class Verification:
+    shards: list[CheckpointShard]
+    step: int
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and bool(self.shards)
+
+
+def verify(directory: Path, world_size: int) -> Verification:
+    """Check every rank's shard against its record: present, same size, same sha256."""
+    shards: list[CheckpointShard] = []
+    problems: list[str] = []
+    steps: set[int] = set()
+    for rank in range(world_size):
+        try:
+            record = ShardRecord.from_json(record_path(directory, rank).read_bytes())
+        except FileNotFoundError:
+            problems.append(f"rank {rank}: shard never reported")
+            continue
+        except (ValueError, KeyError, TypeError) as error:
+            problems.append(f"rank {rank}: unreadable shard record ({error})")
+            continue
+        path = shard_path(directory, rank)
+        try:
+            size, digest = sha256_of(path)
+        except FileNotFoundError:
+            problems.append(f"rank {rank}: shard file missing")
+            continue
+        if size != record.size:
+            problems.append(f"rank {rank}: {size} bytes on disk, {record.size} written")
+        elif digest != record.sha256:
+            problems.append(f"rank {rank}: sha256 mismatch")
+        else:
+            steps.add(record.step)
+            shards.append(
+                CheckpointShard(rank=rank, uri=path.resolve().as_uri(), bytes=size, sha256=digest)
+            )
+    if len(steps) > 1:
+        problems.append(f"ranks saved different steps: {sorted(steps)}")
+    return Verification(shards=shards, step=min(steps, default=0), problems=problems)
+
+
+def write_manifest(
+    directory: Path, *, job_id: str, attempt: int, checkpoint_id: str, verification: Verification
+) -> None:
+    manifest = {
+        "job_id": job_id,
+        "attempt": attempt,
+        "checkpoint_id": checkpoint_id,
+        "step": verification.step,
+        "shards": [shard.model_dump() for shard in verification.shards],
+    }
+    write_atomic(directory / MANIFEST, json.dumps(manifest, indent=2).encode())
+
+
+def has_manifest(directory: Path) -> bool:
+    return (directory / MANIFEST).is_file()
