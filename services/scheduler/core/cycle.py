@@ -37,11 +37,12 @@ from schemas.jobs import (
 )
 from schemas.nodes import NodeDrained
 from services.scheduler.core.ordering import fair_share, fifo_key, gangway_key, is_aged
-from services.scheduler.core.placement import Allocation, Shape, Snapshot, find_placement, shape_of
+from services.scheduler.core.placement import Allocation, Shape, Snapshot, find_placement
 from services.scheduler.core.policy import PriorityClass, SchedulingPolicy
-from services.scheduler.core.preemption import plan_preemption
+from services.scheduler.core.preemption import VictimPool, plan_preemption
 from services.scheduler.core.quota import QuotaBook
 from services.scheduler.core.reservation import estimated_end, plan_reservation
+from services.scheduler.core.shape import describe_need
 from services.scheduler.core.state import (
     HOLDING_STATES,
     TERMINAL_STATES,
@@ -51,6 +52,10 @@ from services.scheduler.core.state import (
 )
 
 MAX_PREEMPTORS_PER_CYCLE = 8
+_NO_CAPACITY = "waiting for enough free GPUs in one placement"
+# Reasons that stay true while no GPU at all is free (a quota or shape reason may not).
+_STILL_TRUE_WHEN_FULL = frozenset({"no_capacity", "backfill_blocked", "preempting"})
+MAX_PREEMPTION_ATTEMPTS = 16
 
 
 @dataclass(slots=True)
@@ -110,25 +115,6 @@ def _racks_of(state: SchedulerState, node_ids: list[str], limit: int = 4) -> str
     return f"{label} {shown}{more}"
 
 
-def describe_need(shape: Shape) -> str:
-    """'needs 64 GPUs (8 tasks x 8) in one rack, tp groups of 8 on one NVLink domain'."""
-    tasks = shape.units * shape.tasks_per_unit
-    text = f"needs {shape.gpus} GPU{'s' if shape.gpus != 1 else ''}"
-    if tasks > 1:
-        text += f" ({tasks} tasks x {shape.gpus_per_task})"
-    if shape.gpu_type:
-        text += f" of type {shape.gpu_type}"
-    if shape.require == "node" or (shape.units == 1 and shape.gpus > 1):
-        text += " in one NVLink domain"
-    elif shape.require in ("rack", "block"):
-        text += f" in one {shape.require}"
-    if shape.tasks_per_unit > 1:
-        text += f", tp groups of {shape.unit_gpus} GPUs each on one node"
-    if shape.min_units < shape.units:
-        text += f" (at least {shape.min_units * shape.tasks_per_unit} tasks)"
-    return text
-
-
 class _Cycle:
     def __init__(self, state: SchedulerState, now: float) -> None:
         self.state = state
@@ -140,7 +126,7 @@ class _Cycle:
         self.handled: set[str] = set()
         self.outcomes: dict[str, _Outcome] = {}
         self.wakeups: list[float] = []
-        self.shapes: dict[str, Shape] = {}
+        self.infeasibility: dict[Shape, str | None] = {}
 
     def run(self) -> CycleResult:
         self.react()
@@ -376,15 +362,11 @@ class _Cycle:
     # ------------------------------------------------------------ 4-5. place and backfill
 
     def shape(self, job: JobRecord) -> Shape | None:
-        shape = self.shapes.get(job.job_id)
-        if shape is None and job.spec is not None:
-            shape = shape_of(job.spec)
-            self.shapes[job.job_id] = shape
-        return shape
+        return job.shape
 
     def place(self, snap: Snapshot, waiting: list[JobRecord], quota: QuotaBook) -> list[JobRecord]:
         """Place jobs in order; return those that wait for capacity (preemption may help them)."""
-        policy, now = self.policy, self.now
+        policy, now, outcomes = self.policy, self.now, self.outcomes
         fifo = policy.is_fifo
         enforce = policy.enforce_quotas and not fifo
         failed: dict[tuple[str | None, int, str, bool], int] = {}
@@ -393,19 +375,30 @@ class _Cycle:
         head_start: float | None = None
         budget = policy.max_placements_per_cycle
         for job in waiting:
-            shape = self.shape(job)
+            shape = job.shape
             if shape is None:
                 continue
-            pending_victims = self.victims_pending(job) if job.awaiting_victims else []
-            if pending_victims:
-                self.outcomes[job.job_id] = _Outcome(
-                    "awaiting_preemption",
-                    f"{describe_need(shape)}; waiting for {len(pending_victims)} preempted "
-                    f"gang{'s' if len(pending_victims) != 1 else ''} to release their GPUs",
-                )
+            if (
+                snap.total_free == 0
+                and head is not None
+                and not job.awaiting_victims
+                and job.reason_code in _STILL_TRUE_WHEN_FULL
+            ):
+                # Nothing is free: the job's recorded reason still holds; skip the work.
+                blocked.append(job)
                 continue
+            if job.awaiting_victims:
+                pending_victims = self.victims_pending(job)
+                if pending_victims:
+                    count = len(pending_victims)
+                    outcomes[job.job_id] = _Outcome(
+                        "awaiting_preemption",
+                        f"{job.need}; waiting for {count} preempted "
+                        f"gang{'s' if count != 1 else ''} to release their GPUs",
+                    )
+                    continue
             if fifo and head is not None:
-                self.outcomes[job.job_id] = _Outcome(
+                outcomes[job.job_id] = _Outcome(
                     "head_of_line", f"waiting behind job {head.job_id}, first in line (fifo)"
                 )
                 continue
@@ -413,67 +406,51 @@ class _Cycle:
                 hit = quota.ceiling_hit(job.queue, shape.min_gpus)
                 if hit is not None:
                     name, ceiling = hit
-                    self.outcomes[job.job_id] = _Outcome(
+                    outcomes[job.job_id] = _Outcome(
                         "quota_ceiling",
-                        f"{describe_need(shape)}; queue {name} would exceed its ceiling "
-                        f"of {ceiling} GPUs",
+                        f"{job.need}; queue {name} would exceed its ceiling of {ceiling} GPUs",
                     )
                     continue
             if head is not None and not policy.backfill:
-                self.outcomes[job.job_id] = _Outcome(
-                    "behind_head",
-                    f"{describe_need(shape)}; waiting behind job {head.job_id} (backfill is off)",
+                outcomes[job.job_id] = _Outcome(
+                    "behind_head", f"{job.need}; waiting behind job {head.job_id} (backfill is off)"
                 )
                 continue
             infeasible = self.infeasible(shape)
             if infeasible is not None:
-                self.outcomes[job.job_id] = _Outcome("unsatisfiable", infeasible)
+                outcomes[job.job_id] = _Outcome("unsatisfiable", infeasible)
                 continue
             if budget <= 0:
-                self.outcomes[job.job_id] = _Outcome(
-                    "cycle_budget", f"{describe_need(shape)}; placement deferred to the next cycle"
+                outcomes[job.job_id] = _Outcome(
+                    "cycle_budget", f"{job.need}; placement deferred to the next cycle"
                 )
                 continue
-            fits_before_head = False
-            if head_start is not None:
-                fits_before_head = now + self.estimate(job) <= head_start
-            avoid = head is not None and not fits_before_head
+            avoid = head is not None and not (
+                head_start is not None and now + self.estimate(job) <= head_start
+            )
             allocation = self.try_place(snap, shape, avoid, failed)
             if allocation is not None:
                 self.bind(snap, job, shape, allocation, quota)
                 budget -= 1
                 continue
-            if snap.total_free == 0 and head is not None:
-                self.outcomes[job.job_id] = _Outcome(
-                    "no_capacity", f"{describe_need(shape)}; no free GPUs now"
-                )
-                blocked.append(job)
-                continue
+            blocked.append(job)
             if head is None and self.may_be_head(job):
                 head = job
                 self.result.head_job_id = job.job_id
                 if fifo or not policy.backfill:
-                    self.outcomes[job.job_id] = _Outcome(
-                        "no_capacity", f"{describe_need(shape)}; waiting for GPUs to free up"
-                    )
-                    blocked.append(job)
+                    outcomes[job.job_id] = _Outcome("no_capacity", f"{job.need}; {_NO_CAPACITY}")
                     continue
                 head_start = self.reserve(snap, job, shape)
                 failed = {key: k for key, k in failed.items() if not key[3]}
-                blocked.append(job)
                 continue
-            code = (
-                "backfill_blocked" if avoid and self.fits_anywhere(snap, shape) else "no_capacity"
-            )
-            if code == "backfill_blocked" and head is not None:
-                message = (
-                    f"{describe_need(shape)}; free GPUs are reserved for job {head.job_id} "
-                    "and this job would not end before it starts"
+            if avoid and head is not None and self.try_place(snap, shape, False, failed):
+                outcomes[job.job_id] = _Outcome(
+                    "backfill_blocked",
+                    f"{job.need}; free GPUs are reserved for job {head.job_id} "
+                    "and this job would not end before it starts",
                 )
             else:
-                message = f"{describe_need(shape)}; not enough free GPUs in one placement now"
-            self.outcomes[job.job_id] = _Outcome(code, message)
-            blocked.append(job)
+                outcomes[job.job_id] = _Outcome("no_capacity", f"{job.need}; {_NO_CAPACITY}")
         return blocked
 
     def may_be_head(self, job: JobRecord) -> bool:
@@ -507,11 +484,15 @@ class _Cycle:
             failed[key] = min(shape.min_units, smallest_failure or shape.min_units)
         return allocation
 
-    def fits_anywhere(self, snap: Snapshot, shape: Shape) -> bool:
-        return find_placement(snap, shape, False) is not None
-
     def infeasible(self, shape: Shape) -> str | None:
         """Why the gang could never fit this cluster as it is (empty), or None."""
+        if shape in self.infeasibility:
+            return self.infeasibility[shape]
+        why = self._infeasible(shape)
+        self.infeasibility[shape] = why
+        return why
+
+    def _infeasible(self, shape: Shape) -> str | None:
         biggest, pools = self.state.capacity_profile()
         if shape.gpu_type is not None and shape.gpu_type not in pools:
             return f"{describe_need(shape)}; the cluster has no schedulable {shape.gpu_type} GPUs"
@@ -565,7 +546,7 @@ class _Cycle:
         if planned is None:
             self.outcomes[job.job_id] = _Outcome(
                 "no_capacity",
-                f"{describe_need(shape)}; it does not fit even when the running gangs end",
+                f"{job.need}; it does not fit even when the running gangs end",
             )
             return None
         start, allocation = planned
@@ -574,7 +555,7 @@ class _Cycle:
         where = _racks_of(state, node_ids)
         self.outcomes[job.job_id] = _Outcome(
             "reserved_head",
-            f"{describe_need(shape)}; earliest at {_when(start)} on {where}",
+            f"{job.need}; earliest at {_when(start)} on {where}",
             estimated_start=start,
         )
         previous = job.estimated_start
@@ -598,8 +579,12 @@ class _Cycle:
         policy, now = self.policy, self.now
         taken: set[str] = set()
         preemptors = 0
+        attempts = 0
+        pool: VictimPool | None = None
+        # Victims only get scarcer within a cycle: a shape that found none makes larger fail.
+        failed: dict[tuple[object, ...], int] = {}
         for job in blocked:
-            if preemptors >= MAX_PREEMPTORS_PER_CYCLE:
+            if preemptors >= MAX_PREEMPTORS_PER_CYCLE or attempts >= MAX_PREEMPTION_ATTEMPTS:
                 break
             shape = self.shape(job)
             if shape is None or (job.awaiting_victims and self.victims_pending(job)):
@@ -620,6 +605,20 @@ class _Cycle:
                 continue
             if job.priority == policy.idle_only_priority:
                 continue
+            key = (
+                pclass.rank,
+                reclaiming,
+                job.queue if reclaiming else "",
+                overrun_head,
+                *shape.failure_key(False),
+            )
+            if key in failed and shape.min_units >= failed[key]:
+                continue
+            if pool is None:
+                pool = VictimPool(self.state, now, policy, self.wakeups)
+            if not pool.entries:
+                break
+            attempts += 1
             plan = plan_preemption(
                 snap,
                 shape,
@@ -632,9 +631,10 @@ class _Cycle:
                 self.released | taken,
                 now,
                 policy,
-                self.wakeups,
+                pool,
             )
             if plan is None:
+                failed[key] = min(failed.get(key, shape.min_units), shape.min_units)
                 continue
             preemptors += 1
             names = ", ".join(victim.job_id for victim in plan[:3])
@@ -661,7 +661,7 @@ class _Cycle:
                 self.result.preemptions += 1
             self.outcomes[job.job_id] = _Outcome(
                 "preempting",
-                f"{describe_need(shape)}; preempting {names}{more}; starts once they checkpoint "
+                f"{job.need}; preempting {names}{more}; starts once they checkpoint "
                 f"(within {policy.preemption_grace_s:g} s)",
             )
 

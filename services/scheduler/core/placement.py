@@ -13,55 +13,14 @@ tentative allocation that is committed whole or simply dropped.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from schemas.jobs import JobSpec
+from services.scheduler.core.shape import Shape, shape_of
 from services.scheduler.core.state import NodeRecord, popcount
+
+__all__ = ["Allocation", "Shape", "Snapshot", "find_placement", "shape_of"]
 
 # (node index, units placed there)
 Allocation = list[tuple[int, int]]
-
-
-@dataclass(frozen=True, slots=True)
-class Shape:
-    """What a gang needs from the topology, independent of who asks."""
-
-    gpu_type: str | None
-    unit_gpus: int
-    tasks_per_unit: int
-    gpus_per_task: int
-    units: int
-    min_units: int
-    require: str
-
-    @property
-    def gpus(self) -> int:
-        return self.units * self.unit_gpus
-
-    @property
-    def min_gpus(self) -> int:
-        return self.min_units * self.unit_gpus
-
-    def failure_key(self, avoid_reserved: bool) -> tuple[str | None, int, str, bool]:
-        return (self.gpu_type, self.unit_gpus, self.require, avoid_reserved)
-
-
-def shape_of(spec: JobSpec) -> Shape:
-    tp = spec.topology.tp_size
-    g = spec.gpus_per_task
-    # When tp is a multiple of gpus_per_task, tp/g consecutive ranks form one group on one node.
-    tasks_per_unit = tp // g if tp is not None and tp > g else 1
-    units = spec.tasks // tasks_per_unit
-    min_units = max(1, -(-spec.gang_min_tasks // tasks_per_unit))
-    return Shape(
-        gpu_type=spec.gpu_type,
-        unit_gpus=g * tasks_per_unit,
-        tasks_per_unit=tasks_per_unit,
-        gpus_per_task=g,
-        units=units,
-        min_units=min(min_units, units),
-        require=spec.topology.require,
-    )
 
 
 class Snapshot:
@@ -84,6 +43,7 @@ class Snapshot:
         "rack_free",
         "rack_nodes",
         "reserved",
+        "total_free",
     )
 
     def __init__(self, nodes: Sequence[NodeRecord], free: dict[int, int]) -> None:
@@ -98,6 +58,7 @@ class Snapshot:
         self.pool_blocks: dict[str, set[int]] = {}
         self.pool_free: dict[str, int] = {}
         self.reserved: frozenset[int] = frozenset()
+        self.total_free = 0
         for index in sorted(free):
             self._add(index, free[index])
 
@@ -114,11 +75,8 @@ class Snapshot:
         twin.pool_blocks = {pool: set(s) for pool, s in self.pool_blocks.items()}
         twin.pool_free = dict(self.pool_free)
         twin.reserved = self.reserved
+        twin.total_free = self.total_free
         return twin
-
-    @property
-    def total_free(self) -> int:
-        return sum(self.pool_free.values())
 
     def _add(self, index: int, mask: int) -> None:
         if not mask:
@@ -139,6 +97,7 @@ class Snapshot:
         self.block_free[node.block_id] = self.block_free.get(node.block_id, 0) + count
         self.pool_blocks.setdefault(pool, set()).add(node.block_id)
         self.pool_free[pool] = self.pool_free.get(pool, 0) + count
+        self.total_free += count
 
     def _remove(self, index: int) -> None:
         mask = self.free.pop(index, 0)
@@ -153,6 +112,7 @@ class Snapshot:
         self.rack_free[node.rack_id] -= count
         self.block_free[node.block_id] -= count
         self.pool_free[pool] -= count
+        self.total_free -= count
         if not rack_nodes:
             del self.rack_nodes[node.rack_id]
             del self.rack_free[node.rack_id]

@@ -41,10 +41,27 @@ def is_protected(
     return False
 
 
-def victim_order(victim: JobRecord, borrower: bool, rank: int) -> tuple[int, int, int, float, int]:
-    """Borrowers first, then the lowest class, then the smallest gang, then the youngest."""
-    started = victim.started_at if victim.started_at is not None else victim.reserved_at or 0.0
-    return (0 if borrower else 1, rank, victim.bound_gpus, -started, victim.seq)
+class VictimPool:
+    """The gangs that may be preempted at all this cycle, lowest class, smallest, youngest first.
+
+    Built once per cycle; each preemptor then takes borrowers first from this order.
+    """
+
+    def __init__(
+        self, state: SchedulerState, now: float, policy: SchedulingPolicy, wakeups: list[float]
+    ) -> None:
+        entries: list[tuple[tuple[int, int, float, int], int, str, JobRecord]] = []
+        nodes = state._node_list
+        for victim in state._holding.values():
+            if not victim.ranks or is_protected(victim, now, policy, wakeups):
+                continue
+            rank = policy.priority_class(victim.priority).rank
+            started = victim.started_at if victim.started_at is not None else victim.reserved_at
+            order = (rank, victim.bound_gpus, -(started or 0.0), victim.seq)
+            entries.append((order, rank, nodes[victim.ranks[0][0]].gpu_type, victim))
+        entries.sort(key=lambda entry: entry[0])
+        self.entries = entries
+        self.gpus = sum(entry[3].bound_gpus for entry in entries)
 
 
 def plan_preemption(
@@ -59,34 +76,40 @@ def plan_preemption(
     excluded: Set[str],
     now: float,
     policy: SchedulingPolicy,
-    wakeups: list[float],
+    pool: VictimPool,
 ) -> list[JobRecord] | None:
     """The whole gangs to evict so that the preemptor fits, or None (then nobody is evicted)."""
     if find_placement(snap, shape, False) is not None:
         return None  # idle capacity serves (only a reservation held it back): never preempt
-    nodes = state._node_list
-    tiers: tuple[list[tuple[tuple[int, int, int, float, int], JobRecord]], ...] = ([], [])
-    for victim in state._holding.values():
-        if victim.job_id in excluded or victim.job_id == preemptor.job_id or not victim.ranks:
+    borrowers: list[JobRecord] = []
+    everyone: list[JobRecord] = []
+    for _, vrank, gpu_type, victim in pool.entries:
+        if len(everyone) >= MAX_CANDIDATES and len(borrowers) >= MAX_CANDIDATES:
+            break
+        if victim.job_id in excluded or victim.job_id == preemptor.job_id:
             continue
-        if shape.gpu_type is not None and nodes[victim.ranks[0][0]].gpu_type != shape.gpu_type:
+        if shape.gpu_type is not None and gpu_type != shape.gpu_type:
             continue
-        vrank = policy.priority_class(victim.priority).rank
         borrower = victim.queue != preemptor.queue and quota.borrowing(victim.queue) > 0
         allowed = (
             (pclass.can_preempt and vrank < pclass.rank)
             or (reclaiming and borrower)
             or (overrun_head and vrank <= pclass.rank and has_overrun(victim, now, policy))
         )
-        if not allowed or is_protected(victim, now, policy, wakeups):
+        if not allowed:
             continue
-        tiers[0 if borrower else 1].append((victim_order(victim, borrower, vrank), victim))
-    borrowers = sorted(tiers[0], key=lambda pair: pair[0])
-    everyone = sorted(tiers[0] + tiers[1], key=lambda pair: pair[0])
+        if borrower and len(borrowers) < MAX_CANDIDATES:
+            borrowers.append(victim)
+        if len(everyone) < MAX_CANDIDATES:
+            everyone.append(victim)
+    # Borrowers first: within the everyone tier, too, a borrower outranks a lender.
+    borrowing = {v.job_id for v in borrowers}
+    everyone.sort(key=lambda v: 0 if v.job_id in borrowing else 1)
+    if snap.total_free + sum(v.bound_gpus for v in everyone) < shape.min_gpus:
+        return None
     planning = snap.copy()
     planning.reserved = frozenset()
-    for candidates in (borrowers, everyone):
-        victims = [victim for _, victim in candidates[:MAX_CANDIDATES]]
+    for victims in (borrowers, everyone):
         if not victims:
             continue
         chosen = _single(planning, shape, victims) or _greedy(planning, shape, victims)

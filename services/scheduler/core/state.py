@@ -46,6 +46,7 @@ from schemas.nodes import (
 )
 from schemas.teams import QueueConfigured, TeamCreated
 from services.scheduler.core.policy import SchedulingPolicy
+from services.scheduler.core.shape import Shape, describe_need, shape_of
 
 JobStateName = Literal[
     "pending",
@@ -172,7 +173,10 @@ class JobRecord:
     seq: int
     spec: JobSpec | None
     state: JobStateName
+    shape: Shape | None
     submitted_at: float | None
+    # "needs 64 GPUs (8 tasks x 8) …": the start of every explanation of this job.
+    need: str = ""
     team: str = ""
     queue: str = ""
     priority: str = ""
@@ -184,6 +188,7 @@ class JobRecord:
     attempt: int = 0
     # The current attempt's gang: rank → (node index, GPU mask), empty when nothing is bound.
     ranks: list[tuple[int, int]] = field(default_factory=list)
+    bound_gpus: int = 0
     started_ranks: set[int] = field(default_factory=set)
     exit_codes: dict[int, int] = field(default_factory=dict)
     # When the job last began waiting for a gang (admission, requeue, resume): aging runs from here.
@@ -208,10 +213,6 @@ class JobRecord:
     @property
     def gpus(self) -> int:
         return self.spec.total_gpus if self.spec is not None else 0
-
-    @property
-    def bound_gpus(self) -> int:
-        return sum(popcount(mask) for _, mask in self.ranks)
 
 
 @dataclass(slots=True)
@@ -441,6 +442,8 @@ class SchedulerState:
             seq=self._seq,
             spec=spec,
             state="pending",
+            shape=shape_of(spec),
+            need=describe_need(shape_of(spec)),
             submitted_at=at,
             team=spec.team,
             queue=spec.queue or spec.team,
@@ -550,6 +553,7 @@ class SchedulerState:
             if node.lost or (mask & node.unhealthy_mask) or node.draining:
                 self._attention.add(job.job_id)
         self._allocated += gpus
+        job.bound_gpus = gpus
         self._charge(job.queue, gpus, at)
         self._set_state(job, "reserved")
 
@@ -612,6 +616,7 @@ class SchedulerState:
         self._allocated -= gpus
         self._charge(job.queue, -gpus, at)
         job.ranks = []
+        job.bound_gpus = 0
         job.started_ranks = set()
         job.exit_codes = {}
         job.preempt_requested_at = None

@@ -1,0 +1,177 @@
+"""Benchmark of the scheduling core (DESIGN §6): cycle time, placements/s, memory, replay speed.
+
+12,500 nodes x 8 GPUs (racks of 16 nodes, blocks of 8 racks) filled to a busy cluster, then
+10,000 pending jobs of a realistic mix (mostly 1-8 GPUs, some gangs of 64 to 4,096 GPUs), with
+churn (gangs ending) between cycles. Prints its figures; run `python bench/bench_core.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+import resource
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from schemas.base import Event  # noqa: E402
+from schemas.jobs import (  # noqa: E402
+    GangReserved,
+    JobAdmitted,
+    JobSpec,
+    JobSubmitted,
+    JobSucceeded,
+    TaskExited,
+    TaskStarted,
+    TopologySpec,
+)
+from services.scheduler.core import (  # noqa: E402
+    SchedulerState,
+    SchedulingPolicy,
+    parse_cluster_spec,
+    schedule,
+)
+
+T0 = 1_700_000_000.0
+TEAMS = [f"team-{i:02d}" for i in range(20)]
+PRIORITIES = ["research"] * 6 + ["production"] * 2 + ["best-effort"] * 2
+
+
+def job_mix(rng: random.Random, job_id: str) -> JobSubmitted:
+    roll = rng.random()
+    topology = TopologySpec()
+    if roll < 0.80:
+        tasks, per_task = 1, rng.choice([1, 1, 1, 2, 2, 4, 8])
+    elif roll < 0.95:
+        tasks, per_task = rng.choice([2, 4, 8]), 8
+        topology = TopologySpec(tp_size=8)
+    else:
+        tasks, per_task = rng.choice([8, 16, 32, 64, 128, 256, 512]), 8
+        topology = TopologySpec(tp_size=8)
+    spec = JobSpec(
+        name=job_id, team=rng.choice(TEAMS), priority=rng.choice(PRIORITIES), tasks=tasks,
+        gpus_per_task=per_task, topology=topology,
+        estimated_runtime_s=rng.choice([600.0, 3600.0, 4 * 3600.0, 24 * 3600.0]),
+    )
+    return JobSubmitted(job_id=job_id, spec=spec, submitted_by="bench")
+
+
+class Bench:
+    def __init__(self, spec: str) -> None:
+        self.state = SchedulerState(SchedulingPolicy())
+        self.log: list[tuple[Event, float]] = []
+        self.now = T0
+        self.rng = random.Random(42)
+        self.jobs = 0
+        for node in parse_cluster_spec(spec):
+            self.record(node)
+
+    def record(self, event: Event) -> None:
+        self.log.append((event, self.now))
+        self.state.apply(event, self.now)
+
+    def submit(self, count: int) -> None:
+        for _ in range(count):
+            self.jobs += 1
+            submitted = job_mix(self.rng, f"j{self.jobs:07d}")
+            self.record(submitted)
+            self.record(JobAdmitted(job_id=submitted.job_id, queue=submitted.spec.team,
+                                    priority=submitted.spec.priority))
+
+    def cycle(self) -> tuple[float, int, int]:
+        started = time.perf_counter()
+        result = schedule(self.state, self.now)
+        elapsed = time.perf_counter() - started
+        for decision in result.decisions:
+            self.record(decision)
+            if isinstance(decision, GangReserved):
+                for rank in decision.ranks:
+                    self.record(TaskStarted(job_id=decision.job_id, attempt=decision.attempt,
+                                            rank=rank.rank, node_id=rank.node_id))
+        return elapsed, result.tasks_placed, len(result.decisions)
+
+    def finish_some(self, fraction: float) -> None:
+        running = [v for v in self.state.jobs() if v.state == "running"]
+        for view in self.rng.sample(running, int(len(running) * fraction)):
+            gang = view.placement
+            rank = 0
+            for node_id, gpus in gang.items():
+                for _ in range(0, len(gpus), max(1, view.gpus_per_task)):
+                    self.record(TaskExited(job_id=view.job_id, attempt=view.attempt, rank=rank,
+                                           node_id=node_id, exit_code=0))
+                    rank += 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--cluster", default="12500x8:16:8")
+    parser.add_argument("--pending", type=int, default=10_000)
+    parser.add_argument("--cycles", type=int, default=30)
+    parser.add_argument("--replay-events", type=int, default=1_000_000)
+    args = parser.parse_args()
+
+    bench = Bench(args.cluster)
+    print(f"cluster: {bench.state.total_gpus} GPUs on {len(list(bench.state.nodes()))} nodes")
+
+    # Fill: many jobs placed at once measures raw placement throughput.
+    fill_seconds = 0.0
+    fill_tasks = 0
+    while bench.state.allocated_gpus < 0.9 * bench.state.total_gpus:
+        bench.submit(1_000)
+        elapsed, tasks, _ = bench.cycle()
+        fill_seconds += elapsed
+        fill_tasks += tasks
+        bench.now += 1
+    print(f"fill: {fill_tasks} tasks placed in {fill_seconds:.2f} s of cycles "
+          f"= {fill_tasks / fill_seconds:,.0f} task placements/s; "
+          f"allocated {bench.state.allocated_gpus}/{bench.state.total_gpus} GPUs")
+
+    # Busy steady state: top the queue up to the pending target, churn between cycles.
+    bench.submit(max(0, args.pending - bench.state.pending))
+    times: list[float] = []
+    placed = 0
+    for _ in range(args.cycles):
+        bench.finish_some(0.01)
+        bench.now += 30
+        elapsed, tasks, _ = bench.cycle()
+        times.append(elapsed)
+        placed += tasks
+        bench.submit(max(0, args.pending - bench.state.pending))
+    times.sort()
+    p99 = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))]
+    print(f"busy cycles ({args.cycles}, ~{args.pending} pending): p50 "
+          f"{statistics.median(times) * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, max "
+          f"{times[-1] * 1000:.0f} ms; {placed} tasks placed "
+          f"({placed / sum(times):,.0f} placements/s within cycles)")
+    quiet = time.perf_counter()
+    for _ in range(100):
+        schedule(bench.state, bench.now)
+    print(f"quiet cycle (nothing changed): {(time.perf_counter() - quiet) * 10:.3f} ms")
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(f"memory: peak RSS {peak_kib / 1024:.0f} MiB (the whole process, including the "
+          f"bench's own event log of {len(bench.log):,} events)")
+
+    # Replay: fold a log of the requested size into a fresh state.
+    log = bench.log
+    extra = 0
+    while len(log) < args.replay_events:
+        extra += 1
+        job_id = f"r{extra:07d}"
+        spec = JobSpec(name=job_id, team="replay", gpus_per_task=1)
+        log.append((JobSubmitted(job_id=job_id, spec=spec, submitted_by="bench"), bench.now))
+        log.append((JobAdmitted(job_id=job_id, queue="replay", priority="research"), bench.now))
+        log.append((JobSucceeded(job_id=job_id, attempt=1), bench.now))
+    replay = SchedulerState(SchedulingPolicy())
+    started = time.perf_counter()
+    for event, at in log[: args.replay_events]:
+        replay.apply(event, at)
+    elapsed = time.perf_counter() - started
+    print(f"replay: {args.replay_events:,} events in {elapsed:.2f} s = "
+          f"{args.replay_events / elapsed:,.0f} events/s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""A gang's shape: what it needs from the topology, independent of who asks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas.jobs import JobSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a gang needs from the topology, independent of who asks."""
+
+    gpu_type: str | None
+    unit_gpus: int
+    tasks_per_unit: int
+    gpus_per_task: int
+    units: int
+    min_units: int
+    require: str
+
+    @property
+    def gpus(self) -> int:
+        return self.units * self.unit_gpus
+
+    @property
+    def min_gpus(self) -> int:
+        return self.min_units * self.unit_gpus
+
+    def failure_key(self, avoid_reserved: bool) -> tuple[str | None, int, str, bool]:
+        return (self.gpu_type, self.unit_gpus, self.require, avoid_reserved)
+
+
+def shape_of(spec: JobSpec) -> Shape:
+    tp = spec.topology.tp_size
+    g = spec.gpus_per_task
+    # When tp is a multiple of gpus_per_task, tp/g consecutive ranks form one group on one node.
+    tasks_per_unit = tp // g if tp is not None and tp > g else 1
+    units = spec.tasks // tasks_per_unit
+    min_units = max(1, -(-spec.gang_min_tasks // tasks_per_unit))
+    return Shape(
+        gpu_type=spec.gpu_type,
+        unit_gpus=g * tasks_per_unit,
+        tasks_per_unit=tasks_per_unit,
+        gpus_per_task=g,
+        units=units,
+        min_units=min(min_units, units),
+        require=spec.topology.require,
+    )
+
+
+def describe_need(shape: Shape) -> str:
+    """'needs 64 GPUs (8 tasks x 8) in one rack, tp groups of 8 on one NVLink domain'."""
+    tasks = shape.units * shape.tasks_per_unit
+    text = f"needs {shape.gpus} GPU{'s' if shape.gpus != 1 else ''}"
+    if tasks > 1:
+        text += f" ({tasks} tasks x {shape.gpus_per_task})"
+    if shape.gpu_type:
+        text += f" of type {shape.gpu_type}"
+    if shape.require == "node" or (shape.units == 1 and shape.gpus > 1):
+        text += " in one NVLink domain"
+    elif shape.require in ("rack", "block"):
+        text += f" in one {shape.require}"
+    if shape.tasks_per_unit > 1:
+        text += f", tp groups of {shape.unit_gpus} GPUs each on one node"
+    if shape.min_units < shape.units:
+        text += f" (at least {shape.min_units * shape.tasks_per_unit} tasks)"
+    return text
