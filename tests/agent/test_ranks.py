@@ -1,0 +1,48 @@
+"""Ranks are real subprocesses: their environment, their exit code, their stop."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import pytest
+
+from schemas.jobs import RankPlacement
+from services.agent.ranks import RankKey, launch
+
+PLACEMENT = RankPlacement(rank=0, node_id="n0", gpus=[2, 3])
+KEY = RankKey("j1", 1, 0)
+
+
+async def test_a_rank_runs_its_command_with_its_environment(tmp_path: Path) -> None:
+    argv = ["sh", "-c", 'echo "rank=$GANGWAY_RANK gpus=$CUDA_VISIBLE_DEVICES"; exit 3']
+    env = {"PATH": "/usr/bin:/bin", "GANGWAY_RANK": "0", "CUDA_VISIBLE_DEVICES": "2,3"}
+    rank = await launch(KEY, PLACEMENT, 1, argv, env, tmp_path / "w")
+    assert await rank.process.wait() == 3
+    assert (tmp_path / "w" / "rank.log").read_text() == "rank=0 gpus=2,3\n"
+
+
+async def test_stopping_a_rank_terminates_it(tmp_path: Path) -> None:
+    rank = await launch(KEY, PLACEMENT, 1, ["sleep", "600"], {"PATH": "/usr/bin:/bin"}, tmp_path)
+    code = await rank.stop("cancelled", timeout_s=30)
+    assert code == -signal.SIGTERM
+    assert rank.stop_reason == "cancelled"
+
+
+async def test_a_rank_that_ignores_sigterm_is_killed(tmp_path: Path) -> None:
+    argv = ["sh", "-c", "trap '' TERM; echo armed; while :; do sleep 0.05; done"]
+    rank = await launch(KEY, PLACEMENT, 1, argv, {"PATH": "/usr/bin:/bin"}, tmp_path)
+    while "armed" not in (tmp_path / "rank.log").read_text():
+        assert rank.running
+        await _tick()
+    assert await rank.stop("preempted", timeout_s=0.3) == -signal.SIGKILL
+
+
+async def test_a_missing_program_fails_to_launch(tmp_path: Path) -> None:
+    with pytest.raises(OSError, match="nonexistent"):
+        await launch(KEY, PLACEMENT, 1, ["/nonexistent/train"], {}, tmp_path)
+
+
+async def _tick() -> None:
+    await asyncio.sleep(0.05)

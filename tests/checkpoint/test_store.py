@@ -1,0 +1,124 @@
+"""Checkpoint storage with real files: atomic shards, verification against their records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+
+from schemas.checkpoints import CheckpointCommitted, CheckpointCorrupted
+from services.checkpoint.service import outcome
+from services.checkpoint.store import (
+    MANIFEST,
+    checkpoint_dir,
+    checkpoint_id_for,
+    record_shard,
+    reported_ranks,
+    shard_path,
+    verify,
+    write_manifest,
+    write_shard,
+)
+
+CAUSE = UUID("12345678-1234-5678-1234-567812345678")
+
+
+def saved(tmp_path: Path, world: int = 3, step: int = 7) -> Path:
+    directory = checkpoint_dir(tmp_path, "job1", checkpoint_id_for(2, CAUSE))
+    for rank in range(world):
+        write_shard(directory, rank, f"weights of rank {rank}".encode() * 100, step=step)
+    return directory
+
+
+def test_every_shard_intact_verifies_with_sizes_and_digests(tmp_path: Path) -> None:
+    directory = saved(tmp_path)
+    result = verify(directory, 3)
+    assert result.ok
+    assert [s.rank for s in result.shards] == [0, 1, 2]
+    assert result.shards[1].bytes == len(b"weights of rank 1" * 100)
+    assert result.step == 7
+
+
+def test_a_flipped_byte_in_a_shard_is_a_digest_mismatch(tmp_path: Path) -> None:
+    directory = saved(tmp_path)
+    data = bytearray(shard_path(directory, 1).read_bytes())
+    data[10] ^= 0xFF
+    shard_path(directory, 1).write_bytes(bytes(data))
+    result = verify(directory, 3)
+    assert not result.ok
+    assert result.problems == ["rank 1: sha256 mismatch"]
+
+
+def test_a_truncated_shard_is_a_size_mismatch(tmp_path: Path) -> None:
+    directory = saved(tmp_path)
+    shard_path(directory, 2).write_bytes(b"short")
+    assert verify(directory, 3).problems == ["rank 2: 5 bytes on disk, 1700 written"]
+
+
+def test_a_rank_that_never_reported_makes_the_checkpoint_incomplete(tmp_path: Path) -> None:
+    directory = saved(tmp_path, world=2)
+    result = verify(directory, 3)
+    assert result.problems == ["rank 2: shard never reported"]
+    assert reported_ranks(directory, 3) == {0, 1}
+
+
+def test_a_shard_file_gone_after_its_record_is_missing(tmp_path: Path) -> None:
+    directory = saved(tmp_path)
+    shard_path(directory, 0).unlink()
+    assert verify(directory, 3).problems == ["rank 0: shard file missing"]
+
+
+def test_ranks_at_different_steps_do_not_make_one_checkpoint(tmp_path: Path) -> None:
+    directory = saved(tmp_path, world=2, step=7)
+    write_shard(directory, 1, b"later", step=9)
+    assert verify(directory, 2).problems == ["ranks saved different steps: [7, 9]"]
+
+
+def test_a_shard_written_by_the_rank_is_recorded_by_its_digest(tmp_path: Path) -> None:
+    directory = tmp_path / "job" / "ck"
+    directory.mkdir(parents=True)
+    shard_path(directory, 0).write_bytes(b"the rank's own bytes")
+    record = record_shard(directory, 0, step=3)
+    assert record.size == len(b"the rank's own bytes")
+    assert verify(directory, 1).ok
+
+
+def test_writes_leave_no_temporary_files(tmp_path: Path) -> None:
+    directory = saved(tmp_path)
+    names = sorted(p.name for p in directory.iterdir())
+    assert names == [f"rank-{r}.{ext}" for r in range(3) for ext in ("bin", "json")]
+
+
+def test_the_manifest_lists_every_verified_shard(tmp_path: Path) -> None:
+    directory = saved(tmp_path)
+    write_manifest(directory, job_id="job1", attempt=2, checkpoint_id="c", verification=verify(
+        directory, 3))
+    manifest = json.loads((directory / MANIFEST).read_text())
+    assert [s["rank"] for s in manifest["shards"]] == [0, 1, 2]
+    assert manifest["step"] == 7
+
+
+def test_the_checkpoint_id_follows_from_the_request() -> None:
+    assert checkpoint_id_for(2, CAUSE) == checkpoint_id_for(2, CAUSE) == "a2-1234567812345678"
+
+
+@pytest.mark.parametrize("job_id", ["../etc", "a/b", ""])
+def test_a_job_id_cannot_escape_the_checkpoint_root(tmp_path: Path, job_id: str) -> None:
+    with pytest.raises(ValueError, match="unsafe"):
+        checkpoint_dir(tmp_path, job_id, "c1")
+
+
+def test_an_intact_checkpoint_is_committed(tmp_path: Path) -> None:
+    result = outcome("job1", 2, "c1", verify(saved(tmp_path), 3))
+    assert isinstance(result, CheckpointCommitted)
+    assert (result.attempt, result.step, len(result.shards)) == (2, 7, 3)
+
+
+def test_a_damaged_checkpoint_is_recorded_as_corrupted_with_the_reason(tmp_path: Path) -> None:
+    directory = saved(tmp_path)
+    shard_path(directory, 1).write_bytes(b"x")
+    result = outcome("job1", 2, "c1", verify(directory, 3))
+    assert isinstance(result, CheckpointCorrupted)
+    assert "rank 1" in result.reason
