@@ -526,11 +526,15 @@ class _Cycle:
         ranks = snap.commit(shape, allocation)
         nodes = self.state._node_list
         self.emit(
-            GangReserved(
+            # Built without re-validation: the core constructs these from checked state, and a
+            # cycle binding thousands of ranks would otherwise spend its time in validators.
+            GangReserved.model_construct(
                 job_id=job.job_id,
                 attempt=job.attempt + 1,
                 ranks=[
-                    RankPlacement(rank=rank, node_id=nodes[index].node_id, gpus=bits(mask))
+                    RankPlacement.model_construct(
+                        rank=rank, node_id=nodes[index].node_id, gpus=bits(mask)
+                    )
                     for rank, (index, mask) in enumerate(ranks)
                 ],
             )
@@ -674,7 +678,9 @@ class _Cycle:
                 continue
             if job.reason_code != outcome.code or job.reason != outcome.message:
                 self.emit(
-                    JobDeferred(job_id=job.job_id, code=outcome.code, message=outcome.message)
+                    JobDeferred.model_construct(
+                        job_id=job.job_id, code=outcome.code, message=outcome.message
+                    )
                 )
 
 
