@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import asyncpg
 
 from schemas import Event, EventEnvelope
+from schemas.leadership import SCHEDULER_STREAM
 from services.runtime.errors import ConcurrencyConflict, StaleLeader
 from services.runtime.leadership import Leadership, acquire_leadership
 from services.runtime.records import Metadata, StreamAppend
@@ -201,6 +202,8 @@ class SchedulerService:
         keep_alive = asyncio.create_task(self._keep_alive(self.leadership))
         try:
             await self.follow()
+            # Our own LeaderElected is folded by now; any later one means a newer leader.
+            elections = self.folded.stream_version(SCHEDULER_STREAM)
             while not stop.is_set():
                 await self.cycle()
                 await self._observe()
@@ -208,6 +211,8 @@ class SchedulerService:
                 if keep_alive.done():
                     raise Deposed("the leader lock's session is gone")
                 await self.follow()
+                if self.folded.stream_version(SCHEDULER_STREAM) > elections:
+                    raise Deposed("a newer leader was elected")
         finally:
             keep_alive.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
