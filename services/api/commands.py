@@ -22,7 +22,7 @@ from schemas.teams import QueueConfigured, TeamCreated
 from services.api.auth import Principal, new_token, token_sha256
 from services.api.feed import ReadModelFeed
 from services.api.models import QueueConfig, TeamCreate
-from services.api.problems import conflict
+from services.api.problems import ProblemError, conflict
 from services.api.projections.jobs import JobRecord, Request, request_allowed
 from services.api.projections.queues import QueueRecord
 from services.runtime.errors import ConcurrencyConflict
@@ -51,6 +51,7 @@ class Commands:
 
     async def submit(self, principal: Principal, spec: JobSpec) -> JobRecord:
         principal.require_team(spec.team)
+        _require_storable(spec)
         for _ in range(ATTEMPTS):
             job_id = new_job_id()
             event = JobSubmitted(job_id=job_id, spec=spec, submitted_by=principal.name)
@@ -120,6 +121,19 @@ class Commands:
     async def _append(self, stream: str, expected: int | None, events: list[Event]) -> None:
         envelopes = await self.store.append(stream, expected, events, _metadata())
         await self.feed.deliver_all(envelopes)
+
+
+def _require_storable(spec: JobSpec) -> None:
+    """PostgreSQL's jsonb holds no NUL character, and JSON no lone surrogate: such a spec is
+    invalid input, not a server error."""
+    try:
+        encoded = spec.model_dump_json()
+    except ValueError:
+        encoded = "\\u0000"
+    if "\\u0000" in encoded:
+        raise ProblemError(
+            422, "validation-error", "the job spec must not contain NUL or unpaired surrogates"
+        )
 
 
 def _metadata() -> Metadata:

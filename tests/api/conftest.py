@@ -5,12 +5,16 @@ The stack and the per-test database come from the integration tier's fixtures.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
+import uvicorn
 from fastapi import FastAPI
 
 from services.api.app import create_app
@@ -71,3 +75,39 @@ async def api(settings: Settings, tmp_path: Path) -> AsyncIterator[Api]:  # noqa
         ) as client,
     ):
         yield Api(client, app, configured)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def api_url(
+    settings: Settings,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[str]:
+    """A real API server (uvicorn in a thread) on the test's database; the CLI's environment
+    points at it with the admin token."""
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    app = create_app(api_settings(settings, tmp_path, api_url=url), use_bus=False)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, name="api-under-test", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the API did not start"
+        time.sleep(0.02)
+    monkeypatch.setenv("GANGWAY_API_URL", url)
+    monkeypatch.setenv("GANGWAY_TOKEN", ADMIN_TOKEN)
+    monkeypatch.setenv("GANGWAY_PG_DSN", settings.pg_dsn)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(30)

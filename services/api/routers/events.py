@@ -16,6 +16,8 @@ from services.api.views import event_view
 
 router = APIRouter(prefix="/v1/events", tags=["events"], responses=PROBLEM_RESPONSES)
 
+# Positions are PostgreSQL bigints.
+MAX_POSITION = 2**63 - 1
 _STREAM_JOB_PREFIXES = ("job-", "checkpoint-")
 
 
@@ -25,12 +27,13 @@ async def list_events(
     models: Models,
     context: Context,
     after: Annotated[
-        int, Query(ge=0, description="position to read after (the `next` cursor)")
+        int, Query(ge=0, le=MAX_POSITION, description="position to read after (the `next` cursor)")
     ] = 0,
     type: Annotated[
-        list[str] | None, Query(description="event types (repeat or comma-separate)")
+        list[Annotated[str, Query(pattern=r"^[A-Za-z0-9_, ]{1,1000}$")]] | None,
+        Query(description="event types (repeat or comma-separate)"),
     ] = None,
-    stream: Annotated[str | None, Query(max_length=200)] = None,
+    stream: Annotated[str | None, Query(pattern=r"^[A-Za-z0-9._:-]{1,200}$")] = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> EventPage:
     types = sorted({name.strip() for value in type or () for name in value.split(",")} - {""})

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, status
+from fastapi import APIRouter, Path, Query, status
 
 from schemas.jobs import JobSpec
 from services.api.deps import Caller, Context, Models
@@ -12,6 +12,9 @@ from services.api.models import EventList, JobCreatedView, JobPage, JobView
 from services.api.problems import PROBLEM_RESPONSES
 from services.api.projections.jobs import JobState
 from services.api.views import event_view, job_view
+
+# Ids are drawn by the API ([0-9a-f]); the pattern keeps odd bytes (NUL) away from the log.
+JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9._-]{1,64}$", description="the job's id")]
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=PROBLEM_RESPONSES)
 
@@ -35,7 +38,7 @@ async def list_jobs(
     state: JobState | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     after: Annotated[
-        int | None, Query(ge=0, description="the `next` cursor of the previous page")
+        int | None, Query(ge=0, le=2**63 - 1, description="the `next` cursor of the previous page")
     ] = None,
 ) -> JobPage:
     if not caller.is_admin:
@@ -62,7 +65,7 @@ async def list_jobs(
 
 
 @router.get("/{job_id}", operation_id="getJob", summary="A job: state, placement, reason")
-async def get_job(job_id: str, caller: Caller, models: Models) -> JobView:
+async def get_job(job_id: JobId, caller: Caller, models: Models) -> JobView:
     return job_view(caller.visible(models.jobs.get(job_id), job_id))
 
 
@@ -70,7 +73,7 @@ async def get_job(job_id: str, caller: Caller, models: Models) -> JobView:
     "/{job_id}/events", operation_id="listJobEvents", summary="The job's events, in log order"
 )
 async def list_job_events(
-    job_id: str, caller: Caller, models: Models, context: Context
+    job_id: JobId, caller: Caller, models: Models, context: Context
 ) -> EventList:
     caller.visible(models.jobs.get(job_id), job_id)
     events = [
@@ -87,19 +90,19 @@ ACCEPTED = status.HTTP_202_ACCEPTED
 @router.post(
     "/{job_id}/cancel", operation_id="cancelJob", summary="Ask to cancel", status_code=ACCEPTED
 )
-async def cancel_job(job_id: str, caller: Caller, context: Context) -> JobView:
+async def cancel_job(job_id: JobId, caller: Caller, context: Context) -> JobView:
     return job_view(await context.commands.request(caller, job_id, "cancel"))
 
 
 @router.post(
     "/{job_id}/suspend", operation_id="suspendJob", summary="Ask to suspend", status_code=ACCEPTED
 )
-async def suspend_job(job_id: str, caller: Caller, context: Context) -> JobView:
+async def suspend_job(job_id: JobId, caller: Caller, context: Context) -> JobView:
     return job_view(await context.commands.request(caller, job_id, "suspend"))
 
 
 @router.post(
     "/{job_id}/resume", operation_id="resumeJob", summary="Ask to resume", status_code=ACCEPTED
 )
-async def resume_job(job_id: str, caller: Caller, context: Context) -> JobView:
+async def resume_job(job_id: JobId, caller: Caller, context: Context) -> JobView:
     return job_view(await context.commands.request(caller, job_id, "resume"))
