@@ -9,26 +9,27 @@ from __future__ import annotations
 
 import argparse
 import random
+import resource
 import statistics
 import sys
 import time
-import resource
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from schemas.base import Event  # noqa: E402
-from schemas.jobs import (  # noqa: E402
+from schemas.base import Event
+from schemas.jobs import (
     GangReserved,
     JobAdmitted,
     JobSpec,
     JobSubmitted,
     JobSucceeded,
+    RankPlacement,
     TaskExited,
     TaskStarted,
     TopologySpec,
 )
-from services.scheduler.core import (  # noqa: E402
+from services.scheduler.core import (
     SchedulerState,
     SchedulingPolicy,
     parse_cluster_spec,
@@ -52,8 +53,12 @@ def job_mix(rng: random.Random, job_id: str) -> JobSubmitted:
         tasks, per_task = rng.choice([8, 16, 32, 64, 128, 256, 512]), 8
         topology = TopologySpec(tp_size=8)
     spec = JobSpec(
-        name=job_id, team=rng.choice(TEAMS), priority=rng.choice(PRIORITIES), tasks=tasks,
-        gpus_per_task=per_task, topology=topology,
+        name=job_id,
+        team=rng.choice(TEAMS),
+        priority=rng.choice(PRIORITIES),
+        tasks=tasks,
+        gpus_per_task=per_task,
+        topology=topology,
         estimated_runtime_s=rng.choice([600.0, 3600.0, 4 * 3600.0, 24 * 3600.0]),
     )
     return JobSubmitted(job_id=job_id, spec=spec, submitted_by="bench")
@@ -78,8 +83,13 @@ class Bench:
             self.jobs += 1
             submitted = job_mix(self.rng, f"j{self.jobs:07d}")
             self.record(submitted)
-            self.record(JobAdmitted(job_id=submitted.job_id, queue=submitted.spec.team,
-                                    priority=submitted.spec.priority))
+            self.record(
+                JobAdmitted(
+                    job_id=submitted.job_id,
+                    queue=submitted.spec.team,
+                    priority=submitted.spec.priority,
+                )
+            )
 
     def cycle(self) -> tuple[float, int, int]:
         started = time.perf_counter()
@@ -89,8 +99,14 @@ class Bench:
             self.record(decision)
             if isinstance(decision, GangReserved):
                 for rank in decision.ranks:
-                    self.record(TaskStarted(job_id=decision.job_id, attempt=decision.attempt,
-                                            rank=rank.rank, node_id=rank.node_id))
+                    self.record(
+                        TaskStarted(
+                            job_id=decision.job_id,
+                            attempt=decision.attempt,
+                            rank=rank.rank,
+                            node_id=rank.node_id,
+                        )
+                    )
         return elapsed, result.tasks_placed, len(result.decisions)
 
     def finish_some(self, fraction: float) -> None:
@@ -100,8 +116,15 @@ class Bench:
             rank = 0
             for node_id, gpus in gang.items():
                 for _ in range(0, len(gpus), max(1, view.gpus_per_task)):
-                    self.record(TaskExited(job_id=view.job_id, attempt=view.attempt, rank=rank,
-                                           node_id=node_id, exit_code=0))
+                    self.record(
+                        TaskExited(
+                            job_id=view.job_id,
+                            attempt=view.attempt,
+                            rank=rank,
+                            node_id=node_id,
+                            exit_code=0,
+                        )
+                    )
                     rank += 1
 
 
@@ -125,9 +148,11 @@ def main() -> None:
         fill_seconds += elapsed
         fill_tasks += tasks
         bench.now += 1
-    print(f"fill: {fill_tasks} tasks placed in {fill_seconds:.2f} s of cycles "
-          f"= {fill_tasks / fill_seconds:,.0f} task placements/s; "
-          f"allocated {bench.state.allocated_gpus}/{bench.state.total_gpus} GPUs")
+    print(
+        f"fill: {fill_tasks} tasks placed in {fill_seconds:.2f} s of cycles "
+        f"= {fill_tasks / fill_seconds:,.0f} task placements/s; "
+        f"allocated {bench.state.allocated_gpus}/{bench.state.total_gpus} GPUs"
+    )
 
     # Busy steady state: top the queue up to the pending target, churn between cycles.
     bench.submit(max(0, args.pending - bench.state.pending))
@@ -142,35 +167,60 @@ def main() -> None:
         bench.submit(max(0, args.pending - bench.state.pending))
     times.sort()
     p99 = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))]
-    print(f"busy cycles ({args.cycles}, ~{args.pending} pending): p50 "
-          f"{statistics.median(times) * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, max "
-          f"{times[-1] * 1000:.0f} ms; {placed} tasks placed "
-          f"({placed / sum(times):,.0f} placements/s within cycles)")
+    print(
+        f"busy cycles ({args.cycles}, ~{args.pending} pending): p50 "
+        f"{statistics.median(times) * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms, max "
+        f"{times[-1] * 1000:.0f} ms; {placed} tasks placed "
+        f"({placed / sum(times):,.0f} placements/s within cycles)"
+    )
+    for _ in range(5):  # settle: record decisions until a cycle has nothing to add
+        if bench.cycle()[2] == 0:
+            break
     quiet = time.perf_counter()
     for _ in range(100):
         schedule(bench.state, bench.now)
     print(f"quiet cycle (nothing changed): {(time.perf_counter() - quiet) * 10:.3f} ms")
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(f"memory: peak RSS {peak_kib / 1024:.0f} MiB (the whole process, including the "
-          f"bench's own event log of {len(bench.log):,} events)")
+    print(
+        f"memory: peak RSS {peak_kib / 1024:.0f} MiB (the whole process, including the "
+        f"bench's own event log of {len(bench.log):,} events)"
+    )
 
-    # Replay: fold a log of the requested size into a fresh state.
+    # Replay: fold a log of the requested size into a fresh state; past the bench's own log,
+    # whole job lives (submit, admit, gang, start, exit, success) of 1-GPU jobs across the nodes.
     log = bench.log
+    node_ids = [view.node_id for view in bench.state.nodes()]
     extra = 0
     while len(log) < args.replay_events:
         extra += 1
         job_id = f"r{extra:07d}"
+        node_id = node_ids[extra % len(node_ids)]
         spec = JobSpec(name=job_id, team="replay", gpus_per_task=1)
-        log.append((JobSubmitted(job_id=job_id, spec=spec, submitted_by="bench"), bench.now))
-        log.append((JobAdmitted(job_id=job_id, queue="replay", priority="research"), bench.now))
-        log.append((JobSucceeded(job_id=job_id, attempt=1), bench.now))
+        at = bench.now + extra
+        log += [
+            (JobSubmitted(job_id=job_id, spec=spec, submitted_by="bench"), at),
+            (JobAdmitted(job_id=job_id, queue="replay", priority="research"), at),
+            (
+                GangReserved(
+                    job_id=job_id,
+                    attempt=1,
+                    ranks=[RankPlacement(rank=0, node_id=node_id, gpus=[7])],
+                ),
+                at,
+            ),
+            (TaskStarted(job_id=job_id, attempt=1, rank=0, node_id=node_id), at),
+            (TaskExited(job_id=job_id, attempt=1, rank=0, node_id=node_id, exit_code=0), at),
+            (JobSucceeded(job_id=job_id, attempt=1), at),
+        ]
     replay = SchedulerState(SchedulingPolicy())
     started = time.perf_counter()
     for event, at in log[: args.replay_events]:
         replay.apply(event, at)
     elapsed = time.perf_counter() - started
-    print(f"replay: {args.replay_events:,} events in {elapsed:.2f} s = "
-          f"{args.replay_events / elapsed:,.0f} events/s")
+    print(
+        f"replay: {args.replay_events:,} events in {elapsed:.2f} s = "
+        f"{args.replay_events / elapsed:,.0f} events/s"
+    )
 
 
 if __name__ == "__main__":

@@ -109,7 +109,9 @@ class History:
     """An event log driving the real core: submit, run cycles, play the node agents."""
 
     def __init__(
-        self, cluster: str = "16x8:4:2", policy: SchedulingPolicy | None = None,
+        self,
+        cluster: str = "16x8:4:2",
+        policy: SchedulingPolicy | None = None,
         start: float = T0,
     ) -> None:
         self.policy = policy or SchedulingPolicy()
@@ -135,7 +137,8 @@ class History:
 
     def events(self, kind: type[E], job_id: str | None = None) -> list[E]:
         return [
-            e for e, _ in self.log
+            e
+            for e, _ in self.log
             if isinstance(e, kind) and (job_id is None or getattr(e, "job_id", None) == job_id)
         ]
 
@@ -149,17 +152,40 @@ class History:
     # ------------------------------------------------------------ users and admins
 
     def team(
-        self, name: str, guaranteed: int = 0, max_gpus: int | None = None,
+        self,
+        name: str,
+        guaranteed: int = 0,
+        max_gpus: int | None = None,
         parent: str | None = None,
     ) -> History:
-        self.record(TeamCreated(name=name, parent=parent, guaranteed_gpus=guaranteed,
-                                max_gpus=max_gpus, token_sha256="0" * 64))
+        self.record(
+            TeamCreated(
+                name=name,
+                parent=parent,
+                guaranteed_gpus=guaranteed,
+                max_gpus=max_gpus,
+                token_sha256="0" * 64,
+            )
+        )
         return self
 
-    def queue(self, name: str, guaranteed: int = 0, max_gpus: int | None = None,
-              parent: str | None = None, weight: float = 1.0) -> History:
-        self.record(QueueConfigured(name=name, parent=parent, guaranteed_gpus=guaranteed,
-                                    max_gpus=max_gpus, weight=weight))
+    def queue(
+        self,
+        name: str,
+        guaranteed: int = 0,
+        max_gpus: int | None = None,
+        parent: str | None = None,
+        weight: float = 1.0,
+    ) -> History:
+        self.record(
+            QueueConfigured(
+                name=name,
+                parent=parent,
+                guaranteed_gpus=guaranteed,
+                max_gpus=max_gpus,
+                weight=weight,
+            )
+        )
         return self
 
     def submit(self, *builders: JobBuilder) -> list[str]:
@@ -167,8 +193,11 @@ class History:
         for builder in builders:
             spec = builder.spec()
             self.record(JobSubmitted(job_id=builder.job_id, spec=spec, submitted_by="test"))
-            self.record(JobAdmitted(job_id=builder.job_id, queue=spec.queue or spec.team,
-                                    priority=spec.priority))
+            self.record(
+                JobAdmitted(
+                    job_id=builder.job_id, queue=spec.queue or spec.team, priority=spec.priority
+                )
+            )
             ids.append(builder.job_id)
         return ids
 
@@ -206,8 +235,11 @@ class History:
     def start(self, job_id: str) -> None:
         gang = self.gang(job_id)
         for rank in gang.ranks:
-            self.record(TaskStarted(job_id=job_id, attempt=gang.attempt, rank=rank.rank,
-                                    node_id=rank.node_id))
+            self.record(
+                TaskStarted(
+                    job_id=job_id, attempt=gang.attempt, rank=rank.rank, node_id=rank.node_id
+                )
+            )
 
     def start_all(self) -> None:
         for view in list(self.state.jobs()):
@@ -219,8 +251,15 @@ class History:
         chosen = set(ranks) if ranks is not None else {r.rank for r in gang.ranks}
         for rank in gang.ranks:
             if rank.rank in chosen:
-                self.record(TaskExited(job_id=job_id, attempt=gang.attempt, rank=rank.rank,
-                                       node_id=rank.node_id, exit_code=code))
+                self.record(
+                    TaskExited(
+                        job_id=job_id,
+                        attempt=gang.attempt,
+                        rank=rank.rank,
+                        node_id=rank.node_id,
+                        exit_code=code,
+                    )
+                )
 
     def lose(self, node_id: str) -> None:
         self.record(NodeLost(node_id=node_id, reason="no heartbeat"))

@@ -36,13 +36,20 @@ def cluster(spec: str = "2x8:2:1") -> list[Event]:
 
 def submitted(job_id: str, gpus: int = 8, tasks: int = 1, **spec: object) -> list[Event]:
     job = JobSpec(name=job_id, team="t", gpus_per_task=gpus, tasks=tasks, **spec)  # type: ignore[arg-type]
-    return [JobSubmitted(job_id=job_id, spec=job, submitted_by="u"),
-            JobAdmitted(job_id=job_id, queue="t", priority="research")]
+    return [
+        JobSubmitted(job_id=job_id, spec=job, submitted_by="u"),
+        JobAdmitted(job_id=job_id, queue="t", priority="research"),
+    ]
 
 
 def gang(job_id: str, *ranks: tuple[str, list[int]], attempt: int = 1) -> GangReserved:
-    return GangReserved(job_id=job_id, attempt=attempt, ranks=[
-        RankPlacement(rank=i, node_id=node, gpus=gpus) for i, (node, gpus) in enumerate(ranks)])
+    return GangReserved(
+        job_id=job_id,
+        attempt=attempt,
+        ranks=[
+            RankPlacement(rank=i, node_id=node, gpus=gpus) for i, (node, gpus) in enumerate(ranks)
+        ],
+    )
 
 
 def invariants(violations: list[Violation]) -> set[int]:
@@ -59,8 +66,13 @@ def test_a_clean_scheduler_history_has_no_violations() -> None:
 
 
 def test_a_gpu_bound_to_two_gangs_violates_invariant_1_with_both_positions() -> None:
-    events = [*cluster(), *submitted("a", gpus=2), *submitted("b", gpus=2),
-              gang("a", ("n0000", [0, 1])), gang("b", ("n0000", [1, 2]))]
+    events = [
+        *cluster(),
+        *submitted("a", gpus=2),
+        *submitted("b", gpus=2),
+        gang("a", ("n0000", [0, 1])),
+        gang("b", ("n0000", [1, 2])),
+    ]
 
     violations = audit(events)
 
@@ -69,9 +81,14 @@ def test_a_gpu_bound_to_two_gangs_violates_invariant_1_with_both_positions() -> 
 
 
 def test_a_released_gpu_may_be_bound_again() -> None:
-    events = [*cluster(), *submitted("a", gpus=2), *submitted("b", gpus=2),
-              gang("a", ("n0000", [0, 1])), JobSucceeded(job_id="a", attempt=1),
-              gang("b", ("n0000", [0, 1]))]
+    events = [
+        *cluster(),
+        *submitted("a", gpus=2),
+        *submitted("b", gpus=2),
+        gang("a", ("n0000", [0, 1])),
+        JobSucceeded(job_id="a", attempt=1),
+        gang("b", ("n0000", [0, 1])),
+    ]
 
     assert audit(events) == []
 
@@ -90,36 +107,55 @@ def test_a_rank_with_the_wrong_gpu_count_violates_invariant_2() -> None:
 
 def test_a_tp_group_across_nodes_violates_invariant_2() -> None:
     job = JobSpec(name="a", team="t", gpus_per_task=4, tasks=2, topology=TopologySpec(tp_size=8))
-    events = [*cluster(), JobSubmitted(job_id="a", spec=job, submitted_by="u"),
-              gang("a", ("n0000", [0, 1, 2, 3]), ("n0001", [0, 1, 2, 3]))]
+    events = [
+        *cluster(),
+        JobSubmitted(job_id="a", spec=job, submitted_by="u"),
+        gang("a", ("n0000", [0, 1, 2, 3]), ("n0001", [0, 1, 2, 3])),
+    ]
 
     assert invariants(audit(events)) == {2}
 
 
 def test_a_second_gang_while_the_first_is_bound_violates_invariant_2() -> None:
-    events = [*cluster(), *submitted("a", gpus=2), gang("a", ("n0000", [0, 1])),
-              gang("a", ("n0001", [0, 1]), attempt=2)]
+    events = [
+        *cluster(),
+        *submitted("a", gpus=2),
+        gang("a", ("n0000", [0, 1])),
+        gang("a", ("n0001", [0, 1]), attempt=2),
+    ]
 
     assert invariants(audit(events)) == {2}
 
 
 def test_placing_on_a_lost_node_violates_invariant_3() -> None:
-    events = [*cluster(), NodeLost(node_id="n0001", reason="gone"), *submitted("a"),
-              gang("a", ("n0001", list(range(8))))]
+    events = [
+        *cluster(),
+        NodeLost(node_id="n0001", reason="gone"),
+        *submitted("a"),
+        gang("a", ("n0001", list(range(8)))),
+    ]
 
     assert invariants(audit(events)) == {3}
 
 
 def test_placing_on_a_draining_node_violates_invariant_3() -> None:
-    events = [*cluster(), NodeDrainRequested(node_id="n0000", reason="r", by="h"),
-              *submitted("a", gpus=1), gang("a", ("n0000", [0]))]
+    events = [
+        *cluster(),
+        NodeDrainRequested(node_id="n0000", reason="r", by="h"),
+        *submitted("a", gpus=1),
+        gang("a", ("n0000", [0])),
+    ]
 
     assert invariants(audit(events)) == {3}
 
 
 def test_placing_on_an_unhealthy_gpu_violates_invariant_3() -> None:
-    events = [*cluster(), GpuUnhealthy(node_id="n0000", gpu_index=2, reason="xid"),
-              *submitted("a", gpus=1), gang("a", ("n0000", [2]))]
+    events = [
+        *cluster(),
+        GpuUnhealthy(node_id="n0000", gpu_index=2, reason="xid"),
+        *submitted("a", gpus=1),
+        gang("a", ("n0000", [2])),
+    ]
 
     assert invariants(audit(events)) == {3}
 
@@ -139,12 +175,16 @@ def test_a_job_within_its_guarantee_starved_while_borrowers_run_violates_invaria
         *cluster(),
         TeamCreated(name="owner", guaranteed_gpus=8, token_sha256="0" * 64),
         TeamCreated(name="t", guaranteed_gpus=0, token_sha256="0" * 64),
-        *submitted("b1"), *submitted("b2"),
-        gang("b1", ("n0000", list(range(8)))), gang("b2", ("n0001", list(range(8)))),
+        *submitted("b1"),
+        *submitted("b2"),
+        gang("b1", ("n0000", list(range(8)))),
+        gang("b2", ("n0001", list(range(8)))),
     ]
     spec = JobSpec(name="o", team="owner", gpus_per_task=8)
-    events += [JobSubmitted(job_id="o", spec=spec, submitted_by="u"),
-               JobAdmitted(job_id="o", queue="owner", priority="research")]
+    events += [
+        JobSubmitted(job_id="o", spec=spec, submitted_by="u"),
+        JobAdmitted(job_id="o", queue="owner", priority="research"),
+    ]
     for position, event in enumerate(events):
         auditor.observe(event, position, T, None)
     auditor.observe(JobDeferred(job_id="o", code="no_capacity", message="m"), 100, T, None)
@@ -162,9 +202,13 @@ def test_decisions_about_a_job_never_submitted_violate_invariant_5() -> None:
 
 
 def test_decisions_after_a_job_finished_violate_invariant_5() -> None:
-    events = [*cluster(), *submitted("a", gpus=1), gang("a", ("n0000", [0])),
-              JobSucceeded(job_id="a", attempt=1),
-              JobRequeued(job_id="a", attempt=1, code="preempted", reason="r")]
+    events = [
+        *cluster(),
+        *submitted("a", gpus=1),
+        gang("a", ("n0000", [0])),
+        JobSucceeded(job_id="a", attempt=1),
+        JobRequeued(job_id="a", attempt=1, code="preempted", reason="r"),
+    ]
 
     assert invariants(audit(events)) == {5}
 
@@ -182,8 +226,13 @@ def test_an_admitted_job_without_a_reason_is_reported_unexplained() -> None:
 
 
 def test_a_write_from_a_deposed_leader_violates_invariant_6() -> None:
-    events = [*cluster(), LeaderElected(epoch=1, leader_id="x"), *submitted("a", gpus=1),
-              LeaderElected(epoch=2, leader_id="y"), gang("a", ("n0000", [0]))]
+    events = [
+        *cluster(),
+        LeaderElected(epoch=1, leader_id="x"),
+        *submitted("a", gpus=1),
+        LeaderElected(epoch=2, leader_id="y"),
+        gang("a", ("n0000", [0])),
+    ]
     gang_position = len(events) - 1
 
     violations = audit(events, epochs={gang_position: 1})
@@ -193,8 +242,13 @@ def test_a_write_from_a_deposed_leader_violates_invariant_6() -> None:
 
 
 def test_a_write_from_the_current_leader_is_accepted() -> None:
-    events = [*cluster(), LeaderElected(epoch=1, leader_id="x"), *submitted("a", gpus=1),
-              LeaderElected(epoch=2, leader_id="y"), gang("a", ("n0000", [0]))]
+    events = [
+        *cluster(),
+        LeaderElected(epoch=1, leader_id="x"),
+        *submitted("a", gpus=1),
+        LeaderElected(epoch=2, leader_id="y"),
+        gang("a", ("n0000", [0])),
+    ]
 
     assert audit(events, epochs={len(events) - 1: 2}) == []
 

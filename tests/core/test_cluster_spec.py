@@ -56,8 +56,18 @@ groups:
 
 @pytest.mark.parametrize(
     "text",
-    ["", "0x8", "4x0", "4x8:0", "abc: [", "- count: -1", "- {count: 1, gpus: many}",
-     "- {count: 1, colour: red}", "just words", "4x8:2:1:9"],
+    [
+        "",
+        "0x8",
+        "4x0",
+        "4x8:0",
+        "abc: [",
+        "- count: -1",
+        "- {count: 1, gpus: many}",
+        "- {count: 1, colour: red}",
+        "just words",
+        "4x8:2:1:9",
+    ],
 )
 def test_bad_specs_raise_a_one_line_cluster_spec_error(text: str) -> None:
     with pytest.raises(ClusterSpecError) as caught:

@@ -69,18 +69,28 @@ operations = st.lists(
         submits,
         submits,
         st.builds(Exit, pick=st.integers(0, 50), code=st.sampled_from([0, 0, 0, 1])),
-        st.builds(Hardware, kind=st.sampled_from(["lose", "recover", "drain", "gpu"]),
-                  pick=st.integers(0, 50)),
-        st.builds(Request, kind=st.sampled_from(["cancel", "suspend", "resume"]),
-                  pick=st.integers(0, 50)),
+        st.builds(
+            Hardware,
+            kind=st.sampled_from(["lose", "recover", "drain", "gpu"]),
+            pick=st.integers(0, 50),
+        ),
+        st.builds(
+            Request, kind=st.sampled_from(["cancel", "suspend", "resume"]), pick=st.integers(0, 50)
+        ),
         st.builds(Wait, seconds=st.sampled_from([1.0, 30.0, 200.0, 4000.0])),
     ),
     min_size=1,
     max_size=40,
 )
 clusters = st.sampled_from(["2x8:2:1", "4x8:2:2", "6x4:3:1", "8x8:4:2", "3x8:1:3"])
-policies = st.sampled_from([SchedulingPolicy(), SchedulingPolicy(name="fifo"),
-                            SchedulingPolicy(backfill=False), SchedulingPolicy(preemption=False)])
+policies = st.sampled_from(
+    [
+        SchedulingPolicy(),
+        SchedulingPolicy(name="fifo"),
+        SchedulingPolicy(backfill=False),
+        SchedulingPolicy(preemption=False),
+    ]
+)
 
 
 def play(cluster: str, policy: SchedulingPolicy, ops: list[object]) -> History:
@@ -94,9 +104,15 @@ def play(cluster: str, policy: SchedulingPolicy, ops: list[object]) -> History:
         jobs = [view.job_id for view in history.state.jobs()]
         if isinstance(op, Submit):
             for copy in range(op.count):  # a burst: several jobs placed in one cycle
-                builder = (a_job(f"p{number:03d}-{copy}").gpus(op.gpus).tasks(op.tasks)
-                           .team(op.team).priority(op.priority).estimate(op.estimate)
-                           .require(op.require))
+                builder = (
+                    a_job(f"p{number:03d}-{copy}")
+                    .gpus(op.gpus)
+                    .tasks(op.tasks)
+                    .team(op.team)
+                    .priority(op.priority)
+                    .estimate(op.estimate)
+                    .require(op.require)
+                )
                 if op.min_tasks is not None:
                     builder.min_tasks(op.min_tasks)
                 if op.tp and op.gpus * 2 <= 8 and op.tasks % 2 == 0:
@@ -118,8 +134,9 @@ def play(cluster: str, policy: SchedulingPolicy, ops: list[object]) -> History:
                 history.break_gpu(node, op.pick % 4)
         elif isinstance(op, Request) and jobs:
             job = jobs[op.pick % len(jobs)]
-            {"cancel": history.cancel, "suspend": history.suspend,
-             "resume": history.resume}[op.kind](job)
+            {"cancel": history.cancel, "suspend": history.suspend, "resume": history.resume}[
+                op.kind
+            ](job)
         elif isinstance(op, Wait):
             history.advance(op.seconds)
         settle(history)

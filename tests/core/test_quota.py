@@ -15,7 +15,7 @@ def test_a_team_borrows_idle_capacity_beyond_its_guarantee_up_to_its_max() -> No
 
     states = [history.job(j).state for j in jobs]
     assert states.count("running") == 3
-    waiting = [j for j in jobs if history.job(j).state == "queued"][0]
+    waiting = next(j for j in jobs if history.job(j).state == "queued")
     assert history.job(waiting).reason_code == "quota_ceiling"
 
 

@@ -140,7 +140,9 @@ class _Cycle:
         if self.policy.preemption and not self.policy.is_fifo:
             self.preempt(snap, blocked, quota)
         self.explain(waiting)
-        self.result.next_wakeup = min(self.wakeups) if self.wakeups else None
+        # A moment already reached was acted on (or needs nothing) in this very cycle.
+        future = [moment for moment in self.wakeups if moment > self.now]
+        self.result.next_wakeup = min(future) if future else None
         return self.result
 
     # ------------------------------------------------------------ 1. reactions

@@ -176,7 +176,7 @@ class JobRecord:
     shape: Shape | None
     submitted_at: float | None
     # "needs 64 GPUs (8 tasks x 8) …": the start of every explanation of this job.
-    need: str = ""
+    _need: str = ""
     team: str = ""
     queue: str = ""
     priority: str = ""
@@ -213,6 +213,13 @@ class JobRecord:
     @property
     def gpus(self) -> int:
         return self.spec.total_gpus if self.spec is not None else 0
+
+    @property
+    def need(self) -> str:
+        # Worded on first use: replay folds many more jobs than any cycle explains.
+        if not self._need and self.shape is not None:
+            self._need = describe_need(self.shape)
+        return self._need
 
 
 @dataclass(slots=True)
@@ -443,7 +450,6 @@ class SchedulerState:
             spec=spec,
             state="pending",
             shape=shape_of(spec),
-            need=describe_need(shape_of(spec)),
             submitted_at=at,
             team=spec.team,
             queue=spec.queue or spec.team,
