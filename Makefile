@@ -54,7 +54,7 @@ test-integration: venv up-stack
 
 bench: venv up-stack
 	set -a && source .gangway/env && set +a && \
-	for script in bench/*.py; do echo "== $$script"; $(PY) "$$script" || exit 1; done
+	for script in bench/bench_*.py; do echo "== $$script"; $(PY) "$$script" || exit 1; done
 
 lint: venv
 	$(VENV)/bin/ruff check .

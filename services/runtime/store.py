@@ -221,7 +221,7 @@ class EventStore:
             return int(await c.fetchval("SELECT position FROM event_log_head"))
 
     async def iter_raw(
-        self, after_position: int = 0, *, until: int | None = None, batch_size: int = 20_000
+        self, after_position: int = 0, *, until: int | None = None, batch_size: int = 10_000
     ) -> AsyncIterator[list[RawEvent]]:
         """The whole log (up to `until`, default the head when called) in batches, for replay.
 
@@ -235,16 +235,17 @@ class EventStore:
                 else int(await c.fetchval("SELECT position FROM event_log_head"))
             )
             statement = await c.prepare(_READ_RANGE)
+            make = RawEvent._make
             start = after_position
             while start < end:
                 stop = min(start + batch_size, end)
                 records = await statement.fetch(start, stop)
                 if records:
-                    yield [RawEvent(*r) for r in records]
+                    yield [make(r) for r in records]
                 start = stop
 
     async def replay(
-        self, after_position: int = 0, *, batch_size: int = 20_000
+        self, after_position: int = 0, *, batch_size: int = 10_000
     ) -> AsyncIterator[EventEnvelope]:
         """The log as typed envelopes, in commit order (decoding costs more than reading)."""
         async for batch in self.iter_raw(after_position, batch_size=batch_size):
