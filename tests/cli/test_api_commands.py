@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -115,3 +117,23 @@ def test_nodes_and_queues_print_tables(api_url: str, capsys: pytest.CaptureFixtu
     assert "NODE" in capsys.readouterr().out
     assert main(["queues"]) == 0
     assert "QUEUE" in capsys.readouterr().out
+
+
+def test_events_follow_prints_events_recorded_after_it_started(
+    api_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = submit(tmp_path, capsys)
+    status: list[int] = []
+    follower = threading.Thread(
+        target=lambda: status.append(
+            main(["events", "--follow", "--limit", "2", "--interval", "0.05"])
+        )
+    )
+    follower.start()
+    time.sleep(0.3)
+    second = submit(tmp_path, capsys)
+    follower.join(30)
+    assert status == [0]
+    # The first line may have gone to submit()'s read of the output; the second came later.
+    assert first
+    assert f"job-{second}" in capsys.readouterr().out
