@@ -230,24 +230,105 @@ class EventConsumer(ConsumerLoop):
         self.handlers = dict(handlers)
         self.registry = registry
 
-    async def process(self, record: ConsumerRecord[bytes, bytes]) -> Outcome:
+    def decode(self, record: ConsumerRecord[bytes, bytes]) -> EventEnvelope | None:
+        """The envelope to hand to a handler, or None when no handler wants it."""
         declared = _header(record, "type")
         if declared is not None and declared not in self.handlers:
-            return Outcome.SKIPPED  # not ours; no need to parse it
+            return None  # not ours; no need to parse it
         if record.value is None:
             raise Unprocessable("message has no value")
         try:
             envelope = EventEnvelope.from_json(record.value, self.registry)
         except EventDecodeError as error:
             raise Unprocessable(f"undecodable event: {error}") from error
-        handler = self.handlers.get(envelope.type)
-        if handler is None:
+        return envelope if envelope.type in self.handlers else None
+
+    async def process(self, record: ConsumerRecord[bytes, bytes]) -> Outcome:
+        envelope = self.decode(record)
+        if envelope is None:
             return Outcome.SKIPPED
         async with self.pool.acquire() as conn, conn.transaction():
-            if not await conn.fetchval(_INBOX, self.name, envelope.event_id):
-                return Outcome.DUPLICATE
-            await handler(envelope, conn)
+            return await self._apply(conn, envelope)
+
+    async def _apply(self, conn: asyncpg.Connection, envelope: EventEnvelope) -> Outcome:
+        if not await conn.fetchval(_INBOX, self.name, envelope.event_id):
+            return Outcome.DUPLICATE
+        await self.handlers[envelope.type](envelope, conn)
         return Outcome.APPLIED
+
+    async def _process_partition(
+        self,
+        tp: TopicPartition,
+        records: Sequence[ConsumerRecord[bytes, bytes]],
+        stop: asyncio.Event,
+    ) -> int | None:
+        """Apply a partition's batch in one transaction: one commit, one WAL flush, for many
+        events. Each event runs in a savepoint of its own, so a refused one is undone alone."""
+        staged: list[tuple[ConsumerRecord[bytes, bytes], EventEnvelope | None, str | None]] = []
+        for record in records:
+            try:
+                staged.append((record, self.decode(record), None))
+            except Unprocessable as error:
+                staged.append((record, None, f"Unprocessable: {error}"))
+        failures: dict[int, int] = {}
+        backoff = 0.05
+        while True:
+            try:
+                results = await self._apply_batch(staged, failures)
+                break
+            except _RetryBatch as retry:
+                log.warning("%s: %r; retrying the batch", self.name, retry.__cause__)
+            except TRANSIENT_ERRORS as error:
+                log.warning("%s: transient %r; retrying the batch", self.name, error)
+            if await _sleep_unless(stop, backoff):
+                return None  # nothing of this batch committed; it will be read again
+            backoff = min(backoff * 2, 5.0)
+        last: int | None = None
+        for (record, _, _), (outcome, reason) in zip(staged, results, strict=True):
+            if (
+                reason is not None
+                and await self._dead_letter_until_sent(record, reason, stop) is None
+            ):
+                # The effects after it are committed; their redelivery is a no-op (inbox).
+                return last
+            self.counts[outcome] += 1
+            last = record.offset
+        return last
+
+    async def _apply_batch(
+        self,
+        staged: Sequence[tuple[ConsumerRecord[bytes, bytes], EventEnvelope | None, str | None]],
+        failures: dict[int, int],
+    ) -> list[tuple[Outcome, str | None]]:
+        results: list[tuple[Outcome, str | None]] = []
+        async with self.pool.acquire() as conn, conn.transaction():
+            for record, envelope, reason in staged:
+                if reason is not None:
+                    results.append((Outcome.DEAD_LETTERED, reason))
+                    continue
+                if envelope is None:
+                    results.append((Outcome.SKIPPED, None))
+                    continue
+                try:
+                    async with conn.transaction():
+                        results.append((await self._apply(conn, envelope), None))
+                except DomainError as error:
+                    results.append((Outcome.DEAD_LETTERED, f"DomainError: {error}"))
+                except TRANSIENT_ERRORS:
+                    raise
+                except Exception as error:
+                    count = failures[record.offset] = failures.get(record.offset, 0) + 1
+                    if count < self.settings.consumer_max_attempts:
+                        raise _RetryBatch from error
+                    reason = f"handler failed {count} times: {error!r}\n" + "".join(
+                        traceback.format_exception(error)[-3:]
+                    )
+                    results.append((Outcome.DEAD_LETTERED, reason))
+        return results
+
+
+class _RetryBatch(Exception):
+    """A handler failed in a way that may pass: undo the whole batch and apply it again."""
 
 
 class TelemetryConsumer(ConsumerLoop):
