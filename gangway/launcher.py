@@ -159,6 +159,7 @@ class Launcher:
         self.env = dict(env or {})
         self.logs_dir = state_dir / "logs"
         self.pids_dir = state_dir / "pids"
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
 
     # ------------------------------------------------------------------ paths and state
 
@@ -181,7 +182,13 @@ class Launcher:
             pid = int(path.read_text().strip())
         except (FileNotFoundError, ValueError):
             return None
-        if _alive(pid) and self._is_ours(pid):
+        child = self._children.get(name)
+        if child is not None and child.pid == pid:
+            # Started by this launcher: ask the child itself. (Its /proc cmdline is still this
+            # process's until the exec, so the check below would misjudge a fresh child.)
+            if child.poll() is None:
+                return pid
+        elif _alive(pid) and self._is_ours(pid):
             return pid
         path.unlink(missing_ok=True)
         return None
@@ -233,6 +240,7 @@ class Launcher:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        self._children[spec.name] = process
         _write_atomic(self.pid_path(spec.name), f"{process.pid}\n")
         return Started(spec.name, process.pid, already_running=False)
 
@@ -306,6 +314,9 @@ class Launcher:
                   file=sys.stderr)
         # The group too: a child left behind (a rank of a killed agent) must not outlive it.
         _signal_group(pid, signal.SIGKILL)
+        child = self._children.pop(name, None)
+        if child is not None:
+            child.wait()
         self.pid_path(name).unlink(missing_ok=True)
         return True
 
