@@ -1,0 +1,143 @@
+"""The agent against the real log: each rank starts once, its exit and eviction are recorded."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from schemas.base import Event
+from schemas.envelope import EventEnvelope
+from schemas.jobs import (
+    GangReserved,
+    JobSpec,
+    JobSubmitted,
+    PreemptionRequested,
+    RankPlacement,
+    TaskExited,
+    TaskStarted,
+)
+from services.agent.agent import Agent
+from services.agent.settings import AgentSettings
+from services.checkpoint.store import checkpoint_dir, checkpoint_id_for, verify
+from services.inventory.discovery import load_cluster_spec
+from services.runtime import EventStore, Settings
+from tests.integration.conftest import settings, stack, store
+
+pytestmark = pytest.mark.integration
+__all__ = ["settings", "stack", "store"]
+
+NODES = load_cluster_spec("2x8")  # n0000, n0001
+JOB = "j1"
+
+
+@pytest.fixture
+async def agent(settings: Settings, store: EventStore, tmp_path: Path) -> AsyncIterator[Agent]:
+    running = make_agent(settings, store, tmp_path)
+    yield running
+    await running.shutdown()
+
+
+def make_agent(settings: Settings, store: EventStore, tmp_path: Path) -> Agent:
+    agent_settings = AgentSettings(
+        **{**settings.model_dump(), "work_dir": tmp_path / "work",
+           "checkpoint_root": tmp_path / "checkpoints", "fault_dir": tmp_path / "faults",
+           "stop_timeout_s": 5.0},
+        _env_file=None,
+    )
+    return Agent(agent_settings, store, NODES)
+
+
+async def reserve(store: EventStore, command: list[str], nodes: list[str]) -> EventEnvelope:
+    spec = JobSpec(name="t", team="ml", tasks=len(nodes), gpus_per_task=8, command=command)
+    gang = GangReserved(
+        job_id=JOB,
+        attempt=1,
+        ranks=[RankPlacement(rank=r, node_id=n, gpus=list(range(8))) for r, n in enumerate(nodes)],
+    )
+    await store.append(f"job-{JOB}", None, [JobSubmitted(job_id=JOB, spec=spec, submitted_by="t")])
+    [envelope] = await store.append(f"job-{JOB}", None, [gang])
+    return envelope
+
+
+async def job_events(store: EventStore) -> list[Event]:
+    return [envelope.payload for envelope in await store.read_stream(f"job-{JOB}")]
+
+
+async def handle(agent: Agent, envelope: EventEnvelope) -> None:
+    handler = agent.handlers()[envelope.type]
+    async with agent.store.pool.acquire() as conn:
+        await handler(envelope, conn)
+
+
+async def until(probe: Callable[[], Awaitable[object]], what: str) -> None:
+    try:
+        async with asyncio.timeout(30):
+            while True:
+                if await probe():
+                    return
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        raise AssertionError(f"never happened: {what}") from None
+
+
+async def test_a_redelivered_reservation_starts_each_rank_once(
+    agent: Agent, store: EventStore, settings: Settings, tmp_path: Path
+) -> None:
+    envelope = await reserve(store, ["sleep", "600"], ["n0000", "n0001"])
+    await handle(agent, envelope)
+    await handle(agent, envelope)
+    # A restarted agent knows nothing in memory; the log tells it the ranks already started.
+    await handle(make_agent(settings, store, tmp_path), envelope)
+    started = [e for e in await job_events(store) if isinstance(e, TaskStarted)]
+    assert sorted((e.rank, e.node_id) for e in started) == [(0, "n0000"), (1, "n0001")]
+    assert len([r for r in agent.ranks.values() if r.running]) == 2
+
+
+async def test_ranks_on_other_nodes_are_not_this_agents(agent: Agent, store: EventStore) -> None:
+    await handle(agent, await reserve(store, ["sleep", "600"], ["n0009", "n0010"]))
+    assert not any(isinstance(e, TaskStarted) for e in await job_events(store))
+
+
+async def test_a_rank_exit_is_recorded_with_its_code(agent: Agent, store: EventStore) -> None:
+    await handle(agent, await reserve(store, ["sh", "-c", "exit 7"], ["n0000"]))
+
+    async def exited() -> list[TaskExited]:
+        return [e for e in await job_events(store) if isinstance(e, TaskExited)]
+
+    await until(exited, "the exit recorded")
+    [event] = await exited()
+    assert (event.rank, event.exit_code, event.reason) == (0, 7, None)
+
+
+async def test_a_missing_program_is_recorded_as_a_failed_launch(
+    agent: Agent, store: EventStore
+) -> None:
+    await handle(agent, await reserve(store, ["/nonexistent/train"], ["n0000"]))
+    events = await job_events(store)
+    assert [e.type for e in events[-2:]] == ["TaskStarted", "TaskExited"]
+    exited = events[-1]
+    assert isinstance(exited, TaskExited) and exited.exit_code == 127
+
+
+async def test_a_preempted_gang_leaves_a_verified_shard_per_rank_and_stops(
+    agent: Agent, store: EventStore, tmp_path: Path
+) -> None:
+    await handle(agent, await reserve(store, ["sleep", "600"], ["n0000", "n0001"]))
+    preempt = PreemptionRequested(
+        job_id=JOB, attempt=1, preemptor_job_id="other", reason="test", grace_s=20
+    )
+    [envelope] = await store.append(f"job-{JOB}", None, [preempt])
+    await handle(agent, envelope)
+
+    async def both_exited() -> bool:
+        exits = [e for e in await job_events(store) if isinstance(e, TaskExited)]
+        return len(exits) == 2 and all(e.reason == "preempted" for e in exits)
+
+    await until(both_exited, "both ranks evicted")
+    directory = checkpoint_dir(
+        tmp_path / "checkpoints", JOB, checkpoint_id_for(1, envelope.event_id)
+    )
+    assert verify(directory, 2).ok

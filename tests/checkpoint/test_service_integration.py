@@ -1,0 +1,88 @@
+"""The checkpoint service against the real log: verified shards commit, damaged ones do not."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from schemas.checkpoints import CheckpointCommitted, CheckpointCorrupted, CheckpointRequested
+from schemas.envelope import EventEnvelope
+from schemas.jobs import GangReserved, RankPlacement
+from services.checkpoint.service import CheckpointService
+from services.checkpoint.settings import CheckpointSettings
+from services.checkpoint.store import (
+    MANIFEST,
+    checkpoint_dir,
+    checkpoint_id_for,
+    shard_path,
+    write_shard,
+)
+from services.runtime import EventStore, Settings
+from tests.integration.conftest import settings, stack, store
+
+pytestmark = pytest.mark.integration
+__all__ = ["settings", "stack", "store"]
+
+JOB = "j1"
+
+
+def service(settings: Settings, store: EventStore, root: Path) -> CheckpointService:
+    return CheckpointService(
+        CheckpointSettings(**{**settings.model_dump(), "checkpoint_root": root}, _env_file=None),
+        store,
+    )
+
+
+async def request(store: EventStore, world: int) -> EventEnvelope:
+    gang = GangReserved(
+        job_id=JOB, attempt=1,
+        ranks=[RankPlacement(rank=r, node_id=f"n{r}", gpus=[0]) for r in range(world)],
+    )
+    await store.append(f"job-{JOB}", None, [gang])
+    [envelope] = await store.append(
+        f"checkpoint-{JOB}", None, [CheckpointRequested(job_id=JOB, attempt=1, reason="test")]
+    )
+    return envelope
+
+
+async def test_every_shard_written_commits_the_checkpoint_once(
+    settings: Settings, store: EventStore, tmp_path: Path
+) -> None:
+    cause = await request(store, world=2)
+    directory = checkpoint_dir(tmp_path, JOB, checkpoint_id_for(1, cause.event_id))
+    for rank in range(2):
+        write_shard(directory, rank, b"state" * rank + b"!", step=4)
+    checkpoints = service(settings, store, tmp_path)
+    first = await checkpoints.collect(JOB, 1, cause, wait_s=10)
+    again = await checkpoints.collect(JOB, 1, cause, wait_s=10)  # a redelivered request
+    assert isinstance(first, CheckpointCommitted) and first == again
+    recorded = [e.payload for e in await store.read_stream(f"checkpoint-{JOB}")]
+    assert [e.type for e in recorded] == ["CheckpointRequested", "CheckpointCommitted"]
+    assert (directory / MANIFEST).is_file()
+
+
+async def test_a_damaged_shard_is_recorded_as_corrupted(
+    settings: Settings, store: EventStore, tmp_path: Path
+) -> None:
+    cause = await request(store, world=2)
+    directory = checkpoint_dir(tmp_path, JOB, checkpoint_id_for(1, cause.event_id))
+    for rank in range(2):
+        write_shard(directory, rank, b"0123456789", step=4)
+    shard_path(directory, 1).write_bytes(b"0123456780")
+    result = await service(settings, store, tmp_path).collect(JOB, 1, cause, wait_s=10)
+    assert isinstance(result, CheckpointCorrupted)
+    assert "rank 1: sha256 mismatch" in result.reason
+    assert not (directory / MANIFEST).exists()
+
+
+async def test_a_rank_that_never_writes_leaves_the_checkpoint_corrupted(
+    settings: Settings, store: EventStore, tmp_path: Path
+) -> None:
+    cause = await request(store, world=3)
+    directory = checkpoint_dir(tmp_path, JOB, checkpoint_id_for(1, cause.event_id))
+    write_shard(directory, 0, b"x", step=1)
+    write_shard(directory, 1, b"y", step=1)
+    result = await service(settings, store, tmp_path).collect(JOB, 1, cause, wait_s=0.5)
+    assert isinstance(result, CheckpointCorrupted)
+    assert result.reason == "rank 2: shard never reported"
