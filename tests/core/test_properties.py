@@ -138,7 +138,13 @@ def play(cluster: str, policy: SchedulingPolicy, ops: list[object]) -> History:
                 op.kind
             ](job)
         elif isinstance(op, Wait):
-            history.advance(op.seconds)
+            # The scheduler runs every few minutes at most while time passes.
+            remaining = op.seconds
+            while remaining > 300:
+                history.advance(300)
+                remaining -= 300
+                settle(history)
+            history.advance(remaining)
         settle(history)
     return history
 

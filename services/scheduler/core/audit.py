@@ -390,6 +390,8 @@ class Auditor:
                 position,
             )
             return
+        if self._policy.is_fifo or not self._policy.preemption:
+            return  # a policy without reclaim makes no such promise (the fifo baseline)
         reclaimable = self._reclaimable(job.queue, at)
         if reclaimable < gpus:
             job.entitled_since = None

@@ -127,15 +127,17 @@ class _Cycle:
         self.outcomes: dict[str, _Outcome] = {}
         self.wakeups: list[float] = []
         self.infeasibility: dict[Shape, str | None] = {}
+        # Gangs bound in this cycle, (estimated end, ranks), for the head's reservation.
+        self.placed_gangs: list[tuple[float, list[tuple[int, int]]]] = []
 
     def run(self) -> CycleResult:
         self.react()
         snap = self.snapshot()
-        waiting = self.order()
         quota = QuotaBook(self.state._queues)
         for job_id in self.released:
             job = self.state._jobs[job_id]
             quota.charge(job.queue, -job.bound_gpus)
+        waiting = self.order(quota)
         blocked = self.place(snap, waiting, quota)
         if self.policy.preemption and not self.policy.is_fifo:
             self.preempt(snap, blocked, quota)
@@ -324,7 +326,7 @@ class _Cycle:
 
     # ------------------------------------------------------------ 3. order
 
-    def order(self) -> list[JobRecord]:
+    def order(self, quota: QuotaBook) -> list[JobRecord]:
         state, policy, now = self.state, self.policy, self.now
         candidates = [job for job in state._waiting.values() if job.job_id not in self.handled]
         self.result.considered = len(candidates)
@@ -342,7 +344,10 @@ class _Cycle:
             aged = is_aged(job, now, policy)
             if not aged and job.queued_at is not None:
                 self.wakeups.append(job.queued_at + policy.aging_max_wait_s)
-            keyed.append((gangway_key(job, rank, share, aged, self.victims_released(job)), job))
+            shape = job.shape
+            within = shape is not None and quota.within_guarantee(job.queue, shape.min_gpus)
+            key = gangway_key(job, rank, share, aged, self.victims_released(job), within)
+            keyed.append((key, job))
         keyed.sort(key=lambda pair: pair[0])
         return [job for _, job in keyed]
 
@@ -526,6 +531,7 @@ class _Cycle:
         quota: QuotaBook,
     ) -> None:
         ranks = snap.commit(shape, allocation)
+        self.placed_gangs.append((self.now + self.estimate(job), ranks))
         nodes = self.state._node_list
         self.emit(
             # Built without re-validation: the core constructs these from checked state, and a
@@ -548,7 +554,9 @@ class _Cycle:
     def reserve(self, snap: Snapshot, job: JobRecord, shape: Shape) -> float | None:
         """Plan the head's earliest start on concrete nodes; pin them against backfill."""
         state, now, policy = self.state, self.now, self.policy
-        planned = plan_reservation(snap, shape, state, self.released, now, policy)
+        planned = plan_reservation(
+            snap, shape, state, self.released, now, policy, self.placed_gangs
+        )
         if planned is None:
             self.outcomes[job.job_id] = _Outcome(
                 "no_capacity",

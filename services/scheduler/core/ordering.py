@@ -31,19 +31,26 @@ def is_aged(job: JobRecord, now: float, policy: SchedulingPolicy) -> bool:
 
 
 def gangway_key(
-    job: JobRecord, rank: int, share: float, aged: bool, victims_released: bool
+    job: JobRecord,
+    rank: int,
+    share: float,
+    aged: bool,
+    victims_released: bool,
+    within_guarantee: bool,
 ) -> OrderKey:
     """Smaller sorts first.
 
     A preemptor whose victims are gone goes first (it paid for its GPUs); then aged jobs, oldest
-    first, whatever their class (aging bounds every wait); then class rank, fair share, age.
+    first, whatever their class (aging bounds every wait); then jobs their queue's guarantee
+    covers before jobs that would borrow (so that a borrower never takes what a guarantee must
+    reclaim a moment later); then class rank, fair share, age.
     """
     if victims_released:
         return (0, 0, -rank, 0.0, 0.0, job.seq)
     if aged:
         waited = job.queued_at if job.queued_at is not None else 0.0
         return (1, 0, 0, waited, 0.0, job.seq)
-    return (2, 0, -rank, share, job.submitted_at or 0.0, job.seq)
+    return (2, 0 if within_guarantee else 1, -rank, share, job.submitted_at or 0.0, job.seq)
 
 
 def fifo_key(job: JobRecord) -> OrderKey:

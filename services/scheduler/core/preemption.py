@@ -90,8 +90,12 @@ def plan_preemption(
             continue
         if shape.gpu_type is not None and gpu_type != shape.gpu_type:
             continue
-        borrower = victim.queue != preemptor.queue and quota.borrowing(victim.queue) > 0
-        allowed = (
+        same_queue = victim.queue == preemptor.queue
+        borrower = not same_queue and quota.borrowing(victim.queue) > 0
+        # Across queues only borrowed capacity is taken: a gang within its own queue's
+        # guarantee is safe from other teams, whatever their class (invariant 4).
+        reachable = same_queue or borrower
+        allowed = reachable and (
             (pclass.can_preempt and vrank < pclass.rank)
             or (reclaiming and borrower)
             or (overrun_head and vrank <= pclass.rank and has_overrun(victim, now, policy))

@@ -53,26 +53,33 @@ def plan_reservation(
     released: Set[str],
     now: float,
     policy: SchedulingPolicy,
+    placed: list[tuple[float, list[tuple[int, int]]]],
 ) -> tuple[float, Allocation] | None:
-    """(start time, allocation) for the head: replay gang ends on a copy until the head fits."""
+    """(start time, allocation) for the head: replay gang ends on a copy until the head fits.
+
+    `placed` are the gangs bound earlier in this cycle (their end, their ranks): not yet in
+    the state, but holding GPUs all the same.
+    """
     planning = snap.copy()
     planning.reserved = frozenset()
     nodes = state._node_list
     ends = sorted(
-        (estimated_end(job, now, policy), job.seq, job)
+        (estimated_end(job, now, policy), job.seq, job.ranks)
         for job in state._holding.values()
         if job.job_id not in released
         and job.ranks
         and (shape.gpu_type is None or nodes[job.ranks[0][0]].gpu_type == shape.gpu_type)
     )
+    fresh = [(end, -1 - number, ranks) for number, (end, ranks) in enumerate(placed)]
+    ends = sorted(ends + fresh, key=lambda item: (item[0], item[1]))
     tries = 0
     freed_at_last_try = -1
     freed = 0
     step = max(shape.unit_gpus, shape.min_gpus // 8)
-    for end, _, job in ends:
-        for index, mask in job.ranks:
+    for end, _, ranks in ends:
+        for index, mask in ranks:
             planning.release(index, mask)
-        freed += job.bound_gpus
+            freed += mask.bit_count()
         if planning.total_free < shape.min_gpus:
             continue
         if tries >= EAGER_TRIES and freed - freed_at_last_try < step:

@@ -1,0 +1,75 @@
+"""Order: class, then fair share with decayed usage, then age; aging bounds every wait."""
+
+from __future__ import annotations
+
+from schemas.jobs import GangReserved
+from services.scheduler.core import SchedulingPolicy
+from tests.core.builders import History, a_job
+
+
+def test_a_higher_class_is_placed_before_an_older_lower_class() -> None:
+    history = History("1x8:1:1")
+    history.submit(a_job().gpus(8))
+    history.run()
+    older = history.submit(a_job().gpus(8).priority("research"))[0]
+    newer = history.submit(a_job().gpus(8).priority("production").preemptible(False))[0]
+    history.exit(history.job(older).job_id, 0) if False else None
+    first = next(v.job_id for v in history.state.jobs() if v.state == "running")
+    history.exit(first, 0)
+
+    history.run()
+
+    assert history.job(newer).state == "running"
+    assert history.job(older).state == "queued"
+
+
+def test_the_team_with_less_recent_usage_goes_first_within_a_class() -> None:
+    history = History("2x8:2:1")
+    history.team("heavy", guaranteed=8).team("light", guaranteed=8)
+    hog = history.submit(a_job().gpus(8).tasks(2).team("heavy"))[0]
+    history.run()
+    history.advance(24 * 3600)
+    heavy = history.submit(a_job().gpus(8).team("heavy"))[0]
+    light = history.submit(a_job().gpus(8).team("light"))[0]
+    history.exit(hog, 0)
+    history.submit(a_job().gpus(8).team("heavy").priority("research"))  # keeps one node busy
+    history.run()
+
+    placed = [g.job_id for g in history.events(GangReserved)][1:]
+
+    assert placed.index(light) < placed.index(heavy)
+
+
+def test_aging_makes_a_long_waiting_job_the_head_with_a_reservation() -> None:
+    policy = SchedulingPolicy(aging_max_wait_s=600)
+    history = History("2x8:2:1", policy=policy)
+    history.submit(a_job().gpus(8).priority("production").estimate(300))
+    history.run()
+    patient = history.submit(a_job().gpus(8).tasks(2).priority("research"))[0]
+    # A steady stream of production work that would always win on class alone.
+    for _ in range(20):
+        history.submit(a_job().gpus(8).priority("production").estimate(300))
+        for view in list(history.state.jobs()):
+            if (
+                view.state == "running"
+                and view.job_id != patient
+                and history.now - (view.started_at or history.now) >= 300
+            ):
+                history.exit(view.job_id, 0)
+        history.run(every_s=60)
+        if history.job(patient).state == "running":
+            break
+
+    assert history.job(patient).state == "running"
+    assert history.job(patient).submitted_at is not None
+
+
+def test_a_cycle_with_nothing_new_is_answered_from_the_memo() -> None:
+    history = History("1x8:1:1")
+    history.submit(a_job().gpus(8).estimate(3600), a_job().gpus(8))
+    history.run(cycles=2)
+
+    history.cycle()
+
+    assert history.cycles[-1].skipped
+    assert history.cycles[-1].decisions == []
