@@ -168,3 +168,13 @@ def test_preempted_gangs_are_requeued_at_the_grace_deadline_if_ranks_do_not_exit
     history.advance(2)
     history.cycle()
     assert len(history.events(JobRequeued, job)) == 1
+
+
+def test_draining_an_empty_node_reports_it_drained_at_once() -> None:
+    history = History("2x8:2:1")
+
+    history.drain("n0001")
+    history.cycle()
+
+    assert [e.node_id for e in history.events(NodeDrained)] == ["n0001"]
+    assert history.state.node("n0001").state == "drained"  # type: ignore[union-attr]
