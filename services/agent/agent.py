@@ -24,7 +24,7 @@ import asyncpg
 from aiokafka import AIOKafkaProducer
 from prometheus_client import Counter, Gauge
 
-from schemas.checkpoints import CheckpointRequested
+from schemas.checkpoints import CheckpointCommitted, CheckpointCorrupted, CheckpointRequested
 from schemas.envelope import EventEnvelope
 from schemas.jobs import (
     GANG_RELEASING_EVENTS,
@@ -317,7 +317,12 @@ class Agent:
             rank.stop_reason = "preempted"
         # Leave time for the stop itself inside the grace.
         budget = max(0.0, grace_s - self.settings.stop_timeout_s)
-        await self._checkpoint(ranks, envelope, budget)
+        checkpoint_id = await self._checkpoint(ranks, envelope, budget)
+        # Evict only once the checkpoint service has judged the shards: the eviction releases
+        # the gang, and its next attempt must find the commit in the log to resume from it.
+        await self._await_outcome(
+            ranks[0].key.job_id, checkpoint_id, deadline - self.settings.stop_timeout_s
+        )
         remaining = max(0.0, deadline - time.monotonic())
         await asyncio.gather(
             *(r.stop("preempted", min(self.settings.stop_timeout_s, remaining)) for r in ranks)
@@ -325,17 +330,47 @@ class Agent:
 
     async def _checkpoint(
         self, ranks: list[RankProcess], envelope: EventEnvelope, budget_s: float
-    ) -> None:
+    ) -> str:
+        """Have every rank's shard written; return the checkpoint's id."""
         event = envelope.payload
         attempt = int(getattr(event, "attempt", 1))
+        checkpoint_id = checkpoint_id_for(attempt, envelope.event_id)
         directory = checkpoint_dir(
-            self.root_dir, str(getattr(event, "job_id", "")),
-            checkpoint_id_for(attempt, envelope.event_id),
+            self.root_dir, str(getattr(event, "job_id", "")), checkpoint_id
         )
-        await asyncio.gather(*(self._checkpoint_rank(r, directory, budget_s) for r in ranks))
+        # Every rank of the checkpoint, on whichever agent, must name the same step: the
+        # request's time is the one value they all share.
+        step = int(envelope.recorded_at.timestamp())
+        await asyncio.gather(
+            *(self._checkpoint_rank(r, directory, budget_s, step) for r in ranks)
+        )
+        return checkpoint_id
 
-    async def _checkpoint_rank(self, rank: RankProcess, directory: Path, budget_s: float) -> None:
-        step = int(time.monotonic() - rank.started_at)
+    async def _await_outcome(self, job_id: str, checkpoint_id: str, until: float) -> bool:
+        """Wait (until the monotonic time `until`) for CheckpointCommitted or
+        CheckpointCorrupted of `checkpoint_id`; True if one was recorded."""
+        stream = f"checkpoint-{job_id}"
+        seen = 0
+        while True:
+            try:
+                for envelope in await self.store.read_stream(stream, seen):
+                    seen = envelope.version
+                    judged = envelope.payload
+                    if isinstance(judged, CheckpointCommitted | CheckpointCorrupted) and (
+                        judged.checkpoint_id == checkpoint_id
+                    ):
+                        return True
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+                log.warning("reading %s failed: %r", stream, error)
+            if time.monotonic() >= until:
+                log.warning("no outcome for checkpoint %s of %s in time; evicting anyway",
+                            checkpoint_id, job_id)
+                return False
+            await asyncio.sleep(0.2)
+
+    async def _checkpoint_rank(
+        self, rank: RankProcess, directory: Path, budget_s: float, step: int
+    ) -> None:
         try:
             if rank.checkpoints_itself:
                 await self._signal_checkpoint(rank, directory, budget_s, step)

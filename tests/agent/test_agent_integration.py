@@ -44,7 +44,7 @@ def make_agent(settings: Settings, store: EventStore, tmp_path: Path) -> Agent:
     agent_settings = AgentSettings(
         **{**settings.model_dump(), "work_dir": tmp_path / "work",
            "checkpoint_root": tmp_path / "checkpoints", "fault_dir": tmp_path / "faults",
-           "stop_timeout_s": 5.0},
+           "stop_timeout_s": 2.0},
         _env_file=None,
     )
     return Agent(agent_settings, store, NODES)
@@ -127,7 +127,7 @@ async def test_a_preempted_gang_leaves_a_verified_shard_per_rank_and_stops(
 ) -> None:
     await handle(agent, await reserve(store, ["sleep", "600"], ["n0000", "n0001"]))
     preempt = PreemptionRequested(
-        job_id=JOB, attempt=1, preemptor_job_id="other", reason="test", grace_s=20
+        job_id=JOB, attempt=1, preemptor_job_id="other", reason="test", grace_s=3
     )
     [envelope] = await store.append(f"job-{JOB}", None, [preempt])
     await handle(agent, envelope)
