@@ -9,6 +9,7 @@ service looks without a word between them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -22,7 +23,8 @@ from schemas.checkpoints import (
     CheckpointRequested,
 )
 from schemas.envelope import EventEnvelope
-from schemas.jobs import GangReserved, PreemptionRequested
+from schemas.jobs import GANG_RELEASING_EVENTS, GangReserved, JobSubmitted, PreemptionRequested
+from services.checkpoint.periodic import PeriodicCheckpoints
 from services.checkpoint.settings import CheckpointSettings
 from services.checkpoint.store import (
     Verification,
@@ -63,6 +65,7 @@ class CheckpointService:
         self.store = store
         self.root = settings.checkpoint_root.resolve()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self.periodic = PeriodicCheckpoints()
         self.registry = new_registry()
         self.outcomes = Counter(
             "gangway_checkpoint_outcomes", "Checkpoints by outcome", ["outcome"],
@@ -70,10 +73,71 @@ class CheckpointService:
         )
 
     def handlers(self) -> dict[str, EventHandler]:
-        return {
+        handlers: dict[str, EventHandler] = {
             "CheckpointRequested": self.on_request,
             "PreemptionRequested": self.on_request,
+            "GangReserved": self.on_gang_reserved,
         }
+        for event_type in GANG_RELEASING_EVENTS:
+            handlers[event_type.type] = self.on_gang_released
+        return handlers
+
+    # ------------------------------------------------------------------ periodic requests
+
+    async def interval_of(self, job_id: str) -> float | None:
+        for envelope in await self.store.read_stream(f"job-{job_id}"):
+            if isinstance(envelope.payload, JobSubmitted):
+                return envelope.payload.spec.checkpoint.interval_s
+        return None
+
+    async def on_gang_reserved(self, envelope: EventEnvelope, conn: asyncpg.Connection) -> None:
+        event = envelope.payload
+        assert isinstance(event, GangReserved)
+        interval = await self.interval_of(event.job_id)
+        self.periodic.started(event.job_id, event.attempt, interval, time.monotonic())
+
+    async def on_gang_released(self, envelope: EventEnvelope, conn: asyncpg.Connection) -> None:
+        event = envelope.payload
+        self.periodic.stopped(str(getattr(event, "job_id", "")), getattr(event, "attempt", None))
+
+    async def rebuild_periodic(self) -> None:
+        """The gangs holding GPUs now, from the log: the consumer resumes after their
+        GangReserved, so a restarted service would otherwise never checkpoint them again."""
+        holding: dict[str, int] = {}
+        types = ["GangReserved", *(t.type for t in GANG_RELEASING_EVENTS)]
+        position = 0
+        while batch := await self.store.read_all(position, 5000, types=types):
+            for envelope in batch:
+                event = envelope.payload
+                job_id = str(getattr(event, "job_id", ""))
+                if isinstance(event, GangReserved):
+                    holding[job_id] = event.attempt
+                elif getattr(event, "attempt", None) in (None, holding.get(job_id)):
+                    holding.pop(job_id, None)
+                position = envelope.position or position
+        now = time.monotonic()
+        for job_id, attempt in holding.items():
+            self.periodic.started(job_id, attempt, await self.interval_of(job_id), now)
+
+    async def request_due(self) -> list[CheckpointRequested]:
+        requests = [
+            CheckpointRequested(job_id=job_id, attempt=attempt, reason="periodic")
+            for job_id, attempt in self.periodic.due(time.monotonic())
+        ]
+        for request in requests:
+            await self.store.append(request.stream, None, [request])
+        return requests
+
+    async def request_forever(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.request_due()
+            except Exception:
+                log.exception("periodic checkpoint requests failed; retrying")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+
+    # ------------------------------------------------------------------ collection
 
     async def on_request(self, envelope: EventEnvelope, conn: asyncpg.Connection) -> None:
         event = envelope.payload
@@ -157,10 +221,12 @@ async def run(settings: CheckpointSettings, stop: asyncio.Event) -> None:
             settings, store.pool, name="checkpoint",
             topics=[topics.jobs, topics.checkpoints], handlers=service.handlers(),
         )
+        await service.rebuild_periodic()
         consume = asyncio.create_task(consumer.run(stop))
+        periodic = asyncio.create_task(service.request_forever(stop))
         await wait_started(consumer, consume)
         log.info("checkpoint ready (root %s)", service.root)
-        await consume
+        await asyncio.gather(consume, periodic)
     finally:
         await service.drain()
         await store.close()

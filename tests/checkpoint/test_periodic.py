@@ -1,0 +1,41 @@
+"""Periodic checkpoints: due every interval while the gang runs, never after it stopped."""
+
+from __future__ import annotations
+
+from services.checkpoint.periodic import PeriodicCheckpoints
+
+
+def test_a_gang_is_due_one_interval_after_it_started_and_every_interval_after() -> None:
+    periodic = PeriodicCheckpoints()
+    periodic.started("j1", 1, 60.0, now=0.0)
+    assert periodic.due(59.0) == []
+    assert periodic.due(60.0) == [("j1", 1)]
+    assert periodic.due(90.0) == []
+    assert periodic.due(120.0) == [("j1", 1)]
+
+
+def test_a_late_round_asks_once_not_for_every_missed_interval() -> None:
+    periodic = PeriodicCheckpoints()
+    periodic.started("j1", 1, 10.0, now=0.0)
+    assert periodic.due(55.0) == [("j1", 1)]
+    assert periodic.due(56.0) == []
+
+
+def test_a_job_without_an_interval_is_never_due() -> None:
+    periodic = PeriodicCheckpoints()
+    periodic.started("j1", 1, None, now=0.0)
+    assert periodic.due(1e9) == []
+
+
+def test_a_released_gang_is_no_longer_due() -> None:
+    periodic = PeriodicCheckpoints()
+    periodic.started("j1", 1, 10.0, now=0.0)
+    periodic.stopped("j1", 1)
+    assert periodic.due(100.0) == []
+
+
+def test_releasing_an_older_attempt_keeps_the_current_one() -> None:
+    periodic = PeriodicCheckpoints()
+    periodic.started("j1", 2, 10.0, now=0.0)
+    periodic.stopped("j1", 1)
+    assert periodic.due(10.0) == [("j1", 2)]
