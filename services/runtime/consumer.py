@@ -13,6 +13,7 @@ import logging
 import traceback
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -52,6 +53,13 @@ _INBOX = """
 INSERT INTO inbox (consumer, event_id) VALUES ($1, $2)
 ON CONFLICT (consumer, event_id) DO NOTHING
 RETURNING true
+"""
+
+# The whole batch's inbox rows in one statement; returns the ids not seen before.
+_INBOX_MANY = """
+INSERT INTO inbox (consumer, event_id) SELECT $1, id FROM unnest($2::uuid[]) AS u(id)
+ON CONFLICT (consumer, event_id) DO NOTHING
+RETURNING event_id
 """
 
 
@@ -262,73 +270,100 @@ class EventConsumer(ConsumerLoop):
         records: Sequence[ConsumerRecord[bytes, bytes]],
         stop: asyncio.Event,
     ) -> int | None:
-        """Apply a partition's batch in one transaction: one commit, one WAL flush, for many
-        events. Each event runs in a savepoint of its own, so a refused one is undone alone."""
-        staged: list[tuple[ConsumerRecord[bytes, bytes], EventEnvelope | None, str | None]] = []
+        """Apply a partition's batch in one transaction: one commit (one WAL flush) and one
+        inbox statement for many events. An event its handler refuses undoes the transaction;
+        the batch is then applied again without it."""
+        staged: list[_Staged] = []
         for record in records:
             try:
-                staged.append((record, self.decode(record), None))
+                staged.append(_Staged(record, self.decode(record)))
             except Unprocessable as error:
-                staged.append((record, None, f"Unprocessable: {error}"))
+                staged.append(_Staged(record, None, f"Unprocessable: {error}"))
         failures: dict[int, int] = {}
         backoff = 0.05
         while True:
             try:
-                results = await self._apply_batch(staged, failures)
+                outcomes = await self._apply_batch(staged)
                 break
+            except _Refused as refused:
+                staged[refused.index].reason = refused.reason
+                continue
             except _RetryBatch as retry:
-                log.warning("%s: %r; retrying the batch", self.name, retry.__cause__)
-            except TRANSIENT_ERRORS as error:
-                log.warning("%s: transient %r; retrying the batch", self.name, error)
+                offset = staged[retry.index].record.offset
+                failures[offset] = failures.get(offset, 0) + 1
+                cause = retry.__cause__
+                assert cause is not None
+                if failures[offset] >= self.settings.consumer_max_attempts:
+                    staged[retry.index].reason = (
+                        f"handler failed {failures[offset]} times: {cause!r}\n"
+                        + "".join(traceback.format_exception(cause)[-3:])
+                    )
+                    continue
+                log.warning("%s: %r; retrying the batch", self.name, cause)
+            except TRANSIENT_ERRORS as transient:
+                log.warning("%s: transient %r; retrying the batch", self.name, transient)
             if await _sleep_unless(stop, backoff):
                 return None  # nothing of this batch committed; it will be read again
             backoff = min(backoff * 2, 5.0)
         last: int | None = None
-        for (record, _, _), (outcome, reason) in zip(staged, results, strict=True):
-            if (
-                reason is not None
-                and await self._dead_letter_until_sent(record, reason, stop) is None
-            ):
-                # The effects after it are committed; their redelivery is a no-op (inbox).
-                return last
+        for item, outcome in zip(staged, outcomes, strict=True):
+            if item.reason is not None:
+                sent = await self._dead_letter_until_sent(item.record, item.reason, stop)
+                if sent is None:
+                    # The effects after it are committed; their redelivery is a no-op (inbox).
+                    return last
             self.counts[outcome] += 1
-            last = record.offset
+            last = item.record.offset
         return last
 
-    async def _apply_batch(
-        self,
-        staged: Sequence[tuple[ConsumerRecord[bytes, bytes], EventEnvelope | None, str | None]],
-        failures: dict[int, int],
-    ) -> list[tuple[Outcome, str | None]]:
-        results: list[tuple[Outcome, str | None]] = []
+    async def _apply_batch(self, staged: Sequence[_Staged]) -> list[Outcome]:
+        todo = [s.envelope.event_id for s in staged if s.envelope is not None and not s.reason]
+        outcomes: list[Outcome] = []
         async with self.pool.acquire() as conn, conn.transaction():
-            for record, envelope, reason in staged:
-                if reason is not None:
-                    results.append((Outcome.DEAD_LETTERED, reason))
-                    continue
-                if envelope is None:
-                    results.append((Outcome.SKIPPED, None))
-                    continue
-                try:
-                    async with conn.transaction():
-                        results.append((await self._apply(conn, envelope), None))
-                except DomainError as error:
-                    results.append((Outcome.DEAD_LETTERED, f"DomainError: {error}"))
-                except TRANSIENT_ERRORS:
-                    raise
-                except Exception as error:
-                    count = failures[record.offset] = failures.get(record.offset, 0) + 1
-                    if count < self.settings.consumer_max_attempts:
-                        raise _RetryBatch from error
-                    reason = f"handler failed {count} times: {error!r}\n" + "".join(
-                        traceback.format_exception(error)[-3:]
-                    )
-                    results.append((Outcome.DEAD_LETTERED, reason))
-        return results
+            fresh = (
+                {r[0] for r in await conn.fetch(_INBOX_MANY, self.name, todo)} if todo else set()
+            )
+            for index, item in enumerate(staged):
+                if item.reason is not None:
+                    outcomes.append(Outcome.DEAD_LETTERED)
+                elif item.envelope is None:
+                    outcomes.append(Outcome.SKIPPED)
+                elif item.envelope.event_id not in fresh:
+                    outcomes.append(Outcome.DUPLICATE)
+                else:
+                    fresh.discard(item.envelope.event_id)  # a second copy in this batch
+                    try:
+                        await self.handlers[item.envelope.type](item.envelope, conn)
+                    except DomainError as error:
+                        raise _Refused(index, f"DomainError: {error}") from error
+                    except TRANSIENT_ERRORS:
+                        raise
+                    except Exception as error:
+                        raise _RetryBatch(index) from error
+                    outcomes.append(Outcome.APPLIED)
+        return outcomes
+
+
+@dataclass(slots=True)
+class _Staged:
+    record: ConsumerRecord[bytes, bytes]
+    envelope: EventEnvelope | None
+    reason: str | None = None  # set: the message goes to the dead letters
+
+
+class _Refused(Exception):
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(reason)
+        self.index = index
+        self.reason = reason
 
 
 class _RetryBatch(Exception):
     """A handler failed in a way that may pass: undo the whole batch and apply it again."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(index)
+        self.index = index
 
 
 class TelemetryConsumer(ConsumerLoop):

@@ -252,3 +252,39 @@ async def test_telemetry_reaches_its_handler_and_malformed_samples_are_dead_lett
 
     [dead] = await read_topics(settings, [topics.deadletter], 1)
     assert "undecodable telemetry" in (header(dead, "deadletter.reason") or "")
+
+
+async def test_an_event_whose_handler_keeps_failing_is_dead_lettered_after_its_attempts(
+    settings: Settings, store: EventStore, topics: Topics, producer: AIOKafkaProducer
+) -> None:
+    await create_effects_table(settings)
+    attempts: dict[int, int] = {}
+
+    async def broken_on_the_second(envelope: EventEnvelope, conn: asyncpg.Connection) -> None:
+        attempts[envelope.version] = attempts.get(envelope.version, 0) + 1
+        await count_effects(envelope, conn)
+        if envelope.version == 2:
+            raise KeyError("a bug, not a refusal")
+
+    consumer = EventConsumer(
+        settings,
+        store.pool,
+        name="flaky",
+        topics=[topics.jobs],
+        handlers={"JobDeferred": broken_on_the_second},
+    )
+    events = await _recorded(store, "job-k", 3)
+
+    async with running(consumer):
+        await _publish(producer, topics, events)
+
+        async def others_applied() -> bool:
+            return await _effects(store) == {1: 1, 3: 1}
+
+        await wait_until(others_applied, what="the events around the broken one applied")
+
+    [dead] = await read_topics(settings, [topics.deadletter], 1)
+    assert dead.value == events[1].to_json()
+    reason = header(dead, "deadletter.reason") or ""
+    assert reason.startswith(f"handler failed {settings.consumer_max_attempts} times: KeyError")
+    assert attempts[2] == settings.consumer_max_attempts
