@@ -6,6 +6,10 @@ Placement searches the narrowest domain first — one node, one rack, one block,
 cluster — and inside a domain takes the fullest pieces first with a best-fit last piece, so a
 gang lands on few nodes and racks while whole nodes stay free for large gangs.
 
+`require` (node, rack, block) stops the widening at that level: the gang waits rather than
+spread. `prefer` needs no code of its own: the narrowest-first search is the preference, and
+without `require` the gang still widens when it must.
+
 `find_placement` only reads; `Snapshot.commit` binds a found placement. A placement is thus a
 tentative allocation that is committed whole or simply dropped.
 """
