@@ -43,6 +43,9 @@ async def main() -> None:
     try:
         if settings.metrics_port is not None:
             start_metrics_server(settings.metrics_port, agent.registry)
+        recovered = await agent.reconcile()
+        if recovered:
+            log.warning("%d ranks of a previous agent stopped and recorded", recovered)
         consumer = agent.consumer()
         consume = asyncio.create_task(consumer.run(stop))
         beat = asyncio.create_task(agent.heartbeat_loop(stop))

@@ -43,7 +43,7 @@ from services.agent.plan import (
     rank_env,
     ranks_to_launch,
 )
-from services.agent.ranks import RankKey, RankProcess, launch
+from services.agent.ranks import RankKey, RankProcess, launch, stop_orphan
 from services.agent.settings import AgentSettings
 from services.checkpoint.store import (
     checkpoint_dir,
@@ -400,6 +400,39 @@ class Agent:
                 return
             await asyncio.sleep(0.1)
         await asyncio.to_thread(record_shard, directory, rank.key.rank, step=step)
+
+    # ------------------------------------------------------------------ restart
+
+    async def reconcile(self) -> int:
+        """After a restart: every rank on these nodes that the log says started and never
+        exited was this agent's predecessor's. Stop what is left of it and record its end,
+        so that its gang is not held by ranks nobody watches. Returns how many."""
+        types = ["TaskStarted", "TaskExited"]
+        started: dict[tuple[str, int, int], TaskStarted] = {}
+        position = 0
+        while batch := await self.store.read_all(position, 5000, types=types):
+            for envelope in batch:
+                event = envelope.payload
+                if isinstance(event, TaskStarted | TaskExited) and event.node_id in self.nodes:
+                    key = (event.job_id, event.attempt, event.rank)
+                    if isinstance(event, TaskStarted):
+                        started[key] = event
+                    else:
+                        started.pop(key, None)
+                position = envelope.position or position
+        for (job_id, attempt, rank), event in started.items():
+            self.launched.add((job_id, attempt, rank))
+            workdir = self.work_dir / job_id / f"a{attempt}" / f"rank-{rank}"
+            killed = await asyncio.to_thread(stop_orphan, workdir, job_id)
+            exited = TaskExited(
+                job_id=job_id, attempt=attempt, rank=rank, node_id=event.node_id,
+                exit_code=-int(signal.SIGKILL) if killed else -1,
+                reason="agent restarted: rank " + ("stopped" if killed else "lost"),
+            )
+            await self.store.append(exited.stream, None, [exited])
+            log.warning("%s/%d rank %d on %s: %s", job_id, attempt, rank, event.node_id,
+                        exited.reason)
+        return len(started)
 
     # ------------------------------------------------------------------ shutdown
 

@@ -82,4 +82,25 @@ async def launch(
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
         )
+    # Lets an agent restarted after a crash find the ranks its predecessor left behind.
+    await asyncio.to_thread((workdir / PID_FILE).write_text, f"{process.pid}\n")
     return RankProcess(key, placement, world_size, process, workdir)
+
+
+PID_FILE = "rank.pid"
+
+
+def stop_orphan(workdir: Path, job_id: str) -> bool:
+    """Kill the rank a crashed agent left running in `workdir` (its own session, so it
+    outlived the agent); True if one was found. The pid is trusted only while the process
+    still carries the job's id in its environment (pids are reused)."""
+    try:
+        pid = int((workdir / PID_FILE).read_text().strip())
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except (OSError, ValueError):
+        return False
+    if f"GANGWAY_JOB_ID={job_id}".encode() not in environ:
+        return False
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    return True

@@ -141,3 +141,21 @@ async def test_a_preempted_gang_leaves_a_verified_shard_per_rank_and_stops(
         tmp_path / "checkpoints", JOB, checkpoint_id_for(1, envelope.event_id)
     )
     assert verify(directory, 2).ok
+
+
+async def test_a_restarted_agent_stops_and_records_the_ranks_it_was_left(
+    agent: Agent, store: EventStore, settings: Settings, tmp_path: Path
+) -> None:
+    await handle(agent, await reserve(store, ["sleep", "600"], ["n0000", "n0001"]))
+    orphans = [rank.process for rank in agent.ranks.values()]
+    # The first agent "crashes": its ranks run on, unwatched, and a new agent starts.
+    successor = make_agent(settings, store, tmp_path)
+    assert await successor.reconcile() == 2
+    assert [await asyncio.wait_for(p.wait(), 30) for p in orphans] == [-9, -9]
+    recorded = {
+        e.rank
+        for e in await job_events(store)
+        if isinstance(e, TaskExited) and e.reason == "agent restarted: rank stopped"
+    }
+    assert recorded == {0, 1}
+    assert await successor.reconcile() == 0
