@@ -8,13 +8,17 @@ fold, and a full replay must always give the state the snapshot gives.
 
 from __future__ import annotations
 
+import dataclasses
+import gc
 import hashlib
+import io
 import logging
 import pickle
 import sys
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -61,14 +65,70 @@ def code_version(policy: SchedulingPolicy, registry: EventRegistry = REGISTRY) -
 
 
 def dumps(folded: Folded) -> bytes:
-    return zlib.compress(pickle.dumps(folded, protocol=pickle.HIGHEST_PROTOCOL), 1)
+    buffer = io.BytesIO()
+    # The pickler's memo holds a reference to every object: the collector would rescan them
+    # all, again and again, for nothing (it more than doubled the time of large snapshots).
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        _FastPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(folded)
+    finally:
+        if enabled:
+            gc.enable()
+    return zlib.compress(buffer.getvalue(), 1)
 
 
 def loads(blob: bytes) -> Folded:
-    folded = pickle.loads(zlib.decompress(blob))
+    # Unpickling a large state allocates as replay does: without the collector's scans.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        folded = pickle.loads(zlib.decompress(blob))
+    finally:
+        if enabled:
+            gc.enable()
     if not isinstance(folded, Folded):
         raise TypeError(f"snapshot holds a {type(folded).__name__}, not Folded")
     return folded
+
+
+_SLOT_FIELDS: dict[type, tuple[str, ...] | None] = {}
+
+
+def _slot_fields(cls: type) -> tuple[str, ...] | None:
+    """The fields of a slotted dataclass (None for any other class)."""
+    try:
+        return _SLOT_FIELDS[cls]
+    except KeyError:
+        pass
+    fields = None
+    if dataclasses.is_dataclass(cls) and "__slots__" in cls.__dict__:
+        fields = tuple(f.name for f in dataclasses.fields(cls))
+    _SLOT_FIELDS[cls] = fields
+    return fields
+
+
+def _set_slots(obj: object, values: tuple[Any, ...]) -> None:
+    fields = _slot_fields(type(obj))
+    assert fields is not None
+    for name, value in zip(fields, values, strict=True):
+        object.__setattr__(obj, name, value)
+
+
+class _FastPickler(pickle.Pickler):
+    """Pickles slotted dataclasses (the core's records) as a tuple of field values.
+
+    The standard way (dataclasses' __getstate__) looks the fields up for every object: 40 µs
+    each, most of a snapshot's time with 100,000 jobs.
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        cls = type(obj)
+        fields = _slot_fields(cls)
+        if fields is None:
+            return NotImplemented
+        values = tuple(getattr(obj, name) for name in fields)
+        return (object.__new__, (cls,), values, None, None, _set_slots)
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,7 +26,7 @@ from services.scheduler.core.policy import SchedulingPolicy
 from services.scheduler.core.topology import parse_cluster_spec
 from services.scheduler.folding import Folded
 from services.scheduler.metrics import SchedulerMetrics
-from services.scheduler.replay import rebuild, verify_replay
+from services.scheduler.replay import differences, rebuild, verify_replay
 from services.scheduler.service import EXIT_DEPOSED, SchedulerService
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.snapshots import SnapshotStore, code_version
@@ -245,3 +245,18 @@ def _total(counter: Counter) -> float:
         for sample in metric.samples
         if sample.name.endswith("_total")
     )
+
+
+async def test_a_replay_reading_ahead_while_folding_gives_the_state_of_a_plain_fold(
+    settings: Settings, store: EventStore
+) -> None:
+    await seed_cluster(store)
+    for i in range(40):
+        await submit_admitted(store, job(f"p{i}", tasks=1))
+    policy = SchedulingPolicy()
+    plain = Folded.empty(policy)
+    await rebuild_into(store, plain)
+    # A batch size below the log's length takes the read-ahead path.
+    pipelined = await rebuild(store, policy, batch_size=10)
+    assert pipelined.folded.position == await store.head()
+    assert differences(plain, pipelined.folded) == []
