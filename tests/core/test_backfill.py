@@ -108,3 +108,18 @@ def test_an_overrunning_backfilled_job_is_preempted_for_an_overdue_reservation()
     preemptions = history.events(PreemptionRequested, liar)
     assert [p.preemptor_job_id for p in preemptions] == [head]
     assert history.job(head).state == "running"
+
+
+def test_a_job_that_stops_being_the_head_loses_its_estimated_start() -> None:
+    history = History("2x8:2:1")
+    history.submit(a_job().gpus(8).tasks(2).estimate(3600).priority("research"))
+    history.run()
+    first = history.submit(a_job().gpus(8).priority("research"))[0]
+    history.run()
+    assert history.job(first).estimated_start is not None
+
+    history.submit(a_job().gpus(8).tasks(2).priority("production").preemptible(False))
+    history.run()
+
+    assert history.job(first).reason_code != "reserved_head"
+    assert history.job(first).estimated_start is None

@@ -46,6 +46,7 @@ from services.scheduler.core.reservation import estimated_end, plan_reservation
 from services.scheduler.core.shape import describe_need
 from services.scheduler.core.state import (
     HOLDING_STATES,
+    RESERVED_HEAD,
     TERMINAL_STATES,
     JobRecord,
     SchedulerState,
@@ -577,7 +578,7 @@ class _Cycle:
         node_ids = sorted(state._node_list[index].node_id for index, _ in allocation)
         where = _racks_of(state, node_ids)
         self.outcomes[job.job_id] = _Outcome(
-            "reserved_head",
+            RESERVED_HEAD,
             f"{job.need}; earliest at {_when(start)} on {where}",
             estimated_start=start,
         )

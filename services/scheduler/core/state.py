@@ -62,6 +62,9 @@ JobStateName = Literal[
 ]
 NodeStateName = Literal["ready", "draining", "drained", "lost"]
 
+# The reason code of the head gang, the one job holding a backfill reservation.
+RESERVED_HEAD = "reserved_head"
+
 TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "rejected"})
 WAITING_STATES: frozenset[str] = frozenset({"pending", "queued"})
 HOLDING_STATES: frozenset[str] = frozenset({"reserved", "running", "preempting"})
@@ -512,6 +515,10 @@ class SchedulerState:
             return
         job.reason_code = event.code
         job.reason = event.message
+        if event.code != RESERVED_HEAD:
+            # No longer the head: its reservation (and estimated start) is gone.
+            job.estimated_start = None
+            job.reserved_nodes = ()
 
     def _on_reservation_planned(self, event: ReservationPlanned, at: float) -> None:
         job = self._jobs.get(event.job_id)
