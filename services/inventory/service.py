@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import socket
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -21,6 +23,7 @@ from services.inventory.discovery import discover
 from services.inventory.liveness import Liveness, Transition
 from services.inventory.settings import InventorySettings
 from services.runtime.consumer import TelemetryConsumer, wait_started
+from services.runtime.leadership import Leadership, acquire_leadership
 from services.runtime.metrics import new_registry, start_metrics_server
 from services.runtime.records import StreamAppend
 from services.runtime.store import EventStore
@@ -28,6 +31,7 @@ from services.runtime.store import EventStore
 log = logging.getLogger(__name__)
 
 NODE_LIFE_TYPES = ("NodeRegistered", "NodeLost", "NodeRecovered")
+LIVENESS_LEADERSHIP = "inventory"
 _REGISTER_BATCH = 500
 
 
@@ -42,13 +46,7 @@ class Inventory:
     def __init__(self, settings: InventorySettings, store: EventStore) -> None:
         self.settings = settings
         self.store = store
-        self.started_at = datetime.now(UTC)
-        self.liveness = Liveness(
-            settings.heartbeat_timeout_s,
-            not_before=self.started_at + timedelta(seconds=settings.startup_grace_s),
-        )
-        self.latest: dict[str, NodeRegistered] = {}
-        self.position = 0
+        self.restart_clock()
         self._unknown_logged: set[str] = set()
         registry = new_registry()
         self.registry = registry
@@ -58,6 +56,17 @@ class Inventory:
         self.nodes_gauge = Gauge(
             "gangway_inventory_nodes", "Registered nodes by liveness", ["state"], registry=registry
         )
+
+    def restart_clock(self) -> None:
+        """Judge liveness from now on (at start, and when this process becomes the one that
+        judges): every node gets the startup grace, and the log is folded afresh."""
+        self.started_at = datetime.now(UTC)
+        self.liveness = Liveness(
+            self.settings.heartbeat_timeout_s,
+            not_before=self.started_at + timedelta(seconds=self.settings.startup_grace_s),
+        )
+        self.latest: dict[str, NodeRegistered] = {}
+        self.position = 0
 
     async def follow_log(self) -> None:
         """Fold the node events appended since the last call (any producer's)."""
@@ -125,8 +134,15 @@ class Inventory:
             await self.follow_log()
         return changes
 
-    async def check_forever(self, stop: asyncio.Event) -> None:
+    async def check_forever(
+        self, stop: asyncio.Event, leadership: Leadership | None = None
+    ) -> None:
         while not stop.is_set():
+            if leadership is not None and not await leadership.still_held():
+                # Another inventory judges liveness now; two judges would record twice.
+                log.error("inventory lost its liveness leadership; stopping")
+                stop.set()
+                return
             try:
                 await self.check()
             except Exception:
@@ -157,11 +173,27 @@ async def run(settings: InventorySettings, stop: asyncio.Event) -> None:
             discovered[0].discovered_by if discovered else "none",
             added,
         )
-        consumer = TelemetryConsumer(settings, name="inventory", handler=inventory.on_telemetry)
-        consume = asyncio.create_task(consumer.run(stop))
-        check = asyncio.create_task(inventory.check_forever(stop))
-        await wait_started(consumer, consume)
-        log.info("inventory ready")
-        await asyncio.gather(consume, check)
+        # Every host's inventory registers its own node; one of them, the leader, judges the
+        # liveness of all (one consumer of every heartbeat, one writer of NodeLost).
+        leader_id = f"inventory-{socket.gethostname()}-{os.getpid()}"
+        log.info("inventory ready; %s waits to lead liveness", leader_id)
+        leadership = await acquire_leadership(
+            store, settings.pg_dsn, leader_id, name=LIVENESS_LEADERSHIP, stop=stop
+        )
+        if leadership is None:
+            return
+        try:
+            inventory.restart_clock()
+            await inventory.follow_log()
+            consumer = TelemetryConsumer(
+                settings, name="inventory", handler=inventory.on_telemetry
+            )
+            consume = asyncio.create_task(consumer.run(stop))
+            check = asyncio.create_task(inventory.check_forever(stop, leadership))
+            await wait_started(consumer, consume)
+            log.info("inventory leads liveness (epoch %d)", leadership.epoch)
+            await asyncio.gather(consume, check)
+        finally:
+            await leadership.release()
     finally:
         await store.close()

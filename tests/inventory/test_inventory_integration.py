@@ -9,7 +9,7 @@ import pytest
 
 from schemas.telemetry import NodeHeartbeat
 from services.inventory.discovery import load_cluster_spec
-from services.inventory.service import Inventory
+from services.inventory.service import Inventory, run
 from services.inventory.settings import InventorySettings
 from services.runtime import EventStore, Settings
 from tests.integration.conftest import settings, stack, store
@@ -76,3 +76,38 @@ async def test_a_restarted_inventory_does_not_lose_a_lost_node_again(
     await asyncio.sleep(0.6)  # longer than the timeout: a fresh tracker would declare it lost
     assert await second.check() == []
     assert await types_in(store, "node-n0000") == ["NodeRegistered", "NodeLost"]
+
+
+async def liveness_epoch(store: EventStore) -> int:
+    async with store.pool.acquire() as conn:
+        epoch = await conn.fetchval("SELECT epoch FROM leader_epochs WHERE name = 'inventory'")
+    return 0 if epoch is None else int(epoch)
+
+
+async def test_one_inventory_judges_liveness_and_a_standby_takes_over(
+    settings: Settings, store: EventStore
+) -> None:
+    config = InventorySettings(
+        **{**settings.model_dump(), "cluster": "2x8", "discovery": "spec"}, _env_file=None
+    )
+    stops = [asyncio.Event(), asyncio.Event()]
+    first = asyncio.create_task(run(config, stops[0]))
+
+    async def epoch_reaches(epoch: int) -> None:
+        async with asyncio.timeout(30):
+            while True:
+                if await liveness_epoch(store) >= epoch:
+                    return
+                await asyncio.sleep(0.05)
+
+    await epoch_reaches(1)
+    second = asyncio.create_task(run(config, stops[1]))
+    await asyncio.sleep(1.0)  # the standby would have taken over by now if it could
+    assert await liveness_epoch(store) == 1
+    stops[0].set()
+    await first
+    await epoch_reaches(2)
+    stops[1].set()
+    await second
+    registered = await store.read_all(0, 100, types=["NodeRegistered"])
+    assert len(registered) == 2
