@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
@@ -81,6 +82,7 @@ class EventStore:
         self.producer = producer
         self.registry = registry
         self._owns_pool = owns_pool
+        self._group_commit = _GroupCommit(self)
 
     @classmethod
     async def connect(
@@ -92,6 +94,7 @@ class EventStore:
         )
 
     async def close(self) -> None:
+        await self._group_commit.close()
         if self._owns_pool:
             await self.pool.close()
 
@@ -138,37 +141,57 @@ class EventStore:
         leadership: str = SCHEDULER_LEADERSHIP,
         conn: asyncpg.Connection | None = None,
     ) -> list[EventEnvelope]:
-        """Append to several streams in one transaction: all of them, or none."""
+        """Append to several streams in one transaction: all of them, or none.
+
+        Without `conn` or `epoch`, the append joins the store's group commit: appends that
+        arrive while one commits are written together in the next transaction (each in a
+        savepoint of its own, so a conflict fails only its own append). Appends are serialised
+        by the log's head row anyway, so this turns one WAL flush per append into one per group.
+        """
         _check_appends(appends, self.registry)
         meta = metadata or Metadata()
-        count = sum(len(a.events) for a in appends)
-        if count == 0:
+        if sum(len(a.events) for a in appends) == 0:
             return []
+        if conn is None and epoch is None:
+            return await self._group_commit.submit(appends, meta)
         async with self.connection(conn) as c, c.transaction():
-            if epoch is not None:
-                await _check_epoch(c, leadership, epoch)
-            last, recorded_at = await c.fetchrow(_CLAIM_POSITIONS, count)
-            current = dict(await c.fetch(_STREAM_VERSIONS, [a.stream for a in appends]))
-            rows = _Rows()
-            position = last - count
-            for append in appends:
-                actual: int = current[append.stream]
-                if append.expected_version is not None and append.expected_version != actual:
-                    raise ConcurrencyConflict(append.stream, append.expected_version, actual)
-                for offset, event in enumerate(append.events, start=1):
-                    position += 1
-                    rows.add(position, append.stream, actual + offset, event)
-            await c.execute(
-                _INSERT,
-                *rows.columns(),
-                meta.correlation_id,
-                meta.causation_id,
-                meta.producer or self.producer,
-                epoch,
-                recorded_at,
-            )
-            await c.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, str(last))
-        return rows.envelopes(meta, meta.producer or self.producer, epoch, recorded_at)
+            return await self._append_in(c, appends, meta, epoch, leadership)
+
+    async def _append_in(
+        self,
+        c: asyncpg.Connection,
+        appends: Sequence[StreamAppend],
+        meta: Metadata,
+        epoch: int | None,
+        leadership: str,
+    ) -> list[EventEnvelope]:
+        """The append itself, inside the caller's transaction."""
+        count = sum(len(a.events) for a in appends)
+        if epoch is not None:
+            await _check_epoch(c, leadership, epoch)
+        last, recorded_at = await c.fetchrow(_CLAIM_POSITIONS, count)
+        current = dict(await c.fetch(_STREAM_VERSIONS, [a.stream for a in appends]))
+        rows = _Rows()
+        position = last - count
+        for append in appends:
+            actual: int = current[append.stream]
+            if append.expected_version is not None and append.expected_version != actual:
+                raise ConcurrencyConflict(append.stream, append.expected_version, actual)
+            for offset, event in enumerate(append.events, start=1):
+                position += 1
+                rows.add(position, append.stream, actual + offset, event)
+        producer = meta.producer or self.producer
+        await c.execute(
+            _INSERT,
+            *rows.columns(),
+            meta.correlation_id,
+            meta.causation_id,
+            producer,
+            epoch,
+            recorded_at,
+        )
+        await c.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, str(last))
+        return rows.envelopes(meta, producer, epoch, recorded_at)
 
     # ------------------------------------------------------------------ reads
 
@@ -287,6 +310,67 @@ def _check_appends(appends: Sequence[StreamAppend], registry: EventRegistry) -> 
                 )
             if registry.model(event.type) is not type(event):
                 raise ValueError(f"{type(event).__name__} is not the registered {event.type}")
+
+
+_Pending = tuple[Sequence[StreamAppend], Metadata, "asyncio.Future[list[EventEnvelope]]"]
+
+
+class _GroupCommit:
+    """Writes the appends that queue up while a transaction commits in the next transaction.
+
+    One writer task per store, started on demand; each append keeps its own outcome (a
+    savepoint each), only the commit is shared. Epoch-fenced appends never join a group: their
+    leader_epochs lock must come before the head row's lock, as in every other append.
+    """
+
+    max_group = 256
+
+    def __init__(self, store: EventStore) -> None:
+        self.store = store
+        self.pending: list[_Pending] = []
+        self.writer: asyncio.Task[None] | None = None
+
+    async def submit(self, appends: Sequence[StreamAppend], meta: Metadata) -> list[EventEnvelope]:
+        future: asyncio.Future[list[EventEnvelope]] = asyncio.get_running_loop().create_future()
+        self.pending.append((appends, meta, future))
+        if self.writer is None or self.writer.done():
+            self.writer = asyncio.create_task(self._write())
+        return await future
+
+    async def _write(self) -> None:
+        while self.pending:
+            group, self.pending = self.pending[: self.max_group], self.pending[self.max_group :]
+            results: list[list[EventEnvelope] | BaseException] = []
+            try:
+                async with self.store.pool.acquire() as c, c.transaction():
+                    for appends, meta, _ in group:
+                        try:
+                            async with c.transaction():
+                                results.append(
+                                    await self.store._append_in(
+                                        c, appends, meta, None, SCHEDULER_LEADERSHIP
+                                    )
+                                )
+                        except (ConcurrencyConflict, asyncpg.PostgresError) as refused:
+                            results.append(refused)
+            except BaseException as error:
+                for _, _, future in group:
+                    if not future.done():
+                        future.set_exception(error)
+                if not isinstance(error, Exception):
+                    raise
+                continue
+            for (_, _, future), result in zip(group, results, strict=True):
+                if future.done():
+                    continue  # the caller gave up waiting; the append stands regardless
+                if isinstance(result, BaseException):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+
+    async def close(self) -> None:
+        if self.writer is not None and not self.writer.done():
+            await self.writer
 
 
 class _Rows:

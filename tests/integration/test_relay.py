@@ -74,7 +74,7 @@ async def test_the_relay_does_not_skip_an_event_whose_transaction_commits_late(
             )
 
             async def early_ones_are_waiting() -> bool:
-                return await appends_waiting(store) == 3
+                return await appends_waiting(store) >= 1
 
             await wait_until(early_ones_are_waiting, what="the early appends wait for the late")
             await transaction.commit()
