@@ -34,7 +34,8 @@ from schemas.jobs import (
     TaskStarted,
 )
 from schemas.nodes import NodeRegistered
-from services.agent.faults import HEALTHY, FaultReader
+from schemas.telemetry import StepTimeSample
+from services.agent.faults import HEALTHY, Fault, FaultReader
 from services.agent.heartbeats import NvmlSampler, synthetic_heartbeat
 from services.agent.plan import (
     CHECKPOINT_SIGNAL_ENV,
@@ -45,6 +46,7 @@ from services.agent.plan import (
 )
 from services.agent.ranks import RankKey, RankProcess, launch, stop_orphan
 from services.agent.settings import AgentSettings
+from services.agent.steps import STEP_FILE, read_new_steps
 from services.checkpoint.store import (
     checkpoint_dir,
     checkpoint_id_for,
@@ -160,9 +162,36 @@ class Agent:
                     key=node_id.encode(),
                 )
             )
+        heartbeats = len(pending)
+        for sample in await asyncio.to_thread(self.collect_steps, now, faults):
+            pending.append(
+                await producer.send(
+                    self.topics.telemetry,
+                    sample.model_dump_json().encode(),
+                    key=sample.node_id.encode(),
+                )
+            )
         await asyncio.gather(*pending)
-        self.heartbeats_sent.inc(len(pending))
-        return len(pending)
+        self.heartbeats_sent.inc(heartbeats)
+        return heartbeats
+
+    def collect_steps(self, now: datetime, faults: dict[str, Fault]) -> list[StepTimeSample]:
+        """The step times the running ranks reported since the last round (a silenced node's
+        ranks are silent too)."""
+        samples = []
+        for rank in list(self.ranks.values()):
+            node_id = rank.placement.node_id
+            if not rank.running or faults.get(node_id, HEALTHY).silent:
+                continue
+            steps, rank.step_offset = read_new_steps(rank.workdir / STEP_FILE, rank.step_offset)
+            samples += [
+                StepTimeSample(
+                    job_id=rank.key.job_id, attempt=rank.key.attempt, rank=rank.key.rank,
+                    node_id=node_id, step=step, step_time_s=seconds, at=now,
+                )
+                for step, seconds in steps
+            ]
+        return samples
 
     async def heartbeat_loop(self, stop: asyncio.Event) -> None:
         producer = make_producer(self.settings, client_id=f"{self.settings.service_name}-hb")
@@ -220,6 +249,7 @@ class Agent:
                 world_size=world_size,
                 checkpoint_dir=resume,
                 checkpoint_request=workdir / "checkpoint-request.json",
+                step_file=workdir / STEP_FILE,
                 agent_env=os.environ,
             )
             started = TaskStarted(

@@ -101,6 +101,7 @@ def rank_env(
     checkpoint_dir: Path | None,
     checkpoint_request: Path,
     agent_env: Mapping[str, str],
+    step_file: Path | None = None,
 ) -> dict[str, str]:
     """The rank's environment: a few of the agent's variables, the job's env, then Gangway's
     (which the job cannot override: they describe the placement)."""
@@ -118,4 +119,6 @@ def rank_env(
             "GANGWAY_CHECKPOINT_REQUEST": str(checkpoint_request),
         }
     )
+    if step_file is not None:
+        env["GANGWAY_STEP_FILE"] = str(step_file)
     return env

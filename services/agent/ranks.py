@@ -32,6 +32,8 @@ class RankProcess:
     stop_reason: str | None = None
     # The job handles SIGUSR1 by writing its own shard; otherwise the agent writes one.
     checkpoints_itself: bool = False
+    # How far the agent has read the rank's step-time file.
+    step_offset: int = 0
 
     @property
     def pid(self) -> int:

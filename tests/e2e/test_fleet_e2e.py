@@ -15,7 +15,14 @@ import pytest
 from schemas.base import Event
 from schemas.checkpoints import CheckpointCommitted
 from schemas.jobs import GangReserved, JobRequeued, TaskExited, TaskStarted
-from schemas.nodes import GpuUnhealthy, NodeDrained, NodeDrainRequested, NodeLost, NodeRecovered
+from schemas.nodes import (
+    GpuUnhealthy,
+    NodeDrained,
+    NodeDrainRequested,
+    NodeLost,
+    NodeRecovered,
+    StragglerDetected,
+)
 from services.agent.faults import heal, inject
 from tests.e2e.system import System, eventually, running_system
 from tests.integration.conftest import Stack
@@ -203,3 +210,26 @@ async def test_a_job_with_a_checkpoint_interval_is_checkpointed_while_it_runs(
     assert len({c.checkpoint_id for c in found}) == len(found)
     still = [e for e in await history(system, f"job-{job_id}") if isinstance(e, TaskExited)]
     assert still == []
+
+
+async def test_a_rank_stepping_far_slower_than_its_gang_is_reported_as_a_straggler(
+    system: System,
+) -> None:
+    # Rank 2 takes 5 s a step, the others 1 s: each rank reports its steps to the agent.
+    script = (
+        'pace=1.0; [ "$GANGWAY_RANK" = 2 ] && pace=5.0; i=0; '
+        'while :; do echo "$i $pace" >> "$GANGWAY_STEP_FILE"; i=$((i+1)); sleep 0.1; done'
+    )
+    job_id = await submit(system, tasks=3, gpus_per_task=1, command=["sh", "-c", script])
+    gang = await running_gang(system, job_id, 1)
+    slow_node = next(r.node_id for r in gang.ranks if r.rank == 2)
+
+    async def straggler() -> StragglerDetected | None:
+        for event in await history(system, f"node-{slow_node}"):
+            if isinstance(event, StragglerDetected) and event.job_id == job_id:
+                return event
+        return None
+
+    found = await eventually(straggler, what="the slow rank reported as a straggler")
+    assert isinstance(found, StragglerDetected)
+    assert (found.rank, found.step_time_s) == (2, 5.0)

@@ -1,0 +1,30 @@
+"""Step times the ranks report through their step file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from services.agent.steps import parse_steps, read_new_steps
+
+
+def test_complete_lines_become_samples_and_a_partial_line_waits() -> None:
+    samples, used = parse_steps(b"0 1.5\n1 1.25\n2 1.")
+    assert samples == [(0, 1.5), (1, 1.25)]
+    assert used == len(b"0 1.5\n1 1.25\n")
+
+
+def test_malformed_or_impossible_lines_are_skipped() -> None:
+    samples, _ = parse_steps(b"hello\n3 x\n-1 2.0\n4 0\n5 inf\n6 2.5 extra\n7 2.0\n")
+    assert samples == [(7, 2.0)]
+
+
+def test_reading_resumes_where_the_last_read_ended(tmp_path: Path) -> None:
+    path = tmp_path / "steps"
+    assert read_new_steps(path, 0) == ([], 0)
+    path.write_bytes(b"0 1.0\n1 1.1\n2 ")
+    first, offset = read_new_steps(path, 0)
+    with path.open("ab") as handle:
+        handle.write(b"1.2\n")
+    second, _ = read_new_steps(path, offset)
+    assert first == [(0, 1.0), (1, 1.1)]
+    assert second == [(2, 1.2)]
