@@ -55,6 +55,7 @@ from services.checkpoint.store import (
     write_shard,
 )
 from services.runtime.consumer import EventConsumer, EventHandler
+from services.runtime.errors import DomainError
 from services.runtime.kafka import make_producer
 from services.runtime.metrics import new_registry
 from services.runtime.records import Metadata
@@ -226,8 +227,8 @@ class Agent:
         if not todo:
             return
         if view.spec is None:
-            log.error("job %s has no JobSubmitted in its stream; cannot launch", reserved.job_id)
-            return
+            # Dead-lettered with this reason: a gang of a job the log never saw submitted.
+            raise DomainError(f"job {reserved.job_id} has no JobSubmitted; nothing to launch")
         checkpoints = await self.store.read_stream(f"checkpoint-{reserved.job_id}")
         latest = latest_checkpoint(e.payload for e in checkpoints)
         resume = (

@@ -22,11 +22,10 @@ log = logging.getLogger(__name__)
 def load_cluster_spec(value: str) -> list[NodeRegistered]:
     """The nodes of `value`: a shorthand (`16x8:4:2`), a path to a YAML file, or YAML text."""
     candidate = value.strip()
-    if "\n" not in candidate and candidate.endswith((".yaml", ".yml", ".json")):
-        return parse_cluster_spec(Path(candidate).read_text())
-    path = Path(candidate)
-    if "\n" not in candidate and "x" not in candidate.split(":")[0] and path.is_file():
-        return parse_cluster_spec(path.read_text())
+    if "\n" not in candidate:
+        path = Path(candidate)
+        if path.is_file() or candidate.endswith((".yaml", ".yml")):
+            return parse_cluster_spec(path.read_text())  # a missing .yaml file: say so
     return parse_cluster_spec(value)
 
 

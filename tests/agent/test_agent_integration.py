@@ -24,6 +24,7 @@ from services.agent.settings import AgentSettings
 from services.checkpoint.store import checkpoint_dir, checkpoint_id_for, verify
 from services.inventory.discovery import load_cluster_spec
 from services.runtime import EventStore, Settings
+from services.runtime.errors import DomainError
 from tests.integration.conftest import settings, stack, store
 
 pytestmark = pytest.mark.integration
@@ -159,3 +160,15 @@ async def test_a_restarted_agent_stops_and_records_the_ranks_it_was_left(
     }
     assert recorded == {0, 1}
     assert await successor.reconcile() == 0
+
+
+async def test_a_gang_of_a_job_never_submitted_is_refused(
+    agent: Agent, store: EventStore
+) -> None:
+    gang = GangReserved(
+        job_id="ghost", attempt=1, ranks=[RankPlacement(rank=0, node_id="n0000", gpus=[0])]
+    )
+    [envelope] = await store.append("job-ghost", None, [gang])
+    with pytest.raises(DomainError, match="no JobSubmitted"):
+        await handle(agent, envelope)
+    assert agent.ranks == {}
