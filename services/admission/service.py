@@ -9,6 +9,7 @@ always known, whatever order the bus delivered them in.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Collection
 
 import asyncpg
@@ -18,8 +19,8 @@ from schemas.jobs import JobAdmitted, JobRejected, JobSubmitted
 from schemas.nodes import NodeRegistered
 from schemas.teams import QueueConfigured, TeamCreated
 from services.admission.rules import AdmissionCatalog, admit
-from services.runtime.errors import DomainError
-from services.runtime.records import Metadata
+from services.runtime.errors import ConcurrencyConflict, DomainError
+from services.runtime.records import Metadata, RawEvent
 from services.runtime.store import EventStore
 
 log = logging.getLogger(__name__)
@@ -46,34 +47,45 @@ class Admission:
         self.catalog = AdmissionCatalog()
         # Every catalogue event at or before this position has been folded.
         self.position = 0
+        # Catalogue events fetched but past the submissions decided so far, in log order.
+        self._ahead: deque[RawEvent] = deque()
+        self._fetched_until = 0
         self.decided = 0
 
     async def catch_up(self, until: int | None = None) -> None:
-        """Fold the catalogue's events up to `until` (default: the log's head now)."""
+        """Fold the catalogue's events up to `until` (default: the log's head now).
+
+        Events are fetched up to the head, and those past `until` are kept aside until a later
+        submission passes them: a stream of submissions costs one catalogue query per refresh,
+        not one per job, and each decision still sees the catalogue as of its submission.
+        """
         end = await self.store.head() if until is None else until
-        while self.position < end:
-            batch = await self.store.read_all_raw(
-                self.position, self.batch_size, types=CATALOG_TYPES
+        if end > self._fetched_until:
+            await self._fetch()
+        while self._ahead and self._ahead[0].position <= end:
+            raw = self._ahead.popleft()
+            self.catalog.apply(
+                self.store.registry.decode(raw.type, raw.schema_version, raw.payload)
             )
-            for raw in batch:
-                if raw.position > end:
-                    break
-                self.catalog.apply(
-                    self.store.registry.decode(raw.type, raw.schema_version, raw.payload)
-                )
-                self.position = raw.position
-            if len(batch) < self.batch_size or batch[-1].position >= end:
-                # Nothing of the catalogue's types lies between here and `end`.
-                self.position = max(self.position, end)
+        self.position = max(self.position, end)
+
+    async def _fetch(self) -> None:
+        head = await self.store.head()
+        after = self._fetched_until
+        while True:
+            batch = await self.store.read_all_raw(after, self.batch_size, types=CATALOG_TYPES)
+            self._ahead.extend(raw for raw in batch if raw.position <= head)
+            if len(batch) < self.batch_size or batch[-1].position >= head:
+                break
+            after = batch[-1].position
+        # Every catalogue event at or before `head` is now folded or waiting in `_ahead`.
+        self._fetched_until = head
 
     async def on_submitted(self, envelope: EventEnvelope, conn: asyncpg.Connection) -> None:
         submitted = envelope.payload
         if not isinstance(submitted, JobSubmitted):
             raise DomainError(f"admission handles JobSubmitted, not {envelope.type}")
         await self.catch_up(envelope.position)
-        history = await self.store.read_stream(submitted.stream, conn=conn)
-        if any(e.type in DECISION_TYPES for e in history):
-            return  # decided already (a redelivery, or another admission replica)
         decision = admit(
             submitted.job_id,
             submitted.spec,
@@ -81,12 +93,21 @@ class Admission:
             self.priority_classes,
             self.always_preemptible,
         )
-        # Expecting the version just read: a concurrent decision makes this a conflict, which
-        # the consumer retries, and the retry finds the decision and does nothing.
-        version = history[-1].version if history else 0
-        await self.store.append(
-            submitted.stream, version, [decision], Metadata.caused_by(envelope), conn=conn
-        )
+        metadata = Metadata.caused_by(envelope)
+        try:
+            # Usually nothing follows the submission yet: one append, no read.
+            await self.store.append(
+                submitted.stream, envelope.version, [decision], metadata, conn=conn
+            )
+        except ConcurrencyConflict:
+            history = await self.store.read_stream(submitted.stream, conn=conn)
+            if any(e.type in DECISION_TYPES for e in history):
+                return  # decided already (a redelivery, or another admission replica)
+            # Something else came first (a cancel request): decide after it. A conflict
+            # here too is retried by the consumer, which then finds the decision.
+            await self.store.append(
+                submitted.stream, history[-1].version, [decision], metadata, conn=conn
+            )
         self.decided += 1
         if isinstance(decision, JobRejected):
             log.info("job %s rejected: %s", submitted.job_id, decision.reason)

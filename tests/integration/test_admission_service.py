@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from schemas import EventEnvelope
-from schemas.jobs import JobAdmitted, JobRejected, JobSpec, JobSubmitted
+from schemas.jobs import JobAdmitted, JobCancelRequested, JobRejected, JobSpec, JobSubmitted
 from schemas.teams import TeamCreated
 from services.admission.service import Admission
 from services.runtime import EventConsumer, EventStore, OutboxRelay, Settings, StreamAppend, Topics
@@ -119,3 +119,15 @@ async def test_submissions_on_the_bus_are_each_decided_once_in_their_job_stream(
         [decision] = await decisions(store, f"bus{i}")
         expected = JobAdmitted if i % 2 == 0 else JobRejected
         assert isinstance(decision.payload, expected)
+
+
+async def test_a_submission_already_followed_by_a_cancel_request_is_decided_after_it(
+    store: EventStore,
+) -> None:
+    await register_nodes(store)
+    await create_team(store)
+    envelope = await submit(store, "quick")
+    await store.append("job-quick", 1, [JobCancelRequested(job_id="quick", by="vision")])
+    await handle(admission(store), envelope)
+    history = await store.read_stream("job-quick")
+    assert [e.type for e in history] == ["JobSubmitted", "JobCancelRequested", "JobAdmitted"]

@@ -1,0 +1,324 @@
+"""The whole submission pipeline as processes: REST API → log → relay → Kafka → admission →
+scheduler → GangReserved (DESIGN §6: submit-to-reserved in milliseconds on an idle cluster).
+
+Starts relay, admission, one scheduler and the API with gangway/launcher.py on a scratch
+database and topic prefix; the cluster's nodes are registered straight into the log (as the
+fleet would), and no agent runs, so reserved gangs simply stay reserved.
+
+1. latency: one job at a time on an idle cluster; from the POST being sent to the GangReserved
+   being seen (LISTEN/NOTIFY on the log), and inside the system from JobSubmitted's to
+   GangReserved's recorded time. Target: p99 < 100 ms.
+2. throughput: many jobs submitted by concurrent clients; jobs reserved per second from the
+   first POST to the last GangReserved. Target: >= 500 jobs/s.
+
+Run: `python bench/bench_pipeline.py [--jobs 3000 --clients 32 --latency-jobs 200]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gangway.launcher import (
+    Launcher,
+    default_services,
+    ensure_admin_token,
+    free_port,
+    service_order,
+)
+from schemas.jobs import JobSpec, JobSubmitted
+from services.runtime import (
+    NOTIFY_CHANNEL,
+    EventStore,
+    Settings,
+    StreamAppend,
+    migrate_settings,
+)
+from services.scheduler.core.topology import parse_cluster_spec
+
+# 10,000 GPUs: room for every 1-GPU job of the throughput run without any finishing.
+CLUSTER = "1250x8:16:8"
+SERVICES = ("relay", "admission", "scheduler", "api")
+
+
+@contextlib.asynccontextmanager
+async def pipeline(state_dir: Path) -> AsyncIterator[tuple[Settings, str, str]]:
+    base = Settings()
+    tag = uuid.uuid4().hex[:8]
+    database = f"gw_bench_pipeline_{tag}"
+
+    def dsn(url: str) -> str:
+        return urlunsplit(urlsplit(url)._replace(path=f"/{database}"))
+
+    owner = await asyncpg.connect(base.migration_dsn)
+    try:
+        await owner.execute(f'CREATE DATABASE "{database}"')
+    finally:
+        await owner.close()
+    api_url = f"http://127.0.0.1:{free_port()}"
+    settings = Settings.model_validate(
+        {
+            **base.model_dump(),
+            "pg_dsn": dsn(base.pg_dsn),
+            "pg_owner_dsn": dsn(base.migration_dsn),
+            "topic_prefix": f"bench-{tag}",
+            "api_url": api_url,
+        }
+    )
+    await migrate_settings(settings)
+    token_file = state_dir / "admin.token"
+    launcher = Launcher(
+        state_dir=state_dir,
+        env={
+            "GANGWAY_PG_DSN": settings.pg_dsn,
+            "GANGWAY_PG_OWNER_DSN": settings.migration_dsn,
+            "GANGWAY_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+            "GANGWAY_TOPIC_PREFIX": settings.topic_prefix,
+            "GANGWAY_API_URL": api_url,
+            "GANGWAY_ADMIN_TOKEN_FILE": str(token_file),
+            "GANGWAY_CLUSTER": CLUSTER,
+        },
+    )
+    specs = [
+        spec
+        for spec in default_services(
+            cluster=CLUSTER, api_url=api_url, scheduler_replicas=1, metrics_port_base=None
+        )
+        if spec.name in SERVICES
+    ]
+    store = await EventStore.connect(settings, producer="fleet")
+    try:
+        nodes = parse_cluster_spec(CLUSTER)
+        await store.append_many([StreamAppend(n.stream, 0, [n]) for n in nodes])
+        launcher.up(specs, timeout_s=120)
+        yield settings, api_url, ensure_admin_token(token_file)
+    finally:
+        launcher.down(service_order(specs))
+        await store.close()
+        await drop_database(base, database)
+
+
+async def drop_database(base: Settings, database: str) -> None:
+    # The stopped services' sessions may take a moment to end; the owner cannot end them.
+    owner = await asyncpg.connect(base.migration_dsn)
+    try:
+        for _ in range(50):
+            try:
+                await owner.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+                return
+            except asyncpg.InsufficientPrivilegeError:
+                await asyncio.sleep(0.2)
+    finally:
+        await owner.close()
+
+
+class ReservationWatcher:
+    """Sees each GangReserved as soon as it is committed (woken by the log's NOTIFY)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.seen: dict[str, float] = {}
+        self.position = 0
+        self._wake = asyncio.Event()
+        self._changed = asyncio.Condition()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        store = await EventStore.connect(self.settings, producer="bench")
+        listener = await asyncpg.connect(self.settings.pg_dsn)
+        await listener.add_listener(NOTIFY_CHANNEL, lambda *_: self._wake.set())
+        self.position = await store.head()
+        try:
+            while not stop.is_set():
+                self._wake.clear()
+                batch = await store.read_all_raw(self.position, 5000)
+                now = time.perf_counter()
+                for raw in batch:
+                    if raw.type == "GangReserved":
+                        self.seen[raw.stream.removeprefix("job-")] = now
+                if batch:
+                    self.position = batch[-1].position
+                    async with self._changed:
+                        self._changed.notify_all()
+                    continue
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), 0.5)
+        finally:
+            await listener.close()
+            await store.close()
+
+    async def wait_for(self, job_ids: set[str], patience_s: float = 120.0) -> float:
+        async with asyncio.timeout(patience_s), self._changed:
+            await self._changed.wait_for(lambda: job_ids <= self.seen.keys())
+        return max(self.seen[j] for j in job_ids)
+
+
+def job_spec(index: int) -> dict[str, Any]:
+    return {"name": f"bench-{index}", "team": "bench", "tasks": 1, "gpus_per_task": 1}
+
+
+async def submit(api: httpx.AsyncClient, index: int) -> str:
+    response = await api.post("/v1/jobs", json=job_spec(index))
+    response.raise_for_status()
+    return str(response.json()["id"])
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def latency(api: httpx.AsyncClient, watcher: ReservationWatcher, count: int) -> list[float]:
+    samples = []
+    for index in range(count):
+        sent = time.perf_counter()
+        job_id = await submit(api, index)
+        seen = await watcher.wait_for({job_id})
+        samples.append((seen - sent) * 1000)
+        # Release nothing: 1-GPU jobs on 10,000 GPUs leave the cluster effectively idle.
+    return samples
+
+
+async def recorded_latencies(settings: Settings) -> list[float]:
+    """Inside the system: JobSubmitted's recorded time to GangReserved's, per job."""
+    conn = await asyncpg.connect(settings.pg_dsn)
+    try:
+        rows = await conn.fetch(
+            """
+            SELECT extract(epoch FROM r.recorded_at - s.recorded_at) * 1000 AS ms
+            FROM events s JOIN events r ON r.stream = s.stream
+            WHERE s.type = 'JobSubmitted' AND r.type = 'GangReserved'
+            """
+        )
+    finally:
+        await conn.close()
+    return [float(row["ms"]) for row in rows]
+
+
+async def throughput(
+    api: httpx.AsyncClient, watcher: ReservationWatcher, jobs: int, clients: int, offset: int
+) -> tuple[float, float]:
+    queue: asyncio.Queue[int] = asyncio.Queue()
+    for index in range(offset, offset + jobs):
+        queue.put_nowait(index)
+    ids: set[str] = set()
+
+    async def client() -> None:
+        while not queue.empty():
+            ids.add(await submit(api, queue.get_nowait()))
+
+    started = time.perf_counter()
+    await asyncio.gather(*(client() for _ in range(clients)))
+    submitted = time.perf_counter()
+    last = await watcher.wait_for(ids, patience_s=600)
+    return jobs / (submitted - started), jobs / (last - started)
+
+
+async def injected(
+    settings: Settings, watcher: ReservationWatcher, jobs: int, offset: int
+) -> tuple[float, float]:
+    """Admission and scheduler alone: JobSubmitted appended straight to the log in batches of
+    100 (as the API would, without HTTP), reserved jobs per second."""
+    store = await EventStore.connect(settings, producer="api")
+    ids = [f"inj{index:06d}" for index in range(offset, offset + jobs)]
+    try:
+        started = time.perf_counter()
+        for chunk in range(0, jobs, 100):
+            await store.append_many(
+                [
+                    StreamAppend(
+                        f"job-{job_id}",
+                        0,
+                        [
+                            JobSubmitted(
+                                job_id=job_id,
+                                spec=JobSpec.model_validate(job_spec(index)),
+                                submitted_by="bench",
+                            )
+                        ],
+                    )
+                    for index, job_id in enumerate(ids[chunk : chunk + 100], start=chunk)
+                ]
+            )
+        appended = time.perf_counter()
+        last = await watcher.wait_for(set(ids), patience_s=600)
+    finally:
+        await store.close()
+    return jobs / (appended - started), jobs / (last - started)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=3000)
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--latency-jobs", type=int, default=200)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="gangway-bench-") as tmp:
+        async with pipeline(Path(tmp)) as (settings, api_url, token):
+            limits = httpx.Limits(max_connections=args.clients)
+            async with httpx.AsyncClient(
+                base_url=api_url,
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=60.0,
+                limits=limits,
+            ) as api:
+                response = await api.post(
+                    "/v1/teams", json={"name": "bench", "guaranteed_gpus": 0, "max_gpus": None}
+                )
+                response.raise_for_status()
+                stop = asyncio.Event()
+                watcher = ReservationWatcher(settings)
+                watching = asyncio.create_task(watcher.run(stop))
+                await submit(api, -1)  # warm every stage up (connections, topics, JIT caches)
+                await asyncio.sleep(2)
+                samples = await latency(api, watcher, args.latency_jobs)
+                inside = await recorded_latencies(settings)
+                print(f"submit-to-reserved on an idle cluster ({CLUSTER}), {len(samples)} jobs:")
+                print(
+                    f"  client (POST sent → GangReserved seen): p50 {percentile(samples, 0.5):.1f}"
+                    f" ms, p99 {percentile(samples, 0.99):.1f} ms, "
+                    f"mean {statistics.fmean(samples):.1f} ms"
+                )
+                print(
+                    f"  in the log (JobSubmitted → GangReserved recorded): p50 "
+                    f"{percentile(inside, 0.5):.1f} ms, p99 {percentile(inside, 0.99):.1f} ms"
+                )
+                verdict = "met" if percentile(samples, 0.99) < 100 else "MISSED"
+                print(f"  target p99 < 100 ms: {verdict}")
+                submit_rate, pipeline_rate = await throughput(
+                    api, watcher, args.jobs, args.clients, offset=args.latency_jobs
+                )
+                print(f"sustained submissions, {args.jobs} jobs from {args.clients} clients:")
+                print(f"  API accepted {submit_rate:,.0f} jobs/s")
+                print(
+                    f"  through the whole pipeline (to GangReserved): {pipeline_rate:,.0f} jobs/s"
+                )
+                print(f"  target >= 500 jobs/s: {'met' if pipeline_rate >= 500 else 'MISSED'}")
+                append_rate, behind_api = await injected(
+                    settings, watcher, args.jobs, offset=args.latency_jobs + args.jobs
+                )
+                print(f"behind the API, {args.jobs} JobSubmitted appended in batches of 100:")
+                print(f"  appended {append_rate:,.0f} jobs/s")
+                print(
+                    f"  relay → admission → scheduler (to GangReserved): {behind_api:,.0f} jobs/s"
+                )
+                stop.set()
+                await watching
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
