@@ -41,14 +41,18 @@ class Folded:
         decode = registry.decode
         versions = self.versions
         position = self.position
-        for raw in batch:
-            if raw.position != position + 1:
-                self.position = position
-                raise LogGap(f"expected position {position + 1}, got {raw.position}")
-            apply(decode(raw.type, raw.schema_version, raw.payload), raw.recorded_at.timestamp())
-            versions[raw.stream] = raw.version
-            position = raw.position
-        self.position = position
+        try:
+            for raw in batch:
+                if raw.position != position + 1:
+                    raise LogGap(f"expected position {position + 1}, got {raw.position}")
+                event = decode(raw.type, raw.schema_version, raw.payload)
+                apply(event, raw.recorded_at.timestamp())
+                versions[raw.stream] = raw.version
+                position = raw.position
+        finally:
+            # Whatever stops the batch (an event this code cannot decode), the position
+            # names exactly what has been folded.
+            self.position = position
         return len(batch)
 
     def fold_envelopes(self, envelopes: Iterable[EventEnvelope]) -> int:

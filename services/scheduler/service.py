@@ -50,6 +50,15 @@ _MAX_CYCLE_ATTEMPTS = 5
 _STATE_GAUGES_EVERY_S = 10.0
 
 
+# A database restart or a broken connection: retried, never a reason to crash.
+TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+    asyncpg.CannotConnectNowError,
+)
+
+
 class Deposed(Exception):
     """This replica is no longer the leader: another holds the lock, or its epoch is fenced."""
 
@@ -133,6 +142,8 @@ class SchedulerService:
             batch_size=self.settings.scheduler_read_batch,
         )
         self.folded = rebuilt.folded
+        # A long replay is worth a snapshot soon: the next start then replays only the tail.
+        self._since_snapshot = rebuilt.events_replayed
         # The rebuilt state lives as long as the process: keep its objects out of every
         # future collection's scan (the cycles allocate a lot; the state need not be rescanned).
         gc.freeze()
@@ -190,11 +201,12 @@ class SchedulerService:
             log.info("%s stands by for the leader lock", self.settings.instance_id)
             while not election.done():
                 await self._wait(stop, election, seconds=self.settings.scheduler_cycle_interval_s)
-                await self.follow()
-                await self._observe()
+                with contextlib.suppress(*TRANSIENT_DB_ERRORS):
+                    await self.follow()
+                    await self._observe()
             try:
                 return election.result()
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+            except TRANSIENT_DB_ERRORS as error:
                 # The lock connection broke (database restart, or this standby was paused past
                 # the session timeout): try again on a fresh one.
                 log.warning("election connection failed: %r; retrying", error)
@@ -208,13 +220,23 @@ class SchedulerService:
             await self.follow()
             # Our own LeaderElected is folded by now; any later one means a newer leader.
             elections = self.folded.stream_version(SCHEDULER_STREAM)
+            backoff = 0.1
             while not stop.is_set():
-                await self.cycle()
-                await self._observe()
+                try:
+                    await self.cycle()
+                    await self._observe()
+                    backoff = 0.1
+                except TRANSIENT_DB_ERRORS as error:
+                    # The database is unreachable for a moment: nothing was appended, so the
+                    # next cycle decides again from the same folded state.
+                    log.warning("cycle failed: %r; retrying in %.1f s", error, backoff)
+                    await _sleep_unless(stop, backoff)
+                    backoff = min(backoff * 2, 5.0)
                 await self._wait(stop, keep_alive, seconds=self.settings.scheduler_cycle_interval_s)
                 if keep_alive.done():
                     raise Deposed("the leader lock's session is gone")
-                await self.follow()
+                with contextlib.suppress(*TRANSIENT_DB_ERRORS):
+                    await self.follow()
                 if self.folded.stream_version(SCHEDULER_STREAM) > elections:
                     raise Deposed("a newer leader was elected")
         finally:
@@ -324,7 +346,7 @@ class SchedulerService:
         try:
             await self.snapshots.save(self.folded, keep=self.settings.scheduler_snapshots_kept)
             self._since_snapshot = 0
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
+        except TRANSIENT_DB_ERRORS as error:
             # A snapshot is only a cache: failing to write one costs replay time, nothing else.
             log.warning("snapshot not saved: %r", error)
 

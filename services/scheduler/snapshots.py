@@ -8,6 +8,7 @@ fold, and a full replay must always give the state the snapshot gives.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import gc
 import hashlib
@@ -145,7 +146,12 @@ class SnapshotStore:
         self.version = version
 
     async def save(self, folded: Folded, *, keep: int = 3) -> SnapshotInfo:
-        blob = dumps(folded)
+        """Serialise and store `folded`; the caller must not fold into it until this returns.
+
+        Pickling a large state takes seconds: it runs in a thread, so that the event loop
+        keeps answering (the leader's lock pings) meanwhile.
+        """
+        blob = await asyncio.to_thread(dumps, folded)
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute(_SAVE, folded.position, self.version, blob, len(blob))
             await conn.execute(_PRUNE, self.version, keep)

@@ -1,0 +1,74 @@
+"""How the scheduler service turns a cycle's decisions into appends: order and versions kept."""
+
+from __future__ import annotations
+
+from schemas.base import Event
+from schemas.jobs import GangReserved, JobDeferred, JobRequeued, JobResumed, RankPlacement
+from services.scheduler.core.policy import SchedulingPolicy
+from services.scheduler.folding import Folded
+from services.scheduler.service import segments
+
+
+def folded_with(versions: dict[str, int]) -> Folded:
+    folded = Folded.empty(SchedulingPolicy())
+    folded.versions.update(versions)
+    return folded
+
+
+Parts = list[list[tuple[str, int | None, list[Event]]]]
+
+
+def flatten(parts: Parts) -> list[Event]:
+    return [event for part in parts for _, _, events in part for event in events]
+
+
+def as_tuples(
+    folded: Folded, decisions: list[Event]
+) -> list[list[tuple[str, int | None, list[Event]]]]:
+    return [
+        [(a.stream, a.expected_version, list(a.events)) for a in part]
+        for part in segments(decisions, folded)
+    ]
+
+
+GANG = [RankPlacement(rank=0, node_id="n0000", gpus=[0, 1])]
+
+
+def test_decisions_on_distinct_streams_are_one_append_in_their_order() -> None:
+    decisions: list[Event] = [
+        JobRequeued(job_id="b", attempt=1, code="preempted", reason="r"),
+        GangReserved(job_id="a", attempt=1, ranks=GANG),
+        JobDeferred(job_id="c", code="no_capacity", message="m"),
+    ]
+    parts = as_tuples(folded_with({"job-a": 2, "job-b": 7}), decisions)
+    assert [[(stream, version) for stream, version, _ in part] for part in parts] == [
+        [("job-b", 7), ("job-a", 2), ("job-c", 0)]
+    ]
+    assert flatten(parts) == decisions
+
+
+def test_a_stream_that_comes_back_after_another_starts_a_new_segment_keeping_the_order() -> None:
+    # A's resume, B's release, then A's gang on the GPUs B released: B's release must be
+    # recorded (and folded) before A's binding.
+    decisions: list[Event] = [
+        JobResumed(job_id="a"),
+        JobRequeued(job_id="b", attempt=1, code="preempted", reason="r"),
+        GangReserved(job_id="a", attempt=1, ranks=GANG),
+    ]
+    parts = as_tuples(folded_with({"job-a": 3, "job-b": 5}), decisions)
+    assert [[(stream, version) for stream, version, _ in part] for part in parts] == [
+        [("job-a", 3), ("job-b", 5)],
+        [("job-a", 4)],
+    ]
+    assert flatten(parts) == decisions
+
+
+def test_consecutive_decisions_of_one_stream_share_one_append() -> None:
+    decisions: list[Event] = [
+        JobResumed(job_id="a"),
+        GangReserved(job_id="a", attempt=1, ranks=GANG),
+    ]
+    parts = as_tuples(folded_with({"job-a": 1}), decisions)
+    assert [[(stream, version, len(events)) for stream, version, events in p] for p in parts] == [
+        [("job-a", 1, 2)]
+    ]
