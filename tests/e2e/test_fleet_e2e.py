@@ -54,6 +54,19 @@ async def system(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Asyn
         yield running
 
 
+SUBMITTED: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+async def cancel_what_the_test_submitted(system: System) -> AsyncIterator[None]:
+    """Each test's jobs run until cancelled: cancel them after it, so the next test finds
+    the fleet free."""
+    yield
+    async with system.client() as api:
+        while SUBMITTED:
+            await api.post(f"/v1/jobs/{SUBMITTED.pop()}/cancel")
+
+
 def fault_dir(system: System) -> Path:
     return system.launcher.state_dir / "faults"
 
@@ -68,7 +81,8 @@ async def submit(system: System, **fields: Any) -> str:
     async with system.client() as api:
         response = await api.post("/v1/jobs", json=body)
     assert response.status_code == 201, response.text
-    return str(response.json()["id"])
+    SUBMITTED.append(str(response.json()["id"]))
+    return SUBMITTED[-1]
 
 
 async def gang_of(system: System, job_id: str, attempt: int) -> GangReserved | None:
@@ -233,3 +247,23 @@ async def test_a_rank_stepping_far_slower_than_its_gang_is_reported_as_a_straggl
     found = await eventually(straggler, what="the slow rank reported as a straggler")
     assert isinstance(found, StragglerDetected)
     assert (found.rank, found.step_time_s) == (2, 5.0)
+
+
+async def test_cancelling_a_running_job_stops_every_rank(system: System) -> None:
+    job_id = await submit(system)
+    gang = await running_gang(system, job_id, 1)
+    async with system.client() as api:
+        response = await api.post(f"/v1/jobs/{job_id}/cancel")
+    assert response.status_code < 300, response.text
+
+    async def stopped() -> set[int]:
+        return {
+            e.rank
+            for e in await history(system, f"job-{job_id}")
+            if isinstance(e, TaskExited) and e.reason == "cancelled"
+        }
+
+    async def all_stopped() -> bool:
+        return await stopped() == {rank.rank for rank in gang.ranks}
+
+    await eventually(all_stopped, what="every rank of the cancelled job stopped")
