@@ -179,7 +179,9 @@ class Launcher:
         """The pid of the running service `name`, or None (a stale pid file is removed)."""
         path = self.pid_path(name)
         try:
-            pid = int(path.read_text().strip())
+            # "<pid>\n<module>\n": the module lets a later launcher recognise its process.
+            pid_text, _, module = path.read_text().partition("\n")
+            pid = int(pid_text.strip())
         except (FileNotFoundError, ValueError):
             return None
         child = self._children.get(name)
@@ -188,20 +190,10 @@ class Launcher:
             # process's until the exec, so the check below would misjudge a fresh child.)
             if child.poll() is None:
                 return pid
-        elif _alive(pid) and self._is_ours(pid):
+        elif _alive(pid) and _runs_module(pid, module.strip()):
             return pid
         path.unlink(missing_ok=True)
         return None
-
-    def _is_ours(self, pid: int) -> bool:
-        # A pid is reused after its process died; trust it only if it still runs a Gangway module.
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        except OSError:
-            return True  # no /proc: give the pid file the benefit of the doubt
-        return b"-m" in cmdline and any(
-            part.startswith((b"services.", b"gangway.")) for part in cmdline
-        )
 
     def running(self) -> dict[str, int]:
         """Every service with a live pid file, by name."""
@@ -241,7 +233,7 @@ class Launcher:
                 start_new_session=True,
             )
         self._children[spec.name] = process
-        _write_atomic(self.pid_path(spec.name), f"{process.pid}\n")
+        _write_atomic(self.pid_path(spec.name), f"{process.pid}\n{spec.module}\n")
         return Started(spec.name, process.pid, already_running=False)
 
     def wait_ready(self, spec: ServiceSpec, *, timeout_s: float = 60.0, since: int = 0) -> None:
@@ -510,6 +502,18 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return True
     return state != "Z"
+
+
+def _runs_module(pid: int, module: str) -> bool:
+    """Whether `pid` runs `python -m module`: a pid is reused after its process died, and a
+    pid file must never make the launcher signal a stranger."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return True  # no /proc: give the pid file the benefit of the doubt
+    if not module:
+        return any(part.startswith((b"services.", b"gangway.")) for part in cmdline)
+    return module.encode() in cmdline
 
 
 def _signal_group(pid: int, sig: int) -> None:

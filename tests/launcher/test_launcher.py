@@ -1,0 +1,122 @@
+"""The launcher with real processes: start once, readiness, stop, kill; the make-up files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gangway.launcher import (
+    Launcher,
+    LauncherError,
+    ServiceSpec,
+    default_services,
+    ensure_admin_token,
+    read_env_file,
+    write_env_file,
+)
+
+# A stand-in service: Python's own HTTP server prints a line once it listens.
+SERVER = ServiceSpec(
+    "web", "http.server", args=("0", "--bind", "127.0.0.1"), ready_log=r"Serving HTTP"
+)
+
+
+@pytest.fixture
+def launcher(tmp_path: Path) -> Iterator[Launcher]:
+    running = Launcher(state_dir=tmp_path / "state", env={"PYTHONUNBUFFERED": "1"})
+    yield running
+    running.down()
+
+
+def test_a_started_service_is_ready_and_logs_to_its_file(launcher: Launcher) -> None:
+    [started] = launcher.up([SERVER], timeout_s=30)
+    assert launcher.pid("web") == started.pid
+    assert "Serving HTTP" in launcher.read_log("web")
+    assert launcher.pid_path("web").read_text().split() == [str(started.pid), "http.server"]
+
+
+def test_starting_a_running_service_again_leaves_it_running(launcher: Launcher) -> None:
+    [first] = launcher.up([SERVER], timeout_s=30)
+    [second] = launcher.up([SERVER], timeout_s=30)
+    assert second.already_running and second.pid == first.pid
+
+
+def test_a_second_launcher_sees_what_the_first_started(launcher: Launcher) -> None:
+    [started] = launcher.up([SERVER], timeout_s=30)
+    other = Launcher(state_dir=launcher.state_dir)
+    assert other.running() == {"web": started.pid}
+    assert other.stop("web")
+    assert launcher.pid("web") is None
+
+
+def test_stopping_removes_the_process_and_its_pid_file(launcher: Launcher) -> None:
+    [started] = launcher.up([SERVER], timeout_s=30)
+    assert launcher.stop("web")
+    assert not launcher.pid_path("web").exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(started.pid, 0)
+    assert launcher.stop("web") is False
+
+
+def test_a_killed_service_is_no_longer_running(launcher: Launcher) -> None:
+    launcher.up([SERVER], timeout_s=30)
+    launcher.kill("web", signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while launcher.pid("web") is not None:
+        assert time.monotonic() < deadline, "the killed service still looks alive"
+        time.sleep(0.05)
+    assert launcher.running() == {}
+
+
+def test_a_service_that_dies_at_start_fails_with_its_log(launcher: Launcher) -> None:
+    broken = ServiceSpec("broken", "gangway_no_such_module", ready_log="never")
+    with pytest.raises(LauncherError, match="No module named"):
+        launcher.up([broken], timeout_s=30)
+
+
+def test_services_without_an_entry_point_are_skipped_when_asked(launcher: Launcher) -> None:
+    missing = ServiceSpec("missing", "gangway_no_such_module")
+    assert launcher.up([missing], skip_missing=True) == []
+
+
+def test_the_admin_token_is_generated_once_and_private(tmp_path: Path) -> None:
+    path = tmp_path / "admin.token"
+    token = ensure_admin_token(path)
+    assert len(token) >= 40
+    assert ensure_admin_token(path) == token
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_the_env_file_gets_the_settings_and_keeps_other_lines(tmp_path: Path) -> None:
+    path = tmp_path / "env"
+    path.write_text("GANGWAY_PG_OWNER_DSN=owner\nGANGWAY_API_URL=old\n")
+    write_env_file(path, {"GANGWAY_API_URL": "http://127.0.0.1:8080", "GANGWAY_PG_DSN": "dsn"})
+    assert read_env_file(path) == {
+        "GANGWAY_PG_OWNER_DSN": "owner",
+        "GANGWAY_API_URL": "http://127.0.0.1:8080",
+        "GANGWAY_PG_DSN": "dsn",
+    }
+
+
+def test_the_system_runs_every_service_and_the_fleet_of_the_cluster() -> None:
+    specs = {spec.name: spec for spec in default_services(cluster="4x8")}
+    assert set(specs) == {"relay", "admission", "scheduler", "scheduler-2", "inventory",
+                          "health", "checkpoint", "agent", "api"}
+    assert specs["agent"].argv(sys.executable)[-2:] == ["--cluster", "4x8"]
+    assert specs["inventory"].env["GANGWAY_CLUSTER"] == "4x8"
+    assert all(spec.buildable() for spec in specs.values())
+
+
+def test_a_pid_file_naming_a_stranger_is_not_trusted(launcher: Launcher) -> None:
+    # The pid was reused by another program (here: this test process).
+    launcher.pids_dir.mkdir(parents=True)
+    launcher.pid_path("api").write_text(f"{os.getpid()}\nservices.api\n")
+    assert launcher.pid("api") is None
+    assert not launcher.pid_path("api").exists()
