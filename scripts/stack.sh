@@ -185,8 +185,10 @@ ensure_kafka_jars() {
     ensure_java
     log "resolving the Apache Kafka broker jars from Maven Central (cached in ~/.m2)"
     rm -rf "$KAFKA_LIBS"
-    mvn -q -B -Dstyle.color=never -f "$KAFKA_POM" dependency:copy-dependencies \
-        -DoutputDirectory="$KAFKA_LIBS" -DincludeScope=runtime >&2
+    mkdir -p "$KAFKA_DIR"
+    mvn -B -Dstyle.color=never -f "$KAFKA_POM" dependency:copy-dependencies \
+        -DoutputDirectory="$KAFKA_LIBS" -DincludeScope=runtime >"$KAFKA_DIR/mvn.log" 2>&1 \
+        || { tail -n 30 "$KAFKA_DIR/mvn.log" >&2; die "mvn could not resolve the Kafka jars"; }
     printf '%s' "$want" >"$stamp"
 }
 
@@ -316,7 +318,7 @@ pg_dsn() {
 }
 
 pg_owner_dsn() {
-    if [ -n "${GANGWAY_PG_DSN:-}" ]; then
+    if pg_external; then
         printf '%s' "${GANGWAY_PG_OWNER_DSN:-$GANGWAY_PG_DSN}"
     else
         printf '%s' "postgresql://$PG_OWNER:$PG_OWNER_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB"
@@ -324,6 +326,16 @@ pg_owner_dsn() {
 }
 
 kafka_bootstrap() { printf '%s' "${GANGWAY_KAFKA_BOOTSTRAP:-127.0.0.1:$KAFKA_PORT}"; }
+
+# Settings that name the local stack itself (e.g. sourced from .gangway/env) are not external.
+pg_external() {
+    [ -n "${GANGWAY_PG_DSN:-}" ] \
+        && [ "$GANGWAY_PG_DSN" != "postgresql://$PG_APP:$PG_APP_PASSWORD@127.0.0.1:$PG_PORT/$PG_DB" ]
+}
+
+kafka_external() {
+    [ -n "${GANGWAY_KAFKA_BOOTSTRAP:-}" ] && [ "$GANGWAY_KAFKA_BOOTSTRAP" != "127.0.0.1:$KAFKA_PORT" ]
+}
 
 print_env() {
     printf 'GANGWAY_PG_DSN=%s\n' "$(pg_dsn)"
@@ -334,12 +346,12 @@ print_env() {
 
 cmd_up() {
     mkdir -p "$STACK" "$GANGWAY_DIR"
-    if [ -n "${GANGWAY_PG_DSN:-}" ]; then
+    if pg_external; then
         log "using the PostgreSQL at GANGWAY_PG_DSN"
     else
         pg_up
     fi
-    if [ -n "${GANGWAY_KAFKA_BOOTSTRAP:-}" ]; then
+    if kafka_external; then
         log "using the Kafka at GANGWAY_KAFKA_BOOTSTRAP ($GANGWAY_KAFKA_BOOTSTRAP)"
     else
         kafka_start
@@ -373,7 +385,7 @@ case "${1:-}" in
     status) cmd_status ;;
     env) print_env ;;
     restart-kafka)
-        [ -z "${GANGWAY_KAFKA_BOOTSTRAP:-}" ] || die "GANGWAY_KAFKA_BOOTSTRAP is external; not ours to restart"
+        kafka_external && die "GANGWAY_KAFKA_BOOTSTRAP is external; not ours to restart"
         kafka_stop
         kafka_start
         ;;
