@@ -322,20 +322,22 @@ class Launcher:
 # ---------------------------------------------------------------------- make up / make down
 
 
-def ensure_admin_token(path: Path) -> str:
-    """The admin token in `path`, generated (256 random bits, mode 0600) when absent."""
+def ensure_admin_token(path: Path, given: str | None = None) -> str:
+    """The admin token in `path` (mode 0600): `given` (GANGWAY_ADMIN_TOKEN) when set, so the
+    file and the API agree; else the file's, generated (256 random bits) when absent."""
     try:
         token = path.read_text().strip()
     except FileNotFoundError:
         token = ""
-    if token:
+    if token and (not given or given == token):
         return token
-    token = secrets.token_urlsafe(32)
+    token = given or secrets.token_urlsafe(32)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
         handle.write(token + "\n")
-    os.replace(path.with_suffix(".tmp"), path)
+    os.replace(tmp, path)
     return token
 
 
@@ -420,7 +422,7 @@ def cmd_up(launcher: Launcher) -> int:
     print("[launcher] applying the migrations", file=sys.stderr)
     asyncio.run(migrate_settings(settings))
     token_file = launcher.state_dir / "admin.token"
-    ensure_admin_token(token_file)
+    ensure_admin_token(token_file, os.environ.get("GANGWAY_ADMIN_TOKEN") or None)
     write_env_file(
         env_file,
         {

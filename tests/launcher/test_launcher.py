@@ -120,3 +120,11 @@ def test_a_pid_file_naming_a_stranger_is_not_trusted(launcher: Launcher) -> None
     launcher.pid_path("api").write_text(f"{os.getpid()}\nservices.api\n")
     assert launcher.pid("api") is None
     assert not launcher.pid_path("api").exists()
+
+
+def test_a_token_given_in_the_environment_is_the_one_written(tmp_path: Path) -> None:
+    path = tmp_path / "admin.token"
+    ensure_admin_token(path)
+    assert ensure_admin_token(path, "chosen-by-the-operator") == "chosen-by-the-operator"
+    assert path.read_text().strip() == "chosen-by-the-operator"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
