@@ -34,6 +34,7 @@ from gangway.simulator.trace import TraceJob
 from schemas.base import Event
 from schemas.jobs import (
     GangReserved,
+    JobAdmitted,
     JobCancelled,
     JobFailed,
     JobRejected,
@@ -133,6 +134,7 @@ class Simulation:
         self._auditor = Auditor(policy)
         self._catalog = AdmissionCatalog()
         self._classes = [pc.name for pc in policy.priority_classes]
+        self._verdicts: dict[str, JobAdmitted | JobRejected] = {}
         self._heap: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
         self._wakes: set[float] = set()
@@ -243,13 +245,28 @@ class Simulation:
         trace = job.trace
         submitted = JobSubmitted(job_id=trace.job_id, spec=trace.spec, submitted_by="trace")
         self._record(submitted, now)
-        verdict = admit(trace.job_id, trace.spec, self._catalog, self._classes)
-        self._record(verdict, now)
-        if isinstance(verdict, JobRejected):
-            job.record.outcome = "rejected"
+        self._record(self._admit(trace), now)
+        if job.record.outcome == "rejected":
             job.record.finish_s = now
             self._finished += 1
         return True
+
+    def _admit(self, trace: TraceJob) -> JobAdmitted | JobRejected:
+        """The admission rules' verdict, memoised by the job's shape.
+
+        The catalogue (teams, nodes) is fixed once the run starts and the rules judge the spec
+        against it, never the job's name or runtime estimate (the two fields that differ from
+        job to job in a trace), so equal keys get equal verdicts. The rules scan every node per
+        job, which at 12,500 nodes would otherwise dominate the run.
+        """
+        key = trace.spec.model_dump_json(exclude={"name", "estimated_runtime_s"})
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            verdict = admit(trace.job_id, trace.spec, self._catalog, self._classes)
+            self._verdicts[key] = verdict
+        if isinstance(verdict, JobRejected):
+            self._jobs[trace.job_id].record.outcome = "rejected"
+        return verdict.model_copy(update={"job_id": trace.job_id})
 
     def _cycle(self, now: float) -> None:
         self._cycles += 1
