@@ -34,7 +34,7 @@ FLEET_ENV = {
     # Short, so that a silent node is lost within seconds; the grace keeps the fleet from
     # being declared lost while the services start one after the other.
     "GANGWAY_HEARTBEAT_INTERVAL_S": "0.5",
-    "GANGWAY_HEARTBEAT_TIMEOUT_S": "4",
+    "GANGWAY_HEARTBEAT_TIMEOUT_S": "5",
     "GANGWAY_STARTUP_GRACE_S": "20",
     "GANGWAY_STOP_TIMEOUT_S": "2",
 }
