@@ -271,7 +271,7 @@ class Agent:
             rank.checkpoints_itself = CHECKPOINT_SIGNAL_ENV in view.spec.env
             # Recorded before the exit watcher starts, so TaskStarted always precedes
             # TaskExited in the log.
-            await self.store.append(reserved.stream, None, [started], meta)
+            await self._record(started, meta)
             self.ranks[key] = rank
             self.ranks_started.inc()
             self.ranks_running.inc()
@@ -291,17 +291,22 @@ class Agent:
             reason=rank.stop_reason,
         )
         log.info("%s exited with %d (%s)", rank.key, code, rank.stop_reason or "on its own")
+        await self._record(event, meta)
+        self.ranks.pop(rank.key, None)
+
+    async def _record(self, event: TaskStarted | TaskExited, meta: Metadata) -> None:
+        """Append until it is in the log: a rank's start and exit must never be lost (a lost
+        exit would hold the gang's GPUs forever), and the process already exists."""
         backoff = 0.2
         while True:
             try:
                 await self.store.append(event.stream, None, [event], meta)
-                break
+                return
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-                # The exit must reach the log, or the gang would hold its GPUs forever.
-                log.warning("recording %s failed (%r); retrying", rank.key, error)
+                log.warning("recording %s of %s failed (%r); retrying", event.type,
+                            event.job_id, error)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
-        self.ranks.pop(rank.key, None)
 
     def _running(self, job_id: str, attempt: int | None) -> list[RankProcess]:
         return [
