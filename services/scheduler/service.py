@@ -130,6 +130,7 @@ class SchedulerService:
         self._since_snapshot = 0
         self._gauges_at = 0.0
         self._lag_at = 0.0
+        self._next_wakeup: float | None = None
 
     # ------------------------------------------------------------------ life
 
@@ -232,7 +233,7 @@ class SchedulerService:
                     log.warning("cycle failed: %r; retrying in %.1f s", error, backoff)
                     await _sleep_unless(stop, backoff)
                     backoff = min(backoff * 2, 5.0)
-                await self._wait(stop, keep_alive, seconds=self.settings.scheduler_cycle_interval_s)
+                await self._wait(stop, keep_alive, seconds=self._until_next_cycle())
                 if keep_alive.done():
                     raise Deposed("the leader lock's session is gone")
                 with contextlib.suppress(*TRANSIENT_DB_ERRORS):
@@ -298,7 +299,9 @@ class SchedulerService:
         assert self.leadership is not None
         for _ in range(_MAX_CYCLE_ATTEMPTS):
             started = time.perf_counter()
-            decisions = schedule(self.folded.state, self.clock()).decisions
+            result = schedule(self.folded.state, self.clock())
+            decisions = result.decisions
+            self._next_wakeup = result.next_wakeup
             self.metrics.cycle_seconds.observe(time.perf_counter() - started)
             if not decisions:
                 break
@@ -333,6 +336,14 @@ class SchedulerService:
             for appends in parts:
                 envelopes += await self.store.append_many(appends, metadata, epoch=epoch, conn=conn)
         return envelopes
+
+    def _until_next_cycle(self) -> float:
+        """The timer's wait: the cycle interval, or less when the core named an earlier time
+        at which something becomes due (a grace deadline, a max runtime)."""
+        interval = self.settings.scheduler_cycle_interval_s
+        if self._next_wakeup is None:
+            return interval
+        return min(interval, max(0.01, self._next_wakeup - self.clock()))
 
     # ------------------------------------------------------------------ snapshots, metrics
 
