@@ -12,6 +12,9 @@ import pytest
 
 from schemas.jobs import GangReserved, JobAdmitted, JobRejected
 from schemas.leadership import LeaderElected
+from services.scheduler.core.policy import SchedulingPolicy
+from services.scheduler.replay import verify_replay
+from services.scheduler.snapshots import SnapshotStore, code_version
 from tests.e2e.system import System, eventually, running_system
 from tests.integration.conftest import Stack
 
@@ -102,6 +105,11 @@ async def test_killing_the_leader_while_jobs_stream_in_loses_no_job_and_binds_no
 
     violations, _ = await eventually(audited_quiet, what="no job waiting without a reason")
     assert violations == []
+    policy = SchedulingPolicy()
+    replayed = await verify_replay(
+        system.store, policy, SnapshotStore(system.store.pool, code_version(policy))
+    )
+    assert replayed.ok, replayed.differences
     # The dead leader is not restarted by anyone: restart it as a standby for the next test.
     system.launcher.start(system.specs[name])
 
@@ -128,6 +136,7 @@ async def test_a_paused_leader_is_replaced_and_once_woken_cannot_write(system: S
     assert {e.epoch for e in after if e.epoch is not None} <= {successor.epoch}
     violations, _ = await system.audit()
     assert violations == []
+    system.launcher.start(system.specs[name])  # back as a standby for the next test
 
 
 async def _has_reservations(system: System, count: int) -> bool:
@@ -142,3 +151,15 @@ async def _reserved(system: System, job_id: str) -> bool:
 
 async def _exited(system: System, name: str) -> bool:
     return system.launcher.pid(name) is None
+
+
+async def test_a_leader_stopped_with_sigterm_leaves_a_snapshot_and_hands_over(
+    system: System,
+) -> None:
+    name, epoch = await leader_name(system)
+    assert system.launcher.stop(name)
+    assert f"{name} stopped at position" in system.launcher.read_log(name)
+    await eventually(lambda: elected_after(system, epoch), what="the standby takes over")
+    async with system.store.pool.acquire() as conn:
+        snapshots = await conn.fetchval("SELECT count(*) FROM scheduler_snapshots")
+    assert snapshots >= 1

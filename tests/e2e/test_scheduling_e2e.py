@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from schemas.jobs import GangReserved
@@ -116,6 +118,30 @@ async def test_two_64_gpu_gangs_on_100_free_gpus_one_is_reserved_the_other_holds
     assert await gang_of(system, waiter["id"]) is None
     violations, _ = await system.audit()
     assert violations == []
+
+
+async def test_the_leader_reports_its_epoch_allocations_cycles_and_lag_on_metrics(
+    system: System,
+) -> None:
+    elected = await system.leader()
+    assert elected is not None
+    port = re.findall(
+        r"metrics at http://[^:]+:(\d+)/metrics", system.launcher.read_log(elected.leader_id)
+    )[-1]
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+    samples = {
+        line.split(" ")[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+    assert samples["gangway_scheduler_is_leader"] == 1
+    assert samples["gangway_scheduler_leader_epoch"] == elected.epoch
+    assert samples["gangway_scheduler_events_handled_total"] > 0
+    assert samples["gangway_scheduler_cycle_seconds_count"] > 0
+    assert "gangway_scheduler_lag_events" in samples
+    assert "gangway_scheduler_gpus_allocated" in samples
+    assert 'gangway_scheduler_pending_jobs{priority="production"}' in samples
 
 
 async def _in_state(system: System, job_id: str, state: str) -> bool:
