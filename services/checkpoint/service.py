@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -66,6 +67,7 @@ class CheckpointService:
         self.root = settings.checkpoint_root.resolve()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.periodic = PeriodicCheckpoints()
+        self._collecting: set[str] = set()
         self.registry = new_registry()
         self.outcomes = Counter(
             "gangway_checkpoint_outcomes", "Checkpoints by outcome", ["outcome"],
@@ -99,6 +101,47 @@ class CheckpointService:
     async def on_gang_released(self, envelope: EventEnvelope, conn: asyncpg.Connection) -> None:
         event = envelope.payload
         self.periodic.stopped(str(getattr(event, "job_id", "")), getattr(event, "attempt", None))
+
+    async def resume_pending(self) -> int:
+        """After a restart: collect again every request still without an outcome whose wait
+        had not run out (the consumer will not redeliver it). Returns how many."""
+        types = ["CheckpointRequested", "PreemptionRequested", "CheckpointCommitted",
+                 "CheckpointCorrupted"]
+        pending: dict[str, tuple[EventEnvelope, float]] = {}
+        judged: set[str] = set()
+        position = 0
+        while batch := await self.store.read_all(position, 5000, types=types):
+            for envelope in batch:
+                event = envelope.payload
+                if isinstance(event, CheckpointCommitted | CheckpointCorrupted):
+                    judged.add(event.checkpoint_id)
+                elif isinstance(event, CheckpointRequested | PreemptionRequested):
+                    wait_s = self.wait_for(event)
+                    pending[checkpoint_id_for(event.attempt, envelope.event_id)] = (
+                        envelope, wait_s
+                    )
+                position = envelope.position or position
+        now = datetime.now(UTC)
+        resumed = 0
+        for checkpoint_id, (envelope, wait_s) in pending.items():
+            left = wait_s - (now - envelope.recorded_at).total_seconds()
+            if checkpoint_id in judged or left <= 0:
+                continue
+            event = envelope.payload
+            assert isinstance(event, CheckpointRequested | PreemptionRequested)
+            self._spawn(self.collect(event.job_id, event.attempt, envelope, left))
+            resumed += 1
+        return resumed
+
+    def wait_for(self, event: CheckpointRequested | PreemptionRequested) -> float:
+        if isinstance(event, PreemptionRequested):
+            return event.grace_s + self.settings.collect_slack_s
+        return self.settings.checkpoint_timeout_s
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def rebuild_periodic(self) -> None:
         """The gangs holding GPUs now, from the log: the consumer resumes after their
@@ -142,16 +185,8 @@ class CheckpointService:
     async def on_request(self, envelope: EventEnvelope, conn: asyncpg.Connection) -> None:
         event = envelope.payload
         assert isinstance(event, CheckpointRequested | PreemptionRequested)
-        if isinstance(event, PreemptionRequested):
-            wait_s = event.grace_s + self.settings.collect_slack_s
-        else:
-            wait_s = self.settings.checkpoint_timeout_s
         # Gathering takes up to the grace period: it runs beside the consumer, not in it.
-        task = asyncio.create_task(
-            self.collect(event.job_id, event.attempt, envelope, wait_s)
-        )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(self.collect(event.job_id, event.attempt, envelope, self.wait_for(event)))
 
     async def world_size(self, job_id: str, attempt: int) -> int | None:
         for envelope in reversed(await self.store.read_stream(f"job-{job_id}")):
@@ -164,6 +199,17 @@ class CheckpointService:
         self, job_id: str, attempt: int, cause: EventEnvelope, wait_s: float
     ) -> CheckpointCommitted | CheckpointCorrupted | None:
         checkpoint_id = checkpoint_id_for(attempt, cause.event_id)
+        if checkpoint_id in self._collecting:
+            return None  # a redelivery while the first collection still waits
+        self._collecting.add(checkpoint_id)
+        try:
+            return await self._collect(job_id, attempt, cause, wait_s, checkpoint_id)
+        finally:
+            self._collecting.discard(checkpoint_id)
+
+    async def _collect(
+        self, job_id: str, attempt: int, cause: EventEnvelope, wait_s: float, checkpoint_id: str
+    ) -> CheckpointCommitted | CheckpointCorrupted | None:
         world = await self.world_size(job_id, attempt)
         if world is None:
             log.warning("checkpoint %s of %s: attempt %d never had a gang", checkpoint_id,
@@ -222,6 +268,9 @@ async def run(settings: CheckpointSettings, stop: asyncio.Event) -> None:
             topics=[topics.jobs, topics.checkpoints], handlers=service.handlers(),
         )
         await service.rebuild_periodic()
+        resumed = await service.resume_pending()
+        if resumed:
+            log.info("collecting %d checkpoints requested before the restart", resumed)
         consume = asyncio.create_task(consumer.run(stop))
         periodic = asyncio.create_task(service.request_forever(stop))
         await wait_started(consumer, consume)

@@ -86,3 +86,17 @@ async def test_a_rank_that_never_writes_leaves_the_checkpoint_corrupted(
     result = await service(settings, store, tmp_path).collect(JOB, 1, cause, wait_s=0.5)
     assert isinstance(result, CheckpointCorrupted)
     assert result.reason == "rank 2: shard never reported"
+
+
+async def test_a_restarted_service_collects_what_was_requested_before(
+    settings: Settings, store: EventStore, tmp_path: Path
+) -> None:
+    cause = await request(store, world=1)
+    directory = checkpoint_dir(tmp_path, JOB, checkpoint_id_for(1, cause.event_id))
+    write_shard(directory, 0, b"state", step=2)
+    restarted = service(settings, store, tmp_path)
+    assert await restarted.resume_pending() == 1
+    await restarted.drain()
+    recorded = [e.payload for e in await store.read_stream(f"checkpoint-{JOB}")]
+    assert [e.type for e in recorded] == ["CheckpointRequested", "CheckpointCommitted"]
+    assert await service(settings, store, tmp_path).resume_pending() == 0
