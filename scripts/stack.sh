@@ -379,15 +379,23 @@ cmd_status() {
     fi
 }
 
+# Several shells (tests, `make up`, a broker restart) may drive the stack at once: one at a time.
+with_lock() {
+    mkdir -p "$STACK"
+    exec 9>"$STACK/.lock"
+    flock 9
+    "$@"
+}
+
 case "${1:-}" in
-    up) cmd_up ;;
-    down) cmd_down ;;
+    up) with_lock cmd_up ;;
+    down) with_lock cmd_down ;;
     status) cmd_status ;;
     env) print_env ;;
     restart-kafka)
         kafka_external && die "GANGWAY_KAFKA_BOOTSTRAP is external; not ours to restart"
-        kafka_stop
-        kafka_start
+        with_lock kafka_stop
+        with_lock kafka_start
         ;;
     *) die "usage: $0 up|down|status|env|restart-kafka" ;;
 esac
