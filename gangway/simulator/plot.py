@@ -9,17 +9,17 @@ from typing import Any
 
 from gangway.simulator.metrics import JobRecord
 
-# Queue times are plotted on a log axis; a job that started at once sits at this floor.
+# Queue times are plotted on a log axis; a job that started within a second sits at this floor.
 _FLOOR_S = 1.0
 
 
-def _queue_hours(records: Sequence[JobRecord], key: str) -> dict[str, list[float]]:
+def _queue_seconds(records: Sequence[JobRecord], key: str) -> dict[str, list[float]]:
     groups: dict[str, list[float]] = {}
     for record in records:
         queue = record.queue_s
         if queue is not None:
             name = record.tenant if key == "tenant" else record.priority
-            groups.setdefault(name, []).append(max(queue, _FLOOR_S) / 3600.0)
+            groups.setdefault(name, []).append(max(queue, _FLOOR_S))
     return {name: groups[name] for name in sorted(groups)}
 
 
@@ -45,7 +45,7 @@ def write_plot(
 
     figure, axes = plt.subplots(3, 1, figsize=(11, 12), gridspec_kw={"height_ratios": [1, 1.3, 1]})
     for axis, key in ((axes[0], "priority"), (axes[1], "tenant")):
-        groups = _queue_hours(records, key)
+        groups = _queue_seconds(records, key)
         if groups:
             axis.boxplot(
                 list(groups.values()),
@@ -59,7 +59,14 @@ def write_plot(
                 [f"{name} ({len(values)})" for name, values in groups.items()],
             )
         axis.set_xscale("log")
-        axis.set_xlabel("queue time (hours, log; whiskers p1-p99, triangle = mean)")
+        longest = max((max(values) for values in groups.values()), default=_FLOOR_S)
+        # A fixed floor and at least a day of range, so runs can be compared by eye.
+        axis.set_xlim(_FLOOR_S / 2, max(longest * 2, 86400.0))
+        axis.set_xticks(
+            [1, 60, 600, 3600, 6 * 3600, 86400, 7 * 86400],
+            ["<=1 s", "1 min", "10 min", "1 h", "6 h", "1 d", "1 w"],
+        )
+        axis.set_xlabel("queue time (log; box p25-p75, whiskers p1-p99, triangle = mean)")
         axis.set_title(f"queue time per {key}")
         axis.grid(axis="x", alpha=0.3)
 
