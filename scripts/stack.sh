@@ -16,9 +16,12 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STACK="$ROOT/.stack"
 GANGWAY_DIR="$ROOT/.gangway"
 
-PG_PORT="${GANGWAY_STACK_PG_PORT:-55432}"
-KAFKA_PORT="${GANGWAY_STACK_KAFKA_PORT:-59092}"
-KAFKA_CONTROLLER_PORT="${GANGWAY_STACK_KAFKA_CONTROLLER_PORT:-59093}"
+# Below Linux's ephemeral range (32768-60999): a client retrying a connection to a stopped
+# server could otherwise be given the server's own port as its source port, and the restarted
+# server would find its port taken.
+PG_PORT="${GANGWAY_STACK_PG_PORT:-25432}"
+KAFKA_PORT="${GANGWAY_STACK_KAFKA_PORT:-29092}"
+KAFKA_CONTROLLER_PORT="${GANGWAY_STACK_KAFKA_CONTROLLER_PORT:-29093}"
 API_URL="${GANGWAY_API_URL:-http://127.0.0.1:8080}"
 
 PG_DIR="$STACK/pg"
@@ -122,17 +125,16 @@ pg_up() {
                 --auth-host=scram-sha-256 -E UTF8 --locale=C.UTF-8 >/dev/null
             cat >>"$PG_DATA/postgresql.conf" <<EOF
 
-# gangway local stack
+# gangway local stack (port and socket directory are given at start: they may change)
 listen_addresses = '127.0.0.1'
-port = $PG_PORT
-unix_socket_directories = '$PG_RUN'
 max_connections = 300
 shared_buffers = 256MB
 EOF
         fi
         is_root && chown -R postgres: "$PG_DIR"
         log "starting PostgreSQL on 127.0.0.1:$PG_PORT"
-        as_pg "$(pg_bin)/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t 60 start >/dev/null \
+        as_pg "$(pg_bin)/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t 60 \
+            -o "-p $PG_PORT -k $PG_RUN" start >/dev/null \
             || { tail -n 30 "$PG_LOG" >&2; die "PostgreSQL did not start"; }
     fi
     local i

@@ -21,13 +21,13 @@ class Settings(BaseSettings):
         frozen=True,
     )
 
-    pg_dsn: str = "postgresql://gangway_app:gangway_app@127.0.0.1:55432/gangway"
+    pg_dsn: str = "postgresql://gangway_app:gangway_app@127.0.0.1:25432/gangway"
     # Runs the migrations (DDL, grants); the services' own role cannot alter the log.
     pg_owner_dsn: str | None = None
     pg_pool_min: int = Field(default=1, ge=0)
     pg_pool_max: int = Field(default=10, ge=1)
 
-    kafka_bootstrap: str = "127.0.0.1:59092"
+    kafka_bootstrap: str = "127.0.0.1:29092"
     # Every topic name starts with it; the tests isolate themselves with a unique prefix.
     topic_prefix: str = "gangway"
     topic_partitions: int = Field(default=3, ge=1)
