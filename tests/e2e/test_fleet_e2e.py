@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiokafka import AIOKafkaConsumer
 
 from schemas.base import Event
 from schemas.checkpoints import CheckpointCommitted
@@ -24,6 +25,8 @@ from schemas.nodes import (
     StragglerDetected,
 )
 from services.agent.faults import heal, inject
+from services.runtime.kafka import make_producer
+from services.runtime.topics import Topics
 from tests.e2e.system import System, eventually, running_system
 from tests.integration.conftest import Stack
 
@@ -76,8 +79,14 @@ async def history(system: System, stream: str) -> list[Event]:
 
 
 async def submit(system: System, **fields: Any) -> str:
-    body = {"name": "fleet", "team": "ml", "tasks": 2, "gpus_per_task": 8,
-            "command": ["sleep", "600"], **fields}
+    body = {
+        "name": "fleet",
+        "team": "ml",
+        "tasks": 2,
+        "gpus_per_task": 8,
+        "command": ["sleep", "600"],
+        **fields,
+    }
     async with system.client() as api:
         response = await api.post("/v1/jobs", json=body)
     assert response.status_code == 201, response.text
@@ -168,9 +177,7 @@ async def test_a_silent_node_is_lost_and_its_gang_restarts_whole_elsewhere(
         await eventually(first_attempt_stopped, what="every rank of the lost gang stopped")
     finally:
         heal(fault_dir(system), silent)
-    await eventually(
-        lambda: node_event(system, silent, NodeRecovered), what="the node heard again"
-    )
+    await eventually(lambda: node_event(system, silent, NodeRecovered), what="the node heard again")
 
 
 async def test_a_gang_on_a_draining_node_checkpoints_and_resumes_from_it(system: System) -> None:
@@ -179,9 +186,11 @@ async def test_a_gang_on_a_draining_node_checkpoints_and_resumes_from_it(system:
     first = await running_gang(system, job_id, 1)
     hot = first.ranks[1].node_id
     # Two GPUs hot for consecutive heartbeats: drain the node, evicting its gang gracefully.
-    inject(fault_dir(system), hot, {"gpus": {"0": {"temperature_c": 95},
-                                             "1": {"temperature_c": 96}}})
+    inject(
+        fault_dir(system), hot, {"gpus": {"0": {"temperature_c": 95}, "1": {"temperature_c": 96}}}
+    )
     try:
+
         async def committed() -> CheckpointCommitted | None:
             for event in await history(system, f"checkpoint-{job_id}"):
                 if isinstance(event, CheckpointCommitted):
@@ -196,9 +205,7 @@ async def test_a_gang_on_a_draining_node_checkpoints_and_resumes_from_it(system:
     finally:
         heal(fault_dir(system), hot)
 
-    resume_file = (
-        system.launcher.state_dir / "agent" / job_id / "a2" / "rank-0" / "resume-from"
-    )
+    resume_file = system.launcher.state_dir / "agent" / job_id / "a2" / "rank-0" / "resume-from"
 
     async def resumed_from() -> str:
         return resume_file.read_text().strip() if resume_file.exists() else ""
@@ -215,7 +222,8 @@ async def test_a_job_with_a_checkpoint_interval_is_checkpointed_while_it_runs(
 
     async def commits() -> list[CheckpointCommitted]:
         found = [
-            e for e in await history(system, f"checkpoint-{job_id}")
+            e
+            for e in await history(system, f"checkpoint-{job_id}")
             if isinstance(e, CheckpointCommitted)
         ]
         return found if len(found) >= 2 else []
@@ -267,3 +275,52 @@ async def test_cancelling_a_running_job_stops_every_rank(system: System) -> None
         return await stopped() == {rank.rank for rank in gang.ranks}
 
     await eventually(all_stopped, what="every rank of the cancelled job stopped")
+
+
+async def test_malformed_telemetry_is_dead_lettered_and_the_services_go_on(
+    system: System,
+) -> None:
+    topics = Topics.from_settings(system.settings)
+    producer = make_producer(system.settings, client_id="e2e-garbage")
+    await producer.start()
+    try:
+        await producer.send_and_wait(topics.telemetry, b"\x00 not a heartbeat", key=b"n0003")
+    finally:
+        await producer.stop()
+
+    consumer = AIOKafkaConsumer(
+        topics.deadletter,
+        bootstrap_servers=system.settings.kafka_bootstrap,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    await consumer.start()
+    try:
+        async def dead_letters_by() -> set[str]:
+            found = set()
+            batches = await consumer.getmany(timeout_ms=200)
+            for records in batches.values():
+                for record in records:
+                    headers = dict(record.headers or ())
+                    if record.value == b"\x00 not a heartbeat":
+                        found.add(headers[b"deadletter.consumer".decode()].decode())
+            return found
+
+        seen: set[str] = set()
+
+        async def both_dead_lettered() -> bool:
+            seen.update(await dead_letters_by())
+            return {"inventory", "health"} <= seen
+
+        await eventually(both_dead_lettered, what="the message dead-lettered by both")
+    finally:
+        await consumer.stop()
+
+    node = "n0006"
+    inject(fault_dir(system), node, {"gpus": {"2": {"ecc_uncorrected": 3}}})
+    try:
+        await eventually(
+            lambda: node_event(system, node, GpuUnhealthy), what="health still judging"
+        )
+    finally:
+        heal(fault_dir(system), node)
