@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed
 .PHONY: help venv up up-stack up-services down down-stack down-services status test test-unit test-integration bench lint
 
 help:
-	@echo "make up | down | test | bench | lint | venv"
+	@echo "make up | down | status | test | bench | lint | venv"
 
 # Reinstalled whenever pyproject.toml changes, so new dependencies reach every checkout.
 $(STAMP): pyproject.toml
