@@ -47,7 +47,8 @@ EXIT_DEPOSED = 3
 
 # Re-running a cycle after this many conflicts in a row waits for the next wake-up instead.
 _MAX_CYCLE_ATTEMPTS = 5
-_STATE_GAUGES_EVERY_S = 10.0
+# Pending jobs by class walks every job (0.5 s at 150,000 jobs, measured): not too often.
+_STATE_GAUGES_EVERY_S = 30.0
 
 
 # A database restart or a broken connection: retried, never a reason to crash.
