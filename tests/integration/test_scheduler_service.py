@@ -260,3 +260,30 @@ async def test_a_replay_reading_ahead_while_folding_gives_the_state_of_a_plain_f
     pipelined = await rebuild(store, policy, batch_size=10)
     assert pipelined.folded.position == await store.head()
     assert differences(plain, pipelined.folded) == []
+
+
+async def test_the_leaders_live_state_equals_a_full_replay_of_the_log(
+    settings: Settings, store: EventStore
+) -> None:
+    await seed_cluster(store)
+    async with replica(settings, "a") as leader:
+        for i in range(10):
+            await submit_admitted(store, job(f"l{i}", tasks=2))
+            if i % 3 == 0:
+                cancel = JobCancelRequested(job_id=f"l{i}", by="u")
+                await store.append(cancel.stream, None, [cancel])
+
+        async def settled() -> bool:
+            for i in range(10):
+                types = {e.type for e in await store.read_stream(f"job-l{i}")}
+                if ("JobCancelled" if i % 3 == 0 else "GangReserved") not in types:
+                    return False
+            return True
+
+        await wait_until(settled, what="jobs reserved or cancelled", patience_s=30)
+        leader.stop.set()
+        assert await asyncio.wait_for(leader.task, 30) == 0
+        live = leader.service.folded
+    replayed = await rebuild(store, SchedulingPolicy())
+    assert live.position == replayed.folded.position
+    assert differences(replayed.folded, live) == []
