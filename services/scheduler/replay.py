@@ -181,10 +181,12 @@ async def verify_replay(
     stored = from_snapshot.snapshot_position is not None
     if not stored:
         half = Folded.empty(policy)
-        await catch_up(store, half, until=end // 2)
+        with gc_paused():
+            await catch_up(store, half, until=end // 2)
         started = time.perf_counter()
         resumed = loads(dumps(half))
-        tail = await catch_up(store, resumed, until=end)
+        with gc_paused():
+            tail = await catch_up(store, resumed, until=end)
         from_snapshot = Rebuilt(resumed, half.position, tail, time.perf_counter() - started)
     assert from_snapshot.snapshot_position is not None
     return VerifyReport(
