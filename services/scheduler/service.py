@@ -132,6 +132,7 @@ class SchedulerService:
         self._gauges_at = 0.0
         self._lag_at = 0.0
         self._next_wakeup: float | None = None
+        self._listener: asyncpg.Connection | None = None
 
     # ------------------------------------------------------------------ life
 
@@ -158,9 +159,8 @@ class SchedulerService:
             rebuilt.events_replayed,
         )
         await self._observe(force=True)
-        listener: asyncpg.Connection = await asyncpg.connect(self.settings.pg_dsn)
+        await self._listen()
         try:
-            await listener.add_listener(NOTIFY_CHANNEL, self._on_notify)
             leadership = await self._stand_by(stop)
             if leadership is None:
                 return 0
@@ -185,8 +185,22 @@ class SchedulerService:
             log.info("%s stopped at position %d", self.settings.instance_id, self.folded.position)
             return 0
         finally:
-            with contextlib.suppress(Exception):
-                await listener.close()
+            if self._listener is not None:
+                with contextlib.suppress(Exception):
+                    await self._listener.close()
+
+    async def _listen(self) -> None:
+        """(Re)open the connection that LISTENs for appends. Only a wake-up: without it the
+        timer still catches up, a cycle interval later."""
+        if self._listener is not None and not self._listener.is_closed():
+            return
+        try:
+            listener: asyncpg.Connection = await asyncpg.connect(self.settings.pg_dsn)
+            await listener.add_listener(NOTIFY_CHANNEL, self._on_notify)
+        except TRANSIENT_DB_ERRORS as error:
+            log.warning("cannot listen for appends (%r); following by timer", error)
+            return
+        self._listener = listener
 
     async def _stand_by(self, stop: asyncio.Event) -> Leadership | None:
         """Follow the log until this replica holds the lock (None: stopped first)."""
@@ -383,6 +397,7 @@ class SchedulerService:
     ) -> None:
         """Until an append is notified (since the last catch-up), `stop` is set, `also` is
         done or `seconds` pass."""
+        await self._listen()
         waiters = {asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())}
         try:
             await asyncio.wait(
