@@ -85,6 +85,7 @@ def segments(decisions: Sequence[Event], folded: Folded) -> list[list[StreamAppe
     out: list[list[StreamAppend]] = []
     expected: dict[str, int] = {}
     runs: list[tuple[str, list[Event]]] = []
+    in_segment: set[str] = set()
 
     def close() -> None:
         appends = []
@@ -94,15 +95,17 @@ def segments(decisions: Sequence[Event], folded: Folded) -> list[list[StreamAppe
             expected[stream] = version + len(events)
         out.append(appends)
         runs.clear()
+        in_segment.clear()
 
     for event in decisions:
         stream = event.stream
         if runs and runs[-1][0] == stream:
             runs[-1][1].append(event)
             continue
-        if any(stream == seen for seen, _ in runs):
+        if stream in in_segment:
             close()
         runs.append((stream, [event]))
+        in_segment.add(stream)
     if runs:
         close()
     return out
