@@ -14,8 +14,10 @@ from schemas.jobs import (
     GangReserved,
     JobAdmitted,
     JobCancelRequested,
+    JobFailed,
     JobSpec,
     JobSubmitted,
+    TaskStarted,
     TopologySpec,
 )
 from schemas.teams import TeamCreated
@@ -287,3 +289,27 @@ async def test_the_leaders_live_state_equals_a_full_replay_of_the_log(
     replayed = await rebuild(store, SchedulingPolicy())
     assert live.position == replayed.folded.position
     assert differences(replayed.folded, live) == []
+
+
+async def test_a_job_past_its_max_runtime_is_failed_by_a_timed_cycle_without_new_events(
+    settings: Settings, store: EventStore
+) -> None:
+    await seed_cluster(store)
+    spec = JobSpec(name="short", team="team-a", tasks=1, gpus_per_task=1, max_runtime_s=1.0)
+    submitted = JobSubmitted(job_id="short", spec=spec, submitted_by="tests")
+    async with replica(settings, "a", scheduler_cycle_interval_s=0.5):
+        await submit_admitted(store, submitted)
+        await wait_until(lambda: _has_reservation(store, "short"), what="reserved")
+        gang = await reservation(store, "short")
+        assert gang is not None
+        started = TaskStarted(job_id="short", attempt=1, rank=0, node_id=gang.ranks[0].node_id)
+        await store.append(started.stream, None, [started])
+
+        async def failed() -> bool:
+            history = await store.read_stream("job-short")
+            return any(
+                isinstance(e.payload, JobFailed) and "max_runtime" in e.payload.reason
+                for e in history
+            )
+
+        await wait_until(failed, what="failed for its max runtime", patience_s=30)
