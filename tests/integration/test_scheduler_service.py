@@ -313,3 +313,19 @@ async def test_a_job_past_its_max_runtime_is_failed_by_a_timed_cycle_without_new
             )
 
         await wait_until(failed, what="failed for its max runtime", patience_s=30)
+
+
+async def test_an_unreadable_snapshot_falls_back_to_a_full_replay(
+    settings: Settings, store: EventStore
+) -> None:
+    await seed_cluster(store)
+    policy = SchedulingPolicy()
+    snapshots = SnapshotStore(store.pool, code_version(policy))
+    folded = Folded.empty(policy)
+    await rebuild_into(store, folded)
+    await snapshots.save(folded)
+    async with store.pool.acquire() as conn:
+        await conn.execute("UPDATE scheduler_snapshots SET state = 'not a pickle'::bytea")
+    rebuilt = await rebuild(store, policy, snapshots=snapshots)
+    assert rebuilt.snapshot_position is None
+    assert differences(folded, rebuilt.folded) == []
