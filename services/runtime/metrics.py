@@ -32,14 +32,22 @@ class MetricsServer:
 
 
 def start_metrics_server(
-    port: int, registry: CollectorRegistry, *, addr: str = "0.0.0.0"
+    port: int, registry: CollectorRegistry, *, addr: str = "0.0.0.0", fallback: bool = True
 ) -> MetricsServer:
     """Serve `registry` at http://addr:port/metrics in a daemon thread.
 
     Port 0 picks a free port (several processes of one service on one machine, the tests);
-    the port actually bound is returned and logged.
+    the port actually bound is returned and logged. With `fallback`, a port already taken
+    (a second replica started with the same settings) costs the metrics their usual port,
+    not the process its life: a free port is taken instead, with a warning.
     """
-    server, thread = start_http_server(port, addr=addr, registry=registry)
+    try:
+        server, thread = start_http_server(port, addr=addr, registry=registry)
+    except OSError as error:
+        if not fallback or port == 0:
+            raise
+        log.warning("metrics port %d unavailable (%s); using a free port", port, error)
+        server, thread = start_http_server(0, addr=addr, registry=registry)
     bound = int(server.server_address[1])
     log.info("metrics at http://%s:%d/metrics", addr, bound)
     return MetricsServer(port=bound, server=server, thread=thread)
