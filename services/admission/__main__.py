@@ -11,21 +11,16 @@ from prometheus_client import Counter
 
 from schemas import EventEnvelope
 from services.admission.service import Admission
+from services.admission.settings import AdmissionSettings
 from services.runtime.consumer import EventConsumer, wait_started
 from services.runtime.metrics import new_registry, start_metrics_server
 from services.runtime.migrate import migrate_settings
-from services.runtime.settings import Settings
 from services.runtime.signals import stop_on_signals
 from services.runtime.store import EventStore
 from services.runtime.topics import Topics
 from services.scheduler.core.policy import SchedulingPolicy
 
 log = logging.getLogger("services.admission")
-
-
-class AdmissionSettings(Settings):
-    service_name: str = "admission"
-    metrics_port: int = 9101
 
 
 async def serve(settings: AdmissionSettings) -> int:
