@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -251,3 +251,23 @@ GANG_RELEASING_EVENTS: tuple[type[JobEvent], ...] = (
     JobFailed,
     JobCancelled,
 )
+
+
+# The job states users see (DESIGN §5), in lifecycle order; every service speaks these words.
+JobState = Literal[
+    "pending",
+    "queued",
+    "reserved",
+    "running",
+    "preempting",
+    "suspended",
+    "succeeded",
+    "failed",
+    "cancelled",
+    "rejected",
+]
+JOB_STATES: tuple[JobState, ...] = get_args(JobState)
+TERMINAL_STATES: frozenset[JobState] = frozenset({"succeeded", "failed", "cancelled", "rejected"})
+WAITING_STATES: frozenset[JobState] = frozenset({"pending", "queued"})
+# The states in which the job's current gang holds GPUs.
+HOLDING_STATES: frozenset[JobState] = frozenset({"reserved", "running", "preempting"})

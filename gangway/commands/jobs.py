@@ -8,25 +8,14 @@ from typing import Any
 from rich.table import Table
 
 from gangway.commands._common import client, console, one_line_errors, when
+from schemas.jobs import JOB_STATES
 
 HELP = "list jobs"
-STATES = (
-    "pending",
-    "queued",
-    "reserved",
-    "running",
-    "preempting",
-    "suspended",
-    "succeeded",
-    "failed",
-    "cancelled",
-    "rejected",
-)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--team", help="only this team's jobs")
-    parser.add_argument("--state", choices=STATES, help="only jobs in this state")
+    parser.add_argument("--state", choices=JOB_STATES, help="only jobs in this state")
     parser.add_argument("--limit", type=int, default=1000, help="at most this many (default 1000)")
 
 

@@ -10,8 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from schemas.jobs import NAME_PATTERN, JobSpec
-from services.api.projections.jobs import JobState
+from schemas.jobs import NAME_PATTERN, JobSpec, JobState
 
 
 class Body(BaseModel):

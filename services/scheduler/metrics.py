@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from schemas.jobs import WAITING_STATES
 from services.runtime.metrics import FollowerMetrics
-from services.scheduler.core.state import WAITING_STATES, SchedulerState
+from services.scheduler.core.state import SchedulerState
 
 
 @dataclass(frozen=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from schemas.base import Event
 from schemas.jobs import (
     GangReserved,
@@ -23,7 +25,7 @@ from tests.core.builders import History, a_job
 T = 1_700_000_000.0
 
 
-def audit(events: list[Event], epochs: dict[int, int] | None = None) -> list[Violation]:
+def audit(events: Sequence[Event], epochs: dict[int, int] | None = None) -> list[Violation]:
     auditor = Auditor()
     for position, event in enumerate(events):
         auditor.observe(event, position, T + position, (epochs or {}).get(position))
@@ -35,7 +37,9 @@ def cluster(spec: str = "2x8:2:1") -> list[Event]:
 
 
 def submitted(job_id: str, gpus: int = 8, tasks: int = 1, **spec: object) -> list[Event]:
-    job = JobSpec(name=job_id, team="t", gpus_per_task=gpus, tasks=tasks, **spec)  # type: ignore[arg-type]
+    job = JobSpec.model_validate(
+        {"name": job_id, "team": "t", "gpus_per_task": gpus, "tasks": tasks, **spec}
+    )
     return [
         JobSubmitted(job_id=job_id, spec=job, submitted_by="u"),
         JobAdmitted(job_id=job_id, queue="t", priority="research"),

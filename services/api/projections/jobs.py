@@ -14,6 +14,10 @@ from typing import Final, Literal
 
 from schemas.base import Event
 from schemas.jobs import (
+    HOLDING_STATES as GANG_HOLDING_STATES,
+)
+from schemas.jobs import (
+    TERMINAL_STATES,
     GangReserved,
     JobAdmitted,
     JobCancelled,
@@ -25,6 +29,7 @@ from schemas.jobs import (
     JobResumed,
     JobResumeRequested,
     JobSpec,
+    JobState,
     JobSubmitted,
     JobSucceeded,
     JobSuspended,
@@ -34,37 +39,6 @@ from schemas.jobs import (
     TaskExited,
     TaskStarted,
 )
-
-JobState = Literal[
-    "pending",
-    "queued",
-    "reserved",
-    "running",
-    "preempting",
-    "suspended",
-    "succeeded",
-    "failed",
-    "cancelled",
-    "rejected",
-]
-JOB_STATES: Final[tuple[JobState, ...]] = (
-    "pending",
-    "queued",
-    "reserved",
-    "running",
-    "preempting",
-    "suspended",
-    "succeeded",
-    "failed",
-    "cancelled",
-    "rejected",
-)
-TERMINAL_STATES: Final[frozenset[JobState]] = frozenset(
-    {"succeeded", "failed", "cancelled", "rejected"}
-)
-# The states in which the job's current gang holds GPUs.
-GANG_HOLDING_STATES: Final[frozenset[JobState]] = frozenset({"reserved", "running", "preempting"})
-WAITING_STATES: Final[frozenset[JobState]] = frozenset({"pending", "queued"})
 
 Request = Literal["cancel", "suspend", "resume"]
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 from schemas.base import Event
 from schemas.envelope import EventEnvelope
-from schemas.jobs import JobEvent
+from schemas.jobs import WAITING_STATES, JobEvent
 from schemas.nodes import NodeEvent
 from schemas.teams import QueueConfigured, TeamCreated
-from services.api.projections.jobs import WAITING_STATES, JobRecord, evolve_job
+from services.api.projections.jobs import JobRecord, evolve_job
 from services.api.projections.nodes import NodeRecord, evolve_node
 from services.api.projections.queues import QueueRecord, TeamRecord, evolve_queue, evolve_team
 

@@ -6,11 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, status
 
-from schemas.jobs import JobSpec
+from schemas.jobs import JobSpec, JobState
 from services.api.deps import Caller, Context, Models
 from services.api.models import EventList, JobCreatedView, JobPage, JobView
 from services.api.problems import PROBLEM_RESPONSES
-from services.api.projections.jobs import JobState
 from services.api.views import event_view, job_view
 
 # Ids are drawn by the API ([0-9a-f]); the pattern keeps odd bytes (NUL) away from the log.

@@ -24,6 +24,8 @@ from datetime import UTC, datetime
 
 from schemas.base import Event
 from schemas.jobs import (
+    HOLDING_STATES,
+    TERMINAL_STATES,
     GangReserved,
     JobCancelled,
     JobDeferred,
@@ -45,9 +47,7 @@ from services.scheduler.core.quota import QuotaBook
 from services.scheduler.core.reservation import estimated_end, plan_reservation
 from services.scheduler.core.shape import describe_need
 from services.scheduler.core.state import (
-    HOLDING_STATES,
     RESERVED_HEAD,
-    TERMINAL_STATES,
     JobRecord,
     SchedulerState,
     bits,

@@ -14,6 +14,9 @@ from typing import Any, Literal
 
 from schemas.base import Event
 from schemas.jobs import (
+    HOLDING_STATES,
+    TERMINAL_STATES,
+    WAITING_STATES,
     GangReserved,
     JobAdmitted,
     JobCancelled,
@@ -25,6 +28,7 @@ from schemas.jobs import (
     JobResumed,
     JobResumeRequested,
     JobSpec,
+    JobState,
     JobSubmitted,
     JobSucceeded,
     JobSuspended,
@@ -48,26 +52,11 @@ from schemas.teams import QueueConfigured, TeamCreated
 from services.scheduler.core.policy import SchedulingPolicy
 from services.scheduler.core.shape import Shape, describe_need, shape_of
 
-JobStateName = Literal[
-    "pending",
-    "queued",
-    "reserved",
-    "running",
-    "preempting",
-    "suspended",
-    "succeeded",
-    "failed",
-    "cancelled",
-    "rejected",
-]
+JobStateName = JobState
 NodeStateName = Literal["ready", "draining", "drained", "lost"]
 
 # The reason code of the head gang, the one job holding a backfill reservation.
 RESERVED_HEAD = "reserved_head"
-
-TERMINAL_STATES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "rejected"})
-WAITING_STATES: frozenset[str] = frozenset({"pending", "queued"})
-HOLDING_STATES: frozenset[str] = frozenset({"reserved", "running", "preempting"})
 
 
 def popcount(mask: int) -> int:
