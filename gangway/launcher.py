@@ -108,9 +108,7 @@ def default_services(
             env["GANGWAY_INSTANCE_ID"] = name
             specs.append(ServiceSpec(name, "services.scheduler", env=env))
         elif name == "api":
-            specs.append(
-                ServiceSpec(name, "services.api", env=env, ready_url=f"{api_url}/readyz")
-            )
+            specs.append(ServiceSpec(name, "services.api", env=env, ready_url=f"{api_url}/readyz"))
         elif name == "agent":
             specs.append(
                 ServiceSpec(
@@ -124,8 +122,9 @@ def default_services(
         elif name == "inventory":
             # The same cluster as the fleet's, whatever GANGWAY_CLUSTER says.
             env["GANGWAY_CLUSTER"] = cluster
-            specs.append(ServiceSpec(name, "services.inventory", env=env,
-                                     ready_log=r"\binventory ready\b"))
+            specs.append(
+                ServiceSpec(name, "services.inventory", env=env, ready_log=r"\binventory ready\b")
+            )
         elif name in ("health", "checkpoint"):
             specs.append(
                 ServiceSpec(name, f"services.{name}", env=env, ready_log=rf"\b{name} ready\b")
@@ -273,8 +272,10 @@ class Launcher:
         results = []
         for spec in specs:
             if skip_missing and not spec.buildable():
-                print(f"[launcher] {spec.name}: {spec.module} has no entry point yet; skipped",
-                      file=sys.stderr)
+                print(
+                    f"[launcher] {spec.name}: {spec.module} has no entry point yet; skipped",
+                    file=sys.stderr,
+                )
                 continue
             offset = len(self.read_log(spec.name))
             started = self.start(spec)
@@ -302,8 +303,10 @@ class Launcher:
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
         if _alive(pid):
-            print(f"[launcher] {name} ignored SIGTERM for {timeout_s:.0f} s; killing it",
-                  file=sys.stderr)
+            print(
+                f"[launcher] {name} ignored SIGTERM for {timeout_s:.0f} s; killing it",
+                file=sys.stderr,
+            )
         # The group too: a child left behind (a rank of a killed agent) must not outlive it.
         _signal_group(pid, signal.SIGKILL)
         child = self._children.pop(name, None)

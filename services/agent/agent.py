@@ -187,8 +187,13 @@ class Agent:
             steps, rank.step_offset = read_new_steps(rank.workdir / STEP_FILE, rank.step_offset)
             samples += [
                 StepTimeSample(
-                    job_id=rank.key.job_id, attempt=rank.key.attempt, rank=rank.key.rank,
-                    node_id=node_id, step=step, step_time_s=seconds, at=now,
+                    job_id=rank.key.job_id,
+                    attempt=rank.key.attempt,
+                    rank=rank.key.rank,
+                    node_id=node_id,
+                    step=step,
+                    step_time_s=seconds,
+                    at=now,
                 )
                 for step, seconds in steps
             ]
@@ -257,13 +262,17 @@ class Agent:
                 job_id=key.job_id, attempt=key.attempt, rank=key.rank, node_id=placement.node_id
             )
             try:
-                rank = await launch(key, placement, world_size, list(view.spec.command), env,
-                                    workdir)
+                rank = await launch(
+                    key, placement, world_size, list(view.spec.command), env, workdir
+                )
             except OSError as error:
                 log.warning("rank %s could not start: %s", key, error)
                 exited = TaskExited(
-                    job_id=key.job_id, attempt=key.attempt, rank=key.rank,
-                    node_id=placement.node_id, exit_code=LAUNCH_FAILED_EXIT_CODE,
+                    job_id=key.job_id,
+                    attempt=key.attempt,
+                    rank=key.rank,
+                    node_id=placement.node_id,
+                    exit_code=LAUNCH_FAILED_EXIT_CODE,
                     reason=f"launch failed: {error}",
                 )
                 await self.store.append(reserved.stream, None, [started, exited], meta)
@@ -275,8 +284,13 @@ class Agent:
             self.ranks[key] = rank
             self.ranks_started.inc()
             self.ranks_running.inc()
-            log.info("started %s on %s gpus %s (pid %d)", key, placement.node_id,
-                     placement.gpus, rank.pid)
+            log.info(
+                "started %s on %s gpus %s (pid %d)",
+                key,
+                placement.node_id,
+                placement.gpus,
+                rank.pid,
+            )
             self._spawn(self._watch(rank, meta))
 
     async def _watch(self, rank: RankProcess, meta: Metadata) -> None:
@@ -303,8 +317,9 @@ class Agent:
                 await self.store.append(event.stream, None, [event], meta)
                 return
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-                log.warning("recording %s of %s failed (%r); retrying", event.type,
-                            event.job_id, error)
+                log.warning(
+                    "recording %s of %s failed (%r); retrying", event.type, event.job_id, error
+                )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
@@ -371,15 +386,11 @@ class Agent:
         event = envelope.payload
         attempt = int(getattr(event, "attempt", 1))
         checkpoint_id = checkpoint_id_for(attempt, envelope.event_id)
-        directory = checkpoint_dir(
-            self.root_dir, str(getattr(event, "job_id", "")), checkpoint_id
-        )
+        directory = checkpoint_dir(self.root_dir, str(getattr(event, "job_id", "")), checkpoint_id)
         # Every rank of the checkpoint, on whichever agent, must name the same step: the
         # request's time is the one value they all share.
         step = int(envelope.recorded_at.timestamp())
-        await asyncio.gather(
-            *(self._checkpoint_rank(r, directory, budget_s, step) for r in ranks)
-        )
+        await asyncio.gather(*(self._checkpoint_rank(r, directory, budget_s, step) for r in ranks))
         return checkpoint_id
 
     async def _await_outcome(self, job_id: str, checkpoint_id: str, until: float) -> bool:
@@ -399,8 +410,11 @@ class Agent:
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
                 log.warning("reading %s failed: %r", stream, error)
             if time.monotonic() >= until:
-                log.warning("no outcome for checkpoint %s of %s in time; evicting anyway",
-                            checkpoint_id, job_id)
+                log.warning(
+                    "no outcome for checkpoint %s of %s in time; evicting anyway",
+                    checkpoint_id,
+                    job_id,
+                )
                 return False
             await asyncio.sleep(0.2)
 
@@ -413,8 +427,12 @@ class Agent:
             else:
                 # A rank that does not checkpoint itself (the simulated fleet's sleep): the
                 # agent saves what it knows of the rank, so the protocol runs end to end.
-                state = {"job_id": rank.key.job_id, "attempt": rank.key.attempt,
-                         "rank": rank.key.rank, "step": step}
+                state = {
+                    "job_id": rank.key.job_id,
+                    "attempt": rank.key.attempt,
+                    "rank": rank.key.rank,
+                    "step": step,
+                }
                 await asyncio.to_thread(
                     write_shard, directory, rank.key.rank, json.dumps(state).encode(), step=step
                 )
@@ -461,13 +479,17 @@ class Agent:
             workdir = self.work_dir / job_id / f"a{attempt}" / f"rank-{rank}"
             killed = await asyncio.to_thread(stop_orphan, workdir, job_id)
             exited = TaskExited(
-                job_id=job_id, attempt=attempt, rank=rank, node_id=event.node_id,
+                job_id=job_id,
+                attempt=attempt,
+                rank=rank,
+                node_id=event.node_id,
                 exit_code=-int(signal.SIGKILL) if killed else -1,
                 reason="agent restarted: rank " + ("stopped" if killed else "lost"),
             )
             await self.store.append(exited.stream, None, [exited])
-            log.warning("%s/%d rank %d on %s: %s", job_id, attempt, rank, event.node_id,
-                        exited.reason)
+            log.warning(
+                "%s/%d rank %d on %s: %s", job_id, attempt, rank, event.node_id, exited.reason
+            )
         return len(started)
 
     # ------------------------------------------------------------------ shutdown

@@ -70,7 +70,9 @@ class CheckpointService:
         self._collecting: set[str] = set()
         self.registry = new_registry()
         self.outcomes = Counter(
-            "gangway_checkpoint_outcomes", "Checkpoints by outcome", ["outcome"],
+            "gangway_checkpoint_outcomes",
+            "Checkpoints by outcome",
+            ["outcome"],
             registry=self.registry,
         )
 
@@ -105,8 +107,12 @@ class CheckpointService:
     async def resume_pending(self) -> int:
         """After a restart: collect again every request still without an outcome whose wait
         had not run out (the consumer will not redeliver it). Returns how many."""
-        types = ["CheckpointRequested", "PreemptionRequested", "CheckpointCommitted",
-                 "CheckpointCorrupted"]
+        types = [
+            "CheckpointRequested",
+            "PreemptionRequested",
+            "CheckpointCommitted",
+            "CheckpointCorrupted",
+        ]
         pending: dict[str, tuple[EventEnvelope, float]] = {}
         judged: set[str] = set()
         position = 0
@@ -118,7 +124,8 @@ class CheckpointService:
                 elif isinstance(event, CheckpointRequested | PreemptionRequested):
                     wait_s = self.wait_for(event)
                     pending[checkpoint_id_for(event.attempt, envelope.event_id)] = (
-                        envelope, wait_s
+                        envelope,
+                        wait_s,
                     )
                 position = envelope.position or position
         now = datetime.now(UTC)
@@ -212,8 +219,9 @@ class CheckpointService:
     ) -> CheckpointCommitted | CheckpointCorrupted | None:
         world = await self.world_size(job_id, attempt)
         if world is None:
-            log.warning("checkpoint %s of %s: attempt %d never had a gang", checkpoint_id,
-                        job_id, attempt)
+            log.warning(
+                "checkpoint %s of %s: attempt %d never had a gang", checkpoint_id, job_id, attempt
+            )
             return None
         directory = checkpoint_dir(self.root, job_id, checkpoint_id)
         deadline = time.monotonic() + wait_s
@@ -230,8 +238,12 @@ class CheckpointService:
         result = outcome(job_id, attempt, checkpoint_id, verification)
         if isinstance(result, CheckpointCommitted):
             await asyncio.to_thread(
-                write_manifest, directory, job_id=job_id, attempt=attempt,
-                checkpoint_id=checkpoint_id, verification=verification,
+                write_manifest,
+                directory,
+                job_id=job_id,
+                attempt=attempt,
+                checkpoint_id=checkpoint_id,
+                verification=verification,
             )
         if await self._already_recorded(result.stream, checkpoint_id):
             return result
@@ -264,8 +276,11 @@ async def run(settings: CheckpointSettings, stop: asyncio.Event) -> None:
             start_metrics_server(settings.metrics_port, service.registry)
         topics = Topics.from_settings(settings)
         consumer = EventConsumer(
-            settings, store.pool, name="checkpoint",
-            topics=[topics.jobs, topics.checkpoints], handlers=service.handlers(),
+            settings,
+            store.pool,
+            name="checkpoint",
+            topics=[topics.jobs, topics.checkpoints],
+            handlers=service.handlers(),
         )
         await service.rebuild_periodic()
         resumed = await service.resume_pending()

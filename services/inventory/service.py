@@ -185,9 +185,7 @@ async def run(settings: InventorySettings, stop: asyncio.Event) -> None:
         try:
             inventory.restart_clock()
             await inventory.follow_log()
-            consumer = TelemetryConsumer(
-                settings, name="inventory", handler=inventory.on_telemetry
-            )
+            consumer = TelemetryConsumer(settings, name="inventory", handler=inventory.on_telemetry)
             consume = asyncio.create_task(consumer.run(stop))
             check = asyncio.create_task(inventory.check_forever(stop, leadership))
             await wait_started(consumer, consume)
