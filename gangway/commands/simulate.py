@@ -188,7 +188,8 @@ def _run(args: argparse.Namespace) -> int:
         more = len(result.violations) - _SHOWN_VIOLATIONS
         print(f"gangway simulate: … and {more} more violation(s)", file=sys.stderr)
 
-    title = f"{args.policy} on {args.cluster}: {len(jobs):,} jobs"
+    quota_note = f", quotas {Path(args.quotas).name}" if args.quotas else ""
+    title = f"{args.policy} on {args.cluster}{quota_note}: {len(jobs):,} jobs"
     try:
         if args.json:
             Path(args.json).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
