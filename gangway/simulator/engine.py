@@ -9,7 +9,9 @@ scheduling cycle, applies its decisions and lets the simulated agents react to t
 - PreemptionRequested at t → the job stops and writes a checkpoint of its progress at t, which
   takes `checkpoint_write_s`; its ranks exit with reason "preempted" when the write ends, or at
   the grace deadline if the write is longer than the grace (then the request's checkpoint is
-  lost and the job falls back to its last periodic checkpoint).
+  lost and the job falls back to its last periodic checkpoint). A job that would end before
+  its eviction just ends (exit 0); if the core requeues it anyway, its work stays done and its
+  next attempt is empty.
 - JobRequeued → the job will resume from its last checkpoint; the work since that checkpoint
   is redone and counted in `lost_gpu_s`. Periodic checkpoints happen every
   `checkpoint_interval_s` of an attempt's run time.
@@ -89,6 +91,8 @@ class _Job:
     # (None when the write cannot finish within the grace period).
     stopped_at: float | None = None
     checkpoint_ready_at: float | None = None
+    # The current attempt's ranks exited 0: the job's work is complete.
+    work_done: bool = False
 
 
 @dataclass(slots=True)
@@ -226,6 +230,9 @@ class Simulation:
         if token != job.token:
             return False  # a stale exit of an attempt that was requeued or preempted
         preempted = kind == _PREEMPT_EXIT
+        # Ranks exiting 0 have done all the job's work. The core may still requeue the gang
+        # (it treats any exit under eviction as checkpointed away); the work then stays done.
+        job.work_done = not preempted
         for rank, node_id in job.ranks:
             self._record(
                 TaskExited(
@@ -336,6 +343,7 @@ class Simulation:
         job.running_since = now
         job.stopped_at = None
         job.checkpoint_ready_at = None
+        job.work_done = False
         job.ranks = [(rank.rank, rank.node_id) for rank in reserved.ranks]
         job.record.attempts += 1
         if job.record.first_start_s is None:
@@ -376,7 +384,9 @@ class Simulation:
             return
         stopped = job.stopped_at if job.stopped_at is not None else now
         worked = min(stopped - job.running_since, job.remaining_s)
-        if job.checkpoint_ready_at is not None and now >= job.checkpoint_ready_at:
+        if job.work_done:
+            worked = saved = job.remaining_s
+        elif job.checkpoint_ready_at is not None and now >= job.checkpoint_ready_at:
             saved = worked
         else:
             interval = self._config.checkpoint_interval_s
@@ -388,6 +398,7 @@ class Simulation:
         job.running_since = None
         job.stopped_at = None
         job.checkpoint_ready_at = None
+        job.work_done = False
         job.ranks = []
         job.token += 1  # any exit still in the heap belongs to the released attempt
 

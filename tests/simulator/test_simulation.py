@@ -108,3 +108,16 @@ def test_a_small_random_trace_runs_without_invariant_violations(tmp_path: Path) 
         _, result = simulate(trace, "8x8:2:2", policy=policy, quotas=quotas)
         assert result.violations == []
         assert all(record.outcome == "succeeded" for record in result.records), policy
+
+
+def test_a_job_that_ends_during_its_eviction_loses_no_work(tmp_path: Path) -> None:
+    # Asked to leave at 1000, the borrower ends its work at 1010, before its checkpoint would be
+    # written (1030): whatever the core then records, that work is done and not redone.
+    trace = write_trace(tmp_path, "borrower,0,8,1010,lender", "owner,1000,8,100,keeper")
+    quotas = {"lender": Quota("lender", 0, None), "keeper": Quota("keeper", 8, None)}
+    _, result = simulate(trace, "1x8", quotas=quotas)
+    records = {record.job_id: record for record in result.records}
+    assert result.preemptions == 1
+    assert result.lost_gpu_s == 0.0
+    assert records["borrower"].outcome == "succeeded"
+    assert records["owner"].first_start_s == 1010.0
