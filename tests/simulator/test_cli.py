@@ -110,3 +110,13 @@ def test_quotas_leave_out_tenants_they_do_not_name(
     metrics = json.loads(out.read_text())
     assert (metrics["jobs"], metrics["skipped_jobs"]) == (3, 1)
     assert "left out: blue" in capsys.readouterr().err
+
+
+def test_cluster_may_be_a_yaml_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text("groups:\n  - count: 2\n    gpus: 8\n")
+    out = tmp_path / "m.json"
+    args = ["simulate", "--trace", str(small_trace(tmp_path)), "--cluster", str(cluster)]
+    assert main([*args, "--no-progress", "--json", str(out)]) == 0
+    metrics = json.loads(out.read_text())
+    assert (metrics["capacity_gpus"], metrics["completed"]) == (16, 4)
