@@ -8,19 +8,25 @@ from gangway.simulator.metrics import JobRecord, compute_metrics, percentile
 
 
 def record(
-    job_id: str, submit: float, start: float | None, finish: float | None, **kw: object
+    job_id: str,
+    submit: float,
+    start: float | None,
+    finish: float | None,
+    *,
+    tenant: str = "a",
+    priority: str = "research",
+    gpus: int = 1,
 ) -> JobRecord:
-    rec = JobRecord(
+    return JobRecord(
         job_id=job_id,
-        tenant=str(kw.get("tenant", "a")),
-        priority=str(kw.get("priority", "research")),
-        num_gpus=int(kw.get("gpus", 1)),  # type: ignore[call-overload]
+        tenant=tenant,
+        priority=priority,
+        num_gpus=gpus,
         submit_s=submit,
         first_start_s=start,
         finish_s=finish,
         outcome="succeeded" if finish is not None else None,
     )
-    return rec
 
 
 def test_percentile_interpolates_linearly() -> None:
