@@ -8,10 +8,11 @@ live state, a replay and snapshot + tail all fold the same events in the same or
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from schemas import REGISTRY, EventEnvelope, EventRegistry
+from schemas import REGISTRY, Event, EventEnvelope, EventRegistry
 from services.runtime.records import RawEvent
 from services.scheduler.core.policy import SchedulingPolicy
 from services.scheduler.core.state import SchedulerState
@@ -20,6 +21,24 @@ from services.scheduler.core.state import SchedulerState
 class LogGap(RuntimeError):
     """An event arrived that does not follow the last folded position: folding it would make
     this state differ from a replay's, so the follower must re-read from its position."""
+
+
+_DECODERS: weakref.WeakKeyDictionary[EventRegistry, dict[tuple[str, int], Callable[[str], Event]]]
+_DECODERS = weakref.WeakKeyDictionary()
+
+
+def _decoders(registry: EventRegistry) -> dict[tuple[str, int], Callable[[str], Event]]:
+    """Per (type, current schema version), the model's JSON validator itself: the registry's
+    decode does the same, plus a lookup and checks that cost more than the validation of the
+    small events that make up most of a log (measured: a tenth of a 1M-event replay)."""
+    found = _DECODERS.get(registry)
+    if found is None:
+        found = {}
+        for type_name in registry.types:
+            model = registry.model(type_name)
+            found[(type_name, model.schema_version)] = model.__pydantic_validator__.validate_json
+        _DECODERS[registry] = found
+    return found
 
 
 @dataclass
@@ -38,14 +57,22 @@ class Folded:
         Only the payload is validated (`model_validate_json`); the envelope is never built.
         """
         apply = self.state.apply
-        decode = registry.decode
         versions = self.versions
         position = self.position
+        decoders = _decoders(registry)
         try:
             for raw in batch:
                 if raw.position != position + 1:
                     raise LogGap(f"expected position {position + 1}, got {raw.position}")
-                event = decode(raw.type, raw.schema_version, raw.payload)
+                decoder = decoders.get((raw.type, raw.schema_version))
+                try:
+                    if decoder is None:
+                        raise LookupError(raw.type)
+                    event = decoder(raw.payload)
+                except (LookupError, ValueError):
+                    # Old schema versions (upcast first), unknown types, invalid payloads:
+                    # the registry's own path, which raises the precise EventDecodeError.
+                    event = registry.decode(raw.type, raw.schema_version, raw.payload)
                 apply(event, raw.recorded_at.timestamp())
                 versions[raw.stream] = raw.version
                 position = raw.position

@@ -39,12 +39,12 @@ async def rebuild(
     started = time.perf_counter()
     end = await store.head() if until is None else until
     folded: Folded | None = None
-    if snapshots is not None:
-        folded = await snapshots.load(max_position=end)
-    snapshot_position = None if folded is None else folded.position
-    if folded is None:
-        folded = Folded.empty(policy)
     with gc_paused():
+        if snapshots is not None:
+            folded = await snapshots.load(max_position=end)
+        snapshot_position = None if folded is None else folded.position
+        if folded is None:
+            folded = Folded.empty(policy)
         replayed = await catch_up(store, folded, until=end, batch_size=batch_size)
     return Rebuilt(folded, snapshot_position, replayed, time.perf_counter() - started)
 
