@@ -54,8 +54,9 @@ from schemas.teams import TeamCreated
 from services.admission.rules import AdmissionCatalog, admit
 from services.scheduler.core import Auditor, SchedulerState, SchedulingPolicy, schedule
 
-# Heap entry kinds, in the order they are handled within one timestamp: releases first, so that
-# a submission and a completion at the same second see the freed GPUs in the same cycle.
+# Heap entry kinds, in the order they are recorded within one timestamp (the heap sorts by time,
+# then kind, then push order). Everything due at a timestamp is applied before its one cycle,
+# so the order only fixes how the log reads: ranks leave before new jobs arrive.
 _EXIT = 0
 _PREEMPT_EXIT = 1
 _SUBMIT = 2
@@ -170,7 +171,7 @@ class Simulation:
             now = heap[0][0]
             changed = False
             while heap and heap[0][0] == now:
-                _, _, kind, job_id, token = heapq.heappop(heap)
+                _, kind, _, job_id, token = heapq.heappop(heap)
                 changed |= self._handle(kind, job_id, token, now)
             if changed:
                 self._cycle(now)
@@ -217,7 +218,7 @@ class Simulation:
 
     def _push(self, at: float, kind: int, job_id: str, token: int = 0) -> None:
         self._seq += 1
-        heapq.heappush(self._heap, (at, self._seq, kind, job_id, token))
+        heapq.heappush(self._heap, (at, kind, self._seq, job_id, token))
 
     def _handle(self, kind: int, job_id: str, token: int, now: float) -> bool:
         """Apply one due heap entry; True when it changed what the core knows."""
