@@ -152,13 +152,24 @@ async def running_system(
     finally:
         launcher.down(service_order(specs))
         await store.close()
-        owner = await asyncpg.connect(stack.pg_owner_dsn)
-        try:
-            await owner.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-        finally:
-            await owner.close()
+        await _drop_database(stack, database)
         with contextlib.suppress(Exception):
             await _delete_topics(settings)
+
+
+async def _drop_database(stack: Stack, database: str) -> None:
+    # The stopped services' sessions end a moment after their processes; until then the owner
+    # may not end them for the services' role.
+    owner = await asyncpg.connect(stack.pg_owner_dsn)
+    try:
+        for _ in range(50):
+            try:
+                await owner.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+                return
+            except asyncpg.InsufficientPrivilegeError:
+                await asyncio.sleep(0.2)
+    finally:
+        await owner.close()
 
 
 def _spec_text(cluster: str) -> str:
