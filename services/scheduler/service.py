@@ -285,11 +285,14 @@ class SchedulerService:
         # Cleared before reading: an append notified from now on wakes the next wait at once.
         self._wake.clear()
         folded_now = 0
+        limit = self.settings.scheduler_read_batch
         try:
-            async for batch in self.store.iter_raw(
-                self.folded.position, batch_size=self.settings.scheduler_read_batch
-            ):
+            while True:
+                # One query per wake-up: the next events by position (no head lookup first).
+                batch = await self.store.read_all_raw(self.folded.position, limit)
                 folded_now += self.folded.fold_raw(batch, self.store.registry)
+                if len(batch) < limit:
+                    break
         except LogGap as gap:
             # Cannot happen with a gap-free log; re-reading from our position is always safe.
             log.warning("%s; re-reading", gap)
