@@ -134,7 +134,7 @@ EOF
         is_root && chown -R postgres: "$PG_DIR"
         log "starting PostgreSQL on 127.0.0.1:$PG_PORT"
         as_pg "$(pg_bin)/pg_ctl" -D "$PG_DATA" -l "$PG_LOG" -w -t 60 \
-            -o "-p $PG_PORT -k $PG_RUN" start >/dev/null \
+            -o "-p $PG_PORT -k $PG_RUN" start >/dev/null 9>&- \
             || { tail -n 30 "$PG_LOG" >&2; die "PostgreSQL did not start"; }
     fi
     local i
@@ -280,10 +280,10 @@ kafka_start() {
     # shellcheck disable=SC2086
     setsid java $KAFKA_HEAP -XX:+UseG1GC -Djava.awt.headless=true \
         -Dlog4j2.configurationFile="$KAFKA_DIR/log4j2.properties" \
-        -cp "$(kafka_classpath)" kafka.Kafka "$KAFKA_CONF" </dev/null >>"$KAFKA_LOG" 2>&1 &
+        -cp "$(kafka_classpath)" kafka.Kafka "$KAFKA_CONF" </dev/null >>"$KAFKA_LOG" 2>&1 9>&- &
     echo $! >"$KAFKA_PID"
     local i
-    for i in $(seq 1 240); do
+    for i in $(seq 1 600); do
         if ! kafka_pid >/dev/null; then
             tail -n 40 "$KAFKA_LOG" >&2
             die "Kafka exited while starting"
@@ -294,7 +294,7 @@ kafka_start() {
         fi
         sleep 0.5
     done
-    die "Kafka did not become ready in 120 s (see $KAFKA_LOG)"
+    die "Kafka did not become ready in 300 s (see $KAFKA_LOG)"
 }
 
 kafka_stop() {
@@ -382,6 +382,7 @@ cmd_status() {
 }
 
 # Several shells (tests, `make up`, a broker restart) may drive the stack at once: one at a time.
+# The servers started under the lock must not inherit its descriptor (hence `9>&-` there).
 with_lock() {
     mkdir -p "$STACK"
     exec 9>"$STACK/.lock"
