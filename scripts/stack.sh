@@ -288,7 +288,9 @@ kafka_start() {
             tail -n 40 "$KAFKA_LOG" >&2
             die "Kafka exited while starting"
         fi
-        if tail -n "+$((mark + 1))" "$KAFKA_LOG" | grep -q "Kafka Server started" \
+        # grep without -q reads all of its input: with -q it would stop at the match and
+        # tail, killed by SIGPIPE, would fail the pipeline (pipefail) on a long log.
+        if tail -n "+$((mark + 1))" "$KAFKA_LOG" | grep "Kafka Server started" >/dev/null \
             && port_open "$KAFKA_PORT"; then
             return 0
         fi
