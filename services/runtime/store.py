@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID, uuid4
@@ -27,9 +28,8 @@ _COLUMNS = (
 _FENCE = "SELECT epoch FROM leader_epochs WHERE name = $1 FOR SHARE"
 
 # Taking the head row's lock serialises appends; see migrations/0001_event_log.sql.
-_CLAIM_POSITIONS = (
-    "UPDATE event_log_head SET position = position + $1 RETURNING position, clock_timestamp()"
-)
+_LOCK_HEAD = "SELECT position, clock_timestamp() FROM event_log_head FOR UPDATE"
+_SET_HEAD = "UPDATE event_log_head SET position = $1"
 
 # A new statement after the lock, so its snapshot holds every append committed before ours.
 _STREAM_VERSIONS = """
@@ -42,9 +42,11 @@ _INSERT = """
 INSERT INTO events (position, stream, version, event_id, type, schema_version, payload,
                     correlation_id, causation_id, producer, epoch, recorded_at)
 SELECT u.position, u.stream, u.version, u.event_id, u.type, u.schema_version, u.payload::jsonb,
-       $8, $9, $10, $11, $12
+       u.correlation_id, u.causation_id, u.producer, u.epoch, $12
 FROM unnest($1::bigint[], $2::text[], $3::integer[], $4::uuid[], $5::text[], $6::integer[],
-            $7::text[]) AS u(position, stream, version, event_id, type, schema_version, payload)
+            $7::text[], $8::uuid[], $9::uuid[], $10::text[], $11::bigint[])
+     AS u(position, stream, version, event_id, type, schema_version, payload,
+          correlation_id, causation_id, producer, epoch)
 """
 
 _READ_STREAM = f"SELECT {_COLUMNS} FROM events WHERE stream = $1 AND version > $2 ORDER BY version"
@@ -149,49 +151,70 @@ class EventStore:
         by the log's head row anyway, so this turns one WAL flush per append into one per group.
         """
         _check_appends(appends, self.registry)
-        meta = metadata or Metadata()
+        request = _Request(appends, metadata or Metadata(), epoch)
         if sum(len(a.events) for a in appends) == 0:
             return []
         if conn is None and epoch is None:
-            return await self._group_commit.submit(appends, meta)
-        async with self.connection(conn) as c, c.transaction():
-            return await self._append_in(c, appends, meta, epoch, leadership)
+            return await self._group_commit.submit(request)
+        return await self._append_alone(request, leadership, conn)
 
-    async def _append_in(
-        self,
-        c: asyncpg.Connection,
-        appends: Sequence[StreamAppend],
-        meta: Metadata,
-        epoch: int | None,
-        leadership: str,
+    async def _append_alone(
+        self, request: _Request, leadership: str, conn: asyncpg.Connection | None = None
     ) -> list[EventEnvelope]:
-        """The append itself, inside the caller's transaction."""
-        count = sum(len(a.events) for a in appends)
-        if epoch is not None:
-            await _check_epoch(c, leadership, epoch)
-        last, recorded_at = await c.fetchrow(_CLAIM_POSITIONS, count)
-        current = dict(await c.fetch(_STREAM_VERSIONS, [a.stream for a in appends]))
-        rows = _Rows()
-        position = last - count
-        for append in appends:
-            actual: int = current[append.stream]
-            if append.expected_version is not None and append.expected_version != actual:
-                raise ConcurrencyConflict(append.stream, append.expected_version, actual)
-            for offset, event in enumerate(append.events, start=1):
-                position += 1
-                rows.add(position, append.stream, actual + offset, event)
-        producer = meta.producer or self.producer
-        await c.execute(
-            _INSERT,
-            *rows.columns(),
-            meta.correlation_id,
-            meta.causation_id,
-            producer,
-            epoch,
-            recorded_at,
-        )
-        await c.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, str(last))
-        return rows.envelopes(meta, producer, epoch, recorded_at)
+        async with self.connection(conn) as c, c.transaction():
+            if request.epoch is not None:
+                await _check_epoch(c, leadership, request.epoch)
+            [result] = await self._write(c, [request])
+            if isinstance(result, ConcurrencyConflict):
+                raise result
+        return result
+
+    async def _write(
+        self, c: asyncpg.Connection, requests: Sequence[_Request]
+    ) -> list[list[EventEnvelope] | ConcurrencyConflict]:
+        """Append `requests` in order inside the caller's transaction, in five statements
+        whatever their number; a request whose expected versions do not hold is skipped and
+        gets its ConcurrencyConflict instead."""
+        last, recorded_at = await c.fetchrow(_LOCK_HEAD)
+        streams = list(dict.fromkeys(a.stream for r in requests for a in r.appends))
+        current: dict[str, int] = dict(await c.fetch(_STREAM_VERSIONS, streams))
+        rows = _Rows(self.producer)
+        spans: list[tuple[int, int] | ConcurrencyConflict] = []
+        for request in requests:
+            conflict = next(
+                (
+                    ConcurrencyConflict(a.stream, a.expected_version, current[a.stream])
+                    for a in request.appends
+                    if a.expected_version is not None and a.expected_version != current[a.stream]
+                ),
+                None,
+            )
+            if conflict is not None:
+                spans.append(conflict)
+                continue
+            first = len(rows)
+            for append in request.appends:
+                for event in append.events:
+                    current[append.stream] += 1
+                    rows.add(
+                        last + len(rows) + 1,
+                        append.stream,
+                        current[append.stream],
+                        event,
+                        request.meta,
+                        request.epoch,
+                    )
+            spans.append((first, len(rows)))
+        if len(rows):
+            head = last + len(rows)
+            await c.execute(_INSERT, *rows.columns(), recorded_at)
+            await c.execute(_SET_HEAD, head)
+            await c.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, str(head))
+        envelopes = rows.envelopes(recorded_at)
+        return [
+            span if isinstance(span, ConcurrencyConflict) else envelopes[span[0] : span[1]]
+            for span in spans
+        ]
 
     # ------------------------------------------------------------------ reads
 
@@ -312,71 +335,84 @@ def _check_appends(appends: Sequence[StreamAppend], registry: EventRegistry) -> 
                 raise ValueError(f"{type(event).__name__} is not the registered {event.type}")
 
 
-_Pending = tuple[Sequence[StreamAppend], Metadata, "asyncio.Future[list[EventEnvelope]]"]
+@dataclass(frozen=True, slots=True)
+class _Request:
+    appends: Sequence[StreamAppend]
+    meta: Metadata
+    epoch: int | None
 
 
 class _GroupCommit:
     """Writes the appends that queue up while a transaction commits in the next transaction.
 
-    One writer task per store, started on demand; each append keeps its own outcome (a
-    savepoint each), only the commit is shared. Epoch-fenced appends never join a group: their
-    leader_epochs lock must come before the head row's lock, as in every other append.
+    One writer task per store, started on demand. Each append keeps its own outcome (a
+    conflict fails only its own); only the commit, and its WAL flush, is shared. Epoch-fenced
+    appends never join a group: their leader_epochs lock must come before the head row's lock,
+    as in every other append.
     """
 
-    max_group = 256
+    max_group = 512
 
     def __init__(self, store: EventStore) -> None:
         self.store = store
-        self.pending: list[_Pending] = []
+        self.pending: list[tuple[_Request, asyncio.Future[list[EventEnvelope]]]] = []
         self.writer: asyncio.Task[None] | None = None
 
-    async def submit(self, appends: Sequence[StreamAppend], meta: Metadata) -> list[EventEnvelope]:
+    async def submit(self, request: _Request) -> list[EventEnvelope]:
         future: asyncio.Future[list[EventEnvelope]] = asyncio.get_running_loop().create_future()
-        self.pending.append((appends, meta, future))
+        self.pending.append((request, future))
         if self.writer is None or self.writer.done():
-            self.writer = asyncio.create_task(self._write())
+            self.writer = asyncio.create_task(self._drain())
         return await future
 
-    async def _write(self) -> None:
+    async def _drain(self) -> None:
         while self.pending:
             group, self.pending = self.pending[: self.max_group], self.pending[self.max_group :]
-            results: list[list[EventEnvelope] | BaseException] = []
             try:
                 async with self.store.pool.acquire() as c, c.transaction():
-                    for appends, meta, _ in group:
-                        try:
-                            async with c.transaction():
-                                results.append(
-                                    await self.store._append_in(
-                                        c, appends, meta, None, SCHEDULER_LEADERSHIP
-                                    )
-                                )
-                        except (ConcurrencyConflict, asyncpg.PostgresError) as refused:
-                            results.append(refused)
-            except BaseException as error:
-                for _, _, future in group:
-                    if not future.done():
-                        future.set_exception(error)
-                if not isinstance(error, Exception):
-                    raise
+                    results = await self.store._write(c, [request for request, _ in group])
+            except asyncpg.PostgresError as refused:
+                if len(group) == 1:
+                    _settle(group[0][1], refused)
+                    continue
+                # The server refused a statement, so nothing of the group was committed: write
+                # each append alone, so that only the one at fault fails.
+                for request, future in group:
+                    try:
+                        alone = await self.store._append_alone(request, SCHEDULER_LEADERSHIP)
+                    except Exception as error:
+                        _settle(future, error)
+                    else:
+                        _settle(future, alone)
                 continue
-            for (_, _, future), result in zip(group, results, strict=True):
-                if future.done():
-                    continue  # the caller gave up waiting; the append stands regardless
-                if isinstance(result, BaseException):
-                    future.set_exception(result)
-                else:
-                    future.set_result(result)
+            except Exception as error:
+                for _, future in group:
+                    _settle(future, error)
+                continue
+            for (_, future), result in zip(group, results, strict=True):
+                _settle(future, result)
 
     async def close(self) -> None:
         if self.writer is not None and not self.writer.done():
             await self.writer
 
 
+def _settle(
+    future: asyncio.Future[list[EventEnvelope]], result: list[EventEnvelope] | Exception
+) -> None:
+    if future.done():
+        return  # the caller stopped waiting; the append's outcome stands regardless
+    if isinstance(result, Exception):
+        future.set_exception(result)
+    else:
+        future.set_result(result)
+
+
 class _Rows:
     """The columns of one INSERT ... SELECT FROM unnest(...), one list per column."""
 
-    def __init__(self) -> None:
+    def __init__(self, producer: str) -> None:
+        self.producer = producer
         self.positions: list[int] = []
         self.streams: list[str] = []
         self.versions: list[int] = []
@@ -384,9 +420,24 @@ class _Rows:
         self.types: list[str] = []
         self.schema_versions: list[int] = []
         self.payloads: list[str] = []
+        self.correlation_ids: list[UUID | None] = []
+        self.causation_ids: list[UUID | None] = []
+        self.producers: list[str] = []
+        self.epochs: list[int | None] = []
         self.events: list[Event] = []
 
-    def add(self, position: int, stream: str, version: int, event: Event) -> None:
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def add(
+        self,
+        position: int,
+        stream: str,
+        version: int,
+        event: Event,
+        meta: Metadata,
+        epoch: int | None,
+    ) -> None:
         self.positions.append(position)
         self.streams.append(stream)
         self.versions.append(version)
@@ -394,6 +445,10 @@ class _Rows:
         self.types.append(event.type)
         self.schema_versions.append(event.schema_version)
         self.payloads.append(event.model_dump_json())
+        self.correlation_ids.append(meta.correlation_id)
+        self.causation_ids.append(meta.causation_id)
+        self.producers.append(meta.producer or self.producer)
+        self.epochs.append(epoch)
         self.events.append(event)
 
     def columns(self) -> tuple[list[Any], ...]:
@@ -405,32 +460,27 @@ class _Rows:
             self.types,
             self.schema_versions,
             self.payloads,
+            self.correlation_ids,
+            self.causation_ids,
+            self.producers,
+            self.epochs,
         )
 
-    def envelopes(
-        self, meta: Metadata, producer: str, epoch: int | None, recorded_at: datetime
-    ) -> list[EventEnvelope]:
+    def envelopes(self, recorded_at: datetime) -> list[EventEnvelope]:
         return [
             EventEnvelope(
-                event_id=event_id,
-                stream=stream,
-                version=version,
-                position=position,
-                type=event.type,
-                schema_version=event.schema_version,
-                payload=event,
+                event_id=self.event_ids[i],
+                stream=self.streams[i],
+                version=self.versions[i],
+                position=self.positions[i],
+                type=self.types[i],
+                schema_version=self.schema_versions[i],
+                payload=self.events[i],
                 recorded_at=recorded_at,
-                correlation_id=meta.correlation_id,
-                causation_id=meta.causation_id,
-                producer=producer,
-                epoch=epoch,
+                correlation_id=self.correlation_ids[i],
+                causation_id=self.causation_ids[i],
+                producer=self.producers[i],
+                epoch=self.epochs[i],
             )
-            for position, stream, version, event_id, event in zip(
-                self.positions,
-                self.streams,
-                self.versions,
-                self.event_ids,
-                self.events,
-                strict=True,
-            )
+            for i in range(len(self))
         ]
