@@ -231,8 +231,8 @@ class Simulation:
         if token != job.token:
             return False  # a stale exit of an attempt that was requeued or preempted
         preempted = kind == _PREEMPT_EXIT
-        # Ranks exiting 0 have done all the job's work. The core may still requeue the gang
-        # (it treats any exit under eviction as checkpointed away); the work then stays done.
+        # Ranks exiting 0 have done all the job's work: the core records the job succeeded even
+        # while it was being evicted, since no rank reported the eviction as its reason.
         job.work_done = not preempted
         for rank, node_id in job.ranks:
             self._record(

@@ -246,7 +246,13 @@ class History:
             if view.state == "reserved":
                 self.start(view.job_id)
 
-    def exit(self, job_id: str, code: int = 0, ranks: Iterable[int] | None = None) -> None:
+    def exit(
+        self,
+        job_id: str,
+        code: int = 0,
+        ranks: Iterable[int] | None = None,
+        reason: str | None = None,
+    ) -> None:
         gang = self.gang(job_id)
         chosen = set(ranks) if ranks is not None else {r.rank for r in gang.ranks}
         for rank in gang.ranks:
@@ -258,8 +264,13 @@ class History:
                         rank=rank.rank,
                         node_id=rank.node_id,
                         exit_code=code,
+                        reason=reason,
                     )
                 )
+
+    def evict(self, job_id: str, ranks: Iterable[int] | None = None) -> None:
+        """The agents stop the ranks of a gang under eviction once their checkpoint is written."""
+        self.exit(job_id, 0, ranks, reason="preempted")
 
     def lose(self, node_id: str) -> None:
         self.record(NodeLost(node_id=node_id, reason="no heartbeat"))

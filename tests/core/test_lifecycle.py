@@ -145,7 +145,7 @@ def test_draining_a_node_checkpoints_its_gangs_away_then_reports_it_drained() ->
     assert len(history.events(PreemptionRequested, job)) == 1
     assert history.events(NodeDrained) == []
 
-    history.exit(job, 0)  # ranks checkpoint and stop
+    history.evict(job)  # ranks checkpoint and stop
     history.cycle()
 
     assert [e.code for e in history.events(JobRequeued, job)] == ["node_drained"]

@@ -10,7 +10,7 @@ def _finish_evictions(history: History) -> None:
     """Play the agents: ranks of preempted gangs checkpoint and exit."""
     for view in list(history.state.jobs()):
         if view.state == "preempting":
-            history.exit(view.job_id, 0)
+            history.evict(view.job_id)
 
 
 def test_inference_critical_preempts_the_smallest_sufficient_lower_priority_gang() -> None:

@@ -33,7 +33,7 @@ def test_a_team_reclaims_its_guarantee_from_a_borrower() -> None:
     assert len(victims) == 1 and victims[0] in borrowed
     for view in list(history.state.jobs()):
         if view.state == "preempting":
-            history.exit(view.job_id, 0)
+            history.evict(view.job_id)
     history.run()
     assert history.job(owner).state == "running"
 
@@ -62,3 +62,43 @@ def test_a_parent_queue_ceiling_caps_its_children_together() -> None:
 
     assert history.job(a).state == history.job(b).state == "running"
     assert history.job(c).reason_code == "quota_ceiling"
+
+
+def test_a_reclaimer_whose_victim_was_backfilled_again_reclaims_anew() -> None:
+    """The simulator's invariant-4 case (job 69816 of the Philly trace), on one node.
+
+    The free GPU the reclaim counted on is taken while the victim checkpoints; the victim,
+    requeued, backfills onto the GPU it gave up. The reclaimer must not keep waiting for that
+    victim's new gang: once its hysteresis has passed it reclaims again.
+    """
+    history = History("1x8:1:1")
+    history.team("alpha", guaranteed=2).team("beta")
+    history.submit(*(a_job().gpus(1).team("beta") for _ in range(6)))
+    history.run()
+    history.advance(60)
+    victim = history.submit(a_job().gpus(1).team("beta").estimate(60))[0]
+    history.run()  # one GPU stays free
+    owner = history.submit(a_job().gpus(2).team("alpha"))[0]
+    history.run()
+    assert [p.job_id for p in history.events(PreemptionRequested)] == [victim]
+    history.submit(a_job().gpus(1).team("beta"))
+    history.run()  # a borrower takes the free GPU while the victim checkpoints
+    history.evict(victim)
+    history.run(cycles=2)
+    assert history.job(victim).state == "running"  # backfilled onto its own GPU
+    assert history.job(owner).state == "queued"
+
+    history.run(cycles=30, every_s=60)
+
+    reclaims = [p for p in history.events(PreemptionRequested) if p.preemptor_job_id == owner]
+    assert len(reclaims) > 1  # it reclaimed anew rather than wait on the victim's new gang
+    assert (
+        history.job(owner).reason_code == "awaiting_preemption"
+        or history.job(owner).state == "running"
+    )
+    for view in list(history.state.jobs()):
+        if view.state == "preempting":
+            history.evict(view.job_id)
+    history.run(cycles=2)
+    assert history.job(owner).state == "running"
+    assert history.auditor.violations == []

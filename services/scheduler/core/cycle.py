@@ -217,8 +217,19 @@ class _Cycle:
             deadline = (job.preempt_requested_at or now) + job.preempt_grace_s
             drained = job.preemptor_id is None
             code = "node_drained" if drained else "preempted"
-            # Ranks leaving a gang under eviction were checkpointed away, whatever their code:
-            # the job resumes from its checkpoint rather than being reported as done.
+            # Every rank exiting 0 of its own accord (not stopped for the eviction) means the
+            # gang finished its work before the checkpoint was needed: requeueing it would run
+            # a finished job again. Any rank evicted or failing means the gang stopped short:
+            # it resumes from its checkpoint.
+            finished = (
+                ranks > 0
+                and len(codes) == ranks
+                and not job.evicted_ranks
+                and not any(codes.values())
+            )
+            if finished:
+                self.release(job, JobSucceeded(job_id=job.job_id, attempt=job.attempt))
+                return
             if len(codes) == ranks or now >= deadline:
                 why = (
                     "checkpointed off a draining node"
@@ -367,13 +378,20 @@ class _Cycle:
         return not self.victims_pending(job)
 
     def victims_pending(self, job: JobRecord) -> list[str]:
+        """The job's victims still being evicted: their GPUs are about to come free.
+
+        Only a gang still under eviction counts. A victim that was requeued and then bound a
+        new gang (a backfill, even onto the very GPUs it gave up) releases nothing for this
+        job: counting it kept the preemptor waiting "for its victims", and out of the
+        preemption phase, until that new gang ended on its own (invariant 4).
+        """
         jobs = self.state._jobs
         return [
             victim
             for victim in job.awaiting_victims
             if victim not in self.released
             and (record := jobs.get(victim)) is not None
-            and record.state in HOLDING_STATES
+            and record.state == "preempting"
         ]
 
     # ------------------------------------------------------------ 4-5. place and backfill

@@ -57,6 +57,9 @@ NodeStateName = Literal["ready", "draining", "drained", "lost"]
 
 # The reason code of the head gang, the one job holding a backfill reservation.
 RESERVED_HEAD = "reserved_head"
+# The TaskExited reason an agent reports for a rank it stopped for an eviction (after its
+# checkpoint), whatever the exit code.
+PREEMPTED_EXIT_REASON = "preempted"
 
 
 def popcount(mask: int) -> int:
@@ -183,6 +186,9 @@ class JobRecord:
     bound_gpus: int = 0
     started_ranks: set[int] = field(default_factory=set)
     exit_codes: dict[int, int] = field(default_factory=dict)
+    # Ranks whose exit said they were evicted ("preempted"): under eviction, exits 0 from every
+    # rank with none of these mean the gang finished its work before the checkpoint was needed.
+    evicted_ranks: set[int] = field(default_factory=set)
     # When the job last began waiting for a gang (admission, requeue, resume): aging runs from here.
     queued_at: float | None = None
     reserved_at: float | None = None
@@ -533,6 +539,7 @@ class SchedulerState:
         job.ranks = ranks
         job.started_ranks = set()
         job.exit_codes = {}
+        job.evicted_ranks = set()
         job.reserved_at = at
         job.started_at = None
         job.preempt_requested_at = None
@@ -577,6 +584,8 @@ class SchedulerState:
         if event.rank >= len(job.ranks):
             return
         job.exit_codes[event.rank] = event.exit_code
+        if event.reason == PREEMPTED_EXIT_REASON:
+            job.evicted_ranks.add(event.rank)
         self._attention.add(job.job_id)
 
     def _on_preemption_requested(self, event: PreemptionRequested, at: float) -> None:
@@ -621,6 +630,7 @@ class SchedulerState:
         job.bound_gpus = 0
         job.started_ranks = set()
         job.exit_codes = {}
+        job.evicted_ranks = set()
         job.preempt_requested_at = None
 
     def _on_requeued(self, event: JobRequeued, at: float) -> None:
