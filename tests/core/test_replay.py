@@ -111,3 +111,24 @@ def test_a_pickled_state_decides_exactly_as_the_live_one() -> None:
 
     assert list(thawed.jobs()) == list(history.state.jobs())
     assert schedule(thawed, history.now).decisions == schedule(history.state, history.now).decisions
+
+
+def test_the_placement_index_kept_between_cycles_decides_as_a_fresh_one() -> None:
+    # Half of node 9 comes free, then half of node 1, in separate cycles: in the kept index's
+    # set of half-free nodes 9 then collides ahead of 1, while a fresh index inserts 1 first.
+    # The choice between equally good nodes must depend on what is free, not on that history.
+    history = History("16x8:4:2")
+    jobs = history.submit(*(a_job().gpus(4) for _ in range(32)))
+    history.run()
+    holder = {node: job_id for job_id in jobs for node in history.job(job_id).placement}
+    for index in (9, 1):
+        history.exit(holder[history.state._node_list[index].node_id], 0)
+        history.run(cycles=2)
+    history.submit(a_job().gpus(4))
+
+    fresh = history.replayed()
+
+    kept = schedule(history.state, history.now).decisions
+    assert kept == schedule(fresh, history.now).decisions
+    [reserved] = [d for d in kept if isinstance(d, GangReserved)]
+    assert [r.node_id for r in reserved.ranks] == [history.state._node_list[1].node_id]

@@ -4,7 +4,8 @@ The phases, in order (as in Kueue's scheduler):
 
 1. reactions — outcomes of what happened: exits, cancels, suspends, lost nodes, drains,
    preemption deadlines, max runtime;
-2. snapshot  — free GPUs after those releases, with topology aggregates;
+2. snapshot  — free GPUs after those releases, with topology aggregates (kept between
+   cycles; the cycle's changes to it are undone when it ends);
 3. order     — waiting jobs by class, fair share and age (aging first), or arrival for fifo;
 4. place     — each job in order: quota, then a topology-fit placement committed whole;
 5. backfill  — the first job that cannot start becomes the head: a reservation on concrete
@@ -40,7 +41,13 @@ from schemas.jobs import (
 )
 from schemas.nodes import NodeDrained
 from services.scheduler.core.ordering import fair_share, fifo_key, gangway_key, is_aged
-from services.scheduler.core.placement import Allocation, Shape, Snapshot, find_placement
+from services.scheduler.core.placement import (
+    Allocation,
+    Shape,
+    Snapshot,
+    find_placement,
+    free_snapshot,
+)
 from services.scheduler.core.policy import PriorityClass, SchedulingPolicy
 from services.scheduler.core.preemption import VictimPool, plan_preemption
 from services.scheduler.core.quota import QuotaBook
@@ -142,15 +149,16 @@ class _Cycle:
 
     def run(self) -> CycleResult:
         self.react()
-        snap = self.snapshot()
-        quota = QuotaBook(self.state._queues)
-        for job_id in self.released:
-            job = self.state._jobs[job_id]
-            quota.charge(job.queue, -job.bound_gpus)
-        waiting = self.order(quota)
-        blocked = self.place(snap, waiting, quota)
-        if self.policy.preemption and not self.policy.is_fifo:
-            self.preempt(snap, blocked, quota)
+        with free_snapshot(self.state) as snap:
+            self.release_into(snap)
+            quota = QuotaBook(self.state._queues)
+            for job_id in self.released:
+                job = self.state._jobs[job_id]
+                quota.charge(job.queue, -job.bound_gpus)
+            waiting = self.order(quota)
+            blocked = self.place(snap, waiting, quota)
+            if self.policy.preemption and not self.policy.is_fifo:
+                self.preempt(snap, blocked, quota)
         self.explain(waiting)
         # A moment already reached was acted on (or needs nothing) in this very cycle.
         future = [moment for moment in self.wakeups if moment > self.now]
@@ -336,14 +344,13 @@ class _Cycle:
 
     # ------------------------------------------------------------ 2. snapshot
 
-    def snapshot(self) -> Snapshot:
+    def release_into(self, snap: Snapshot) -> None:
+        """Give the snapshot the GPUs of the gangs this cycle released."""
         state = self.state
-        snap = Snapshot(state._node_list, state._free)
         for job_id in sorted(self.released):
             job = state._jobs[job_id]
             for node_index, mask in job.ranks:
                 snap.release(node_index, mask)
-        return snap
 
     # ------------------------------------------------------------ 3. order
 

@@ -16,12 +16,13 @@ tentative allocation that is committed whole or simply dropped.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 from services.scheduler.core.shape import Shape, shape_of
-from services.scheduler.core.state import NodeRecord, popcount
+from services.scheduler.core.state import NodeRecord, SchedulerState, popcount
 
-__all__ = ["Allocation", "Shape", "Snapshot", "find_placement", "shape_of"]
+__all__ = ["Allocation", "Shape", "Snapshot", "find_placement", "free_snapshot", "shape_of"]
 
 # (node index, units placed there)
 Allocation = list[tuple[int, int]]
@@ -36,6 +37,7 @@ class Snapshot:
     """
 
     __slots__ = (
+        "_journals",
         "block_free",
         "block_racks",
         "count",
@@ -63,24 +65,28 @@ class Snapshot:
         self.pool_free: dict[str, int] = {}
         self.reserved: frozenset[int] = frozenset()
         self.total_free = 0
+        # One undo record per open trial: node index → its free mask before the trial.
+        self._journals: list[dict[int, int]] = []
         for index in sorted(free):
             self._add(index, free[index])
 
-    def copy(self) -> Snapshot:
-        twin = Snapshot.__new__(Snapshot)
-        twin.nodes = self.nodes
-        twin.free = dict(self.free)
-        twin.count = dict(self.count)
-        twin.levels = {pool: [set(s) for s in levels] for pool, levels in self.levels.items()}
-        twin.rack_nodes = {rack: set(s) for rack, s in self.rack_nodes.items()}
-        twin.rack_free = dict(self.rack_free)
-        twin.block_racks = {block: set(s) for block, s in self.block_racks.items()}
-        twin.block_free = dict(self.block_free)
-        twin.pool_blocks = {pool: set(s) for pool, s in self.pool_blocks.items()}
-        twin.pool_free = dict(self.pool_free)
-        twin.reserved = self.reserved
-        twin.total_free = self.total_free
-        return twin
+    @contextmanager
+    def trial(self) -> Iterator[Snapshot]:
+        """Plan on this snapshot; every change made inside is undone on leaving.
+
+        A what-if (a placement, a reservation, a set of victims) thus costs the nodes it
+        touches, not a copy of the whole index. Trials nest.
+        """
+        undo: dict[int, int] = {}
+        reserved = self.reserved
+        self._journals.append(undo)
+        try:
+            yield self
+        finally:
+            self._journals.pop()
+            for index, mask in undo.items():
+                self._set(index, mask)
+            self.reserved = reserved
 
     def _add(self, index: int, mask: int) -> None:
         if not mask:
@@ -128,6 +134,12 @@ class Snapshot:
                 self.pool_blocks[pool].discard(node.block_id)
 
     def set_free(self, index: int, mask: int) -> None:
+        for undo in self._journals:
+            if index not in undo:
+                undo[index] = self.free.get(index, 0)
+        self._set(index, mask)
+
+    def _set(self, index: int, mask: int) -> None:
         self._remove(index)
         self._add(index, mask)
 
@@ -171,6 +183,31 @@ class Snapshot:
 
     def rack_units(self, rack: int, unit_gpus: int, avoid_reserved: bool) -> int:
         return sum(self.node_units(i, unit_gpus, avoid_reserved) for i in self.rack_nodes[rack])
+
+
+@contextmanager
+def free_snapshot(state: SchedulerState) -> Iterator[Snapshot]:
+    """The state's free GPUs as a snapshot to plan on; what the caller changes is undone after.
+
+    The state keeps one index between cycles and brings up to date only the nodes whose free
+    GPUs changed since: building it whole costs a Python call per node with free GPUs (about
+    38 ms at 12,500 nodes). Placement picks nodes by content, never by set order, so an index
+    with a history decides as a fresh one would. An error inside leaves the index to be
+    rebuilt.
+    """
+    index = state._free_index
+    changed = state._free_changed
+    if index is None or changed is None:
+        index = Snapshot(state._node_list, state._free)
+    else:
+        free = state._free
+        for node in sorted(changed):
+            index.set_free(node, free.get(node, 0))
+    state._free_index = None
+    state._free_changed = set()
+    with index.trial():
+        yield index
+    state._free_index = index
 
 
 def find_placement(snap: Snapshot, shape: Shape, avoid_reserved: bool) -> Allocation | None:
@@ -221,12 +258,18 @@ def _place_in_pool(
     levels = snap.levels.get(pool)
     if levels is None:
         return None
-    # One node, best fit: the fullest node that still has room.
+    # One node, best fit: the fullest node that still has room, the lowest index among equals
+    # (a choice by content: a set's iteration order depends on its history).
     if need < len(levels):
         for count in range(need, len(levels)):
-            for index in levels[count]:
-                if not (avoid and index in snap.reserved):
-                    return [(index, units)]
+            level = levels[count]
+            if not level:
+                continue
+            if avoid and snap.reserved:
+                level = level - snap.reserved
+                if not level:
+                    continue
+            return [(min(level), units)]
     if shape.require == "node" or units == 1:
         return None
     blocks = [b for b in snap.pool_blocks.get(pool, ()) if snap.block_free[b] >= u]

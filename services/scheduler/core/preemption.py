@@ -111,15 +111,15 @@ def plan_preemption(
     everyone.sort(key=lambda v: 0 if v.job_id in borrowing else 1)
     if snap.total_free + sum(v.bound_gpus for v in everyone) < shape.min_gpus:
         return None
-    planning = snap.copy()
-    planning.reserved = frozenset()
-    for victims in (borrowers, everyone):
-        if not victims:
-            continue
-        chosen = _single(planning, shape, victims) or _greedy(planning, shape, victims)
-        if chosen is not None:
-            return chosen
-    return None
+    with snap.trial() as planning:
+        planning.reserved = frozenset()
+        for victims in (borrowers, everyone):
+            if not victims:
+                continue
+            chosen = _single(planning, shape, victims) or _greedy(planning, shape, victims)
+            if chosen is not None:
+                return chosen
+        return None
 
 
 def _release(planning: Snapshot, victims: list[JobRecord]) -> dict[int, int]:

@@ -60,38 +60,38 @@ def plan_reservation(
     `placed` are the gangs bound earlier in this cycle (their end, their ranks): not yet in
     the state, but holding GPUs all the same.
     """
-    planning = snap.copy()
-    planning.reserved = frozenset()
-    nodes = state._node_list
-    ends = sorted(
-        (estimated_end(job, now, policy), job.seq, job.ranks)
-        for job in state._holding.values()
-        if job.job_id not in released
-        and job.ranks
-        and (shape.gpu_type is None or nodes[job.ranks[0][0]].gpu_type == shape.gpu_type)
-    )
-    fresh = [(end, -1 - number, ranks) for number, (end, ranks) in enumerate(placed)]
-    ends = sorted(ends + fresh, key=lambda item: (item[0], item[1]))
-    tries = 0
-    freed_at_last_try = -1
-    freed = 0
-    step = max(shape.unit_gpus, shape.min_gpus // 8)
-    for end, _, ranks in ends:
-        for index, mask in ranks:
-            planning.release(index, mask)
-            freed += mask.bit_count()
-        if planning.total_free < shape.min_gpus:
-            continue
-        if tries >= EAGER_TRIES and freed - freed_at_last_try < step:
-            continue
-        tries += 1
-        freed_at_last_try = freed
-        allocation = find_placement(planning, shape, False)
-        if allocation is not None:
-            return max(end, now), allocation
-    if tries == 0 or freed != freed_at_last_try:
-        allocation = find_placement(planning, shape, False)
-        if allocation is not None:
-            last = ends[-1][0] if ends else now
-            return max(last, now), allocation
-    return None
+    with snap.trial() as planning:
+        planning.reserved = frozenset()
+        nodes = state._node_list
+        ends = sorted(
+            (estimated_end(job, now, policy), job.seq, job.ranks)
+            for job in state._holding.values()
+            if job.job_id not in released
+            and job.ranks
+            and (shape.gpu_type is None or nodes[job.ranks[0][0]].gpu_type == shape.gpu_type)
+        )
+        fresh = [(end, -1 - number, ranks) for number, (end, ranks) in enumerate(placed)]
+        ends = sorted(ends + fresh, key=lambda item: (item[0], item[1]))
+        tries = 0
+        freed_at_last_try = -1
+        freed = 0
+        step = max(shape.unit_gpus, shape.min_gpus // 8)
+        for end, _, ranks in ends:
+            for index, mask in ranks:
+                planning.release(index, mask)
+                freed += mask.bit_count()
+            if planning.total_free < shape.min_gpus:
+                continue
+            if tries >= EAGER_TRIES and freed - freed_at_last_try < step:
+                continue
+            tries += 1
+            freed_at_last_try = freed
+            allocation = find_placement(planning, shape, False)
+            if allocation is not None:
+                return max(end, now), allocation
+        if tries == 0 or freed != freed_at_last_try:
+            allocation = find_placement(planning, shape, False)
+            if allocation is not None:
+                last = ends[-1][0] if ends else now
+                return max(last, now), allocation
+        return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from schemas.base import Event
 from schemas.jobs import (
@@ -51,6 +51,9 @@ from schemas.nodes import (
 from schemas.teams import QueueConfigured, TeamCreated
 from services.scheduler.core.policy import SchedulingPolicy
 from services.scheduler.core.shape import Shape, describe_need, shape_of
+
+if TYPE_CHECKING:
+    from services.scheduler.core.placement import Snapshot
 
 JobStateName = JobState
 NodeStateName = Literal["ready", "draining", "drained", "lost"]
@@ -252,6 +255,11 @@ class SchedulerState:
         self._queues: dict[str, QueueRecord] = {}
         # Nodes with placeable free GPUs: node index → free mask.
         self._free: dict[int, int] = {}
+        # The placement index of `_free`, kept between cycles (see placement.current_snapshot):
+        # the nodes whose free GPUs changed since it was last brought up to date, or None when
+        # it must be rebuilt whole (no index yet, or a node's place in the topology changed).
+        self._free_index: Snapshot | None = None
+        self._free_changed: set[int] | None = None
         self._draining: set[int] = set()
         self._rack_ids: dict[tuple[str, str, str], int] = {}
         self._block_ids: dict[tuple[str, str], int] = {}
@@ -386,6 +394,10 @@ class SchedulerState:
     def queue_usage(self, queue: str) -> int:
         record = self._queues.get(queue)
         return 0 if record is None else record.allocated
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The placement index is derived from `_free`: rebuilt on first use, not stored.
+        return {**self.__dict__, "_free_index": None, "_free_changed": None}
 
     def _job_view(self, job: JobRecord) -> JobView:
         placement: dict[str, list[int]] = {}
@@ -715,6 +727,8 @@ class SchedulerState:
             self._free[node.index] = free
         else:
             self._free.pop(node.index, None)
+        if self._free_changed is not None:
+            self._free_changed.add(node.index)
 
     def _flag_gangs(self, node: NodeRecord, mask: int | None = None) -> None:
         for job_id, held in node.gangs.items():
@@ -756,6 +770,7 @@ class SchedulerState:
             node.all_mask = all_mask
             node.labels = dict(event.labels)
             self._place_in_topology(node)
+            self._free_changed = None  # its rack, block or pool may have changed
         self._refresh(node, topology_changed=True)
 
     def _place_in_topology(self, node: NodeRecord) -> None:
