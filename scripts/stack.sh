@@ -157,6 +157,9 @@ pg_bootstrap() {
             CREATE ROLE $PG_APP LOGIN PASSWORD '$PG_APP_PASSWORD';
         END IF;
     END \$\$;"
+    # DROP DATABASE … WITH (FORCE) by the owner (the tests' scratch databases) ends the sessions
+    # the application role still holds there, which takes this membership.
+    pg_superuser_sql "GRANT pg_signal_backend TO $PG_OWNER" >/dev/null
     if [ -z "$(pg_superuser_sql "SELECT 1 FROM pg_database WHERE datname = '$PG_DB'")" ]; then
         pg_superuser_sql "CREATE DATABASE $PG_DB OWNER $PG_OWNER"
     fi
