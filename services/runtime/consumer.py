@@ -425,16 +425,17 @@ def _where(record: ConsumerRecord[Any, Any]) -> str:
 
 
 async def wait_started(loop: ConsumerLoop, task: asyncio.Task[None]) -> None:
-    """Return once `loop` (running as `task`) has its partitions; raise if the task died first.
+    """Return once `loop` (running as `task`) has its partitions, or has ended; raise if the
+    task failed first.
 
     A service announces itself ready only then: before it, messages published now might be
-    read by nobody.
+    read by nobody. A loop that ended without failing was stopped on request (it only returns
+    then), which may come before the group assigned it anything: a shutdown, not an error.
     """
     started = asyncio.create_task(loop.started.wait())
     try:
         await asyncio.wait({started, task}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         started.cancel()
-    if task.done() and not loop.started.is_set():
+    if task.done():
         task.result()
-        raise RuntimeError(f"consumer {loop.name} stopped before it started")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -25,6 +26,7 @@ from services.runtime import (
     make_producer,
     publish_telemetry,
 )
+from services.runtime.consumer import wait_started
 from services.runtime.relay import message_headers
 from tests.integration.support import (
     count_effects,
@@ -288,3 +290,29 @@ async def test_an_event_whose_handler_keeps_failing_is_dead_lettered_after_its_a
     reason = header(dead, "deadletter.reason") or ""
     assert reason.startswith(f"handler failed {settings.consumer_max_attempts} times: KeyError")
     assert attempts[2] == settings.consumer_max_attempts
+
+
+async def test_a_consumer_stopped_before_its_partitions_came_is_a_shutdown_not_a_failure(
+    settings: Settings,
+) -> None:
+    async def ignore(message: object) -> None:
+        return None
+
+    consumer = TelemetryConsumer(settings, name="telemetry", handler=ignore)
+    stop = asyncio.Event()
+    stop.set()
+    task = asyncio.create_task(consumer.run(stop))
+
+    await wait_started(consumer, task)
+
+    assert task.done() and not consumer.started.is_set()
+
+
+async def test_waiting_for_a_consumer_that_failed_raises_its_error(settings: Settings) -> None:
+    consumer = TelemetryConsumer(settings, name="telemetry", handler=lambda _: asyncio.sleep(0))
+
+    async def fail() -> None:
+        raise ConnectionError("broker unreachable")
+
+    with pytest.raises(ConnectionError, match="broker unreachable"):
+        await wait_started(consumer, asyncio.create_task(fail()))
