@@ -102,3 +102,32 @@ def test_a_reclaimer_whose_victim_was_backfilled_again_reclaims_anew() -> None:
     history.run(cycles=2)
     assert history.job(owner).state == "running"
     assert history.auditor.violations == []
+
+
+def test_a_team_reclaims_a_whole_node_from_small_borrowers_scattered_over_the_cluster() -> None:
+    """The youngest borrowed jobs sit one per node: evicting them in that order frees no node.
+
+    The planner weighs each node's victims together, so the reclaimer takes one node's worth
+    of borrowers rather than giving up after trying the youngest ones across the cluster.
+    """
+    history = History("64x8:8:1")
+    history.team("alpha", guaranteed=8).team("beta")
+    old = history.submit(*(a_job().gpus(1).team("beta") for _ in range(512)))
+    history.run()
+    first_on_each_node = {history.gang(j).ranks[0].node_id: j for j in reversed(old)}
+    for job_id in first_on_each_node.values():
+        history.exit(job_id)
+    young = history.submit(*(a_job().gpus(1).team("beta") for _ in range(64)))
+    history.run()
+    assert {history.gang(j).ranks[0].node_id for j in young} == set(first_on_each_node)
+    owner = history.submit(a_job().gpus(8).team("alpha"))[0]
+
+    history.run()
+
+    victims = [p.job_id for p in history.events(PreemptionRequested)]
+    assert len(victims) == 8
+    assert len({history.gang(j).ranks[0].node_id for j in victims}) == 1
+    for job_id in victims:
+        history.evict(job_id)
+    history.run()
+    assert history.job(owner).state == "running"

@@ -10,7 +10,7 @@ from services.scheduler.core.placement import Allocation, Shape, Snapshot, find_
 from services.scheduler.core.policy import PriorityClass, SchedulingPolicy
 from services.scheduler.core.quota import QuotaBook
 from services.scheduler.core.reservation import has_overrun
-from services.scheduler.core.state import JobRecord, SchedulerState
+from services.scheduler.core.state import JobRecord, SchedulerState, popcount
 
 MAX_CANDIDATES = 512
 MAX_TRIES = 48
@@ -116,7 +116,11 @@ def plan_preemption(
         for victims in (borrowers, everyone):
             if not victims:
                 continue
-            chosen = _single(planning, shape, victims) or _greedy(planning, shape, victims)
+            chosen = (
+                _single(planning, shape, victims)
+                or _by_node(planning, shape, victims)
+                or _greedy(planning, shape, victims)
+            )
             if chosen is not None:
                 return chosen
         return None
@@ -161,6 +165,67 @@ def _single(planning: Snapshot, shape: Shape, victims: list[JobRecord]) -> list[
         if tries >= MAX_TRIES:
             break
     return None
+
+
+def _by_node(planning: Snapshot, shape: Shape, victims: list[JobRecord]) -> list[JobRecord] | None:
+    """Victims chosen node by node: the nodes that evictions free most cheaply first.
+
+    A gang's units each need one node. Small victims taken in pool order are scattered over
+    the cluster and may free no node whole while plenty of nodes hold only victims (a team
+    reclaiming 8 GPUs from borrowers' 1-GPU jobs); so here each node's own victims are weighed
+    together: on each node, victims in pool order until it offers one unit more, then the
+    nodes with the fewest GPUs evicted per unit gained until the gang's units are covered.
+    """
+    unit = shape.unit_gpus
+    on_node: dict[int, list[tuple[JobRecord, int]]] = {}
+    for victim in victims:
+        for index, mask in victim.ranks:
+            on_node.setdefault(index, []).append((victim, popcount(mask)))
+    options: list[tuple[int, int, list[JobRecord]]] = []
+    for index in sorted(on_node):
+        free = planning.count.get(index, 0)
+        gained = free
+        taken: dict[str, JobRecord] = {}
+        for victim, here in on_node[index]:
+            if victim.job_id not in taken:
+                taken[victim.job_id] = victim
+                gained += here
+                if gained // unit > free // unit:
+                    break
+        if gained // unit > free // unit:
+            evicted = sum(victim.bound_gpus for victim in taken.values())
+            options.append((evicted, index, list(taken.values())))
+    options.sort(key=lambda option: (option[0], option[1]))
+    covered = _free_units(planning, shape)
+    chosen: dict[str, JobRecord] = {}
+    for _, _, taken_here in options:
+        if covered >= shape.min_units:
+            break
+        for victim in taken_here:
+            chosen.setdefault(victim.job_id, victim)
+        covered += 1
+    if not chosen or covered < shape.min_units:
+        return None
+    victims_chosen = list(chosen.values())
+    allocation = _fits(planning, shape, victims_chosen)
+    if allocation is None:
+        return None
+    landing = {index for index, _ in allocation}
+    needed = [v for v in victims_chosen if any(index in landing for index, _ in v.ranks)]
+    if needed != victims_chosen and _fits(planning, shape, needed) is not None:
+        return needed
+    return victims_chosen
+
+
+def _free_units(planning: Snapshot, shape: Shape) -> int:
+    """Units the free GPUs already offer, node by node, in the shape's pool(s)."""
+    pools = [shape.gpu_type] if shape.gpu_type is not None else list(planning.levels)
+    unit = shape.unit_gpus
+    units = 0
+    for pool in pools:
+        for count, nodes in enumerate(planning.levels.get(pool, ())):
+            units += len(nodes) * (count // unit)
+    return units
 
 
 def _greedy(planning: Snapshot, shape: Shape, victims: list[JobRecord]) -> list[JobRecord] | None:
