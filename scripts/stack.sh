@@ -156,10 +156,12 @@ pg_bootstrap() {
         IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '$PG_APP') THEN
             CREATE ROLE $PG_APP LOGIN PASSWORD '$PG_APP_PASSWORD';
         END IF;
+        -- DROP DATABASE … WITH (FORCE) by the owner (the tests' scratch databases) ends the
+        -- sessions the application role still holds there, which takes this membership.
+        IF NOT pg_has_role('$PG_OWNER', 'pg_signal_backend', 'MEMBER') THEN
+            GRANT pg_signal_backend TO $PG_OWNER;
+        END IF;
     END \$\$;"
-    # DROP DATABASE … WITH (FORCE) by the owner (the tests' scratch databases) ends the sessions
-    # the application role still holds there, which takes this membership.
-    pg_superuser_sql "GRANT pg_signal_backend TO $PG_OWNER" >/dev/null
     if [ -z "$(pg_superuser_sql "SELECT 1 FROM pg_database WHERE datname = '$PG_DB'")" ]; then
         pg_superuser_sql "CREATE DATABASE $PG_DB OWNER $PG_OWNER"
     fi
