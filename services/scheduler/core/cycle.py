@@ -412,6 +412,7 @@ class _Cycle:
         fifo = policy.is_fifo
         enforce = policy.enforce_quotas and not fifo
         failed: dict[tuple[str | None, int, str, bool], int] = {}
+        fits_unreserved: dict[Shape, tuple[int, bool]] = {}
         blocked: list[JobRecord] = []
         head: JobRecord | None = None
         head_start: float | None = None
@@ -485,7 +486,9 @@ class _Cycle:
                 head_start = self.reserve(snap, job, shape)
                 failed = {key: k for key, k in failed.items() if not key[3]}
                 continue
-            if avoid and head is not None and self.try_place(snap, shape, False, failed):
+            if avoid and head is not None and self.fits_unreserved(
+                snap, shape, failed, fits_unreserved
+            ):
                 outcomes[job.job_id] = _Outcome(
                     "backfill_blocked",
                     f"{job.need}; free GPUs are reserved for job {head.job_id} "
@@ -525,6 +528,25 @@ class _Cycle:
         if allocation is None:
             failed[key] = min(shape.min_units, smallest_failure or shape.min_units)
         return allocation
+
+    def fits_unreserved(
+        self,
+        snap: Snapshot,
+        shape: Shape,
+        failed: dict[tuple[str | None, int, str, bool], int],
+        known: dict[Shape, tuple[int, bool]],
+    ) -> bool:
+        """Whether the gang would fit but for the head's reservation.
+
+        Thousands of waiting jobs of a few shapes ask this in one cycle; the answer for a shape
+        holds until the snapshot changes.
+        """
+        seen = known.get(shape)
+        if seen is not None and seen[0] == snap.changes:
+            return seen[1]
+        fits = self.try_place(snap, shape, False, failed) is not None
+        known[shape] = (snap.changes, fits)
+        return fits
 
     def infeasible(self, shape: Shape) -> str | None:
         """Why the gang could never fit this cluster as it is (empty), or None."""

@@ -40,6 +40,7 @@ class Snapshot:
         "_journals",
         "block_free",
         "block_racks",
+        "changes",
         "count",
         "free",
         "levels",
@@ -65,6 +66,9 @@ class Snapshot:
         self.pool_free: dict[str, int] = {}
         self.reserved: frozenset[int] = frozenset()
         self.total_free = 0
+        # Counts every change of a node's free GPUs: an answer computed at the same count is
+        # still true.
+        self.changes = 0
         # One undo record per open trial: node index → its free mask before the trial.
         self._journals: list[dict[int, int]] = []
         for index in sorted(free):
@@ -140,6 +144,7 @@ class Snapshot:
         self._set(index, mask)
 
     def _set(self, index: int, mask: int) -> None:
+        self.changes += 1
         self._remove(index)
         self._add(index, mask)
 
