@@ -139,7 +139,6 @@ class Simulation:
         self._auditor = Auditor(policy)
         self._catalog = AdmissionCatalog()
         self._classes = [pc.name for pc in policy.priority_classes]
-        self._verdicts: dict[str, JobAdmitted | JobRejected] = {}
         self._heap: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
         self._wakes: set[float] = set()
@@ -260,21 +259,11 @@ class Simulation:
         return True
 
     def _admit(self, trace: TraceJob) -> JobAdmitted | JobRejected:
-        """The admission rules' verdict, memoised by the job's shape.
-
-        The catalogue (teams, nodes) is fixed once the run starts and the rules judge the spec
-        against it, never the job's name or runtime estimate (the two fields that differ from
-        job to job in a trace), so equal keys get equal verdicts. The rules scan every node per
-        job, which at 12,500 nodes would otherwise dominate the run.
-        """
-        key = trace.spec.model_dump_json(exclude={"name", "estimated_runtime_s"})
-        verdict = self._verdicts.get(key)
-        if verdict is None:
-            verdict = admit(trace.job_id, trace.spec, self._catalog, self._classes)
-            self._verdicts[key] = verdict
+        """The admission service's pure rules' verdict."""
+        verdict = admit(trace.job_id, trace.spec, self._catalog, self._classes)
         if isinstance(verdict, JobRejected):
             self._jobs[trace.job_id].record.outcome = "rejected"
-        return verdict.model_copy(update={"job_id": trace.job_id})
+        return verdict
 
     def _cycle(self, now: float) -> None:
         self._cycles += 1

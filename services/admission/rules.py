@@ -36,11 +36,20 @@ class NodeShape:
 @dataclass
 class AdmissionCatalog:
     """The teams, queues and nodes admission judges against; every node ever registered counts,
-    since a drained or lost node may come back."""
+    since a drained or lost node may come back.
+
+    Each job is judged against the whole fleet; the fleet's answers (its GPU types, how many
+    tasks of a shape it could hold) are kept until a node registers, so a decision costs the
+    number of distinct node shapes, not the number of nodes.
+    """
 
     teams: set[str] = field(default_factory=set)
     queues: dict[str, QueueLimits] = field(default_factory=dict)
     nodes: dict[str, NodeShape] = field(default_factory=dict)
+    _largest_by_type: dict[str, int] | None = field(default=None, repr=False, compare=False)
+    _placeable: dict[tuple[str | None, int, int | None, str], int] = field(
+        default_factory=dict, repr=False, compare=False
+    )
 
     def apply(self, event: Event) -> None:
         match event:
@@ -50,9 +59,13 @@ class AdmissionCatalog:
             case QueueConfigured():
                 self.queues[event.name] = QueueLimits(event.name, event.parent, event.max_gpus)
             case NodeRegistered():
-                self.nodes[event.node_id] = NodeShape(
+                shape = NodeShape(
                     event.node_id, event.gpu_type, len(event.gpus), event.rack, event.block
                 )
+                if self.nodes.get(event.node_id) != shape:
+                    self.nodes[event.node_id] = shape
+                    self._largest_by_type = None
+                    self._placeable.clear()
             case _:
                 pass
 
@@ -66,6 +79,33 @@ class AdmissionCatalog:
             chain.append(self.queues[current])
             current = self.queues[current].parent
         return chain
+
+    def gpu_types(self) -> dict[str, int]:
+        """Each GPU type in the fleet with the GPU count of its largest node."""
+        if self._largest_by_type is None:
+            largest: dict[str, int] = {}
+            for node in self.nodes.values():
+                largest[node.gpu_type] = max(largest.get(node.gpu_type, 0), node.gpus)
+            self._largest_by_type = largest
+        return self._largest_by_type
+
+    def placeable_tasks(self, spec: JobSpec) -> int:
+        """`max_placeable_tasks` over the nodes of the job's GPU type, kept per job shape."""
+        key = (
+            spec.gpu_type,
+            spec.gpus_per_task,
+            spec.topology.tp_size,
+            spec.topology.require,
+        )
+        placeable = self._placeable.get(key)
+        if placeable is None:
+            nodes = [
+                node
+                for node in self.nodes.values()
+                if spec.gpu_type is None or node.gpu_type == spec.gpu_type
+            ]
+            self._placeable[key] = placeable = max_placeable_tasks(spec, nodes)
+        return placeable
 
 
 def admit(
@@ -96,18 +136,14 @@ def admit(
             "not_preemptible", f"{spec.priority} jobs run on idle capacity and are preemptible"
         )
 
-    nodes = [
-        node
-        for node in catalog.nodes.values()
-        if spec.gpu_type is None or node.gpu_type == spec.gpu_type
-    ]
-    if not nodes:
-        if spec.gpu_type is not None:
-            known_types = ", ".join(sorted({n.gpu_type for n in catalog.nodes.values()})) or "none"
-            return reject(
-                "unknown_gpu_type",
-                f"no node has GPUs of type {spec.gpu_type!r} (known: {known_types})",
-            )
+    types = catalog.gpu_types()
+    if spec.gpu_type is not None and spec.gpu_type not in types:
+        known_types = ", ".join(sorted(types)) or "none"
+        return reject(
+            "unknown_gpu_type",
+            f"no node has GPUs of type {spec.gpu_type!r} (known: {known_types})",
+        )
+    if not types:
         return reject("no_nodes", "no node is registered in the cluster")
 
     needed_gpus = spec.gang_min_tasks * spec.gpus_per_task
@@ -119,7 +155,7 @@ def admit(
                 f"{limits.max_gpus}",
             )
 
-    largest_node = max(node.gpus for node in nodes)
+    largest_node = types[spec.gpu_type] if spec.gpu_type is not None else max(types.values())
     group_gpus = max(spec.gpus_per_task, spec.topology.tp_size or 1)
     if group_gpus > largest_node:
         what = "a task" if group_gpus == spec.gpus_per_task else "a tensor-parallel group"
@@ -129,7 +165,7 @@ def admit(
             f"{largest_node}",
         )
 
-    placeable = max_placeable_tasks(spec, nodes)
+    placeable = catalog.placeable_tasks(spec)
     if placeable < spec.gang_min_tasks:
         scope = {"none": "the cluster"}.get(spec.topology.require, f"one {spec.topology.require}")
         return reject(

@@ -152,3 +152,25 @@ def test_single_gpu_ranks_of_a_tp_group_share_a_node(catalog: AdmissionCatalog) 
 def test_an_empty_cluster_admits_nothing(catalog: AdmissionCatalog) -> None:
     empty = AdmissionCatalog(teams=catalog.teams, queues=catalog.queues)
     assert rejection(admit("j1", job(), empty, CLASSES)) == "no_nodes"
+
+
+def test_a_node_registered_after_a_verdict_counts_for_the_next_one(
+    catalog: AdmissionCatalog,
+) -> None:
+    spec = job(team="vision", tasks=5, gpus_per_task=8, gpu_type="H100")
+    assert rejection(admit("j1", spec, catalog, CLASSES)) == "gang_too_large"
+
+    catalog.apply(node("n4", rack="r1"))
+
+    assert isinstance(admit("j2", spec, catalog, CLASSES), JobAdmitted)
+
+
+def test_a_larger_node_of_a_new_type_is_known_to_the_next_verdict(
+    catalog: AdmissionCatalog,
+) -> None:
+    spec = job(team="vision", gpus_per_task=16, gpu_type="B200")
+    assert rejection(admit("j1", spec, catalog, CLASSES)) == "unknown_gpu_type"
+
+    catalog.apply(node("g0", gpus=16, rack="r3", gpu_type="B200"))
+
+    assert isinstance(admit("j2", spec, catalog, CLASSES), JobAdmitted)
