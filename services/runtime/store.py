@@ -29,7 +29,6 @@ _FENCE = "SELECT epoch FROM leader_epochs WHERE name = $1 FOR SHARE"
 
 # Taking the head row's lock serialises appends; see migrations/0001_event_log.sql.
 _LOCK_HEAD = "SELECT position, clock_timestamp() FROM event_log_head FOR UPDATE"
-_SET_HEAD = "UPDATE event_log_head SET position = $1"
 
 # A new statement after the lock, so its snapshot holds every append committed before ours.
 _STREAM_VERSIONS = """
@@ -38,15 +37,22 @@ SELECT s.stream,
 FROM unnest($1::text[]) AS s(stream)
 """
 
+# The rows, the new head and the notification of followers in one statement (one round trip
+# inside the head row's lock); $13 is the new head, $14 the notification channel.
 _INSERT = """
-INSERT INTO events (position, stream, version, event_id, type, schema_version, payload,
-                    correlation_id, causation_id, producer, epoch, recorded_at)
-SELECT u.position, u.stream, u.version, u.event_id, u.type, u.schema_version, u.payload::jsonb,
-       u.correlation_id, u.causation_id, u.producer, u.epoch, $12
-FROM unnest($1::bigint[], $2::text[], $3::integer[], $4::uuid[], $5::text[], $6::integer[],
-            $7::text[], $8::uuid[], $9::uuid[], $10::text[], $11::bigint[])
-     AS u(position, stream, version, event_id, type, schema_version, payload,
-          correlation_id, causation_id, producer, epoch)
+WITH inserted AS (
+    INSERT INTO events (position, stream, version, event_id, type, schema_version, payload,
+                        correlation_id, causation_id, producer, epoch, recorded_at)
+    SELECT u.position, u.stream, u.version, u.event_id, u.type, u.schema_version,
+           u.payload::jsonb, u.correlation_id, u.causation_id, u.producer, u.epoch, $12
+    FROM unnest($1::bigint[], $2::text[], $3::integer[], $4::uuid[], $5::text[], $6::integer[],
+                $7::text[], $8::uuid[], $9::uuid[], $10::text[], $11::bigint[])
+         AS u(position, stream, version, event_id, type, schema_version, payload,
+              correlation_id, causation_id, producer, epoch)
+), head AS (
+    UPDATE event_log_head SET position = $13 RETURNING position
+)
+SELECT pg_notify($14, position::text) FROM head
 """
 
 _READ_STREAM = f"SELECT {_COLUMNS} FROM events WHERE stream = $1 AND version > $2 ORDER BY version"
@@ -172,7 +178,7 @@ class EventStore:
     async def _write(
         self, c: asyncpg.Connection, requests: Sequence[_Request]
     ) -> list[list[EventEnvelope] | ConcurrencyConflict]:
-        """Append `requests` in order inside the caller's transaction, in five statements
+        """Append `requests` in order inside the caller's transaction, in three statements
         whatever their number; a request whose expected versions do not hold is skipped and
         gets its ConcurrencyConflict instead."""
         last, recorded_at = await c.fetchrow(_LOCK_HEAD)
@@ -207,9 +213,7 @@ class EventStore:
             spans.append((first, len(rows)))
         if len(rows):
             head = last + len(rows)
-            await c.execute(_INSERT, *rows.columns(), recorded_at)
-            await c.execute(_SET_HEAD, head)
-            await c.execute("SELECT pg_notify($1, $2)", NOTIFY_CHANNEL, str(head))
+            await c.execute(_INSERT, *rows.columns(), recorded_at, head, NOTIFY_CHANNEL)
         envelopes = rows.envelopes(recorded_at)
         return [
             span if isinstance(span, ConcurrencyConflict) else envelopes[span[0] : span[1]]
