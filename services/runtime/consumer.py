@@ -117,10 +117,15 @@ class ConsumerLoop(ABC):
                 )
                 if not self.started.is_set() and consumer.assignment():
                     self.started.set()
+                done: dict[TopicPartition, int] = {}
                 for tp, records in batches.items():
-                    done = await self._process_partition(tp, records, stop)
-                    if done is not None:
-                        await self._commit(consumer, tp, done)
+                    last = await self._process_partition(tp, records, stop)
+                    if last is not None:
+                        done[tp] = last + 1
+                if done:
+                    # One commit for every partition of the batch: each one's effects are
+                    # durable already, and one round trip to the coordinator is all it takes.
+                    await self._commit(consumer, done)
         finally:
             self._consumer = self._producer = None
             await consumer.stop()
@@ -203,13 +208,13 @@ class ConsumerLoop(ABC):
             self.bus_topics.deadletter, record.value, key=record.key, headers=headers
         )
 
-    async def _commit(self, consumer: AIOKafkaConsumer, tp: TopicPartition, offset: int) -> None:
+    async def _commit(self, consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int]) -> None:
         try:
-            await consumer.commit({tp: offset + 1})
+            await consumer.commit(offsets)
         except CommitFailedError as error:
-            # The partition moved to another member during a rebalance; it will re-read from
+            # A partition moved to another member during a rebalance; it will re-read from
             # the last commit and the inbox turns the repeats into no-ops.
-            log.warning("%s: commit of %s@%d failed: %r", self.name, tp, offset + 1, error)
+            log.warning("%s: commit of %s failed: %r", self.name, offsets, error)
 
 
 class EventConsumer(ConsumerLoop):
