@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from schemas.jobs import PreemptionRequested, ReservationPlanned
+from schemas.jobs import JobDeferred, PreemptionRequested, ReservationPlanned
 from tests.core.builders import History, a_job
 
 
@@ -123,3 +123,27 @@ def test_a_job_that_stops_being_the_head_loses_its_estimated_start() -> None:
 
     assert history.job(first).reason_code != "reserved_head"
     assert history.job(first).estimated_start is None
+
+
+def test_a_new_head_does_not_explain_again_every_job_blocked_behind_the_reservation() -> None:
+    """Thousands of jobs may wait behind a reservation: a change of head must not re-record
+    each one's reason (the log would grow with the queue at every change)."""
+    history = History("2x8:2:1")
+    history.submit(a_job().gpus(4).estimate(3600).preemptible(False))
+    history.run()
+    first_head = history.submit(a_job().gpus(8).tasks(2).estimate(600))[0]
+    history.run()
+    idle_only = a_job().gpus(4).estimate(10 * 3600).priority("best-effort")
+    long = history.submit(idle_only)[0]
+    history.run()
+    assert history.job(long).reason_code == "backfill_blocked"
+    explained = len(history.events(JobDeferred, long))
+
+    urgent = a_job().gpus(8).tasks(2).estimate(600).priority("production")
+    second_head = history.submit(urgent)[0]
+    history.run(cycles=2)
+
+    assert history.job(second_head).reason_code == "reserved_head"
+    assert history.job(first_head).reason_code != "reserved_head"
+    assert history.job(long).reason_code == "backfill_blocked"
+    assert len(history.events(JobDeferred, long)) == explained

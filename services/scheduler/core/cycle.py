@@ -62,6 +62,14 @@ from services.scheduler.core.state import (
 
 MAX_PREEMPTORS_PER_CYCLE = 8
 _NO_CAPACITY = "waiting for enough free GPUs in one placement"
+# The reasons of jobs waiting behind the head name no job: a new head would otherwise record a
+# new reason for every job in the queue (the head's own reason names its planned start).
+_BEHIND_FIFO = "waiting behind the first job in line (fifo)"
+_BEHIND_NO_BACKFILL = "waiting behind the first job in line (backfill is off)"
+_BACKFILL_BLOCKED = (
+    "free GPUs are held for the reservation of the first job in line, "
+    "and this job would not end before it starts"
+)
 # Reasons that stay true while no GPU at all is free (a quota or shape reason may not).
 _STILL_TRUE_WHEN_FULL = frozenset({"no_capacity", "backfill_blocked", "preempting"})
 MAX_PREEMPTION_ATTEMPTS = 16
@@ -441,9 +449,7 @@ class _Cycle:
                     )
                     continue
             if fifo and head is not None:
-                outcomes[job.job_id] = _Outcome(
-                    "head_of_line", f"waiting behind job {head.job_id}, first in line (fifo)"
-                )
+                outcomes[job.job_id] = _Outcome("head_of_line", _BEHIND_FIFO)
                 continue
             if enforce:
                 hit = quota.ceiling_hit(job.queue, shape.min_gpus)
@@ -455,9 +461,7 @@ class _Cycle:
                     )
                     continue
             if head is not None and not policy.backfill:
-                outcomes[job.job_id] = _Outcome(
-                    "behind_head", f"{job.need}; waiting behind job {head.job_id} (backfill is off)"
-                )
+                outcomes[job.job_id] = _Outcome("behind_head", f"{job.need}; {_BEHIND_NO_BACKFILL}")
                 continue
             infeasible = self.infeasible(shape)
             if infeasible is not None:
@@ -486,13 +490,13 @@ class _Cycle:
                 head_start = self.reserve(snap, job, shape)
                 failed = {key: k for key, k in failed.items() if not key[3]}
                 continue
-            if avoid and head is not None and self.fits_unreserved(
-                snap, shape, failed, fits_unreserved
+            if (
+                avoid
+                and head is not None
+                and self.fits_unreserved(snap, shape, failed, fits_unreserved)
             ):
                 outcomes[job.job_id] = _Outcome(
-                    "backfill_blocked",
-                    f"{job.need}; free GPUs are reserved for job {head.job_id} "
-                    "and this job would not end before it starts",
+                    "backfill_blocked", f"{job.need}; {_BACKFILL_BLOCKED}"
                 )
             else:
                 outcomes[job.job_id] = _Outcome("no_capacity", f"{job.need}; {_NO_CAPACITY}")
