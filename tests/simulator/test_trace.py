@@ -9,7 +9,8 @@ import pytest
 
 from gangway.simulator.trace import TraceError, gang_shape, parse_time, read_trace
 
-PHILLY = Path("/work/shared/traces/philly_sia_jobs.csv")
+# shared/ stands beside the checkout (DESIGN: ../shared/traces).
+PHILLY = Path(__file__).resolve().parents[3] / "shared" / "traces" / "philly_sia_jobs.csv"
 
 
 def write(tmp_path: Path, text: str, name: str = "trace.csv") -> Path:
