@@ -226,8 +226,12 @@ class _Cycle:
         """Outcomes of a bound gang: exits, lost hardware, drains, deadlines."""
         now, policy = self.now, self.policy
         spec = job.spec
-        ranks = len(job.ranks)
         codes = job.exit_codes
+        if not flagged and not codes and job.state != "preempting":
+            # Most gangs in most cycles: nothing happened to them, only the clock moved.
+            self.deadlines(job)
+            return
+        ranks = len(job.ranks)
         failed = [rank for rank, code in sorted(codes.items()) if code != 0]
         if job.state == "preempting":
             deadline = (job.preempt_requested_at or now) + job.preempt_grace_s
@@ -293,17 +297,8 @@ class _Cycle:
                 job, JobRequeued(job_id=job.job_id, attempt=job.attempt, code=code, reason=why)
             )
             return
-        if spec is not None and spec.max_runtime_s is not None and job.started_at is not None:
-            limit = job.started_at + spec.max_runtime_s
-            if now > limit:
-                self.release(
-                    job,
-                    JobFailed(
-                        job_id=job.job_id, attempt=job.attempt, reason="exceeded max_runtime_s"
-                    ),
-                )
-                return
-            self.wakeups.append(limit)
+        if self.deadlines(job, backfill=False):
+            return
         draining = self.draining_node_of(job) if flagged else None
         if draining is not None:
             self.emit(
@@ -319,6 +314,25 @@ class _Cycle:
             return
         if policy.backfill:
             self.wakeups.append(estimated_end(job, now, policy))
+
+    def deadlines(self, job: JobRecord, *, backfill: bool = True) -> bool:
+        """Fail a gang past its max runtime (True), else note when its deadlines come: that
+        limit and, for backfill, its estimated end."""
+        spec = job.spec
+        if spec is not None and spec.max_runtime_s is not None and job.started_at is not None:
+            limit = job.started_at + spec.max_runtime_s
+            if self.now > limit:
+                self.release(
+                    job,
+                    JobFailed(
+                        job_id=job.job_id, attempt=job.attempt, reason="exceeded max_runtime_s"
+                    ),
+                )
+                return True
+            self.wakeups.append(limit)
+        if backfill and self.policy.backfill:
+            self.wakeups.append(estimated_end(job, self.now, self.policy))
+        return False
 
     def lost_hardware(self, job: JobRecord) -> tuple[str, str] | None:
         nodes = self.state._node_list
