@@ -117,11 +117,7 @@ class ConsumerLoop(ABC):
                 )
                 if not self.started.is_set() and consumer.assignment():
                     self.started.set()
-                done: dict[TopicPartition, int] = {}
-                for tp, records in batches.items():
-                    last = await self._process_partition(tp, records, stop)
-                    if last is not None:
-                        done[tp] = last + 1
+                done = await self._process_batch(batches, stop) if batches else {}
                 if done:
                     # One commit for every partition of the batch: each one's effects are
                     # durable already, and one round trip to the coordinator is all it takes.
@@ -131,22 +127,23 @@ class ConsumerLoop(ABC):
             await consumer.stop()
             await producer.stop()
 
-    async def _process_partition(
+    async def _process_batch(
         self,
-        tp: TopicPartition,
-        records: Sequence[ConsumerRecord[bytes, bytes]],
+        batches: Mapping[TopicPartition, Sequence[ConsumerRecord[bytes, bytes]]],
         stop: asyncio.Event,
-    ) -> int | None:
-        """Process in order; return the offset of the last message done with, if any."""
-        last: int | None = None
-        for record in records:
-            outcome = await self._process_with_retries(record, stop)
-            if outcome is None:
-                # Stopping mid-retry: leave the message uncommitted for the next owner.
-                break
-            self.counts[outcome] += 1
-            last = record.offset
-        return last
+    ) -> dict[TopicPartition, int]:
+        """Process each partition's records in order; return, per partition, the offset to
+        commit (the one after the last message done with)."""
+        done: dict[TopicPartition, int] = {}
+        for tp, records in batches.items():
+            for record in records:
+                outcome = await self._process_with_retries(record, stop)
+                if outcome is None:
+                    # Stopping mid-retry: leave the message uncommitted for the next owner.
+                    return done
+                self.counts[outcome] += 1
+                done[tp] = record.offset + 1
+        return done
 
     async def _process_with_retries(
         self, record: ConsumerRecord[bytes, bytes], stop: asyncio.Event
@@ -269,21 +266,22 @@ class EventConsumer(ConsumerLoop):
         await self.handlers[envelope.type](envelope, conn)
         return Outcome.APPLIED
 
-    async def _process_partition(
+    async def _process_batch(
         self,
-        tp: TopicPartition,
-        records: Sequence[ConsumerRecord[bytes, bytes]],
+        batches: Mapping[TopicPartition, Sequence[ConsumerRecord[bytes, bytes]]],
         stop: asyncio.Event,
-    ) -> int | None:
-        """Apply a partition's batch in one transaction: one commit (one WAL flush) and one
-        inbox statement for many events. An event its handler refuses undoes the transaction;
-        the batch is then applied again without it."""
+    ) -> dict[TopicPartition, int]:
+        """Apply the fetched batch, every partition's records in their order, in one
+        transaction: one commit (one WAL flush) and one inbox statement for many events. An
+        event its handler refuses undoes the transaction; the batch is then applied again
+        without it."""
         staged: list[_Staged] = []
-        for record in records:
-            try:
-                staged.append(_Staged(record, self.decode(record)))
-            except Unprocessable as error:
-                staged.append(_Staged(record, None, f"Unprocessable: {error}"))
+        for tp, records in batches.items():
+            for record in records:
+                try:
+                    staged.append(_Staged(tp, record, self.decode(record)))
+                except Unprocessable as error:
+                    staged.append(_Staged(tp, record, None, f"Unprocessable: {error}"))
         failures: dict[int, int] = {}
         backoff = 0.05
         while True:
@@ -294,13 +292,12 @@ class EventConsumer(ConsumerLoop):
                 staged[refused.index].reason = refused.reason
                 continue
             except _RetryBatch as retry:
-                offset = staged[retry.index].record.offset
-                failures[offset] = failures.get(offset, 0) + 1
+                failures[retry.index] = failures.get(retry.index, 0) + 1
                 cause = retry.__cause__
                 assert cause is not None
-                if failures[offset] >= self.settings.consumer_max_attempts:
+                if failures[retry.index] >= self.settings.consumer_max_attempts:
                     staged[retry.index].reason = (
-                        f"handler failed {failures[offset]} times: {cause!r}\n"
+                        f"handler failed {failures[retry.index]} times: {cause!r}\n"
                         + "".join(traceback.format_exception(cause)[-3:])
                     )
                     continue
@@ -308,18 +305,18 @@ class EventConsumer(ConsumerLoop):
             except TRANSIENT_ERRORS as transient:
                 log.warning("%s: transient %r; retrying the batch", self.name, transient)
             if await _sleep_unless(stop, backoff):
-                return None  # nothing of this batch committed; it will be read again
+                return {}  # nothing of this batch committed; it will be read again
             backoff = min(backoff * 2, 5.0)
-        last: int | None = None
+        done: dict[TopicPartition, int] = {}
         for item, outcome in zip(staged, outcomes, strict=True):
             if item.reason is not None:
                 sent = await self._dead_letter_until_sent(item.record, item.reason, stop)
                 if sent is None:
                     # The effects after it are committed; their redelivery is a no-op (inbox).
-                    return last
+                    return done
             self.counts[outcome] += 1
-            last = item.record.offset
-        return last
+            done[item.partition] = item.record.offset + 1
+        return done
 
     async def _apply_batch(self, staged: Sequence[_Staged]) -> list[Outcome]:
         todo = [s.envelope.event_id for s in staged if s.envelope is not None and not s.reason]
@@ -351,6 +348,7 @@ class EventConsumer(ConsumerLoop):
 
 @dataclass(slots=True)
 class _Staged:
+    partition: TopicPartition
     record: ConsumerRecord[bytes, bytes]
     envelope: EventEnvelope | None
     reason: str | None = None  # set: the message goes to the dead letters
