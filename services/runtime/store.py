@@ -167,12 +167,22 @@ class EventStore:
     async def _append_alone(
         self, request: _Request, leadership: str, conn: asyncpg.Connection | None = None
     ) -> list[EventEnvelope]:
-        async with self.connection(conn) as c, c.transaction():
-            if request.epoch is not None:
-                await _check_epoch(c, leadership, request.epoch)
-            [result] = await self._write(c, [request])
-            if isinstance(result, ConcurrencyConflict):
-                raise result
+        if conn is not None:
+            # In the caller's transaction, without a savepoint of its own (two round trips
+            # more per append): a stale epoch or a version conflict is found before anything
+            # is written, so the caller's transaction stays usable after either.
+            return await self._append_in(conn, request, leadership)
+        async with self.pool.acquire() as c, c.transaction():
+            return await self._append_in(c, request, leadership)
+
+    async def _append_in(
+        self, c: asyncpg.Connection, request: _Request, leadership: str
+    ) -> list[EventEnvelope]:
+        if request.epoch is not None:
+            await _check_epoch(c, leadership, request.epoch)
+        [result] = await self._write(c, [request])
+        if isinstance(result, ConcurrencyConflict):
+            raise result
         return result
 
     async def _write(
