@@ -210,11 +210,19 @@ def _by_node(planning: Snapshot, shape: Shape, victims: list[JobRecord]) -> list
     allocation = _fits(planning, shape, victims_chosen)
     if allocation is None:
         return None
+    return _landed_on(planning, shape, victims_chosen, allocation)
+
+
+def _landed_on(
+    planning: Snapshot, shape: Shape, chosen: list[JobRecord], allocation: Allocation
+) -> list[JobRecord]:
+    """Of the victims whose eviction lets the preemptor fit, those it lands on, if they
+    alone suffice; else all of them."""
     landing = {index for index, _ in allocation}
-    needed = [v for v in victims_chosen if any(index in landing for index, _ in v.ranks)]
-    if needed != victims_chosen and _fits(planning, shape, needed) is not None:
+    needed = [v for v in chosen if any(index in landing for index, _ in v.ranks)]
+    if needed != chosen and _fits(planning, shape, needed) is not None:
         return needed
-    return victims_chosen
+    return chosen
 
 
 def _free_units(planning: Snapshot, shape: Shape) -> int:
@@ -239,11 +247,7 @@ def _greedy(planning: Snapshot, shape: Shape, victims: list[JobRecord]) -> list[
         tries += 1
         allocation = _fits(planning, shape, chosen)
         if allocation is not None:
-            landing = {index for index, _ in allocation}
-            needed = [v for v in chosen if any(index in landing for index, _ in v.ranks)]
-            if needed != chosen and _fits(planning, shape, needed) is not None:
-                return needed
-            return chosen
+            return _landed_on(planning, shape, chosen, allocation)
         if tries >= MAX_TRIES:
             break
     return None
