@@ -229,7 +229,8 @@ class _Cycle:
         codes = job.exit_codes
         if not flagged and not codes and job.state != "preempting":
             # Most gangs in most cycles: nothing happened to them, only the clock moved.
-            self.deadlines(job)
+            if not self.past_max_runtime(job):
+                self.note_estimated_end(job)
             return
         ranks = len(job.ranks)
         failed = [rank for rank, code in sorted(codes.items()) if code != 0]
@@ -297,7 +298,7 @@ class _Cycle:
                 job, JobRequeued(job_id=job.job_id, attempt=job.attempt, code=code, reason=why)
             )
             return
-        if self.deadlines(job, backfill=False):
+        if self.past_max_runtime(job):
             return
         draining = self.draining_node_of(job) if flagged else None
         if draining is not None:
@@ -312,12 +313,10 @@ class _Cycle:
             )
             self.handled.add(job.job_id)
             return
-        if policy.backfill:
-            self.wakeups.append(estimated_end(job, now, policy))
+        self.note_estimated_end(job)
 
-    def deadlines(self, job: JobRecord, *, backfill: bool = True) -> bool:
-        """Fail a gang past its max runtime (True), else note when its deadlines come: that
-        limit and, for backfill, its estimated end."""
+    def past_max_runtime(self, job: JobRecord) -> bool:
+        """Fail a gang past its max runtime (True); else note when that limit comes."""
         spec = job.spec
         if spec is not None and spec.max_runtime_s is not None and job.started_at is not None:
             limit = job.started_at + spec.max_runtime_s
@@ -330,9 +329,12 @@ class _Cycle:
                 )
                 return True
             self.wakeups.append(limit)
-        if backfill and self.policy.backfill:
-            self.wakeups.append(estimated_end(job, self.now, self.policy))
         return False
+
+    def note_estimated_end(self, job: JobRecord) -> None:
+        """With backfill, a gang's expected end is when the head's reservation may move."""
+        if self.policy.backfill:
+            self.wakeups.append(estimated_end(job, self.now, self.policy))
 
     def lost_hardware(self, job: JobRecord) -> tuple[str, str] | None:
         nodes = self.state._node_list
