@@ -9,12 +9,13 @@ WORKDIR /app
 
 # Dependencies first, so that a code change does not reinstall them.
 COPY pyproject.toml README.md ./
-RUN mkdir -p schemas services gangway \
-    && touch schemas/__init__.py services/__init__.py gangway/__init__.py \
+RUN mkdir -p schemas core services gangway \
+    && touch schemas/__init__.py core/__init__.py services/__init__.py gangway/__init__.py \
     && pip install . \
     && pip uninstall -y gangway
 
 COPY schemas ./schemas
+COPY core ./core
 COPY services ./services
 COPY gangway ./gangway
 RUN pip install --no-deps .

@@ -18,6 +18,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from core import (
+    SchedulerState,
+    SchedulingPolicy,
+    parse_cluster_spec,
+    schedule,
+)
 from schemas.base import Event
 from schemas.jobs import (
     GangReserved,
@@ -29,12 +35,6 @@ from schemas.jobs import (
     TaskExited,
     TaskStarted,
     TopologySpec,
-)
-from services.scheduler.core import (
-    SchedulerState,
-    SchedulingPolicy,
-    parse_cluster_spec,
-    schedule,
 )
 
 T0 = 1_700_000_000.0

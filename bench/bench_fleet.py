@@ -24,11 +24,11 @@ from services.agent.agent import Agent
 from services.agent.settings import AgentSettings
 from services.health.service import HealthService
 from services.health.settings import HealthSettings
-from services.inventory.discovery import load_cluster_spec
 from services.inventory.service import Inventory
 from services.inventory.settings import InventorySettings
 from services.runtime import EventStore
 from services.runtime.consumer import TelemetryConsumer, TelemetryHandler, wait_started
+from services.runtime.discovery import load_cluster_spec
 from services.runtime.kafka import make_producer
 
 TARGET_PER_S = 2_500

@@ -34,6 +34,7 @@ import asyncpg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from core.topology import parse_cluster_spec
 from gangway.launcher import (
     Launcher,
     default_services,
@@ -49,7 +50,6 @@ from services.runtime import (
     StreamAppend,
     migrate_settings,
 )
-from services.scheduler.core.topology import parse_cluster_spec
 
 # 10,000 GPUs: room for every 1-GPU job of the throughput run without any finishing.
 CLUSTER = "1250x8:16:8"

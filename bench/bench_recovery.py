@@ -29,6 +29,8 @@ import asyncpg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from core.policy import SchedulingPolicy
+from core.topology import parse_cluster_spec
 from schemas.base import Event
 from schemas.jobs import (
     GangReserved,
@@ -44,8 +46,6 @@ from schemas.jobs import (
 )
 from schemas.teams import TeamCreated
 from services.runtime import EventStore, Settings, StreamAppend, migrate_settings
-from services.scheduler.core.policy import SchedulingPolicy
-from services.scheduler.core.topology import parse_cluster_spec
 from services.scheduler.folding import Folded
 from services.scheduler.replay import catch_up, gc_paused, rebuild
 from services.scheduler.snapshots import SnapshotStore, code_version

@@ -12,9 +12,9 @@ import sys
 import time
 from pathlib import Path
 
+from core import SchedulingPolicy, parse_cluster_spec
 from gangway.simulator.engine import Simulation
 from gangway.simulator.trace import parse_time, read_trace
-from services.scheduler.core import SchedulingPolicy, parse_cluster_spec
 
 TRACE = Path(__file__).resolve().parent.parent.parent / "shared" / "traces" / "philly_sia_jobs.csv"
 CLUSTERS = ("176x8:16", "12500x8:16")

@@ -401,7 +401,7 @@ async def wait_for_nodes(dsn: str, count: int, *, timeout_s: float = 120.0) -> i
 
 
 def _cluster_node_count(cluster: str, root: Path) -> int:
-    from services.scheduler.core.topology import parse_cluster_spec
+    from core.topology import parse_cluster_spec
 
     path = root / cluster if not Path(cluster).is_absolute() else Path(cluster)
     text = path.read_text() if path.is_file() else cluster

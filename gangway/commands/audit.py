@@ -8,9 +8,9 @@ import time
 
 from rich.table import Table
 
+from core import Auditor, SchedulingPolicy, Violation
 from gangway.commands._common import console, one_line_errors
 from gangway.commands._log import open_log
-from services.scheduler.core import Auditor, SchedulingPolicy, Violation
 
 HELP = "check the invariants over the whole event log"
 

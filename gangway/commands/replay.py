@@ -14,12 +14,12 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from core.policy import SchedulingPolicy
 from gangway.commands._common import console, one_line_errors
 from gangway.commands._log import open_log
 from services.api.projections.model import ReadModels
 from services.api.projections.verify import compare_with_core
 from services.runtime.store import EventStore
-from services.scheduler.core.policy import SchedulingPolicy
 from services.scheduler.replay import rebuild, verify_replay
 from services.scheduler.snapshots import SnapshotStore, code_version
 

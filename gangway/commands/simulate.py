@@ -68,12 +68,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     # Imported here so that `gangway --help` and the other commands never load the core.
+    from core import ClusterSpecError, SchedulingPolicy, parse_cluster_spec
     from gangway.simulator.engine import Simulation, SimulationConfig
     from gangway.simulator.metrics import compute_metrics
     from gangway.simulator.quotas import QuotaError, read_quotas
     from gangway.simulator.report import group_table, headline_table
     from gangway.simulator.trace import TraceError, parse_time, read_trace
-    from services.scheduler.core import ClusterSpecError, SchedulingPolicy, parse_cluster_spec
 
     for option, out in (("--json", args.json), ("--plot", args.plot)):
         # Fail before a long run, not after it.

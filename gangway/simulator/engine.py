@@ -30,6 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from core import Auditor, SchedulerState, SchedulingPolicy, schedule
+from core.admission import AdmissionCatalog, admit
 from gangway.simulator.metrics import JobRecord
 from gangway.simulator.quotas import Quota
 from gangway.simulator.trace import TraceJob
@@ -51,8 +53,6 @@ from schemas.jobs import (
 )
 from schemas.nodes import NodeRegistered
 from schemas.teams import TeamCreated
-from services.admission.rules import AdmissionCatalog, admit
-from services.scheduler.core import Auditor, SchedulerState, SchedulingPolicy, schedule
 
 # Heap entry kinds, in the order they are recorded within one timestamp (the heap sorts by time,
 # then kind, then push order). Everything due at a timestamp is applied before its one cycle,

@@ -9,6 +9,7 @@ import sys
 import asyncpg
 from prometheus_client import Counter
 
+from core.policy import SchedulingPolicy
 from schemas import EventEnvelope
 from services.admission.service import Admission
 from services.admission.settings import AdmissionSettings
@@ -18,7 +19,6 @@ from services.runtime.migrate import migrate_settings
 from services.runtime.signals import stop_on_signals
 from services.runtime.store import EventStore
 from services.runtime.topics import Topics
-from services.scheduler.core.policy import SchedulingPolicy
 
 log = logging.getLogger("services.admission")
 

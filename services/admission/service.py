@@ -14,11 +14,11 @@ from collections.abc import Collection
 
 import asyncpg
 
+from core.admission import AdmissionCatalog, admit
 from schemas import EventEnvelope
 from schemas.jobs import JobAdmitted, JobRejected, JobSubmitted
 from schemas.nodes import NodeRegistered
 from schemas.teams import QueueConfigured, TeamCreated
-from services.admission.rules import AdmissionCatalog, admit
 from services.runtime.errors import ConcurrencyConflict, DomainError
 from services.runtime.records import Metadata, RawEvent
 from services.runtime.store import EventStore

@@ -9,8 +9,8 @@ import logging
 from services.agent.agent import Agent
 from services.agent.heartbeats import NvmlSampler
 from services.agent.settings import AgentSettings
-from services.inventory.discovery import discover
 from services.runtime.consumer import wait_started
+from services.runtime.discovery import discover
 from services.runtime.metrics import start_metrics_server
 from services.runtime.signals import stop_on_signals
 from services.runtime.store import EventStore

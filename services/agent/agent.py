@@ -47,7 +47,7 @@ from services.agent.plan import (
 from services.agent.ranks import RankKey, RankProcess, launch, stop_orphan
 from services.agent.settings import AgentSettings
 from services.agent.steps import STEP_FILE, read_new_steps
-from services.checkpoint.store import (
+from services.runtime.checkpoint_store import (
     checkpoint_dir,
     checkpoint_id_for,
     record_shard,

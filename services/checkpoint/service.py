@@ -27,7 +27,7 @@ from schemas.envelope import EventEnvelope
 from schemas.jobs import GANG_RELEASING_EVENTS, GangReserved, JobSubmitted, PreemptionRequested
 from services.checkpoint.periodic import PeriodicCheckpoints
 from services.checkpoint.settings import CheckpointSettings
-from services.checkpoint.store import (
+from services.runtime.checkpoint_store import (
     Verification,
     checkpoint_dir,
     checkpoint_id_for,

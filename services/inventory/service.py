@@ -19,10 +19,10 @@ from prometheus_client import Counter, Gauge
 from schemas.base import Event
 from schemas.nodes import NodeLost, NodeRecovered, NodeRegistered
 from schemas.telemetry import NodeHeartbeat, StepTimeSample
-from services.inventory.discovery import discover
 from services.inventory.liveness import Liveness, Transition
 from services.inventory.settings import InventorySettings
 from services.runtime.consumer import TelemetryConsumer, wait_started
+from services.runtime.discovery import discover
 from services.runtime.leadership import Leadership, acquire_leadership
 from services.runtime.metrics import new_registry, start_metrics_server
 from services.runtime.records import StreamAppend

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from core.policy import SchedulingPolicy
 from services.runtime.metrics import new_registry, start_metrics_server
 from services.runtime.migrate import migrate_settings
 from services.runtime.signals import stop_on_signals
 from services.runtime.store import EventStore
-from services.scheduler.core.policy import SchedulingPolicy
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.replay import VerifyReport, rebuild, verify_replay
 from services.scheduler.service import SchedulerService, with_server_settings

@@ -12,10 +12,10 @@ import weakref
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from core.policy import SchedulingPolicy
+from core.state import SchedulerState
 from schemas import REGISTRY, Event, EventEnvelope, EventRegistry
 from services.runtime.records import RawEvent
-from services.scheduler.core.policy import SchedulingPolicy
-from services.scheduler.core.state import SchedulerState
 
 
 class LogGap(RuntimeError):

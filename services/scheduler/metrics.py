@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from core.state import SchedulerState
 from schemas.jobs import WAITING_STATES
 from services.runtime.metrics import FollowerMetrics
-from services.scheduler.core.state import SchedulerState
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.policy import SchedulingPolicy
 from services.runtime.records import RawEvent
 from services.runtime.store import EventStore
-from services.scheduler.core.policy import SchedulingPolicy
 from services.scheduler.folding import Folded
 from services.scheduler.snapshots import SnapshotStore, dumps, loads
 

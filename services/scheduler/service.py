@@ -25,14 +25,14 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
+from core.cycle import schedule
+from core.policy import SchedulingPolicy
 from schemas import Event, EventEnvelope
 from schemas.leadership import SCHEDULER_STREAM
 from services.runtime.errors import ConcurrencyConflict, StaleLeader
 from services.runtime.leadership import Leadership, acquire_leadership
 from services.runtime.records import Metadata, StreamAppend
 from services.runtime.store import NOTIFY_CHANNEL, EventStore
-from services.scheduler.core.cycle import schedule
-from services.scheduler.core.policy import SchedulingPolicy
 from services.scheduler.folding import Folded, LogGap
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.replay import rebuild

@@ -23,8 +23,8 @@ from typing import Any
 
 import asyncpg
 
+from core.policy import SchedulingPolicy
 from schemas import REGISTRY, EventRegistry
-from services.scheduler.core.policy import SchedulingPolicy
 from services.scheduler.folding import Folded
 
 log = logging.getLogger(__name__)

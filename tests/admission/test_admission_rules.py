@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
+from core.admission import AdmissionCatalog, admit
 from schemas.jobs import JobAdmitted, JobRejected, JobSpec, TopologySpec
 from schemas.nodes import GpuInfo, NodeRegistered
 from schemas.teams import QueueConfigured, TeamCreated
-from services.admission.rules import AdmissionCatalog, admit
 
 CLASSES = ("inference-critical", "production", "research", "best-effort")
 SHA = "a" * 64

@@ -21,9 +21,9 @@ from schemas.jobs import (
 )
 from services.agent.agent import Agent
 from services.agent.settings import AgentSettings
-from services.checkpoint.store import checkpoint_dir, checkpoint_id_for, verify
-from services.inventory.discovery import load_cluster_spec
 from services.runtime import EventStore, Settings
+from services.runtime.checkpoint_store import checkpoint_dir, checkpoint_id_for, verify
+from services.runtime.discovery import load_cluster_spec
 from services.runtime.errors import DomainError
 from tests.integration.conftest import settings, stack, store
 

@@ -10,7 +10,7 @@ import pytest
 from services.agent.faults import FaultReader, heal, inject, parse_fault
 from services.agent.heartbeats import synthetic_heartbeat
 from services.health.rules import HealthMonitor
-from services.inventory.discovery import load_cluster_spec
+from services.runtime.discovery import load_cluster_spec
 
 NODE = load_cluster_spec("1x8")[0]
 NOW = datetime(2026, 11, 22, tzinfo=UTC)

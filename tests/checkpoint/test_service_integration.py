@@ -11,14 +11,14 @@ from schemas.envelope import EventEnvelope
 from schemas.jobs import GangReserved, RankPlacement
 from services.checkpoint.service import CheckpointService
 from services.checkpoint.settings import CheckpointSettings
-from services.checkpoint.store import (
+from services.runtime import EventStore, Settings
+from services.runtime.checkpoint_store import (
     MANIFEST,
     checkpoint_dir,
     checkpoint_id_for,
     shard_path,
     write_shard,
 )
-from services.runtime import EventStore, Settings
 from tests.integration.conftest import settings, stack, store
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import pytest
 
 from schemas.checkpoints import CheckpointCommitted, CheckpointCorrupted
 from services.checkpoint.service import outcome
-from services.checkpoint.store import (
+from services.runtime.checkpoint_store import (
     MANIFEST,
     checkpoint_dir,
     checkpoint_id_for,

@@ -11,6 +11,15 @@ import itertools
 from collections.abc import Iterable
 from typing import Any, TypeVar
 
+from core import (
+    Auditor,
+    CycleResult,
+    JobView,
+    SchedulerState,
+    SchedulingPolicy,
+    parse_cluster_spec,
+    schedule,
+)
 from schemas.base import Event
 from schemas.jobs import (
     GangReserved,
@@ -27,15 +36,6 @@ from schemas.jobs import (
 )
 from schemas.nodes import GpuUnhealthy, NodeDrainRequested, NodeLost, NodeRecovered
 from schemas.teams import QueueConfigured, TeamCreated
-from services.scheduler.core import (
-    Auditor,
-    CycleResult,
-    JobView,
-    SchedulerState,
-    SchedulingPolicy,
-    parse_cluster_spec,
-    schedule,
-)
 
 E = TypeVar("E", bound=Event)
 T0 = 1_700_000_000.0

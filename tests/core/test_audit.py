@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from core import Auditor, Violation, parse_cluster_spec
 from schemas.base import Event
 from schemas.jobs import (
     GangReserved,
@@ -19,7 +20,6 @@ from schemas.jobs import (
 from schemas.leadership import LeaderElected
 from schemas.nodes import GpuUnhealthy, NodeDrainRequested, NodeLost
 from schemas.teams import TeamCreated
-from services.scheduler.core import Auditor, Violation, parse_cluster_spec
 from tests.core.builders import History, a_job
 
 T = 1_700_000_000.0

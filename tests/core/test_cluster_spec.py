@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.core import ClusterSpecError, parse_cluster_spec
+from core import ClusterSpecError, parse_cluster_spec
 
 
 def test_the_shorthand_numbers_nodes_racks_and_blocks() -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from core import SchedulingPolicy
 from schemas.jobs import GangReserved
-from services.scheduler.core import SchedulingPolicy
 from tests.core.builders import History, a_job
 
 

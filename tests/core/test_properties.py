@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from core import SchedulingPolicy, schedule
 from schemas.base import Event
-from services.scheduler.core import SchedulingPolicy, schedule
 from tests.core.builders import History, a_job
 
 TEAMS = ("alpha", "beta", "gamma")

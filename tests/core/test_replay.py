@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 
+from core import schedule
 from schemas.jobs import (
     GangReserved,
     JobCancelled,
@@ -14,7 +15,6 @@ from schemas.jobs import (
 )
 from schemas.nodes import GpuUnhealthy, NodeDrained, NodeLost
 from schemas.teams import QueueConfigured
-from services.scheduler.core import schedule
 from tests.core.builders import History, a_job
 
 

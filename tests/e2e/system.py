@@ -15,6 +15,8 @@ import asyncpg
 import httpx
 from aiokafka.admin import AIOKafkaAdminClient
 
+from core import Auditor, SchedulingPolicy, Violation
+from core.topology import parse_cluster_spec
 from gangway.launcher import (
     Launcher,
     ServiceSpec,
@@ -26,8 +28,6 @@ from gangway.launcher import (
 )
 from schemas.leadership import LeaderElected
 from services.runtime import EventStore, Settings, migrate_settings
-from services.scheduler.core import Auditor, SchedulingPolicy, Violation
-from services.scheduler.core.topology import parse_cluster_spec
 from tests.integration.conftest import Stack, with_database
 
 # A bound for things that take milliseconds to seconds; reaching it means something is broken.

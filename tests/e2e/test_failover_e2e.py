@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
+from core.policy import SchedulingPolicy
 from schemas.jobs import GangReserved, JobAdmitted, JobRejected
 from schemas.leadership import LeaderElected
-from services.scheduler.core.policy import SchedulingPolicy
 from services.scheduler.replay import verify_replay
 from services.scheduler.snapshots import SnapshotStore, code_version
 from tests.e2e.system import System, eventually, running_system

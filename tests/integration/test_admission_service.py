@@ -6,13 +6,13 @@ import asyncio
 
 import pytest
 
+from core.policy import SchedulingPolicy
+from core.topology import parse_cluster_spec
 from schemas import EventEnvelope
 from schemas.jobs import JobAdmitted, JobCancelRequested, JobRejected, JobSpec, JobSubmitted
 from schemas.teams import TeamCreated
 from services.admission.service import Admission
 from services.runtime import EventConsumer, EventStore, OutboxRelay, Settings, StreamAppend, Topics
-from services.scheduler.core.policy import SchedulingPolicy
-from services.scheduler.core.topology import parse_cluster_spec
 from tests.integration.support import running, started, wait_until
 
 pytestmark = pytest.mark.integration

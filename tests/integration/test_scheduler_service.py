@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client import Counter
 
+from core.policy import SchedulingPolicy
+from core.topology import parse_cluster_spec
 from schemas.jobs import (
     GangReserved,
     JobAdmitted,
@@ -24,8 +26,6 @@ from schemas.teams import TeamCreated
 from services.runtime import EventStore, Leadership, Settings, StreamAppend, acquire_leadership
 from services.runtime.metrics import new_registry
 from services.scheduler.bootstrap import wired
-from services.scheduler.core.policy import SchedulingPolicy
-from services.scheduler.core.topology import parse_cluster_spec
 from services.scheduler.folding import Folded
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.replay import differences, rebuild, verify_replay

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from schemas.nodes import NodeRegistered
-from services.inventory.discovery import discover, gpu_type_of, load_cluster_spec, nvml_node
 from services.inventory.service import registrations_to_append
+from services.runtime.discovery import discover, gpu_type_of, load_cluster_spec, nvml_node
 
 
 class NoDriver:

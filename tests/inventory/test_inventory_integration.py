@@ -8,10 +8,10 @@ from datetime import UTC, datetime
 import pytest
 
 from schemas.telemetry import NodeHeartbeat
-from services.inventory.discovery import load_cluster_spec
 from services.inventory.service import Inventory, run
 from services.inventory.settings import InventorySettings
 from services.runtime import EventStore, Settings
+from services.runtime.discovery import load_cluster_spec
 from tests.integration.conftest import settings, stack, store
 
 pytestmark = pytest.mark.integration

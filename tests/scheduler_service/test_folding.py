@@ -7,12 +7,12 @@ from uuid import uuid4
 
 import pytest
 
+from core.policy import SchedulingPolicy
+from core.topology import parse_cluster_spec
 from schemas import EventDecodeError
 from schemas.base import Event
 from schemas.teams import TeamCreated
 from services.runtime.records import RawEvent
-from services.scheduler.core.policy import SchedulingPolicy
-from services.scheduler.core.topology import parse_cluster_spec
 from services.scheduler.folding import Folded, LogGap
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from core.policy import SchedulingPolicy
 from schemas.base import Event
 from schemas.jobs import GangReserved, JobDeferred, JobRequeued, JobResumed, RankPlacement
-from services.scheduler.core.policy import SchedulingPolicy
 from services.scheduler.folding import Folded
 from services.scheduler.service import segments
 

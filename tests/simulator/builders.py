@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core import SchedulingPolicy, parse_cluster_spec
 from gangway.simulator.engine import Simulation, SimulationConfig, SimulationResult
 from gangway.simulator.quotas import Quota
 from gangway.simulator.trace import read_trace
-from services.scheduler.core import SchedulingPolicy, parse_cluster_spec
 
 HEADER = "job_id,submit_time,num_gpus,duration_s,tenant"
 

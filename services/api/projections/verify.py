@@ -6,8 +6,8 @@ placement, and the GPUs allocated. A disagreement is a bug in one of them.
 
 from __future__ import annotations
 
+from core.state import SchedulerState
 from services.api.projections.model import ReadModels
-from services.scheduler.core.state import SchedulerState
 
 
 def compare_with_core(models: ReadModels, state: SchedulerState, *, limit: int = 20) -> list[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from core.policy import SchedulingPolicy
 from schemas.base import Event
 from schemas.jobs import (
     GANG_RELEASING_EVENTS,
@@ -46,7 +47,6 @@ from schemas.nodes import (
     NodeUndrained,
 )
 from schemas.teams import QueueConfigured, TeamCreated
-from services.scheduler.core.policy import SchedulingPolicy
 
 # Events only the active scheduler writes: these are fenced by the leader epoch.
 SCHEDULER_DECISIONS: tuple[type[Event], ...] = (

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Set
 
-from services.scheduler.core.placement import Allocation, Shape, Snapshot, find_placement
-from services.scheduler.core.policy import SchedulingPolicy
-from services.scheduler.core.state import JobRecord, SchedulerState
+from core.placement import Allocation, Shape, Snapshot, find_placement
+from core.policy import SchedulingPolicy
+from core.state import JobRecord, SchedulerState
 
 # Trying a placement after every released gang would cost a placement per running job; after
 # this many failed tries, try again only once a further 1/8 of the need has been freed.

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
-from services.scheduler.core.shape import Shape, shape_of
-from services.scheduler.core.state import NodeRecord, SchedulerState, popcount
+from core.shape import Shape, shape_of
+from core.state import NodeRecord, SchedulerState, popcount
 
 __all__ = ["Allocation", "Shape", "Snapshot", "find_placement", "free_snapshot", "shape_of"]
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from collections.abc import Set
 
-from services.scheduler.core.placement import Allocation, Shape, Snapshot, find_placement
-from services.scheduler.core.policy import PriorityClass, SchedulingPolicy
-from services.scheduler.core.quota import QuotaBook
-from services.scheduler.core.reservation import has_overrun
-from services.scheduler.core.state import JobRecord, SchedulerState, popcount
+from core.placement import Allocation, Shape, Snapshot, find_placement
+from core.policy import PriorityClass, SchedulingPolicy
+from core.quota import QuotaBook
+from core.reservation import has_overrun
+from core.state import JobRecord, SchedulerState, popcount
 
 MAX_CANDIDATES = 512
 MAX_TRIES = 48

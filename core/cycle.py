@@ -23,6 +23,25 @@ import gc
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from core.ordering import fair_share, fifo_key, gangway_key, is_aged
+from core.placement import (
+    Allocation,
+    Shape,
+    Snapshot,
+    find_placement,
+    free_snapshot,
+)
+from core.policy import PriorityClass, SchedulingPolicy
+from core.preemption import VictimPool, plan_preemption
+from core.quota import QuotaBook
+from core.reservation import estimated_end, plan_reservation
+from core.shape import describe_need
+from core.state import (
+    RESERVED_HEAD,
+    JobRecord,
+    SchedulerState,
+    bits,
+)
 from schemas.base import Event
 from schemas.jobs import (
     HOLDING_STATES,
@@ -40,25 +59,6 @@ from schemas.jobs import (
     ReservationPlanned,
 )
 from schemas.nodes import NodeDrained
-from services.scheduler.core.ordering import fair_share, fifo_key, gangway_key, is_aged
-from services.scheduler.core.placement import (
-    Allocation,
-    Shape,
-    Snapshot,
-    find_placement,
-    free_snapshot,
-)
-from services.scheduler.core.policy import PriorityClass, SchedulingPolicy
-from services.scheduler.core.preemption import VictimPool, plan_preemption
-from services.scheduler.core.quota import QuotaBook
-from services.scheduler.core.reservation import estimated_end, plan_reservation
-from services.scheduler.core.shape import describe_need
-from services.scheduler.core.state import (
-    RESERVED_HEAD,
-    JobRecord,
-    SchedulerState,
-    bits,
-)
 
 MAX_PREEMPTORS_PER_CYCLE = 8
 _NO_CAPACITY = "waiting for enough free GPUs in one placement"

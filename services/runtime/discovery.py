@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from core.topology import parse_cluster_spec
 from schemas.nodes import GpuInfo, NodeRegistered
-from services.scheduler.core.topology import parse_cluster_spec
 
 log = logging.getLogger(__name__)
 

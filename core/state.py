@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from core.policy import SchedulingPolicy
+from core.shape import Shape, describe_need, shape_of
 from schemas.base import Event
 from schemas.jobs import (
     HOLDING_STATES,
@@ -49,11 +51,9 @@ from schemas.nodes import (
     NodeUndrained,
 )
 from schemas.teams import QueueConfigured, TeamCreated
-from services.scheduler.core.policy import SchedulingPolicy
-from services.scheduler.core.shape import Shape, describe_need, shape_of
 
 if TYPE_CHECKING:
-    from services.scheduler.core.placement import Snapshot
+    from core.placement import Snapshot
 
 JobStateName = JobState
 NodeStateName = Literal["ready", "draining", "drained", "lost"]

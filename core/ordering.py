@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 
-from services.scheduler.core.policy import SchedulingPolicy
-from services.scheduler.core.state import JobRecord, QueueRecord, decayed_usage
+from core.policy import SchedulingPolicy
+from core.state import JobRecord, QueueRecord, decayed_usage
 
 OrderKey = tuple[int, int, int, float, float, int]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.scheduler.core.state import QueueRecord
+from core.state import QueueRecord
 
 MAX_DEPTH = 16  # a misconfigured parent loop must not hang the cycle
 

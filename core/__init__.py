@@ -5,11 +5,11 @@ state.apply(event, at)            # fold every recorded event
 result = schedule(state, now)     # decide; the caller records and folds result.decisions
 """
 
-from services.scheduler.core.audit import Auditor, Violation
-from services.scheduler.core.cycle import CycleResult, schedule
-from services.scheduler.core.policy import DEFAULT_PRIORITY_CLASSES, PriorityClass, SchedulingPolicy
-from services.scheduler.core.state import JobView, NodeView, SchedulerState
-from services.scheduler.core.topology import ClusterSpecError, parse_cluster_spec
+from core.audit import Auditor, Violation
+from core.cycle import CycleResult, schedule
+from core.policy import DEFAULT_PRIORITY_CLASSES, PriorityClass, SchedulingPolicy
+from core.state import JobView, NodeView, SchedulerState
+from core.topology import ClusterSpecError, parse_cluster_spec
 
 __all__ = [
     "DEFAULT_PRIORITY_CLASSES",
