@@ -46,8 +46,9 @@ from schemas.jobs import (
 )
 from schemas.teams import TeamCreated
 from services.runtime import EventStore, Settings, StreamAppend, migrate_settings
+from services.runtime.collector import gc_paused
 from services.scheduler.folding import Folded
-from services.scheduler.replay import catch_up, gc_paused, rebuild
+from services.scheduler.replay import catch_up, rebuild
 from services.scheduler.snapshots import SnapshotStore, code_version
 
 CLUSTER = "1000x8:16:8"

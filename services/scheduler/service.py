@@ -25,10 +25,11 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
-from core.cycle import schedule
+from core.cycle import Planner
 from core.policy import SchedulingPolicy
 from schemas import Event, EventEnvelope
 from schemas.leadership import SCHEDULER_STREAM
+from services.runtime.collector import gc_paused
 from services.runtime.errors import ConcurrencyConflict, StaleLeader
 from services.runtime.leadership import Leadership, acquire_leadership
 from services.runtime.records import Metadata, StreamAppend
@@ -129,6 +130,8 @@ class SchedulerService:
         self.metrics = metrics
         self.clock = clock
         self.folded = Folded.empty(policy)
+        # What one cycle leaves for the next (placement index, quiet memo) of the folded state.
+        self.planner = Planner()
         self.leadership: Leadership | None = None
         self._wake = asyncio.Event()
         self._since_snapshot = 0
@@ -320,7 +323,10 @@ class SchedulerService:
         assert self.leadership is not None
         for _ in range(_MAX_CYCLE_ATTEMPTS):
             started = time.perf_counter()
-            result = schedule(self.folded.state, self.clock())
+            # A cycle makes no reference cycles: the collector's scans of the large state
+            # mid-cycle would cost more than the cycle.
+            with gc_paused():
+                result = self.planner.schedule(self.folded.state, self.clock())
             decisions = result.decisions
             self._next_wakeup = result.next_wakeup
             self.metrics.cycle_seconds.observe(time.perf_counter() - started)
