@@ -11,6 +11,7 @@ from collections import defaultdict
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from core.shape import ranks_per_unit, unit_gpus
 from schemas.base import Event
 from schemas.jobs import JobAdmitted, JobRejected, JobSpec
 from schemas.nodes import NodeRegistered
@@ -156,7 +157,7 @@ def admit(
             )
 
     largest_node = types[spec.gpu_type] if spec.gpu_type is not None else max(types.values())
-    group_gpus = max(spec.gpus_per_task, spec.topology.tp_size or 1)
+    group_gpus = unit_gpus(spec)
     if group_gpus > largest_node:
         what = "a task" if group_gpus == spec.gpus_per_task else "a tensor-parallel group"
         return reject(
@@ -179,9 +180,8 @@ def admit(
 def max_placeable_tasks(spec: JobSpec, nodes: Collection[NodeShape]) -> int:
     """How many of the job's tasks the whole fleet could hold within its `require` locality,
     if every node were empty; tensor-parallel groups of several ranks stay inside one node."""
-    tp = spec.topology.tp_size or spec.gpus_per_task
-    ranks_per_group = max(1, tp // spec.gpus_per_task)
-    group_gpus = ranks_per_group * spec.gpus_per_task
+    ranks_per_group = ranks_per_unit(spec)
+    group_gpus = unit_gpus(spec)
 
     def tasks_on(node: NodeShape) -> int:
         return (node.gpus // group_gpus) * ranks_per_group

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from core.context import CycleContext, Outcome
 from core.placement import Allocation, Shape, Snapshot, find_placement
 from core.quota import QuotaBook
-from core.reservation import plan_reservation
+from core.reservation import plan_reservation, runtime_estimate
 from core.shape import describe_need
 from core.state import CoreJob, SchedulerState, bits
 from schemas.jobs import GangReserved, RankPlacement, ReservationPlanned
@@ -101,7 +101,7 @@ def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: Quot
             )
             continue
         avoid = head is not None and not (
-            head_start is not None and now + _estimate(ctx, job) <= head_start
+            head_start is not None and now + runtime_estimate(job, policy) <= head_start
         )
         allocation = _try_place(snap, shape, avoid, failed)
         if allocation is not None:
@@ -128,15 +128,6 @@ def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: Quot
 def _may_be_head(ctx: CycleContext, job: CoreJob) -> bool:
     """Best-effort work runs on idle capacity only; it never holds a reservation."""
     return ctx.policy.is_fifo or job.priority != ctx.policy.idle_only_priority
-
-
-def _estimate(ctx: CycleContext, job: CoreJob) -> float:
-    spec = job.spec
-    if spec is not None and spec.estimated_runtime_s is not None:
-        return spec.estimated_runtime_s
-    if spec is not None and spec.max_runtime_s is not None:
-        return spec.max_runtime_s
-    return ctx.policy.default_runtime_estimate_s
 
 
 def _try_place(
@@ -213,7 +204,7 @@ def _bind(
     quota: QuotaBook,
 ) -> None:
     ranks = snap.commit(shape, allocation)
-    ctx.placed_gangs.append((ctx.now + _estimate(ctx, job), ranks))
+    ctx.placed_gangs.append((ctx.now + runtime_estimate(job, ctx.policy), ranks))
     nodes = ctx.state.node_records
     ctx.emit(
         # Built without re-validation: the core constructs these from checked state, and a

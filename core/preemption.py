@@ -121,7 +121,7 @@ def is_protected(
     spec = victim.spec
     if spec is not None and spec.preemptible is False:
         return True
-    started = victim.started_at if victim.started_at is not None else victim.reserved_at
+    started = victim.held_since
     min_runtime = spec.min_runtime_s if spec is not None else 0.0
     if started is None or now < started + min_runtime:
         if started is not None:
@@ -150,7 +150,7 @@ class VictimPool:
             if not victim.ranks or is_protected(victim, now, policy, wakeups):
                 continue
             rank = policy.priority_class(victim.priority).rank
-            started = victim.started_at if victim.started_at is not None else victim.reserved_at
+            started = victim.held_since
             order = (rank, victim.bound_gpus, -(started or 0.0), victim.seq)
             entries.append((order, rank, nodes[victim.ranks[0][0]].gpu_type, victim))
         entries.sort(key=lambda entry: entry[0])

@@ -13,13 +13,28 @@ EAGER_TRIES = 16
 
 
 def runtime_estimate(job: CoreJob, policy: SchedulingPolicy) -> float:
+    """How long the job's gang is expected to hold its GPUs: the one rule for backfill (does a
+    job end before the head's start?) and for reservations (when does a running gang end?).
+
+    - `estimated_runtime_s` when given: a hint, never a limit, but capped by `max_runtime_s`,
+      since the job is ended there whatever it estimated;
+    - else `max_runtime_s` when given: the only bound the user stated, and a safe one (the
+      gang cannot hold its GPUs longer), as EASY backfill uses the time limit;
+    - else the policy's `default_runtime_estimate_s`.
+
+    Both phases must agree: were a gang with only a limit counted short in the reservation
+    plan but long when it backfills, a reservation would be planned on GPUs still held.
+    """
     spec = job.spec
     if spec is None:
         return policy.default_runtime_estimate_s
-    estimate = spec.estimated_runtime_s or policy.default_runtime_estimate_s
+    if spec.estimated_runtime_s is not None:
+        if spec.max_runtime_s is not None:
+            return min(spec.estimated_runtime_s, spec.max_runtime_s)
+        return spec.estimated_runtime_s
     if spec.max_runtime_s is not None:
-        estimate = min(estimate, spec.max_runtime_s)
-    return estimate
+        return spec.max_runtime_s
+    return policy.default_runtime_estimate_s
 
 
 def estimated_end(job: CoreJob, now: float, policy: SchedulingPolicy) -> float:
@@ -31,7 +46,7 @@ def estimated_end(job: CoreJob, now: float, policy: SchedulingPolicy) -> float:
     """
     if job.state == "preempting" and job.preempt_requested_at is not None:
         return max(now, job.preempt_requested_at + job.preempt_grace_s)
-    started = job.started_at if job.started_at is not None else job.reserved_at
+    started = job.held_since
     if started is None:
         started = now
     end = started + runtime_estimate(job, policy)
@@ -41,7 +56,7 @@ def estimated_end(job: CoreJob, now: float, policy: SchedulingPolicy) -> float:
 
 
 def has_overrun(job: CoreJob, now: float, policy: SchedulingPolicy) -> bool:
-    started = job.started_at if job.started_at is not None else job.reserved_at
+    started = job.held_since
     return started is not None and now > started + runtime_estimate(job, policy)
 
 

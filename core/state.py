@@ -215,6 +215,11 @@ class CoreJob:
         return self.spec.total_gpus if self.spec is not None else 0
 
     @property
+    def held_since(self) -> float | None:
+        """Since when the current gang holds its GPUs: its start, else its binding."""
+        return self.started_at if self.started_at is not None else self.reserved_at
+
+    @property
     def need(self) -> str:
         # Worded on first use: replay folds many more jobs than any cycle explains.
         if not self._need and self.shape is not None:

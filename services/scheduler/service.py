@@ -33,6 +33,7 @@ from services.runtime.collector import gc_paused
 from services.runtime.errors import ConcurrencyConflict, StaleLeader
 from services.runtime.leadership import Leadership, acquire_leadership
 from services.runtime.records import Metadata, StreamAppend
+from services.runtime.signals import sleep_unless
 from services.runtime.store import NOTIFY_CHANNEL, EventStore
 from services.scheduler.folding import Folded, LogGap
 from services.scheduler.metrics import SchedulerMetrics
@@ -232,7 +233,7 @@ class SchedulerService:
                 # The lock connection broke (database restart, or this standby was paused past
                 # the session timeout): try again on a fresh one.
                 log.warning("election connection failed: %r; retrying", error)
-                await _sleep_unless(stop, self.settings.scheduler_standby_poll_s)
+                await sleep_unless(stop, self.settings.scheduler_standby_poll_s)
         return None
 
     async def _lead(self, stop: asyncio.Event) -> None:
@@ -252,7 +253,7 @@ class SchedulerService:
                     # The database is unreachable for a moment: nothing was appended, so the
                     # next cycle decides again from the same folded state.
                     log.warning("cycle failed: %r; retrying in %.1f s", error, backoff)
-                    await _sleep_unless(stop, backoff)
+                    await sleep_unless(stop, backoff)
                     backoff = min(backoff * 2, 5.0)
                 await self._wait(stop, keep_alive, seconds=self._until_next_cycle())
                 if keep_alive.done():
@@ -418,11 +419,3 @@ class SchedulerService:
         finally:
             for waiter in waiters:
                 waiter.cancel()
-
-
-async def _sleep_unless(stop: asyncio.Event, seconds: float) -> bool:
-    try:
-        await asyncio.wait_for(stop.wait(), seconds)
-    except TimeoutError:
-        return False
-    return True
