@@ -9,7 +9,7 @@ result = planner.schedule(state, now) # decide; the caller records and folds res
 from core.audit import Auditor, Violation
 from core.cycle import CycleResult, Planner, schedule
 from core.policy import DEFAULT_PRIORITY_CLASSES, PriorityClass, SchedulingPolicy
-from core.state import JobView, NodeView, SchedulerState
+from core.state import JobStatus, NodeView, SchedulerState
 from core.topology import ClusterSpecError, parse_cluster_spec
 
 __all__ = [
@@ -17,7 +17,7 @@ __all__ = [
     "Auditor",
     "ClusterSpecError",
     "CycleResult",
-    "JobView",
+    "JobStatus",
     "NodeView",
     "Planner",
     "PriorityClass",

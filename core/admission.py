@@ -15,6 +15,7 @@ from core.shape import ranks_per_unit, unit_gpus
 from schemas.base import Event
 from schemas.jobs import JobAdmitted, JobRejected, JobSpec
 from schemas.nodes import NodeRegistered
+from schemas.reasons import RejectCode
 from schemas.teams import QueueConfigured, TeamCreated
 
 
@@ -119,7 +120,7 @@ def admit(
     """JobAdmitted into the resolved queue, or JobRejected with the first reason that applies."""
     queue = spec.queue or spec.team
 
-    def reject(code: str, reason: str) -> JobRejected:
+    def reject(code: RejectCode, reason: str) -> JobRejected:
         return JobRejected(job_id=job_id, code=code, reason=reason)
 
     if spec.team not in catalog.teams:

@@ -79,7 +79,7 @@ def bits(mask: int) -> list[int]:
 
 
 @dataclass(frozen=True, slots=True)
-class JobView:
+class JobStatus:
     """What a person (or the API) may ask about a job."""
 
     job_id: str
@@ -332,11 +332,11 @@ class SchedulerState:
 
     # ---------------------------------------------------------------- views
 
-    def job(self, job_id: str) -> JobView | None:
+    def job(self, job_id: str) -> JobStatus | None:
         record = self._jobs.get(job_id)
         return None if record is None else self._job_view(record)
 
-    def jobs(self) -> Iterator[JobView]:
+    def jobs(self) -> Iterator[JobStatus]:
         return (self._job_view(record) for record in self._jobs.values())
 
     def node(self, node_id: str) -> NodeView | None:
@@ -467,7 +467,7 @@ class SchedulerState:
         # Watchers belong to the live process's planners; a thawed state starts with none.
         return {**self.__dict__, "_free_watches": []}
 
-    def _job_view(self, job: CoreJob) -> JobView:
+    def _job_view(self, job: CoreJob) -> JobStatus:
         placement: dict[str, list[int]] = {}
         for node_index, mask in job.ranks:
             node_id = self._node_list[node_index].node_id
@@ -475,7 +475,7 @@ class SchedulerState:
         for gpus in placement.values():
             gpus.sort()
         spec = job.spec
-        return JobView(
+        return JobStatus(
             job_id=job.job_id,
             state=job.state,
             team=job.team,

@@ -8,7 +8,9 @@ loading events recorded with a code it does not know, and a new code is not a ne
 
 from __future__ import annotations
 
-from typing import Literal, get_args
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import PlainValidator, WithJsonSchema
 
 # JobDeferred.code: why a waiting job waits this cycle.
 DeferCode = Literal[
@@ -50,6 +52,25 @@ RejectCode = Literal[
 DEFER_CODES: frozenset[str] = frozenset(get_args(DeferCode))
 REQUEUE_CODES: frozenset[str] = frozenset(get_args(RequeueCode))
 REJECT_CODES: frozenset[str] = frozenset(get_args(RejectCode))
+
+
+def _any_code(value: Any) -> str:
+    # Old events keep loading with codes this code no longer knows, new ones with codes an
+    # older reader never knew: the value is checked to be a string, not one of the list.
+    if not isinstance(value, str):
+        raise ValueError("a reason code is a string")
+    return value
+
+
+# The event fields: typed for the code that writes them (mypy checks the value), a plain
+# string on the wire and in the exported JSON Schema (unchanged, so not a breaking change).
+DeferCodeField = Annotated[DeferCode, PlainValidator(_any_code), WithJsonSchema({"type": "string"})]
+RequeueCodeField = Annotated[
+    RequeueCode, PlainValidator(_any_code), WithJsonSchema({"type": "string"})
+]
+RejectCodeField = Annotated[
+    RejectCode, PlainValidator(_any_code), WithJsonSchema({"type": "string"})
+]
 
 # The codes other modules match on, by name.
 RESERVED_HEAD: DeferCode = "reserved_head"

@@ -32,7 +32,7 @@ from datetime import datetime
 
 from core import Auditor, Planner, SchedulerState, SchedulingPolicy
 from core.admission import AdmissionCatalog, admit
-from gangway.simulator.metrics import JobRecord
+from gangway.simulator.metrics import SimJobMetrics
 from gangway.simulator.quotas import Quota
 from gangway.simulator.trace import TraceJob
 from schemas.base import Event
@@ -82,7 +82,7 @@ class _Job:
     """The simulated agents' side of one job."""
 
     trace: TraceJob
-    record: JobRecord
+    record: SimJobMetrics
     remaining_s: float
     attempt: int = 0
     running_since: float | None = None
@@ -99,7 +99,7 @@ class _Job:
 
 @dataclass(slots=True)
 class SimulationResult:
-    records: list[JobRecord]
+    records: list[SimJobMetrics]
     capacity_gpus: int
     allocated_gpu_s: float
     end_s: float
@@ -413,8 +413,8 @@ class Simulation:
         self._finished += 1
 
 
-def _record(job: TraceJob) -> JobRecord:
-    return JobRecord(
+def _record(job: TraceJob) -> SimJobMetrics:
+    return SimJobMetrics(
         job_id=job.job_id,
         tenant=job.tenant,
         priority=job.priority,

@@ -29,7 +29,7 @@ CHECKPOINT_SIGNAL_ENV = "GANGWAY_CHECKPOINT_SIGNAL"
 
 
 @dataclass
-class JobView:
+class AgentJob:
     """A job as its stream tells it to the agent."""
 
     spec: JobSpec | None = None
@@ -40,8 +40,8 @@ class JobView:
     terminal: bool = False
 
 
-def fold_job(events: Iterable[Event]) -> JobView:
-    view = JobView()
+def fold_job(events: Iterable[Event]) -> AgentJob:
+    view = AgentJob()
     for event in events:
         if isinstance(event, JobSubmitted):
             view.spec = event.spec
@@ -64,7 +64,7 @@ def fold_job(events: Iterable[Event]) -> JobView:
 
 
 def ranks_to_launch(
-    view: JobView,
+    view: AgentJob,
     reserved: GangReserved,
     nodes: Iterable[str],
     launched: set[tuple[str, int, int]],
