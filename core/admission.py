@@ -8,8 +8,9 @@ hold, a size above its team's ceiling. Transient shortages are the scheduler's t
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 from core.shape import ranks_per_unit, unit_gpus
 from schemas.base import Event
@@ -54,22 +55,23 @@ class AdmissionCatalog:
     )
 
     def apply(self, event: Event) -> None:
-        match event:
-            case TeamCreated():
-                self.teams.add(event.name)
-                self.queues[event.name] = QueueLimits(event.name, event.parent, event.max_gpus)
-            case QueueConfigured():
-                self.queues[event.name] = QueueLimits(event.name, event.parent, event.max_gpus)
-            case NodeRegistered():
-                shape = NodeShape(
-                    event.node_id, event.gpu_type, len(event.gpus), event.rack, event.block
-                )
-                if self.nodes.get(event.node_id) != shape:
-                    self.nodes[event.node_id] = shape
-                    self._largest_by_type = None
-                    self._placeable.clear()
-            case _:
-                pass
+        handler = _CATALOG_FOLDS.get(type(event))
+        if handler is not None:
+            handler(self, event)
+
+    def _on_team_created(self, event: TeamCreated) -> None:
+        self.teams.add(event.name)
+        self.queues[event.name] = QueueLimits(event.name, event.parent, event.max_gpus)
+
+    def _on_queue_configured(self, event: QueueConfigured) -> None:
+        self.queues[event.name] = QueueLimits(event.name, event.parent, event.max_gpus)
+
+    def _on_node_registered(self, event: NodeRegistered) -> None:
+        shape = NodeShape(event.node_id, event.gpu_type, len(event.gpus), event.rack, event.block)
+        if self.nodes.get(event.node_id) != shape:
+            self.nodes[event.node_id] = shape
+            self._largest_by_type = None
+            self._placeable.clear()
 
     def queue_chain(self, name: str) -> list[QueueLimits]:
         """The queue and its ancestors, nearest first; a cycle in the tree stops the walk."""
@@ -108,6 +110,14 @@ class AdmissionCatalog:
             ]
             self._placeable[key] = placeable = max_placeable_tasks(spec, nodes)
         return placeable
+
+
+# The catalogue's dispatch table: each event class it folds, and how.
+_CATALOG_FOLDS: dict[type[Event], Callable[[AdmissionCatalog, Any], None]] = {
+    TeamCreated: AdmissionCatalog._on_team_created,
+    QueueConfigured: AdmissionCatalog._on_queue_configured,
+    NodeRegistered: AdmissionCatalog._on_node_registered,
+}
 
 
 def admit(

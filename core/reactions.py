@@ -66,68 +66,20 @@ def react_to_requests(ctx: CycleContext, job: CoreJob) -> None:
 
 def react_to_gang(ctx: CycleContext, job: CoreJob, flagged: bool) -> None:
     """Outcomes of a bound gang: exits, lost hardware, drains, deadlines."""
-    now, policy = ctx.now, ctx.policy
-    spec = job.spec
     codes = job.exit_codes
     if not flagged and not codes and job.state != "preempting":
         # Most gangs in most cycles: nothing happened to them, only the clock moved.
         if not past_max_runtime(ctx, job):
             note_estimated_end(ctx, job)
         return
-    ranks = len(job.ranks)
-    failed = [rank for rank, code in sorted(codes.items()) if code != 0]
     if job.state == "preempting":
-        deadline = (job.preempt_requested_at or now) + job.preempt_grace_s
-        drained = job.preemptor_id is None
-        code: RequeueCode = "node_drained" if drained else "preempted"
-        # Every rank exiting 0 of its own accord (not stopped for the eviction) means the
-        # gang finished its work before the checkpoint was needed: requeueing it would run
-        # a finished job again. Any rank evicted or failing means the gang stopped short:
-        # it resumes from its checkpoint.
-        finished = (
-            ranks > 0 and len(codes) == ranks and not job.evicted_ranks and not any(codes.values())
-        )
-        if finished:
-            ctx.release(job, JobSucceeded(job_id=job.job_id, attempt=job.attempt))
-            return
-        if len(codes) == ranks or now >= deadline:
-            why = (
-                "checkpointed off a draining node"
-                if drained
-                else f"preempted for job {job.preemptor_id}"
-            )
-            ctx.release(
-                job, JobRequeued(job_id=job.job_id, attempt=job.attempt, code=code, reason=why)
-            )
-        else:
-            ctx.wakeups.append(deadline)
+        react_to_eviction(ctx, job)
         return
+    failed = [rank for rank, code in sorted(codes.items()) if code != 0]
     if failed:
-        rank = failed[0]
-        retries = spec.max_retries if spec is not None else 0
-        if job.failures + 1 <= retries:
-            ctx.release(
-                job,
-                JobRequeued(
-                    job_id=job.job_id,
-                    attempt=job.attempt,
-                    code=TASK_FAILED,
-                    reason=f"rank {rank} exited with code {codes[rank]}; "
-                    f"retry {job.failures + 1} of {retries}",
-                ),
-            )
-        else:
-            ctx.release(
-                job,
-                JobFailed(
-                    job_id=job.job_id,
-                    attempt=job.attempt,
-                    reason=f"rank {rank} exited with code {codes[rank]}; "
-                    f"no retries left (max_retries={retries})",
-                ),
-            )
+        react_to_failure(ctx, job, failed[0])
         return
-    if ranks and len(codes) == ranks:
+    if job.ranks and len(codes) == len(job.ranks):
         ctx.release(job, JobSucceeded(job_id=job.job_id, attempt=job.attempt))
         return
     lost = lost_hardware(ctx, job) if flagged else None
@@ -147,12 +99,68 @@ def react_to_gang(ctx: CycleContext, job: CoreJob, flagged: bool) -> None:
                 attempt=job.attempt,
                 preemptor_job_id=None,
                 reason=f"node {draining} is draining: checkpoint and move",
-                grace_s=policy.preemption_grace_s,
+                grace_s=ctx.policy.preemption_grace_s,
             )
         )
         ctx.handled.add(job.job_id)
         return
     note_estimated_end(ctx, job)
+
+
+def react_to_eviction(ctx: CycleContext, job: CoreJob) -> None:
+    """A gang being preempted (or moved off a draining node): requeued once every rank has
+    exited or its grace has run out; succeeded if it finished its work first."""
+    codes = job.exit_codes
+    ranks = len(job.ranks)
+    deadline = (job.preempt_requested_at or ctx.now) + job.preempt_grace_s
+    drained = job.preemptor_id is None
+    code: RequeueCode = "node_drained" if drained else "preempted"
+    # Every rank exiting 0 of its own accord (not stopped for the eviction) means the gang
+    # finished its work before the checkpoint was needed: requeueing it would run a finished
+    # job again. Any rank evicted or failing means the gang stopped short: it resumes from its
+    # checkpoint.
+    finished = (
+        ranks > 0 and len(codes) == ranks and not job.evicted_ranks and not any(codes.values())
+    )
+    if finished:
+        ctx.release(job, JobSucceeded(job_id=job.job_id, attempt=job.attempt))
+        return
+    if len(codes) == ranks or ctx.now >= deadline:
+        why = (
+            "checkpointed off a draining node"
+            if drained
+            else f"preempted for job {job.preemptor_id}"
+        )
+        ctx.release(job, JobRequeued(job_id=job.job_id, attempt=job.attempt, code=code, reason=why))
+    else:
+        ctx.wakeups.append(deadline)
+
+
+def react_to_failure(ctx: CycleContext, job: CoreJob, rank: int) -> None:
+    """A rank exited non-zero: the gang restarts whole while retries are left, else fails."""
+    exit_code = job.exit_codes[rank]
+    retries = job.spec.max_retries if job.spec is not None else 0
+    if job.failures + 1 <= retries:
+        ctx.release(
+            job,
+            JobRequeued(
+                job_id=job.job_id,
+                attempt=job.attempt,
+                code=TASK_FAILED,
+                reason=f"rank {rank} exited with code {exit_code}; "
+                f"retry {job.failures + 1} of {retries}",
+            ),
+        )
+    else:
+        ctx.release(
+            job,
+            JobFailed(
+                job_id=job.job_id,
+                attempt=job.attempt,
+                reason=f"rank {rank} exited with code {exit_code}; "
+                f"no retries left (max_retries={retries})",
+            ),
+        )
 
 
 def past_max_runtime(ctx: CycleContext, job: CoreJob) -> bool:
