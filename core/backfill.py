@@ -13,7 +13,8 @@ from core.placement import Allocation, Shape, Snapshot, find_placement
 from core.quota import QuotaBook
 from core.reservation import plan_reservation, runtime_estimate
 from core.shape import describe_need
-from core.state import CoreJob, SchedulerState, bits
+from core.state import CoreJob, bits
+from core.surface import PlanningSurface
 from schemas.jobs import GangReserved, RankPlacement, ReservationPlanned
 from schemas.reasons import RESERVED_HEAD, DeferCode
 
@@ -174,7 +175,7 @@ def _infeasible(ctx: CycleContext, shape: Shape) -> str | None:
     return why
 
 
-def _why_infeasible(state: SchedulerState, shape: Shape) -> str | None:
+def _why_infeasible(state: PlanningSurface, shape: Shape) -> str | None:
     biggest, pools = state.capacity_profile()
     if shape.gpu_type is not None and shape.gpu_type not in pools:
         return f"{describe_need(shape)}; the cluster has no schedulable {shape.gpu_type} GPUs"
@@ -266,7 +267,7 @@ def _when(ts: float) -> str:
     return moment.strftime("%Y-%m-%d %H:%M UTC")
 
 
-def _racks_of(state: SchedulerState, node_ids: list[str], limit: int = 4) -> str:
+def _racks_of(state: PlanningSurface, node_ids: list[str], limit: int = 4) -> str:
     racks: list[str] = []
     for node_id in node_ids:
         node = state.node_record(node_id)

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 from core.policy import SchedulingPolicy
 from core.shape import Shape
-from core.state import CoreJob, SchedulerState
+from core.state import CoreJob
+from core.surface import PlanningSurface
 from schemas.base import Event
 from schemas.reasons import DeferCode
 
@@ -42,7 +43,7 @@ class Outcome:
 
 @dataclass(slots=True)
 class CycleContext:
-    state: SchedulerState
+    state: PlanningSurface
     policy: SchedulingPolicy
     now: float
     result: CycleResult = field(default_factory=CycleResult)
@@ -57,7 +58,7 @@ class CycleContext:
     placed_gangs: list[tuple[float, list[tuple[int, int]]]] = field(default_factory=list)
 
     @classmethod
-    def start(cls, state: SchedulerState, now: float) -> CycleContext:
+    def start(cls, state: PlanningSurface, now: float) -> CycleContext:
         return cls(state=state, policy=state.policy, now=now)
 
     def emit(self, event: Event) -> None:

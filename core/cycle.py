@@ -34,7 +34,8 @@ from core.placement import FreeIndex, Snapshot
 from core.preemption import preempt
 from core.quota import QuotaBook
 from core.reactions import react
-from core.state import CoreJob, SchedulerState
+from core.state import CoreJob
+from core.surface import PlanningSurface
 from schemas.jobs import JobDeferred
 
 __all__ = ["CycleResult", "Planner", "schedule"]
@@ -53,9 +54,9 @@ class Planner:
     def __init__(self) -> None:
         self._free_index = FreeIndex()
         # (state, its version, next wake-up) of the last cycle that decided nothing.
-        self._quiet: tuple[SchedulerState, int, float] | None = None
+        self._quiet: tuple[PlanningSurface, int, float] | None = None
 
-    def schedule(self, state: SchedulerState, now: float) -> CycleResult:
+    def schedule(self, state: PlanningSurface, now: float) -> CycleResult:
         """Decide what to do at `now`. Pure with respect to the state's contents."""
         quiet = self._quiet
         if quiet is not None and quiet[0] is state and quiet[1] == state.version and now < quiet[2]:
@@ -69,7 +70,7 @@ class Planner:
         return result
 
 
-def schedule(state: SchedulerState, now: float, planner: Planner | None = None) -> CycleResult:
+def schedule(state: PlanningSurface, now: float, planner: Planner | None = None) -> CycleResult:
     """One cycle at `now`; with a `planner`, what it keeps between cycles is reused."""
     return (planner if planner is not None else Planner()).schedule(state, now)
 

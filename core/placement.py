@@ -20,7 +20,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
 from core.shape import Shape, shape_of
-from core.state import FreeCapacityWatch, NodeRecord, SchedulerState, popcount
+from core.state import FreeCapacityWatch, NodeRecord, popcount
+from core.surface import PlanningSurface
 
 __all__ = ["Allocation", "FreeIndex", "Shape", "Snapshot", "find_placement", "shape_of"]
 
@@ -202,12 +203,12 @@ class FreeIndex:
     __slots__ = ("_index", "_state", "_watch")
 
     def __init__(self) -> None:
-        self._state: SchedulerState | None = None
+        self._state: PlanningSurface | None = None
         self._watch: FreeCapacityWatch | None = None
         self._index: Snapshot | None = None
 
     @contextmanager
-    def snapshot(self, state: SchedulerState) -> Iterator[Snapshot]:
+    def snapshot(self, state: PlanningSurface) -> Iterator[Snapshot]:
         """The state's free GPUs as a snapshot to plan on; what the caller changes is undone
         after. An error inside leaves the index to be rebuilt."""
         watch = self._watch

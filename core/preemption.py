@@ -12,7 +12,8 @@ from core.placement import Allocation, Shape, Snapshot, find_placement
 from core.policy import PriorityClass, SchedulingPolicy
 from core.quota import QuotaBook
 from core.reservation import has_overrun
-from core.state import CoreJob, SchedulerState, popcount
+from core.state import CoreJob, popcount
+from core.surface import PlanningSurface
 from schemas.jobs import PreemptionRequested
 
 MAX_CANDIDATES = 512
@@ -142,7 +143,7 @@ class VictimPool:
     """
 
     def __init__(
-        self, state: SchedulerState, now: float, policy: SchedulingPolicy, wakeups: list[float]
+        self, state: PlanningSurface, now: float, policy: SchedulingPolicy, wakeups: list[float]
     ) -> None:
         entries: list[tuple[tuple[int, int, float, int], int, str, CoreJob]] = []
         nodes = state.node_records
