@@ -71,8 +71,11 @@ class Planner:
 
 
 def schedule(state: PlanningSurface, now: float, planner: Planner | None = None) -> CycleResult:
-    """One cycle at `now`; with a `planner`, what it keeps between cycles is reused."""
-    return (planner if planner is not None else Planner()).schedule(state, now)
+    """One cycle at `now`. With a `planner`, what it keeps between cycles is reused; without
+    one, the cycle stands alone (a fresh placement index, no memo)."""
+    if planner is not None:
+        return planner.schedule(state, now)
+    return _run(CycleContext.start(state, now), FreeIndex(kept=False))
 
 
 def _run(ctx: CycleContext, free_index: FreeIndex) -> CycleResult:

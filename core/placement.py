@@ -200,9 +200,12 @@ class FreeIndex:
     by set order, so an index with a history decides as a fresh one would.
     """
 
-    __slots__ = ("_index", "_state", "_watch")
+    __slots__ = ("_index", "_kept", "_state", "_watch")
 
-    def __init__(self) -> None:
+    def __init__(self, kept: bool = True) -> None:
+        # A one-off index (kept=False) is built whole, used once, and asks the state for no
+        # news: a watch nobody reads would only grow.
+        self._kept = kept
         self._state: PlanningSurface | None = None
         self._watch: FreeCapacityWatch | None = None
         self._index: Snapshot | None = None
@@ -211,6 +214,11 @@ class FreeIndex:
     def snapshot(self, state: PlanningSurface) -> Iterator[Snapshot]:
         """The state's free GPUs as a snapshot to plan on; what the caller changes is undone
         after. An error inside leaves the index to be rebuilt."""
+        if not self._kept:
+            fresh = Snapshot(state.node_records, state.free_masks)
+            with fresh.trial():
+                yield fresh
+            return
         watch = self._watch
         if state is not self._state or watch is None:
             if self._state is not None and watch is not None:
