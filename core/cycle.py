@@ -27,6 +27,8 @@ choice, not the core's.
 
 from __future__ import annotations
 
+import weakref
+
 from core.backfill import place
 from core.context import CycleContext, CycleResult
 from core.ordering import order
@@ -53,29 +55,42 @@ class Planner:
 
     def __init__(self) -> None:
         self._free_index = FreeIndex()
-        # (state, its version, next wake-up) of the last cycle that decided nothing.
-        self._quiet: tuple[PlanningSurface, int, float] | None = None
+        # (state, its version, next wake-up) of the last cycle that decided nothing; the
+        # state held weakly, as by the index: a planner never keeps a state alive.
+        self._quiet: tuple[weakref.ref[PlanningSurface], int, float] | None = None
 
     def schedule(self, state: PlanningSurface, now: float) -> CycleResult:
         """Decide what to do at `now`. Pure with respect to the state's contents."""
         quiet = self._quiet
-        if quiet is not None and quiet[0] is state and quiet[1] == state.version and now < quiet[2]:
+        if (
+            quiet is not None
+            and quiet[0]() is state
+            and quiet[1] == state.version
+            and now < quiet[2]
+        ):
             return CycleResult(skipped=True, next_wakeup=quiet[2])
         result = _run(CycleContext.start(state, now), self._free_index)
         if result.decisions:
             self._quiet = None
         else:
             wakeup = result.next_wakeup if result.next_wakeup is not None else float("inf")
-            self._quiet = (state, state.version, wakeup)
+            self._quiet = (weakref.ref(state), state.version, wakeup)
         return result
 
 
+# The planner of each live state for callers that keep none of their own (`schedule(state,
+# now)`): a state's cycles reuse its index and memo as long as the state lives, and the
+# planner goes with it. Callers that run for long (the service, the simulator) hold theirs.
+_planners: weakref.WeakKeyDictionary[PlanningSurface, Planner] = weakref.WeakKeyDictionary()
+
+
 def schedule(state: PlanningSurface, now: float, planner: Planner | None = None) -> CycleResult:
-    """One cycle at `now`. With a `planner`, what it keeps between cycles is reused; without
-    one, the cycle stands alone (a fresh placement index, no memo)."""
-    if planner is not None:
-        return planner.schedule(state, now)
-    return _run(CycleContext.start(state, now), FreeIndex(kept=False))
+    """One cycle at `now`, by `planner`, else by the planner kept for this state."""
+    if planner is None:
+        planner = _planners.get(state)
+        if planner is None:
+            planner = _planners[state] = Planner()
+    return planner.schedule(state, now)
 
 
 def _run(ctx: CycleContext, free_index: FreeIndex) -> CycleResult:

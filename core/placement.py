@@ -16,6 +16,7 @@ tentative allocation that is committed whole or simply dropped.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
@@ -200,13 +201,11 @@ class FreeIndex:
     by set order, so an index with a history decides as a fresh one would.
     """
 
-    __slots__ = ("_index", "_kept", "_state", "_watch")
+    __slots__ = ("_index", "_state", "_watch")
 
-    def __init__(self, kept: bool = True) -> None:
-        # A one-off index (kept=False) is built whole, used once, and asks the state for no
-        # news: a watch nobody reads would only grow.
-        self._kept = kept
-        self._state: PlanningSurface | None = None
+    def __init__(self) -> None:
+        # The state it indexes, weakly: an index never keeps a state alive.
+        self._state: weakref.ref[PlanningSurface] | None = None
         self._watch: FreeCapacityWatch | None = None
         self._index: Snapshot | None = None
 
@@ -214,16 +213,12 @@ class FreeIndex:
     def snapshot(self, state: PlanningSurface) -> Iterator[Snapshot]:
         """The state's free GPUs as a snapshot to plan on; what the caller changes is undone
         after. An error inside leaves the index to be rebuilt."""
-        if not self._kept:
-            fresh = Snapshot(state.node_records, state.free_masks)
-            with fresh.trial():
-                yield fresh
-            return
         watch = self._watch
-        if state is not self._state or watch is None:
-            if self._state is not None and watch is not None:
-                self._state.unwatch_free_capacity(watch)
-            self._state = state
+        indexed = self._state() if self._state is not None else None
+        if indexed is not state or watch is None:
+            if indexed is not None and watch is not None:
+                indexed.unwatch_free_capacity(watch)
+            self._state = weakref.ref(state)
             self._watch = watch = state.watch_free_capacity()
             self._index = None
         index = self._index

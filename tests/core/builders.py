@@ -15,10 +15,10 @@ from core import (
     Auditor,
     CycleResult,
     JobStatus,
-    Planner,
     SchedulerState,
     SchedulingPolicy,
     parse_cluster_spec,
+    schedule,
 )
 from schemas.base import Event
 from schemas.jobs import (
@@ -116,7 +116,6 @@ class History:
     ) -> None:
         self.policy = policy or SchedulingPolicy()
         self.state = SchedulerState(self.policy)
-        self.planner = Planner()
         self.auditor = Auditor(self.policy)
         self.now = start
         self.log: list[tuple[Event, float]] = []
@@ -214,7 +213,7 @@ class History:
     # ------------------------------------------------------------ the scheduler
 
     def cycle(self) -> list[Event]:
-        result = self.planner.schedule(self.state, self.now)
+        result = schedule(self.state, self.now)
         self.cycles.append(result)
         for decision in result.decisions:
             self.record(decision)

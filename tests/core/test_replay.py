@@ -122,13 +122,13 @@ def test_the_placement_index_kept_between_cycles_decides_as_a_fresh_one() -> Non
     history.run()
     holder = {node: job_id for job_id in jobs for node in history.job(job_id).placement}
     for index in (9, 1):
-        history.exit(holder[history.state.node_records[index].node_id], 0)
+        history.exit(holder[history.state._node_list[index].node_id], 0)
         history.run(cycles=2)
     history.submit(a_job().gpus(4))
 
     fresh = history.replayed()
 
-    kept = history.planner.schedule(history.state, history.now).decisions
+    kept = schedule(history.state, history.now).decisions
     assert kept == schedule(fresh, history.now).decisions
     [reserved] = [d for d in kept if isinstance(d, GangReserved)]
-    assert [r.node_id for r in reserved.ranks] == [history.state.node_records[1].node_id]
+    assert [r.node_id for r in reserved.ranks] == [history.state._node_list[1].node_id]
