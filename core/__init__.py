@@ -1,9 +1,11 @@
 """Gangway's scheduling core: a pure library, no I/O, no clock, no randomness it does not receive.
 
 state = SchedulerState(SchedulingPolicy())
-planner = Planner()                   # what one cycle keeps for the next
-state.apply(event, at)                # fold every recorded event
-result = planner.schedule(state, now) # decide; the caller records and folds result.decisions
+state.apply(event, at)            # fold every recorded event
+result = schedule(state, now)     # decide; the caller records and folds result.decisions
+
+A long-running caller holds a `Planner` (what one cycle keeps for the next: the placement
+index, the quiet memo) and calls `planner.schedule(state, now)`.
 """
 
 from core.audit import Auditor, Violation
