@@ -19,10 +19,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from core import (
+    Planner,
     SchedulerState,
     SchedulingPolicy,
     parse_cluster_spec,
-    schedule,
 )
 from schemas.base import Event
 from schemas.jobs import (
@@ -36,6 +36,7 @@ from schemas.jobs import (
     TaskStarted,
     TopologySpec,
 )
+from services.runtime.collector import gc_paused
 
 T0 = 1_700_000_000.0
 TEAMS = [f"team-{i:02d}" for i in range(20)]
@@ -68,6 +69,7 @@ def job_mix(rng: random.Random, job_id: str) -> JobSubmitted:
 class Bench:
     def __init__(self, spec: str) -> None:
         self.state = SchedulerState(SchedulingPolicy())
+        self.planner = Planner()
         self.log: list[tuple[Event, float]] = []
         self.now = T0
         self.rng = random.Random(42)
@@ -97,7 +99,9 @@ class Bench:
     def cycle(self) -> tuple[float, int, int]:
         started = time.perf_counter()
         cpu_started = time.process_time()
-        result = schedule(self.state, self.now)
+        # As the scheduler service runs it: the collector paused around the cycle.
+        with gc_paused():
+            result = self.planner.schedule(self.state, self.now)
         elapsed = time.perf_counter() - started
         self.cpu_times.append(time.process_time() - cpu_started)
         for decision in result.decisions:
@@ -214,7 +218,8 @@ def main() -> None:
         bench.now += 1
     quiet = time.perf_counter()
     for _ in range(100):
-        schedule(bench.state, bench.now)
+        with gc_paused():
+            bench.planner.schedule(bench.state, bench.now)
     print(
         f"quiet cycle (nothing changed, settled after {settling} cycles): "
         f"{(time.perf_counter() - quiet) * 10:.3f} ms"

@@ -28,7 +28,7 @@ import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import asyncpg
 
@@ -50,6 +50,7 @@ from services.runtime import (
     StreamAppend,
     migrate_settings,
 )
+from services.runtime.scratch import scratch_database, with_database
 
 # 10,000 GPUs: room for every 1-GPU job of the throughput run without any finishing.
 CLUSTER = "1250x8:16:8"
@@ -60,16 +61,20 @@ SERVICES = ("relay", "admission", "scheduler", "api")
 async def pipeline(state_dir: Path) -> AsyncIterator[tuple[Settings, str, str]]:
     base = Settings()
     tag = uuid.uuid4().hex[:8]
-    database = f"gw_bench_pipeline_{tag}"
+    async with (
+        scratch_database(base.migration_dsn, f"gw_bench_pipeline_{tag}") as database,
+        _running(base, database, tag, state_dir) as running,
+    ):
+        yield running
 
+
+@contextlib.asynccontextmanager
+async def _running(
+    base: Settings, database: str, tag: str, state_dir: Path
+) -> AsyncIterator[tuple[Settings, str, str]]:
     def dsn(url: str) -> str:
-        return urlunsplit(urlsplit(url)._replace(path=f"/{database}"))
+        return with_database(url, database)
 
-    owner = await asyncpg.connect(base.migration_dsn)
-    try:
-        await owner.execute(f'CREATE DATABASE "{database}"')
-    finally:
-        await owner.close()
     api_url = f"http://127.0.0.1:{free_port()}"
     settings = Settings.model_validate(
         {
@@ -110,21 +115,6 @@ async def pipeline(state_dir: Path) -> AsyncIterator[tuple[Settings, str, str]]:
     finally:
         launcher.down(service_order(specs))
         await store.close()
-        await drop_database(base, database)
-
-
-async def drop_database(base: Settings, database: str) -> None:
-    # The stopped services' sessions may take a moment to end; the owner cannot end them.
-    owner = await asyncpg.connect(base.migration_dsn)
-    try:
-        for _ in range(50):
-            try:
-                await owner.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-                return
-            except asyncpg.InsufficientPrivilegeError:
-                await asyncio.sleep(0.2)
-    finally:
-        await owner.close()
 
 
 class ReservationWatcher:

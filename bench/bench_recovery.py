@@ -23,7 +23,6 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
@@ -46,8 +45,10 @@ from schemas.jobs import (
 )
 from schemas.teams import TeamCreated
 from services.runtime import EventStore, Settings, StreamAppend, migrate_settings
+from services.runtime.collector import gc_paused
+from services.runtime.scratch import scratch_database, with_database
 from services.scheduler.folding import Folded
-from services.scheduler.replay import catch_up, gc_paused, rebuild
+from services.scheduler.replay import catch_up, rebuild
 from services.scheduler.snapshots import SnapshotStore, code_version
 
 CLUSTER = "1000x8:16:8"
@@ -61,30 +62,19 @@ RUNS = 3
 
 
 @contextlib.asynccontextmanager
-async def scratch_database() -> AsyncIterator[Settings]:
+async def scratch_settings() -> AsyncIterator[Settings]:
     base = Settings()
-    database = f"gw_bench_recovery_{uuid.uuid4().hex[:8]}"
-
-    def dsn(url: str) -> str:
-        return urlunsplit(urlsplit(url)._replace(path=f"/{database}"))
-
-    owner = await asyncpg.connect(base.migration_dsn)
-    try:
-        await owner.execute(f'CREATE DATABASE "{database}"')
-    finally:
-        await owner.close()
-    settings = Settings.model_validate(
-        {**base.model_dump(), "pg_dsn": dsn(base.pg_dsn), "pg_owner_dsn": dsn(base.migration_dsn)}
-    )
-    await migrate_settings(settings)
-    try:
+    name = f"gw_bench_recovery_{uuid.uuid4().hex[:8]}"
+    async with scratch_database(base.migration_dsn, name) as database:
+        settings = Settings.model_validate(
+            {
+                **base.model_dump(),
+                "pg_dsn": with_database(base.pg_dsn, database),
+                "pg_owner_dsn": with_database(base.migration_dsn, database),
+            }
+        )
+        await migrate_settings(settings)
         yield settings
-    finally:
-        owner = await asyncpg.connect(base.migration_dsn)
-        try:
-            await owner.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-        finally:
-            await owner.close()
 
 
 class LogWriter:
@@ -270,7 +260,7 @@ async def main() -> None:
     args = parser.parse_args()
     sizes = sorted(int(s) for s in args.sizes.split(","))
     policy = SchedulingPolicy()
-    async with scratch_database() as settings:
+    async with scratch_settings() as settings:
         store = await EventStore.connect(settings, producer="bench")
         try:
             writer = LogWriter(store)

@@ -3,12 +3,15 @@
 state = SchedulerState(SchedulingPolicy())
 state.apply(event, at)            # fold every recorded event
 result = schedule(state, now)     # decide; the caller records and folds result.decisions
+
+A long-running caller holds a `Planner` (what one cycle keeps for the next: the placement
+index, the quiet memo) and calls `planner.schedule(state, now)`.
 """
 
 from core.audit import Auditor, Violation
-from core.cycle import CycleResult, schedule
+from core.cycle import CycleResult, Planner, schedule
 from core.policy import DEFAULT_PRIORITY_CLASSES, PriorityClass, SchedulingPolicy
-from core.state import JobView, NodeView, SchedulerState
+from core.state import JobStatus, NodeView, SchedulerState
 from core.topology import ClusterSpecError, parse_cluster_spec
 
 __all__ = [
@@ -16,8 +19,9 @@ __all__ = [
     "Auditor",
     "ClusterSpecError",
     "CycleResult",
-    "JobView",
+    "JobStatus",
     "NodeView",
+    "Planner",
     "PriorityClass",
     "SchedulerState",
     "SchedulingPolicy",

@@ -8,12 +8,15 @@ hold, a size above its team's ceiling. Transient shortages are the scheduler's t
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import Any
 
+from core.shape import ranks_per_unit, unit_gpus
 from schemas.base import Event
 from schemas.jobs import JobAdmitted, JobRejected, JobSpec
 from schemas.nodes import NodeRegistered
+from schemas.reasons import RejectCode
 from schemas.teams import QueueConfigured, TeamCreated
 
 
@@ -52,22 +55,23 @@ class AdmissionCatalog:
     )
 
     def apply(self, event: Event) -> None:
-        match event:
-            case TeamCreated():
-                self.teams.add(event.name)
-                self.queues[event.name] = QueueLimits(event.name, event.parent, event.max_gpus)
-            case QueueConfigured():
-                self.queues[event.name] = QueueLimits(event.name, event.parent, event.max_gpus)
-            case NodeRegistered():
-                shape = NodeShape(
-                    event.node_id, event.gpu_type, len(event.gpus), event.rack, event.block
-                )
-                if self.nodes.get(event.node_id) != shape:
-                    self.nodes[event.node_id] = shape
-                    self._largest_by_type = None
-                    self._placeable.clear()
-            case _:
-                pass
+        handler = _CATALOG_FOLDS.get(type(event))
+        if handler is not None:
+            handler(self, event)
+
+    def _on_team_created(self, event: TeamCreated) -> None:
+        self.teams.add(event.name)
+        self.queues[event.name] = QueueLimits(event.name, event.parent, event.max_gpus)
+
+    def _on_queue_configured(self, event: QueueConfigured) -> None:
+        self.queues[event.name] = QueueLimits(event.name, event.parent, event.max_gpus)
+
+    def _on_node_registered(self, event: NodeRegistered) -> None:
+        shape = NodeShape(event.node_id, event.gpu_type, len(event.gpus), event.rack, event.block)
+        if self.nodes.get(event.node_id) != shape:
+            self.nodes[event.node_id] = shape
+            self._largest_by_type = None
+            self._placeable.clear()
 
     def queue_chain(self, name: str) -> list[QueueLimits]:
         """The queue and its ancestors, nearest first; a cycle in the tree stops the walk."""
@@ -108,6 +112,14 @@ class AdmissionCatalog:
         return placeable
 
 
+# The catalogue's dispatch table: each event class it folds, and how.
+_CATALOG_FOLDS: dict[type[Event], Callable[[AdmissionCatalog, Any], None]] = {
+    TeamCreated: AdmissionCatalog._on_team_created,
+    QueueConfigured: AdmissionCatalog._on_queue_configured,
+    NodeRegistered: AdmissionCatalog._on_node_registered,
+}
+
+
 def admit(
     job_id: str,
     spec: JobSpec,
@@ -118,7 +130,7 @@ def admit(
     """JobAdmitted into the resolved queue, or JobRejected with the first reason that applies."""
     queue = spec.queue or spec.team
 
-    def reject(code: str, reason: str) -> JobRejected:
+    def reject(code: RejectCode, reason: str) -> JobRejected:
         return JobRejected(job_id=job_id, code=code, reason=reason)
 
     if spec.team not in catalog.teams:
@@ -156,7 +168,7 @@ def admit(
             )
 
     largest_node = types[spec.gpu_type] if spec.gpu_type is not None else max(types.values())
-    group_gpus = max(spec.gpus_per_task, spec.topology.tp_size or 1)
+    group_gpus = unit_gpus(spec)
     if group_gpus > largest_node:
         what = "a task" if group_gpus == spec.gpus_per_task else "a tensor-parallel group"
         return reject(
@@ -179,9 +191,8 @@ def admit(
 def max_placeable_tasks(spec: JobSpec, nodes: Collection[NodeShape]) -> int:
     """How many of the job's tasks the whole fleet could hold within its `require` locality,
     if every node were empty; tensor-parallel groups of several ranks stay inside one node."""
-    tp = spec.topology.tp_size or spec.gpus_per_task
-    ranks_per_group = max(1, tp // spec.gpus_per_task)
-    group_gpus = ranks_per_group * spec.gpus_per_task
+    ranks_per_group = ranks_per_unit(spec)
+    group_gpus = unit_gpus(spec)
 
     def tasks_on(node: NodeShape) -> int:
         return (node.gpus // group_gpus) * ranks_per_group

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.policy import SchedulingPolicy
+from core.shape import ranks_per_unit
 from schemas.base import Event
 from schemas.jobs import (
     GANG_RELEASING_EVENTS,
@@ -284,8 +285,7 @@ class Auditor:
                 f"{spec.gang_min_tasks} and {spec.tasks}",
                 position,
             )
-        tp = spec.topology.tp_size
-        group = tp // spec.gpus_per_task if tp is not None and tp > spec.gpus_per_task else 1
+        group = ranks_per_unit(spec)
         if len(ranks) % group:
             self._flag(2, f"gang of job {job_id} splits a tp group of {group} ranks", position)
         for placement in ranks:

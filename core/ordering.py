@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import math
 
+from core.context import CycleContext
 from core.policy import SchedulingPolicy
-from core.state import JobRecord, QueueRecord, decayed_usage
+from core.quota import QuotaBook
+from core.state import CoreJob, QueueRecord, decayed_usage
 
 OrderKey = tuple[int, int, int, float, float, int]
 
@@ -25,13 +27,13 @@ def fair_share(queue: QueueRecord | None, now: float, policy: SchedulingPolicy) 
     return average_gpus / (max(queue.guaranteed_gpus, 1) * queue.weight)
 
 
-def is_aged(job: JobRecord, now: float, policy: SchedulingPolicy) -> bool:
+def is_aged(job: CoreJob, now: float, policy: SchedulingPolicy) -> bool:
     waited_since = job.queued_at if job.queued_at is not None else job.submitted_at
     return waited_since is not None and now - waited_since >= policy.aging_max_wait_s
 
 
 def gangway_key(
-    job: JobRecord,
+    job: CoreJob,
     rank: int,
     share: float,
     aged: bool,
@@ -53,6 +55,34 @@ def gangway_key(
     return (2, 0 if within_guarantee else 1, -rank, share, job.submitted_at or 0.0, job.seq)
 
 
-def fifo_key(job: JobRecord) -> OrderKey:
+def fifo_key(job: CoreJob) -> OrderKey:
     """Strict arrival order across all jobs."""
     return (0, 0, 0, 0.0, 0.0, job.seq)
+
+
+def order(ctx: CycleContext, quota: QuotaBook) -> list[CoreJob]:
+    """Phase 3 of the cycle: the waiting jobs not yet handled, first to be placed first."""
+    state, policy, now = ctx.state, ctx.policy, ctx.now
+    candidates = [job for job in state.waiting_jobs.values() if job.job_id not in ctx.handled]
+    ctx.result.considered = len(candidates)
+    if policy.is_fifo:
+        candidates.sort(key=fifo_key)
+        return candidates
+    queues = state.queue_records
+    shares: dict[str, float] = {}
+    keyed = []
+    for job in candidates:
+        share = shares.get(job.queue)
+        if share is None:
+            share = fair_share(queues.get(job.queue), now, policy)
+            shares[job.queue] = share
+        rank = policy.priority_class(job.priority).rank
+        aged = is_aged(job, now, policy)
+        if not aged and job.queued_at is not None:
+            ctx.wakeups.append(job.queued_at + policy.aging_max_wait_s)
+        shape = job.shape
+        within = shape is not None and quota.within_guarantee(job.queue, shape.min_gpus)
+        key = gangway_key(job, rank, share, aged, ctx.victims_released(job), within)
+        keyed.append((key, job))
+    keyed.sort(key=lambda pair: pair[0])
+    return [job for _, job in keyed]

@@ -5,19 +5,114 @@ runtime, or preempted within the hysteresis window)."""
 from __future__ import annotations
 
 from collections.abc import Set
+from dataclasses import dataclass
 
+from core.context import CycleContext, Outcome
 from core.placement import Allocation, Shape, Snapshot, find_placement
 from core.policy import PriorityClass, SchedulingPolicy
 from core.quota import QuotaBook
 from core.reservation import has_overrun
-from core.state import JobRecord, SchedulerState, popcount
+from core.state import CoreJob, popcount
+from core.surface import PlanningSurface
+from schemas.jobs import PreemptionRequested
 
 MAX_CANDIDATES = 512
 MAX_TRIES = 48
+MAX_PREEMPTORS_PER_CYCLE = 8
+MAX_PREEMPTION_ATTEMPTS = 16
+
+
+def preempt(ctx: CycleContext, snap: Snapshot, blocked: list[CoreJob], quota: QuotaBook) -> None:
+    """Phase 6 of the cycle: checkpoint-then-evict whole gangs for jobs entitled to them."""
+    policy, now = ctx.policy, ctx.now
+    taken: set[str] = set()
+    preemptors = 0
+    attempts = 0
+    pool: VictimPool | None = None
+    # Victims only get scarcer within a cycle: a shape that found none makes larger fail.
+    failed: dict[tuple[object, ...], int] = {}
+    for job in blocked:
+        if preemptors >= MAX_PREEMPTORS_PER_CYCLE or attempts >= MAX_PREEMPTION_ATTEMPTS:
+            break
+        shape = job.shape
+        if shape is None or (job.awaiting_victims and ctx.victims_pending(job)):
+            continue
+        if job.last_preempting_at is not None:
+            calm_until = job.last_preempting_at + policy.hysteresis_s
+            if now < calm_until:
+                ctx.wakeups.append(calm_until)
+                continue
+        pclass = policy.priority_class(job.priority)
+        reclaiming = quota.within_guarantee(job.queue, shape.min_gpus)
+        overrun_head = (
+            job.job_id == ctx.result.head_job_id
+            and job.estimated_start is not None
+            and job.estimated_start <= now
+        )
+        if not (pclass.can_preempt or reclaiming or overrun_head):
+            continue
+        if job.priority == policy.idle_only_priority:
+            continue
+        key = (
+            pclass.rank,
+            reclaiming,
+            job.queue if reclaiming else "",
+            overrun_head,
+            *shape.failure_key(False),
+        )
+        if key in failed and shape.min_units >= failed[key]:
+            continue
+        if pool is None:
+            pool = VictimPool(ctx.state, now, policy, ctx.wakeups)
+        if not pool.entries:
+            break
+        attempts += 1
+        request = PreemptionRequest(
+            preemptor=job,
+            shape=shape,
+            pclass=pclass,
+            reclaiming=reclaiming,
+            overrun_head=overrun_head,
+            excluded=ctx.released | taken,
+            now=now,
+            policy=policy,
+        )
+        plan = plan_preemption(request, snap, quota, pool)
+        if plan is None:
+            failed[key] = min(failed.get(key, shape.min_units), shape.min_units)
+            continue
+        preemptors += 1
+        names = ", ".join(victim.job_id for victim in plan[:3])
+        more = f" and {len(plan) - 3} more" if len(plan) > 3 else ""
+        for victim in plan:
+            taken.add(victim.job_id)
+            quota.charge(victim.queue, -victim.bound_gpus)
+            why = (
+                "reclaiming guaranteed capacity"
+                if reclaiming
+                else "its reservation is overdue"
+                if overrun_head and not pclass.can_preempt
+                else f"priority {job.priority}"
+            )
+            ctx.emit(
+                PreemptionRequested(
+                    job_id=victim.job_id,
+                    attempt=victim.attempt,
+                    preemptor_job_id=job.job_id,
+                    reason=f"preempted for job {job.job_id} ({why})",
+                    grace_s=policy.preemption_grace_s,
+                )
+            )
+            ctx.result.preemptions += 1
+        ctx.outcomes[job.job_id] = Outcome(
+            "preempting",
+            f"{job.need}; preempting {names}{more}; starts once they checkpoint "
+            f"(within {policy.preemption_grace_s:g} s)",
+        )
 
 
 def is_protected(
-    victim: JobRecord, now: float, policy: SchedulingPolicy, wakeups: list[float]
+    victim: CoreJob, now: float, policy: SchedulingPolicy, wakeups: list[float]
 ) -> bool:
     """Whether the gang may not be preempted now (adds when that changes to `wakeups`)."""
     if victim.state not in ("running", "reserved"):
@@ -27,7 +122,7 @@ def is_protected(
     spec = victim.spec
     if spec is not None and spec.preemptible is False:
         return True
-    started = victim.started_at if victim.started_at is not None else victim.reserved_at
+    started = victim.held_since
     min_runtime = spec.min_runtime_s if spec is not None else 0.0
     if started is None or now < started + min_runtime:
         if started is not None:
@@ -48,15 +143,15 @@ class VictimPool:
     """
 
     def __init__(
-        self, state: SchedulerState, now: float, policy: SchedulingPolicy, wakeups: list[float]
+        self, state: PlanningSurface, now: float, policy: SchedulingPolicy, wakeups: list[float]
     ) -> None:
-        entries: list[tuple[tuple[int, int, float, int], int, str, JobRecord]] = []
-        nodes = state._node_list
-        for victim in state._holding.values():
+        entries: list[tuple[tuple[int, int, float, int], int, str, CoreJob]] = []
+        nodes = state.node_records
+        for victim in state.holding_jobs.values():
             if not victim.ranks or is_protected(victim, now, policy, wakeups):
                 continue
             rank = policy.priority_class(victim.priority).rank
-            started = victim.started_at if victim.started_at is not None else victim.reserved_at
+            started = victim.held_since
             order = (rank, victim.bound_gpus, -(started or 0.0), victim.seq)
             entries.append((order, rank, nodes[victim.ranks[0][0]].gpu_type, victim))
         entries.sort(key=lambda entry: entry[0])
@@ -64,25 +159,34 @@ class VictimPool:
         self.gpus = sum(entry[3].bound_gpus for entry in entries)
 
 
+@dataclass(frozen=True, slots=True)
+class PreemptionRequest:
+    """One waiting job's claim to evict others, and on which grounds."""
+
+    preemptor: CoreJob
+    shape: Shape
+    pclass: PriorityClass
+    # Its queue stays within its guarantee: it may take back what other queues borrow.
+    reclaiming: bool
+    # It is the head and its reservation's start has passed: overrunning gangs may go.
+    overrun_head: bool
+    # Gangs already released or chosen this cycle.
+    excluded: Set[str]
+    now: float
+    policy: SchedulingPolicy
+
+
 def plan_preemption(
-    snap: Snapshot,
-    shape: Shape,
-    preemptor: JobRecord,
-    pclass: PriorityClass,
-    reclaiming: bool,
-    overrun_head: bool,
-    state: SchedulerState,
-    quota: QuotaBook,
-    excluded: Set[str],
-    now: float,
-    policy: SchedulingPolicy,
-    pool: VictimPool,
-) -> list[JobRecord] | None:
+    request: PreemptionRequest, snap: Snapshot, quota: QuotaBook, pool: VictimPool
+) -> list[CoreJob] | None:
     """The whole gangs to evict so that the preemptor fits, or None (then nobody is evicted)."""
+    shape, preemptor, pclass = request.shape, request.preemptor, request.pclass
+    reclaiming, overrun_head, excluded = request.reclaiming, request.overrun_head, request.excluded
+    now, policy = request.now, request.policy
     if find_placement(snap, shape, False) is not None:
         return None  # idle capacity serves (only a reservation held it back): never preempt
-    borrowers: list[JobRecord] = []
-    everyone: list[JobRecord] = []
+    borrowers: list[CoreJob] = []
+    everyone: list[CoreJob] = []
     for _, vrank, gpu_type, victim in pool.entries:
         if len(everyone) >= MAX_CANDIDATES and len(borrowers) >= MAX_CANDIDATES:
             break
@@ -126,7 +230,7 @@ def plan_preemption(
         return None
 
 
-def _release(planning: Snapshot, victims: list[JobRecord]) -> dict[int, int]:
+def _release(planning: Snapshot, victims: list[CoreJob]) -> dict[int, int]:
     """Release the victims' GPUs into the planning snapshot; return what to restore."""
     before: dict[int, int] = {}
     for victim in victims:
@@ -142,7 +246,7 @@ def _restore(planning: Snapshot, before: dict[int, int]) -> None:
         planning.set_free(index, mask)
 
 
-def _fits(planning: Snapshot, shape: Shape, victims: list[JobRecord]) -> Allocation | None:
+def _fits(planning: Snapshot, shape: Shape, victims: list[CoreJob]) -> Allocation | None:
     before = _release(planning, victims)
     try:
         if planning.total_free < shape.min_gpus:
@@ -152,7 +256,7 @@ def _fits(planning: Snapshot, shape: Shape, victims: list[JobRecord]) -> Allocat
         _restore(planning, before)
 
 
-def _single(planning: Snapshot, shape: Shape, victims: list[JobRecord]) -> list[JobRecord] | None:
+def _single(planning: Snapshot, shape: Shape, victims: list[CoreJob]) -> list[CoreJob] | None:
     """The first single gang (in victim order) whose eviction alone suffices."""
     tries = 0
     free = planning.total_free
@@ -167,7 +271,7 @@ def _single(planning: Snapshot, shape: Shape, victims: list[JobRecord]) -> list[
     return None
 
 
-def _by_node(planning: Snapshot, shape: Shape, victims: list[JobRecord]) -> list[JobRecord] | None:
+def _by_node(planning: Snapshot, shape: Shape, victims: list[CoreJob]) -> list[CoreJob] | None:
     """Victims chosen node by node: the nodes that evictions free most cheaply first.
 
     A gang's units each need one node. Small victims taken in pool order are scattered over
@@ -177,15 +281,15 @@ def _by_node(planning: Snapshot, shape: Shape, victims: list[JobRecord]) -> list
     nodes with the fewest GPUs evicted per unit gained until the gang's units are covered.
     """
     unit = shape.unit_gpus
-    on_node: dict[int, list[tuple[JobRecord, int]]] = {}
+    on_node: dict[int, list[tuple[CoreJob, int]]] = {}
     for victim in victims:
         for index, mask in victim.ranks:
             on_node.setdefault(index, []).append((victim, popcount(mask)))
-    options: list[tuple[int, int, list[JobRecord]]] = []
+    options: list[tuple[int, int, list[CoreJob]]] = []
     for index in sorted(on_node):
         free = planning.count.get(index, 0)
         gained = free
-        taken: dict[str, JobRecord] = {}
+        taken: dict[str, CoreJob] = {}
         for victim, here in on_node[index]:
             if victim.job_id not in taken:
                 taken[victim.job_id] = victim
@@ -197,7 +301,7 @@ def _by_node(planning: Snapshot, shape: Shape, victims: list[JobRecord]) -> list
             options.append((evicted, index, list(taken.values())))
     options.sort(key=lambda option: (option[0], option[1]))
     covered = _free_units(planning, shape)
-    chosen: dict[str, JobRecord] = {}
+    chosen: dict[str, CoreJob] = {}
     for _, _, taken_here in options:
         if covered >= shape.min_units:
             break
@@ -214,8 +318,8 @@ def _by_node(planning: Snapshot, shape: Shape, victims: list[JobRecord]) -> list
 
 
 def _landed_on(
-    planning: Snapshot, shape: Shape, chosen: list[JobRecord], allocation: Allocation
-) -> list[JobRecord]:
+    planning: Snapshot, shape: Shape, chosen: list[CoreJob], allocation: Allocation
+) -> list[CoreJob]:
     """Of the victims whose eviction lets the preemptor fit, those it lands on, if they
     alone suffice; else all of them."""
     landing = {index for index, _ in allocation}
@@ -236,9 +340,9 @@ def _free_units(planning: Snapshot, shape: Shape) -> int:
     return units
 
 
-def _greedy(planning: Snapshot, shape: Shape, victims: list[JobRecord]) -> list[JobRecord] | None:
+def _greedy(planning: Snapshot, shape: Shape, victims: list[CoreJob]) -> list[CoreJob] | None:
     """Add gangs in victim order until the preemptor fits, then keep only those it lands on."""
-    chosen: list[JobRecord] = []
+    chosen: list[CoreJob] = []
     tries = 0
     for victim in victims:
         chosen.append(victim)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from core.state import QueueRecord
 
 MAX_DEPTH = 16  # a misconfigured parent loop must not hang the cycle
@@ -10,7 +12,7 @@ MAX_DEPTH = 16  # a misconfigured parent loop must not hang the cycle
 class QuotaBook:
     """Usage per queue subtree for one cycle; charged as gangs are placed or planned away."""
 
-    def __init__(self, queues: dict[str, QueueRecord]) -> None:
+    def __init__(self, queues: Mapping[str, QueueRecord]) -> None:
         self._queues = queues
         self._chains: dict[str, tuple[str, ...]] = {}
         self.usage: dict[str, int] = {}

@@ -2,28 +2,42 @@
 
 from __future__ import annotations
 
-from collections.abc import Set
-
+from core.context import CycleContext
 from core.placement import Allocation, Shape, Snapshot, find_placement
 from core.policy import SchedulingPolicy
-from core.state import JobRecord, SchedulerState
+from core.state import CoreJob
 
 # Trying a placement after every released gang would cost a placement per running job; after
 # this many failed tries, try again only once a further 1/8 of the need has been freed.
 EAGER_TRIES = 16
 
 
-def runtime_estimate(job: JobRecord, policy: SchedulingPolicy) -> float:
+def runtime_estimate(job: CoreJob, policy: SchedulingPolicy) -> float:
+    """How long the job's gang is expected to hold its GPUs: the one rule for backfill (does a
+    job end before the head's start?) and for reservations (when does a running gang end?).
+
+    - `estimated_runtime_s` when given: a hint, never a limit, but capped by `max_runtime_s`,
+      since the job is ended there whatever it estimated;
+    - else `max_runtime_s` when given: the only bound the user stated, and a safe one (the
+      gang cannot hold its GPUs longer), as EASY backfill uses the time limit;
+    - else the policy's `default_runtime_estimate_s`.
+
+    Both phases must agree: were a gang with only a limit counted short in the reservation
+    plan but long when it backfills, a reservation would be planned on GPUs still held.
+    """
     spec = job.spec
     if spec is None:
         return policy.default_runtime_estimate_s
-    estimate = spec.estimated_runtime_s or policy.default_runtime_estimate_s
+    if spec.estimated_runtime_s is not None:
+        if spec.max_runtime_s is not None:
+            return min(spec.estimated_runtime_s, spec.max_runtime_s)
+        return spec.estimated_runtime_s
     if spec.max_runtime_s is not None:
-        estimate = min(estimate, spec.max_runtime_s)
-    return estimate
+        return spec.max_runtime_s
+    return policy.default_runtime_estimate_s
 
 
-def estimated_end(job: JobRecord, now: float, policy: SchedulingPolicy) -> float:
+def estimated_end(job: CoreJob, now: float, policy: SchedulingPolicy) -> float:
     """When the gang is expected to release its GPUs.
 
     A gang being preempted leaves by its grace deadline; one past its estimate may end at any
@@ -32,7 +46,7 @@ def estimated_end(job: JobRecord, now: float, policy: SchedulingPolicy) -> float
     """
     if job.state == "preempting" and job.preempt_requested_at is not None:
         return max(now, job.preempt_requested_at + job.preempt_grace_s)
-    started = job.started_at if job.started_at is not None else job.reserved_at
+    started = job.held_since
     if started is None:
         started = now
     end = started + runtime_estimate(job, policy)
@@ -41,36 +55,31 @@ def estimated_end(job: JobRecord, now: float, policy: SchedulingPolicy) -> float
     return end
 
 
-def has_overrun(job: JobRecord, now: float, policy: SchedulingPolicy) -> bool:
-    started = job.started_at if job.started_at is not None else job.reserved_at
+def has_overrun(job: CoreJob, now: float, policy: SchedulingPolicy) -> bool:
+    started = job.held_since
     return started is not None and now > started + runtime_estimate(job, policy)
 
 
 def plan_reservation(
-    snap: Snapshot,
-    shape: Shape,
-    state: SchedulerState,
-    released: Set[str],
-    now: float,
-    policy: SchedulingPolicy,
-    placed: list[tuple[float, list[tuple[int, int]]]],
+    ctx: CycleContext, snap: Snapshot, shape: Shape
 ) -> tuple[float, Allocation] | None:
     """(start time, allocation) for the head: replay gang ends on a copy until the head fits.
 
-    `placed` are the gangs bound earlier in this cycle (their end, their ranks): not yet in
-    the state, but holding GPUs all the same.
+    The gangs bound earlier in this cycle (`ctx.placed_gangs`: their end, their ranks) are not
+    yet in the state, but hold GPUs all the same; those it released hold none.
     """
+    now, policy, released = ctx.now, ctx.policy, ctx.released
     with snap.trial() as planning:
         planning.reserved = frozenset()
-        nodes = state._node_list
+        nodes = ctx.state.node_records
         ends = sorted(
             (estimated_end(job, now, policy), job.seq, job.ranks)
-            for job in state._holding.values()
+            for job in ctx.state.holding_jobs.values()
             if job.job_id not in released
             and job.ranks
             and (shape.gpu_type is None or nodes[job.ranks[0][0]].gpu_type == shape.gpu_type)
         )
-        fresh = [(end, -1 - number, ranks) for number, (end, ranks) in enumerate(placed)]
+        fresh = [(end, -1 - number, ranks) for number, (end, ranks) in enumerate(ctx.placed_gangs)]
         ends = sorted(ends + fresh, key=lambda item: (item[0], item[1]))
         tries = 0
         freed_at_last_try = -1

@@ -31,11 +31,23 @@ class Shape:
         return (self.gpu_type, self.unit_gpus, self.require, avoid_reserved)
 
 
-def shape_of(spec: JobSpec) -> Shape:
+def ranks_per_unit(spec: JobSpec) -> int:
+    """The consecutive ranks that must share one node: a tensor-parallel group of tp/g ranks
+    when `tp_size` is a multiple of `gpus_per_task` g, else one (a tp that divides g fits in
+    one task). The spec's validation guarantees one case or the other."""
     tp = spec.topology.tp_size
     g = spec.gpus_per_task
-    # When tp is a multiple of gpus_per_task, tp/g consecutive ranks form one group on one node.
-    tasks_per_unit = tp // g if tp is not None and tp > g else 1
+    return tp // g if tp is not None and tp > g else 1
+
+
+def unit_gpus(spec: JobSpec) -> int:
+    """The GPUs one unit (a task, or a tp group of several ranks) needs in one NVLink domain."""
+    return ranks_per_unit(spec) * spec.gpus_per_task
+
+
+def shape_of(spec: JobSpec) -> Shape:
+    g = spec.gpus_per_task
+    tasks_per_unit = ranks_per_unit(spec)
     units = spec.tasks // tasks_per_unit
     min_units = max(1, -(-spec.gang_min_tasks // tasks_per_unit))
     return Shape(

@@ -8,9 +8,10 @@ released only by the gang-releasing events, so a replay of any log gives the sam
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from core.policy import SchedulingPolicy
 from core.shape import Shape, describe_need, shape_of
@@ -50,16 +51,12 @@ from schemas.nodes import (
     NodeRegistered,
     NodeUndrained,
 )
+from schemas.reasons import RESERVED_HEAD, TASK_FAILED
 from schemas.teams import QueueConfigured, TeamCreated
-
-if TYPE_CHECKING:
-    from core.placement import Snapshot
 
 JobStateName = JobState
 NodeStateName = Literal["ready", "draining", "drained", "lost"]
 
-# The reason code of the head gang, the one job holding a backfill reservation.
-RESERVED_HEAD = "reserved_head"
 # The TaskExited reason an agent reports for a rank it stopped for an eviction (after its
 # checkpoint), whatever the exit code.
 PREEMPTED_EXIT_REASON = "preempted"
@@ -82,7 +79,7 @@ def bits(mask: int) -> list[int]:
 
 
 @dataclass(frozen=True, slots=True)
-class JobView:
+class JobStatus:
     """What a person (or the API) may ask about a job."""
 
     job_id: str
@@ -166,7 +163,9 @@ class NodeRecord:
 
 
 @dataclass(slots=True)
-class JobRecord:
+class CoreJob:
+    """The core's record of one job (the API's read model is `JobReadModel`)."""
+
     job_id: str
     seq: int
     spec: JobSpec | None
@@ -216,11 +215,24 @@ class JobRecord:
         return self.spec.total_gpus if self.spec is not None else 0
 
     @property
+    def held_since(self) -> float | None:
+        """Since when the current gang holds its GPUs: its start, else its binding."""
+        return self.started_at if self.started_at is not None else self.reserved_at
+
+    @property
     def need(self) -> str:
         # Worded on first use: replay folds many more jobs than any cycle explains.
         if not self._need and self.shape is not None:
             self._need = describe_need(self.shape)
         return self._need
+
+
+@dataclass(slots=True, eq=False)
+class FreeCapacityWatch:
+    """The nodes whose free GPUs changed since the watcher last looked (it empties the set);
+    None when a node's place in the topology changed and an index must be rebuilt whole."""
+
+    changed: set[int] | None = None
 
 
 @dataclass(slots=True)
@@ -245,21 +257,18 @@ class SchedulerState:
         self.policy = policy if policy is not None else SchedulingPolicy()
         self._nodes: dict[str, NodeRecord] = {}
         self._node_list: list[NodeRecord] = []
-        self._jobs: dict[str, JobRecord] = {}
+        self._jobs: dict[str, CoreJob] = {}
         # Jobs admitted and waiting for a gang, in arrival order (dicts keep insertion order).
-        self._waiting: dict[str, JobRecord] = {}
+        self._waiting: dict[str, CoreJob] = {}
         # Jobs holding a gang (reserved, running, preempting).
-        self._holding: dict[str, JobRecord] = {}
+        self._holding: dict[str, CoreJob] = {}
         # Jobs with something for the reactions phase to decide (exits, requests, lost GPUs).
         self._attention: set[str] = set()
         self._queues: dict[str, QueueRecord] = {}
         # Nodes with placeable free GPUs: node index → free mask.
         self._free: dict[int, int] = {}
-        # The placement index of `_free`, kept between cycles (see placement.current_snapshot):
-        # the nodes whose free GPUs changed since it was last brought up to date, or None when
-        # it must be rebuilt whole (no index yet, or a node's place in the topology changed).
-        self._free_index: Snapshot | None = None
-        self._free_changed: set[int] | None = None
+        # Who keeps an index of `_free` between cycles (a planner) and must hear what changed.
+        self._free_watches: list[FreeCapacityWatch] = []
         self._draining: set[int] = set()
         self._rack_ids: dict[tuple[str, str, str], int] = {}
         self._block_ids: dict[tuple[str, str], int] = {}
@@ -270,11 +279,10 @@ class SchedulerState:
         self._unhealthy = 0
         self._lost_gpus = 0
         self._pending = 0
-        # Bumped by every fold that could change a decision; the cycle memoises quiet results.
-        self.generation = 0
+        # Bumped by every fold that could change a decision (a planner memoises quiet cycles).
+        self._version = 0
         self._node_generation = 0
         self._profile: tuple[int, dict[str, int], dict[str, int]] | None = None
-        self.quiet_memo: tuple[int, float] | None = None
         self._handlers: dict[type[Event], Callable[[Any, float], None]] = {
             JobSubmitted: self._on_submitted,
             JobAdmitted: self._on_admitted,
@@ -316,7 +324,7 @@ class SchedulerState:
         if handler is None:
             return
         handler(event, at)
-        self.generation += 1
+        self._version += 1
 
     def apply_all(self, events: Iterable[tuple[Event, float]]) -> None:
         for event, at in events:
@@ -324,11 +332,11 @@ class SchedulerState:
 
     # ---------------------------------------------------------------- views
 
-    def job(self, job_id: str) -> JobView | None:
+    def job(self, job_id: str) -> JobStatus | None:
         record = self._jobs.get(job_id)
         return None if record is None else self._job_view(record)
 
-    def jobs(self) -> Iterator[JobView]:
+    def jobs(self) -> Iterator[JobStatus]:
         return (self._job_view(record) for record in self._jobs.values())
 
     def node(self, node_id: str) -> NodeView | None:
@@ -395,11 +403,71 @@ class SchedulerState:
         record = self._queues.get(queue)
         return 0 if record is None else record.allocated
 
-    def __getstate__(self) -> dict[str, Any]:
-        # The placement index is derived from `_free`: rebuilt on first use, not stored.
-        return {**self.__dict__, "_free_index": None, "_free_changed": None}
+    # ---------------------------------------------------------------- planning surface
+    # What the cycle and its planners read. Read-only by contract: only `apply` changes the
+    # state; the records handed out are the state's own, for speed, and must not be written.
 
-    def _job_view(self, job: JobRecord) -> JobView:
+    @property
+    def version(self) -> int:
+        """Bumped by every fold that could change a decision."""
+        return self._version
+
+    @property
+    def node_records(self) -> Sequence[NodeRecord]:
+        """Every node ever registered, by its dense index."""
+        return self._node_list
+
+    def node_record(self, node_id: str) -> NodeRecord | None:
+        return self._nodes.get(node_id)
+
+    @property
+    def job_records(self) -> Mapping[str, CoreJob]:
+        return self._jobs
+
+    @property
+    def waiting_jobs(self) -> Mapping[str, CoreJob]:
+        """Jobs admitted and waiting for a gang, in arrival order."""
+        return self._waiting
+
+    @property
+    def holding_jobs(self) -> Mapping[str, CoreJob]:
+        """Jobs holding a gang (reserved, running, preempting)."""
+        return self._holding
+
+    @property
+    def attention(self) -> AbstractSet[str]:
+        """Jobs with something for the reactions phase to decide (exits, requests, hardware)."""
+        return self._attention
+
+    @property
+    def draining_nodes(self) -> AbstractSet[int]:
+        """Indices of nodes draining or recently released by a gang while draining."""
+        return self._draining
+
+    @property
+    def queue_records(self) -> Mapping[str, QueueRecord]:
+        return self._queues
+
+    @property
+    def free_masks(self) -> Mapping[int, int]:
+        """Nodes with placeable free GPUs: node index → free mask."""
+        return self._free
+
+    def watch_free_capacity(self) -> FreeCapacityWatch:
+        """Be told which nodes' free GPUs change from now on (for an index kept between cycles)."""
+        watch = FreeCapacityWatch()
+        self._free_watches.append(watch)
+        return watch
+
+    def unwatch_free_capacity(self, watch: FreeCapacityWatch) -> None:
+        if watch in self._free_watches:
+            self._free_watches.remove(watch)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Watchers belong to the live process's planners; a thawed state starts with none.
+        return {**self.__dict__, "_free_watches": []}
+
+    def _job_view(self, job: CoreJob) -> JobStatus:
         placement: dict[str, list[int]] = {}
         for node_index, mask in job.ranks:
             node_id = self._node_list[node_index].node_id
@@ -407,7 +475,7 @@ class SchedulerState:
         for gpus in placement.values():
             gpus.sort()
         spec = job.spec
-        return JobView(
+        return JobStatus(
             job_id=job.job_id,
             state=job.state,
             team=job.team,
@@ -431,7 +499,7 @@ class SchedulerState:
 
     # ---------------------------------------------------------------- jobs
 
-    def _set_state(self, job: JobRecord, new: JobStateName) -> None:
+    def _set_state(self, job: CoreJob, new: JobStateName) -> None:
         old = job.state
         if old == new:
             return
@@ -454,7 +522,7 @@ class SchedulerState:
             return  # a duplicate delivery: the first submission stands
         spec = event.spec
         self._seq += 1
-        job = JobRecord(
+        job = CoreJob(
             job_id=event.job_id,
             seq=self._seq,
             spec=spec,
@@ -617,7 +685,7 @@ class SchedulerState:
             if job.job_id not in preemptor.awaiting_victims:
                 preemptor.awaiting_victims = (*preemptor.awaiting_victims, job.job_id)
 
-    def _release(self, job: JobRecord, at: float) -> None:
+    def _release(self, job: CoreJob, at: float) -> None:
         """Free the gang's GPUs; idempotent (a second release finds nothing bound)."""
         if not job.ranks:
             return
@@ -653,7 +721,7 @@ class SchedulerState:
             return
         self._release(job, at)
         job.requeues += 1
-        if event.code == "task_failed":
+        if event.code == TASK_FAILED:
             job.failures += 1
         job.started_at = None
         job.queued_at = at
@@ -688,7 +756,7 @@ class SchedulerState:
         job.reason = "resumed; waiting for the next scheduling cycle"
         self._set_state(job, "queued" if job.admitted else "pending")
 
-    def _finish(self, job: JobRecord, state: JobStateName, at: float, reason: str | None) -> None:
+    def _finish(self, job: CoreJob, state: JobStateName, at: float, reason: str | None) -> None:
         self._release(job, at)
         job.finished_at = at
         job.reason_code = None if state == "succeeded" else state
@@ -727,8 +795,9 @@ class SchedulerState:
             self._free[node.index] = free
         else:
             self._free.pop(node.index, None)
-        if self._free_changed is not None:
-            self._free_changed.add(node.index)
+        for watch in self._free_watches:
+            if watch.changed is not None:
+                watch.changed.add(node.index)
 
     def _flag_gangs(self, node: NodeRecord, mask: int | None = None) -> None:
         for job_id, held in node.gangs.items():
@@ -770,7 +839,8 @@ class SchedulerState:
             node.all_mask = all_mask
             node.labels = dict(event.labels)
             self._place_in_topology(node)
-            self._free_changed = None  # its rack, block or pool may have changed
+            for watch in self._free_watches:
+                watch.changed = None  # its rack, block or pool may have changed
         self._refresh(node, topology_changed=True)
 
     def _place_in_topology(self, node: NodeRecord) -> None:

@@ -8,6 +8,7 @@ from typing import Literal, get_args
 from pydantic import Field, field_validator, model_validator
 
 from schemas.base import Event, Message
+from schemas.reasons import DeferCodeField, RejectCodeField, RequeueCodeField
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 MAX_GANG_TASKS = 4096
@@ -112,7 +113,7 @@ class JobAdmitted(JobEvent):
 
 class JobRejected(JobEvent):
     type = "JobRejected"
-    code: str
+    code: RejectCodeField
     reason: str
 
 
@@ -135,7 +136,7 @@ class JobDeferred(JobEvent):
     """The job stays waiting, for the reason given; recorded only when the reason changes."""
 
     type = "JobDeferred"
-    code: str
+    code: DeferCodeField
     message: str
 
 
@@ -192,7 +193,7 @@ class JobRequeued(JobEvent):
 
     type = "JobRequeued"
     attempt: int = Field(ge=1)
-    code: str
+    code: RequeueCodeField
     reason: str
 
 

@@ -30,9 +30,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from core import Auditor, SchedulerState, SchedulingPolicy, schedule
+from core import Auditor, Planner, SchedulerState, SchedulingPolicy
 from core.admission import AdmissionCatalog, admit
-from gangway.simulator.metrics import JobRecord
+from gangway.simulator.metrics import SimJobMetrics
 from gangway.simulator.quotas import Quota
 from gangway.simulator.trace import TraceJob
 from schemas.base import Event
@@ -53,6 +53,7 @@ from schemas.jobs import (
 )
 from schemas.nodes import NodeRegistered
 from schemas.teams import TeamCreated
+from services.runtime.collector import gc_paused
 
 # Heap entry kinds, in the order they are recorded within one timestamp (the heap sorts by time,
 # then kind, then push order). Everything due at a timestamp is applied before its one cycle,
@@ -81,7 +82,7 @@ class _Job:
     """The simulated agents' side of one job."""
 
     trace: TraceJob
-    record: JobRecord
+    record: SimJobMetrics
     remaining_s: float
     attempt: int = 0
     running_since: float | None = None
@@ -98,7 +99,7 @@ class _Job:
 
 @dataclass(slots=True)
 class SimulationResult:
-    records: list[JobRecord]
+    records: list[SimJobMetrics]
     capacity_gpus: int
     allocated_gpu_s: float
     end_s: float
@@ -136,6 +137,7 @@ class Simulation:
         self._quotas = quotas
         self._jobs = {job.job_id: _Job(job, _record(job), job.duration_s) for job in jobs}
         self._state = SchedulerState(policy)
+        self._planner = Planner()
         self._auditor = Auditor(policy)
         self._catalog = AdmissionCatalog()
         self._classes = [pc.name for pc in policy.priority_classes]
@@ -267,7 +269,10 @@ class Simulation:
 
     def _cycle(self, now: float) -> None:
         self._cycles += 1
-        result = schedule(self._state, now)
+        # A cycle makes no reference cycles: the collector's scans of the large state
+        # mid-cycle would cost more than the cycle.
+        with gc_paused():
+            result = self._planner.schedule(self._state, now)
         started: list[GangReserved] = []
         for decision in result.decisions:
             self._record(decision, now)
@@ -408,8 +413,8 @@ class Simulation:
         self._finished += 1
 
 
-def _record(job: TraceJob) -> JobRecord:
-    return JobRecord(
+def _record(job: TraceJob) -> SimJobMetrics:
+    return SimJobMetrics(
         job_id=job.job_id,
         tenant=job.tenant,
         priority=job.priority,

@@ -18,7 +18,7 @@ from typing import Any
 
 
 @dataclass(slots=True)
-class JobRecord:
+class SimJobMetrics:
     """What the simulator saw of one job; filled in as the run goes."""
 
     job_id: str
@@ -57,7 +57,7 @@ def _mean(values: Sequence[float]) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
-def group_figures(records: Iterable[JobRecord]) -> dict[str, Any]:
+def group_figures(records: Iterable[SimJobMetrics]) -> dict[str, Any]:
     """jobs, completed, queue-time and JCT figures of a group of jobs."""
     jobs = 0
     queues: list[float] = []
@@ -82,16 +82,16 @@ def group_figures(records: Iterable[JobRecord]) -> dict[str, Any]:
 
 
 def _grouped(
-    records: Sequence[JobRecord], key: Callable[[JobRecord], str]
+    records: Sequence[SimJobMetrics], key: Callable[[SimJobMetrics], str]
 ) -> dict[str, dict[str, Any]]:
-    groups: dict[str, list[JobRecord]] = {}
+    groups: dict[str, list[SimJobMetrics]] = {}
     for record in records:
         groups.setdefault(key(record), []).append(record)
     return {name: group_figures(groups[name]) for name in sorted(groups)}
 
 
 def compute_metrics(
-    records: Sequence[JobRecord],
+    records: Sequence[SimJobMetrics],
     *,
     capacity_gpus: int,
     allocated_gpu_s: float,

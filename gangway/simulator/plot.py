@@ -7,13 +7,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from gangway.simulator.metrics import JobRecord
+from gangway.simulator.metrics import SimJobMetrics
 
 # Queue times are plotted on a log axis; a job that started within a second sits at this floor.
 _FLOOR_S = 1.0
 
 
-def _queue_seconds(records: Sequence[JobRecord], key: str) -> dict[str, list[float]]:
+def _queue_seconds(records: Sequence[SimJobMetrics], key: str) -> dict[str, list[float]]:
     groups: dict[str, list[float]] = {}
     for record in records:
         queue = record.queue_s
@@ -31,7 +31,7 @@ def _horizontal(version: str) -> dict[str, Any]:
 
 def write_plot(
     path: str | Path,
-    records: Sequence[JobRecord],
+    records: Sequence[SimJobMetrics],
     timeline: Sequence[tuple[float, int]],
     *,
     capacity_gpus: int,

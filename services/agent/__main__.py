@@ -6,16 +6,9 @@ import argparse
 import asyncio
 import logging
 
-from services.agent.agent import Agent
-from services.agent.heartbeats import NvmlSampler
+from services.agent.bootstrap import run
 from services.agent.settings import AgentSettings
-from services.runtime.consumer import wait_started
-from services.runtime.discovery import discover
-from services.runtime.metrics import start_metrics_server
 from services.runtime.signals import stop_on_signals
-from services.runtime.store import EventStore
-
-log = logging.getLogger("services.agent")
 
 
 async def main() -> None:
@@ -25,36 +18,7 @@ async def main() -> None:
     settings = AgentSettings()
     if args.cluster:
         settings = settings.model_copy(update={"cluster": args.cluster})
-    stop = stop_on_signals()
-    nodes = discover(
-        settings.cluster,
-        mode=settings.discovery,
-        node_id=settings.node_id,
-        rack=settings.node_rack,
-        block=settings.node_block,
-    )
-    sampler = None
-    if nodes and nodes[0].discovered_by == "nvml":
-        import pynvml
-
-        sampler = NvmlSampler(pynvml)
-    store = await EventStore.connect(settings, producer="agent")
-    agent = Agent(settings, store, nodes, sampler=sampler)
-    try:
-        if settings.metrics_port is not None:
-            start_metrics_server(settings.metrics_port, agent.registry)
-        recovered = await agent.reconcile()
-        if recovered:
-            log.warning("%d ranks of a previous agent stopped and recorded", recovered)
-        consumer = agent.consumer()
-        consume = asyncio.create_task(consumer.run(stop))
-        beat = asyncio.create_task(agent.heartbeat_loop(stop))
-        await wait_started(consumer, consume)
-        log.info("%d nodes (%s); agent ready", len(nodes), settings.cluster)
-        await asyncio.gather(consume, beat)
-    finally:
-        await agent.shutdown()
-        await store.close()
+    await run(settings, stop_on_signals())
 
 
 if __name__ == "__main__":

@@ -103,9 +103,9 @@ class Agent:
 
     def handlers(self) -> dict[str, EventHandler]:
         handlers: dict[str, EventHandler] = {
-            "GangReserved": self.on_gang_reserved,
-            "PreemptionRequested": self.on_preemption_requested,
-            "CheckpointRequested": self.on_checkpoint_requested,
+            GangReserved.type: self.on_gang_reserved,
+            PreemptionRequested.type: self.on_preemption_requested,
+            CheckpointRequested.type: self.on_checkpoint_requested,
         }
         for event_type in GANG_RELEASING_EVENTS:
             handlers[event_type.type] = self.on_gang_released

@@ -6,9 +6,10 @@ The agent consults the job's stream before acting, so a redelivered or stale Gan
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from schemas.base import Event
 from schemas.checkpoints import CheckpointCommitted
@@ -29,7 +30,7 @@ CHECKPOINT_SIGNAL_ENV = "GANGWAY_CHECKPOINT_SIGNAL"
 
 
 @dataclass
-class JobView:
+class AgentJob:
     """A job as its stream tells it to the agent."""
 
     spec: JobSpec | None = None
@@ -40,31 +41,54 @@ class JobView:
     terminal: bool = False
 
 
-def fold_job(events: Iterable[Event]) -> JobView:
-    view = JobView()
+def fold_job(events: Iterable[Event]) -> AgentJob:
+    view = AgentJob()
     for event in events:
-        if isinstance(event, JobSubmitted):
-            view.spec = event.spec
-        elif isinstance(event, GangReserved):
-            view.gangs[event.attempt] = event
-        elif isinstance(event, TaskStarted):
-            view.started.add((event.attempt, event.rank))
-        elif isinstance(event, TaskExited):
-            view.exited.add((event.attempt, event.rank))
-        elif isinstance(event, GANG_RELEASING_EVENTS):
-            attempt = getattr(event, "attempt", None)
-            if attempt is None:
-                # Cancelled / suspended / failed outside an attempt: every gang so far is gone.
-                view.released.update(view.gangs)
-            else:
-                view.released.add(attempt)
-            if event.type in ("JobSucceeded", "JobFailed", "JobCancelled"):
-                view.terminal = True
+        handler = _JOB_FOLDS.get(type(event))
+        if handler is not None:
+            handler(view, event)
     return view
 
 
+def _on_submitted(view: AgentJob, event: JobSubmitted) -> None:
+    view.spec = event.spec
+
+
+def _on_gang_reserved(view: AgentJob, event: GangReserved) -> None:
+    view.gangs[event.attempt] = event
+
+
+def _on_task_started(view: AgentJob, event: TaskStarted) -> None:
+    view.started.add((event.attempt, event.rank))
+
+
+def _on_task_exited(view: AgentJob, event: TaskExited) -> None:
+    view.exited.add((event.attempt, event.rank))
+
+
+def _on_gang_released(view: AgentJob, event: Event) -> None:
+    attempt = getattr(event, "attempt", None)
+    if attempt is None:
+        # Cancelled / suspended / failed outside an attempt: every gang so far is gone.
+        view.released.update(view.gangs)
+    else:
+        view.released.add(attempt)
+    if event.type in ("JobSucceeded", "JobFailed", "JobCancelled"):
+        view.terminal = True
+
+
+# The fold's dispatch table: each event class of a job's stream the agent cares about.
+_JOB_FOLDS: dict[type[Event], Callable[[AgentJob, Any], None]] = {
+    JobSubmitted: _on_submitted,
+    GangReserved: _on_gang_reserved,
+    TaskStarted: _on_task_started,
+    TaskExited: _on_task_exited,
+    **{released: _on_gang_released for released in GANG_RELEASING_EVENTS},
+}
+
+
 def ranks_to_launch(
-    view: JobView,
+    view: AgentJob,
     reserved: GangReserved,
     nodes: Iterable[str],
     launched: set[tuple[str, int, int]],

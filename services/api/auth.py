@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.api.problems import forbidden, not_found, unauthorized
-from services.api.projections.jobs import JobRecord
+from services.api.projections.jobs import JobReadModel
 from services.api.projections.model import ReadModels
 
 ADMIN = "admin"
@@ -55,10 +55,10 @@ class Principal:
     def name(self) -> str:
         return ADMIN if self.team is None else f"team:{self.team}"
 
-    def can_see(self, job: JobRecord) -> bool:
+    def can_see(self, job: JobReadModel) -> bool:
         return self.is_admin or job.spec.team == self.team
 
-    def visible(self, job: JobRecord | None, job_id: str) -> JobRecord:
+    def visible(self, job: JobReadModel | None, job_id: str) -> JobReadModel:
         """The job if this principal may see it; else 404, so that existence does not leak."""
         if job is None or not self.can_see(job):
             raise not_found(f"job {job_id}")

@@ -23,7 +23,7 @@ from services.api.auth import Principal, new_token, token_sha256
 from services.api.feed import ReadModelFeed
 from services.api.models import QueueConfig, TeamCreate
 from services.api.problems import ProblemError, conflict
-from services.api.projections.jobs import JobRecord, Request, request_allowed
+from services.api.projections.jobs import JobReadModel, Request, request_allowed
 from services.api.projections.queues import QueueRecord
 from services.runtime.errors import ConcurrencyConflict
 from services.runtime.records import Metadata, StreamAppend
@@ -49,7 +49,7 @@ class Commands:
         self.store = store
         self.feed = feed
 
-    async def submit(self, principal: Principal, spec: JobSpec) -> JobRecord:
+    async def submit(self, principal: Principal, spec: JobSpec) -> JobReadModel:
         principal.require_team(spec.team)
         _require_storable(spec)
         for _ in range(ATTEMPTS):
@@ -62,7 +62,7 @@ class Commands:
             return self.feed.models.jobs[job_id]
         raise RuntimeError("could not draw an unused job id")
 
-    async def request(self, principal: Principal, job_id: str, kind: Request) -> JobRecord:
+    async def request(self, principal: Principal, job_id: str, kind: Request) -> JobReadModel:
         """Record the user's request to cancel, suspend or resume; 409 when the state forbids it."""
         stream = f"job-{job_id}"
         for _ in range(ATTEMPTS):

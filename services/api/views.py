@@ -8,13 +8,13 @@ from schemas.envelope import EventEnvelope
 from services.api.auth import Principal
 from services.api.models import ClusterView, EventView, JobView, NodeView, QueueView
 from services.api.projections.cluster import ClusterSummary
-from services.api.projections.jobs import JobRecord
+from services.api.projections.jobs import JobReadModel
 from services.api.projections.model import ReadModels
 from services.api.projections.nodes import NodeRecord
 from services.api.projections.queues import QueueRecord
 
 
-def job_view(job: JobRecord) -> JobView:
+def job_view(job: JobReadModel) -> JobView:
     return JobView(
         id=job.id,
         name=job.spec.name,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from services.checkpoint.service import run
+from services.checkpoint.bootstrap import run
 from services.checkpoint.settings import CheckpointSettings
 from services.runtime.signals import stop_on_signals
 

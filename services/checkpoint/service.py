@@ -35,11 +35,10 @@ from services.runtime.checkpoint_store import (
     verify,
     write_manifest,
 )
-from services.runtime.consumer import EventConsumer, EventHandler, wait_started
-from services.runtime.metrics import new_registry, start_metrics_server
+from services.runtime.consumer import EventHandler
+from services.runtime.metrics import new_registry
 from services.runtime.records import Metadata
 from services.runtime.store import EventStore
-from services.runtime.topics import Topics
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +77,9 @@ class CheckpointService:
 
     def handlers(self) -> dict[str, EventHandler]:
         handlers: dict[str, EventHandler] = {
-            "CheckpointRequested": self.on_request,
-            "PreemptionRequested": self.on_request,
-            "GangReserved": self.on_gang_reserved,
+            CheckpointRequested.type: self.on_request,
+            PreemptionRequested.type: self.on_request,
+            GangReserved.type: self.on_gang_reserved,
         }
         for event_type in GANG_RELEASING_EVENTS:
             handlers[event_type.type] = self.on_gang_released
@@ -265,32 +264,3 @@ class CheckpointService:
     async def drain(self) -> None:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=5)
-
-
-async def run(settings: CheckpointSettings, stop: asyncio.Event) -> None:
-    store = await EventStore.connect(settings, producer="checkpoint")
-    service = CheckpointService(settings, store)
-    try:
-        await asyncio.to_thread(service.root.mkdir, parents=True, exist_ok=True)
-        if settings.metrics_port is not None:
-            start_metrics_server(settings.metrics_port, service.registry)
-        topics = Topics.from_settings(settings)
-        consumer = EventConsumer(
-            settings,
-            store.pool,
-            name="checkpoint",
-            topics=[topics.jobs, topics.checkpoints],
-            handlers=service.handlers(),
-        )
-        await service.rebuild_periodic()
-        resumed = await service.resume_pending()
-        if resumed:
-            log.info("collecting %d checkpoints requested before the restart", resumed)
-        consume = asyncio.create_task(consumer.run(stop))
-        periodic = asyncio.create_task(service.request_forever(stop))
-        await wait_started(consumer, consume)
-        log.info("checkpoint ready (root %s)", service.root)
-        await asyncio.gather(consume, periodic)
-    finally:
-        await service.drain()
-        await store.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from services.health.service import run
+from services.health.bootstrap import run
 from services.health.settings import HealthSettings
 from services.runtime.signals import stop_on_signals
 

@@ -3,7 +3,9 @@ the same GPU failure or drain twice (its HealthMonitor starts from nothing)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from schemas.base import Event
 from schemas.nodes import (
@@ -14,8 +16,6 @@ from schemas.nodes import (
     NodeUndrained,
 )
 
-FACT_TYPES = ("GpuUnhealthy", "GpuRecovered", "NodeDegraded", "NodeDrainRequested", "NodeUndrained")
-
 
 @dataclass
 class HealthFacts:
@@ -24,19 +24,27 @@ class HealthFacts:
     draining: set[str] = field(default_factory=set)
 
     def fold(self, event: Event) -> None:
-        if isinstance(event, GpuUnhealthy):
-            self.unhealthy_gpus.add((event.node_id, event.gpu_index))
-        elif isinstance(event, GpuRecovered):
-            self.unhealthy_gpus.discard((event.node_id, event.gpu_index))
-            gpu = (event.node_id, event.gpu_index)
-            self.degraded = {d for d in self.degraded if (d[0], d[2]) != gpu}
-        elif isinstance(event, NodeDegraded):
-            self.degraded.add((event.node_id, event.signal, event.gpu_index))
-        elif isinstance(event, NodeDrainRequested):
-            self.draining.add(event.node_id)
-        elif isinstance(event, NodeUndrained):
-            self.draining.discard(event.node_id)
-            self.degraded = {d for d in self.degraded if d[0] != event.node_id}
+        handler = _FOLDS.get(type(event))
+        if handler is not None:
+            handler(self, event)
+
+    def _on_gpu_unhealthy(self, event: GpuUnhealthy) -> None:
+        self.unhealthy_gpus.add((event.node_id, event.gpu_index))
+
+    def _on_gpu_recovered(self, event: GpuRecovered) -> None:
+        self.unhealthy_gpus.discard((event.node_id, event.gpu_index))
+        gpu = (event.node_id, event.gpu_index)
+        self.degraded = {d for d in self.degraded if (d[0], d[2]) != gpu}
+
+    def _on_node_degraded(self, event: NodeDegraded) -> None:
+        self.degraded.add((event.node_id, event.signal, event.gpu_index))
+
+    def _on_drain_requested(self, event: NodeDrainRequested) -> None:
+        self.draining.add(event.node_id)
+
+    def _on_undrained(self, event: NodeUndrained) -> None:
+        self.draining.discard(event.node_id)
+        self.degraded = {d for d in self.degraded if d[0] != event.node_id}
 
     def is_new(self, event: Event) -> bool:
         """False when the log already holds this fact (and nothing has undone it since)."""
@@ -47,3 +55,14 @@ class HealthFacts:
         if isinstance(event, NodeDrainRequested):
             return event.node_id not in self.draining
         return True
+
+
+# The dispatch table: each fact-bearing event class and how it is folded.
+_FOLDS: dict[type[Event], Callable[[HealthFacts, Any], None]] = {
+    GpuUnhealthy: HealthFacts._on_gpu_unhealthy,
+    GpuRecovered: HealthFacts._on_gpu_recovered,
+    NodeDegraded: HealthFacts._on_node_degraded,
+    NodeDrainRequested: HealthFacts._on_drain_requested,
+    NodeUndrained: HealthFacts._on_undrained,
+}
+FACT_TYPES = tuple(event_class.type for event_class in _FOLDS)

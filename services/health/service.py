@@ -17,10 +17,9 @@ from schemas.base import Event
 from schemas.nodes import NodeUndrained
 from schemas.telemetry import NodeHeartbeat, StepTimeSample
 from services.health.facts import FACT_TYPES, HealthFacts
-from services.health.rules import HEALTH_PRODUCER, HealthMonitor, HealthThresholds
+from services.health.rules import HealthMonitor, HealthThresholds
 from services.health.settings import HealthSettings
-from services.runtime.consumer import TelemetryConsumer, wait_started
-from services.runtime.metrics import new_registry, start_metrics_server
+from services.runtime.metrics import new_registry
 from services.runtime.records import StreamAppend
 from services.runtime.store import EventStore
 
@@ -94,20 +93,3 @@ class HealthService:
                 await self.follow_log()
             except Exception:
                 log.exception("reading the log failed; retrying")
-
-
-async def run(settings: HealthSettings, stop: asyncio.Event) -> None:
-    store = await EventStore.connect(settings, producer=HEALTH_PRODUCER)
-    try:
-        service = HealthService(settings, store)
-        if settings.metrics_port is not None:
-            start_metrics_server(settings.metrics_port, service.registry)
-        await service.follow_log()
-        consumer = TelemetryConsumer(settings, name="health", handler=service.on_telemetry)
-        consume = asyncio.create_task(consumer.run(stop))
-        poll = asyncio.create_task(service.poll_log(stop))
-        await wait_started(consumer, consume)
-        log.info("health ready")
-        await asyncio.gather(consume, poll)
-    finally:
-        await store.close()

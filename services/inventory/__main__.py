@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import logging
 
-from services.inventory.service import run
+from services.inventory.bootstrap import run
 from services.inventory.settings import InventorySettings
 from services.runtime.signals import stop_on_signals
 

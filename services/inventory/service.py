@@ -9,8 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import socket
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -21,10 +19,8 @@ from schemas.nodes import NodeLost, NodeRecovered, NodeRegistered
 from schemas.telemetry import NodeHeartbeat, StepTimeSample
 from services.inventory.liveness import Liveness, Transition
 from services.inventory.settings import InventorySettings
-from services.runtime.consumer import TelemetryConsumer, wait_started
-from services.runtime.discovery import discover
-from services.runtime.leadership import Leadership, acquire_leadership
-from services.runtime.metrics import new_registry, start_metrics_server
+from services.runtime.leadership import Leadership
+from services.runtime.metrics import new_registry
 from services.runtime.records import StreamAppend
 from services.runtime.store import EventStore
 
@@ -150,48 +146,3 @@ class Inventory:
                 log.exception("liveness check failed; retrying")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.settings.liveness_check_interval_s)
-
-
-async def run(settings: InventorySettings, stop: asyncio.Event) -> None:
-    discovered = discover(
-        settings.cluster,
-        mode=settings.discovery,
-        node_id=settings.node_id,
-        rack=settings.node_rack,
-        block=settings.node_block,
-        labels=settings.node_labels,
-    )
-    store = await EventStore.connect(settings, producer="inventory")
-    try:
-        inventory = Inventory(settings, store)
-        if settings.metrics_port is not None:
-            start_metrics_server(settings.metrics_port, inventory.registry)
-        added = await inventory.register(discovered)
-        log.info(
-            "%d nodes discovered (%s), %d registrations appended",
-            len(discovered),
-            discovered[0].discovered_by if discovered else "none",
-            added,
-        )
-        # Every host's inventory registers its own node; one of them, the leader, judges the
-        # liveness of all (one consumer of every heartbeat, one writer of NodeLost).
-        leader_id = f"inventory-{socket.gethostname()}-{os.getpid()}"
-        log.info("inventory ready; %s waits to lead liveness", leader_id)
-        leadership = await acquire_leadership(
-            store, settings.pg_dsn, leader_id, name=LIVENESS_LEADERSHIP, stop=stop
-        )
-        if leadership is None:
-            return
-        try:
-            inventory.restart_clock()
-            await inventory.follow_log()
-            consumer = TelemetryConsumer(settings, name="inventory", handler=inventory.on_telemetry)
-            consume = asyncio.create_task(consumer.run(stop))
-            check = asyncio.create_task(inventory.check_forever(stop, leadership))
-            await wait_started(consumer, consume)
-            log.info("inventory leads liveness (epoch %d)", leadership.epoch)
-            await asyncio.gather(consume, check)
-        finally:
-            await leadership.release()
-    finally:
-        await store.close()

@@ -27,6 +27,7 @@ from schemas.telemetry import TELEMETRY, NodeHeartbeat, StepTimeSample
 from services.runtime.errors import ConcurrencyConflict, DomainError
 from services.runtime.kafka import make_consumer, make_producer
 from services.runtime.settings import Settings
+from services.runtime.signals import sleep_unless
 from services.runtime.topics import Topics, ensure_topics
 
 log = logging.getLogger(__name__)
@@ -170,7 +171,7 @@ class ConsumerLoop(ABC):
                     )
             if reason is not None:
                 return await self._dead_letter_until_sent(record, reason, stop)
-            if await _sleep_unless(stop, backoff):
+            if await sleep_unless(stop, backoff):
                 return None
             backoff = min(backoff * 2, 5.0)
 
@@ -184,7 +185,7 @@ class ConsumerLoop(ABC):
                 return Outcome.DEAD_LETTERED
             except (KafkaError, OSError) as error:
                 log.warning("%s: dead letter not sent: %r; retrying", self.name, error)
-            if await _sleep_unless(stop, backoff):
+            if await sleep_unless(stop, backoff):
                 return None
             backoff = min(backoff * 2, 5.0)
 
@@ -304,7 +305,7 @@ class EventConsumer(ConsumerLoop):
                 log.warning("%s: %r; retrying the batch", self.name, cause)
             except TRANSIENT_ERRORS as transient:
                 log.warning("%s: transient %r; retrying the batch", self.name, transient)
-            if await _sleep_unless(stop, backoff):
+            if await sleep_unless(stop, backoff):
                 return {}  # nothing of this batch committed; it will be read again
             backoff = min(backoff * 2, 5.0)
         done: dict[TopicPartition, int] = {}
@@ -403,14 +404,6 @@ async def publish_telemetry(
     await producer.send_and_wait(
         topics.telemetry, message.model_dump_json().encode(), key=message.node_id.encode()
     )
-
-
-async def _sleep_unless(stop: asyncio.Event, seconds: float) -> bool:
-    try:
-        await asyncio.wait_for(stop.wait(), seconds)
-    except TimeoutError:
-        return False
-    return True
 
 
 def _header(record: ConsumerRecord[Any, Any], name: str) -> str | None:

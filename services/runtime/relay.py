@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaProducer
 from services.runtime.kafka import make_producer
 from services.runtime.records import RawEvent
 from services.runtime.settings import Settings
+from services.runtime.signals import sleep_unless
 from services.runtime.store import NOTIFY_CHANNEL, EventStore
 from services.runtime.topics import Topics, ensure_topics
 
@@ -77,7 +78,7 @@ class OutboxRelay:
                 except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
                     log.warning("relay %s: %r; retrying in %.1fs", self.name, error, backoff)
                     await self._restart_producer()
-                    await _sleep_unless(stop, backoff)
+                    await sleep_unless(stop, backoff)
                     backoff = min(backoff * 2, 5.0)
                     continue
                 except Exception as error:
@@ -86,7 +87,7 @@ class OutboxRelay:
                     log.warning("relay %s: %r; retrying in %.1fs", self.name, error, backoff)
                     await self._restart_producer()
                     self.position = await self.load_position()
-                    await _sleep_unless(stop, backoff)
+                    await sleep_unless(stop, backoff)
                     backoff = min(backoff * 2, 5.0)
                     continue
                 await self._sleep_until_woken(stop)
@@ -129,7 +130,7 @@ class OutboxRelay:
 
     async def _wait_for_lock(self, conn: asyncpg.Connection, stop: asyncio.Event) -> bool:
         while not await conn.fetchval(_TRY_LOCK, self.name):
-            if await _sleep_unless(stop, self.settings.relay_poll_interval_s):
+            if await sleep_unless(stop, self.settings.relay_poll_interval_s):
                 return False
         return True
 
@@ -167,15 +168,6 @@ class OutboxRelay:
                 await producer.stop()
             except Exception as error:
                 log.warning("relay %s: producer did not stop cleanly: %r", self.name, error)
-
-
-async def _sleep_unless(stop: asyncio.Event, seconds: float) -> bool:
-    """Sleep `seconds`, or less if `stop` is set; return whether it is set."""
-    try:
-        await asyncio.wait_for(stop.wait(), seconds)
-    except TimeoutError:
-        return False
-    return True
 
 
 async def main(settings: Settings | None = None) -> None:

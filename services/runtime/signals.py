@@ -13,3 +13,12 @@ def stop_on_signals(stop: asyncio.Event | None = None) -> asyncio.Event:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, event.set)
     return event
+
+
+async def sleep_unless(stop: asyncio.Event, seconds: float) -> bool:
+    """Sleep `seconds`, or less if `stop` is set; return whether it is set."""
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except TimeoutError:
+        return False
+    return True

@@ -25,13 +25,15 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import asyncpg
 
-from core.cycle import schedule
+from core.cycle import Planner
 from core.policy import SchedulingPolicy
 from schemas import Event, EventEnvelope
 from schemas.leadership import SCHEDULER_STREAM
+from services.runtime.collector import gc_paused
 from services.runtime.errors import ConcurrencyConflict, StaleLeader
 from services.runtime.leadership import Leadership, acquire_leadership
 from services.runtime.records import Metadata, StreamAppend
+from services.runtime.signals import sleep_unless
 from services.runtime.store import NOTIFY_CHANNEL, EventStore
 from services.scheduler.folding import Folded, LogGap
 from services.scheduler.metrics import SchedulerMetrics
@@ -129,6 +131,8 @@ class SchedulerService:
         self.metrics = metrics
         self.clock = clock
         self.folded = Folded.empty(policy)
+        # What one cycle leaves for the next (placement index, quiet memo) of the folded state.
+        self.planner = Planner()
         self.leadership: Leadership | None = None
         self._wake = asyncio.Event()
         self._since_snapshot = 0
@@ -229,7 +233,7 @@ class SchedulerService:
                 # The lock connection broke (database restart, or this standby was paused past
                 # the session timeout): try again on a fresh one.
                 log.warning("election connection failed: %r; retrying", error)
-                await _sleep_unless(stop, self.settings.scheduler_standby_poll_s)
+                await sleep_unless(stop, self.settings.scheduler_standby_poll_s)
         return None
 
     async def _lead(self, stop: asyncio.Event) -> None:
@@ -249,7 +253,7 @@ class SchedulerService:
                     # The database is unreachable for a moment: nothing was appended, so the
                     # next cycle decides again from the same folded state.
                     log.warning("cycle failed: %r; retrying in %.1f s", error, backoff)
-                    await _sleep_unless(stop, backoff)
+                    await sleep_unless(stop, backoff)
                     backoff = min(backoff * 2, 5.0)
                 await self._wait(stop, keep_alive, seconds=self._until_next_cycle())
                 if keep_alive.done():
@@ -320,7 +324,10 @@ class SchedulerService:
         assert self.leadership is not None
         for _ in range(_MAX_CYCLE_ATTEMPTS):
             started = time.perf_counter()
-            result = schedule(self.folded.state, self.clock())
+            # A cycle makes no reference cycles: the collector's scans of the large state
+            # mid-cycle would cost more than the cycle.
+            with gc_paused():
+                result = self.planner.schedule(self.folded.state, self.clock())
             decisions = result.decisions
             self._next_wakeup = result.next_wakeup
             self.metrics.cycle_seconds.observe(time.perf_counter() - started)
@@ -412,11 +419,3 @@ class SchedulerService:
         finally:
             for waiter in waiters:
                 waiter.cancel()
-
-
-async def _sleep_unless(stop: asyncio.Event, seconds: float) -> bool:
-    try:
-        await asyncio.wait_for(stop.wait(), seconds)
-    except TimeoutError:
-        return False
-    return True

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import gc
 import hashlib
 import io
 import logging
@@ -23,8 +22,10 @@ from typing import Any
 
 import asyncpg
 
+import core
 from core.policy import SchedulingPolicy
 from schemas import REGISTRY, EventRegistry
+from services.runtime.collector import gc_paused
 from services.scheduler.folding import Folded
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,9 @@ def code_version(policy: SchedulingPolicy, registry: EventRegistry = REGISTRY) -
     """A digest of everything that decides what a fold produces."""
     digest = hashlib.sha256()
     digest.update(f"format={SNAPSHOT_FORMAT};python={sys.version_info[:2]}".encode())
-    package = Path(__file__).resolve().parent
-    for path in [*sorted((package / "core").glob("*.py")), package / "folding.py"]:
+    core_package = Path(core.__file__).resolve().parent
+    folding = Path(__file__).resolve().parent / "folding.py"
+    for path in [*sorted(core_package.glob("*.py")), folding]:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     for type_name in sorted(registry.types):
@@ -69,25 +71,15 @@ def dumps(folded: Folded) -> bytes:
     buffer = io.BytesIO()
     # The pickler's memo holds a reference to every object: the collector would rescan them
     # all, again and again, for nothing (it more than doubled the time of large snapshots).
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         _FastPickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(folded)
-    finally:
-        if enabled:
-            gc.enable()
     return zlib.compress(buffer.getvalue(), 1)
 
 
 def loads(blob: bytes) -> Folded:
     # Unpickling a large state allocates as replay does: without the collector's scans.
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         folded = pickle.loads(zlib.decompress(blob))
-    finally:
-        if enabled:
-            gc.enable()
     if not isinstance(folded, Folded):
         raise TypeError(f"snapshot holds a {type(folded).__name__}, not Folded")
     return folded

@@ -20,14 +20,14 @@ from schemas.jobs import (
     TaskExited,
     TaskStarted,
 )
-from services.api.projections.jobs import JobRecord, request_allowed
+from services.api.projections.jobs import JobReadModel, request_allowed
 from services.api.projections.model import ReadModels
 from tests.api.builders import Log, reserved, submitted
 
 J = "j1"
 
 
-def fold(*events: Event) -> JobRecord:
+def fold(*events: Event) -> JobReadModel:
     models = ReadModels()
     models.apply_all(Log().record(*events))
     return models.jobs[J]

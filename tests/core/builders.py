@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from core import (
     Auditor,
     CycleResult,
-    JobView,
+    JobStatus,
     SchedulerState,
     SchedulingPolicy,
     parse_cluster_spec,
@@ -286,7 +286,7 @@ class History:
 
     # ------------------------------------------------------------ reading
 
-    def job(self, job_id: str) -> JobView:
+    def job(self, job_id: str) -> JobStatus:
         view = self.state.job(job_id)
         assert view is not None, f"no job {job_id}"
         return view

@@ -11,9 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import httpx
-from aiokafka.admin import AIOKafkaAdminClient
 
 from core import Auditor, SchedulingPolicy, Violation
 from core.topology import parse_cluster_spec
@@ -28,7 +26,8 @@ from gangway.launcher import (
 )
 from schemas.leadership import LeaderElected
 from services.runtime import EventStore, Settings, migrate_settings
-from tests.integration.conftest import Stack, with_database
+from services.runtime.scratch import delete_topics, scratch_database, with_database
+from tests.integration.conftest import Stack
 
 # A bound for things that take milliseconds to seconds; reaching it means something is broken.
 PATIENCE_S = 60.0
@@ -94,95 +93,63 @@ async def running_system(
     """Start relay, admission, schedulers, inventory, health, checkpoint, API and agent fleet;
     yield once the API answers and every node of `cluster` is registered."""
     tag = uuid.uuid4().hex[:10]
-    database = f"gw_e2e_{tag}"
-    owner = await asyncpg.connect(stack.pg_owner_dsn)
-    try:
-        await owner.execute(f'CREATE DATABASE "{database}"')
-    finally:
-        await owner.close()
-    api_url = f"http://127.0.0.1:{free_port()}"
-    settings = Settings(
-        pg_dsn=with_database(stack.pg_dsn, database),
-        pg_owner_dsn=with_database(stack.pg_owner_dsn, database),
-        kafka_bootstrap=stack.kafka_bootstrap,
-        topic_prefix=f"e2e-{tag}",
-        api_url=api_url,
-        service_name="e2e-tests",
-        _env_file=None,
-    )
-    await migrate_settings(settings)
-    token_file = state_dir / "admin.token"
-    launcher = Launcher(
-        state_dir=state_dir,
-        env={
-            "GANGWAY_PG_DSN": settings.pg_dsn,
-            "GANGWAY_PG_OWNER_DSN": settings.migration_dsn,
-            "GANGWAY_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-            "GANGWAY_TOPIC_PREFIX": settings.topic_prefix,
-            "GANGWAY_API_URL": api_url,
-            "GANGWAY_ADMIN_TOKEN_FILE": str(token_file),
-            "GANGWAY_CLUSTER": cluster,
-            "GANGWAY_WORK_DIR": str(state_dir / "agent"),
-            "GANGWAY_CHECKPOINT_ROOT": str(state_dir / "checkpoints"),
-            "GANGWAY_FAULT_DIR": str(state_dir / "faults"),
-            # A paused leader loses its lock after this long (the failover tests pause one).
-            "GANGWAY_SCHEDULER_LOCK_TIMEOUT_S": "3",
-            "GANGWAY_SCHEDULER_STANDBY_POLL_S": "0.2",
-            **(env or {}),
-        },
-    )
-    specs = default_services(
-        cluster=cluster,
-        api_url=api_url,
-        scheduler_replicas=scheduler_replicas,
-        metrics_port_base=None,
-    )
-    store = await EventStore.connect(settings, producer="e2e-tests")
-    try:
-        launcher.up(specs, timeout_s=120)
-        await wait_for_nodes(settings.pg_dsn, len(parse_cluster_spec(_spec_text(cluster))))
-        yield System(
-            launcher=launcher,
-            specs={spec.name: spec for spec in specs},
-            settings=settings,
-            store=store,
+    async with scratch_database(stack.pg_owner_dsn, f"gw_e2e_{tag}") as database:
+        api_url = f"http://127.0.0.1:{free_port()}"
+        settings = Settings(
+            pg_dsn=with_database(stack.pg_dsn, database),
+            pg_owner_dsn=with_database(stack.pg_owner_dsn, database),
+            kafka_bootstrap=stack.kafka_bootstrap,
+            topic_prefix=f"e2e-{tag}",
             api_url=api_url,
-            admin_token=ensure_admin_token(token_file),
+            service_name="e2e-tests",
+            _env_file=None,
         )
-    finally:
-        launcher.down(service_order(specs))
-        await store.close()
-        await _drop_database(stack, database)
-        with contextlib.suppress(Exception):
-            await _delete_topics(settings)
-
-
-async def _drop_database(stack: Stack, database: str) -> None:
-    # The stopped services' sessions end a moment after their processes; until then the owner
-    # may not end them for the services' role.
-    owner = await asyncpg.connect(stack.pg_owner_dsn)
-    try:
-        for _ in range(50):
-            try:
-                await owner.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-                return
-            except asyncpg.InsufficientPrivilegeError:
-                await asyncio.sleep(0.2)
-    finally:
-        await owner.close()
+        await migrate_settings(settings)
+        token_file = state_dir / "admin.token"
+        launcher = Launcher(
+            state_dir=state_dir,
+            env={
+                "GANGWAY_PG_DSN": settings.pg_dsn,
+                "GANGWAY_PG_OWNER_DSN": settings.migration_dsn,
+                "GANGWAY_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+                "GANGWAY_TOPIC_PREFIX": settings.topic_prefix,
+                "GANGWAY_API_URL": api_url,
+                "GANGWAY_ADMIN_TOKEN_FILE": str(token_file),
+                "GANGWAY_CLUSTER": cluster,
+                "GANGWAY_WORK_DIR": str(state_dir / "agent"),
+                "GANGWAY_CHECKPOINT_ROOT": str(state_dir / "checkpoints"),
+                "GANGWAY_FAULT_DIR": str(state_dir / "faults"),
+                # A paused leader loses its lock after this long (the failover tests pause one).
+                "GANGWAY_SCHEDULER_LOCK_TIMEOUT_S": "3",
+                "GANGWAY_SCHEDULER_STANDBY_POLL_S": "0.2",
+                **(env or {}),
+            },
+        )
+        specs = default_services(
+            cluster=cluster,
+            api_url=api_url,
+            scheduler_replicas=scheduler_replicas,
+            metrics_port_base=None,
+        )
+        store = await EventStore.connect(settings, producer="e2e-tests")
+        try:
+            launcher.up(specs, timeout_s=120)
+            await wait_for_nodes(settings.pg_dsn, len(parse_cluster_spec(_spec_text(cluster))))
+            yield System(
+                launcher=launcher,
+                specs={spec.name: spec for spec in specs},
+                settings=settings,
+                store=store,
+                api_url=api_url,
+                admin_token=ensure_admin_token(token_file),
+            )
+        finally:
+            launcher.down(service_order(specs))
+            await store.close()
+            with contextlib.suppress(Exception):
+                await delete_topics(settings.kafka_bootstrap, settings.topic_prefix)
 
 
 def _spec_text(cluster: str) -> str:
     path = Path(cluster)
     return path.read_text() if path.is_file() else cluster
-
-
-async def _delete_topics(settings: Settings) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
-    await admin.start()
-    try:
-        ours = [t for t in await admin.list_topics() if t.startswith(f"{settings.topic_prefix}.")]
-        if ours:
-            await admin.delete_topics(ours)
-    finally:
-        await admin.close()

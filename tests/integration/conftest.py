@@ -13,13 +13,11 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
-import asyncpg
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
 
 from services.runtime import EventStore, Settings, Topics, migrate_settings
+from services.runtime.scratch import delete_topics, scratch_database, with_database
 
 ROOT = Path(__file__).resolve().parents[2]
 STACK_SCRIPT = ROOT / "scripts" / "stack.sh"
@@ -70,50 +68,23 @@ def stack() -> Stack:
     )
 
 
-def with_database(dsn: str, database: str) -> str:
-    parts = urlsplit(dsn)
-    return urlunsplit(parts._replace(path=f"/{database}"))
-
-
 @pytest.fixture
 async def settings(stack: Stack, request: pytest.FixtureRequest) -> AsyncIterator[Settings]:
     """A fresh, migrated database and a fresh topic prefix for one test."""
     tag = uuid.uuid4().hex[:10]
-    database = f"gw_test_{tag}"
-    owner = await asyncpg.connect(stack.pg_owner_dsn)
-    try:
-        await owner.execute(f'CREATE DATABASE "{database}"')
-    finally:
-        await owner.close()
-    test_settings = Settings(
-        pg_dsn=with_database(stack.pg_dsn, database),
-        pg_owner_dsn=with_database(stack.pg_owner_dsn, database),
-        kafka_bootstrap=stack.kafka_bootstrap,
-        topic_prefix=f"test-{tag}",
-        service_name=f"test-{request.node.name[:40]}",
-        relay_poll_interval_s=0.2,
-        _env_file=None,
-    )
-    await migrate_settings(test_settings)
-    yield test_settings
-    owner = await asyncpg.connect(stack.pg_owner_dsn)
-    try:
-        await owner.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-    finally:
-        await owner.close()
-    await _delete_topics(test_settings)
-
-
-async def _delete_topics(settings: Settings) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
-    await admin.start()
-    try:
-        existing = set(await admin.list_topics())
-        ours = [t for t in existing if t.startswith(f"{settings.topic_prefix}.")]
-        if ours:
-            await admin.delete_topics(ours)
-    finally:
-        await admin.close()
+    async with scratch_database(stack.pg_owner_dsn, f"gw_test_{tag}") as database:
+        test_settings = Settings(
+            pg_dsn=with_database(stack.pg_dsn, database),
+            pg_owner_dsn=with_database(stack.pg_owner_dsn, database),
+            kafka_bootstrap=stack.kafka_bootstrap,
+            topic_prefix=f"test-{tag}",
+            service_name=f"test-{request.node.name[:40]}",
+            relay_poll_interval_s=0.2,
+            _env_file=None,
+        )
+        await migrate_settings(test_settings)
+        yield test_settings
+    await delete_topics(test_settings.kafka_bootstrap, test_settings.topic_prefix)
 
 
 @pytest.fixture

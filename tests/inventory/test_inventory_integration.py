@@ -8,7 +8,8 @@ from datetime import UTC, datetime
 import pytest
 
 from schemas.telemetry import NodeHeartbeat
-from services.inventory.service import Inventory, run
+from services.inventory.bootstrap import run
+from services.inventory.service import Inventory
 from services.inventory.settings import InventorySettings
 from services.runtime import EventStore, Settings
 from services.runtime.discovery import load_cluster_spec

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gangway.simulator.metrics import JobRecord, compute_metrics, percentile
+from gangway.simulator.metrics import SimJobMetrics, compute_metrics, percentile
 
 
 def record(
@@ -16,8 +16,8 @@ def record(
     tenant: str = "a",
     priority: str = "research",
     gpus: int = 1,
-) -> JobRecord:
-    return JobRecord(
+) -> SimJobMetrics:
+    return SimJobMetrics(
         job_id=job_id,
         tenant=tenant,
         priority=priority,

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from gangway.simulator.engine import SimulationConfig
-from gangway.simulator.metrics import JobRecord, compute_metrics
+from gangway.simulator.metrics import SimJobMetrics, compute_metrics
 from gangway.simulator.quotas import Quota
 from schemas.jobs import GangReserved, TaskExited, TaskStarted
 from tests.simulator.builders import simulate, write_trace
 
 
-def queue_times(records: list[JobRecord]) -> dict[str, float | None]:
+def queue_times(records: list[SimJobMetrics]) -> dict[str, float | None]:
     return {record.job_id: record.queue_s for record in records}
 
 

@@ -47,7 +47,7 @@ AWAITING_SCHEDULING = "waiting for the scheduler"
 
 
 @dataclass(frozen=True, slots=True)
-class JobRecord:
+class JobReadModel:
     """What the API knows about one job; never mutated, replaced on every event."""
 
     id: str
@@ -87,9 +87,9 @@ class JobRecord:
         return self.state in GANG_HOLDING_STATES
 
 
-def new_job(event: JobSubmitted, *, at: datetime, position: int) -> JobRecord:
+def new_job(event: JobSubmitted, *, at: datetime, position: int) -> JobReadModel:
     spec = event.spec
-    return JobRecord(
+    return JobReadModel(
         id=event.job_id,
         spec=spec,
         submitted_by=event.submitted_by,
@@ -102,8 +102,8 @@ def new_job(event: JobSubmitted, *, at: datetime, position: int) -> JobRecord:
 
 
 def evolve_job(
-    job: JobRecord | None, event: Event, *, at: datetime, position: int
-) -> JobRecord | None:
+    job: JobReadModel | None, event: Event, *, at: datetime, position: int
+) -> JobReadModel | None:
     """The record after `event`; None while the job's JobSubmitted has not been seen."""
     if isinstance(event, JobSubmitted):
         return job if job is not None else new_job(event, at=at, position=position)
@@ -116,7 +116,7 @@ def evolve_job(
     return job if changed is None else replace(changed, updated_at=at)
 
 
-def _evolve_live(job: JobRecord, event: Event, at: datetime) -> JobRecord | None:
+def _evolve_live(job: JobReadModel, event: Event, at: datetime) -> JobReadModel | None:
     match event:
         # Admission decides once, on a pending job; a late duplicate decision changes nothing.
         case JobAdmitted(queue=queue, priority=priority) if job.state == "pending":
@@ -193,12 +193,14 @@ def _evolve_live(job: JobRecord, event: Event, at: datetime) -> JobRecord | None
     return None
 
 
-def _current(job: JobRecord, attempt: int) -> bool:
+def _current(job: JobReadModel, attempt: int) -> bool:
     """Whether an event of `attempt` concerns the gang the job holds now."""
     return job.holds_gpus and attempt == job.attempt
 
 
-def _release(job: JobRecord, state: JobState, *, reason: str | None, code: str | None) -> JobRecord:
+def _release(
+    job: JobReadModel, state: JobState, *, reason: str | None, code: str | None
+) -> JobReadModel:
     return replace(
         job,
         state=state,
@@ -211,8 +213,8 @@ def _release(job: JobRecord, state: JobState, *, reason: str | None, code: str |
 
 
 def _finish(
-    job: JobRecord, state: JobState, at: datetime, *, reason: str | None, code: str | None
-) -> JobRecord:
+    job: JobReadModel, state: JobState, at: datetime, *, reason: str | None, code: str | None
+) -> JobReadModel:
     finished = _release(job, state, reason=reason, code=code)
     return replace(
         finished, finished_at=at, requests=frozenset(), estimated_start=None, planned_nodes=()
@@ -227,5 +229,5 @@ ALLOWED_REQUESTS: Final[Mapping[Request, frozenset[JobState]]] = {
 }
 
 
-def request_allowed(job: JobRecord, request: Request) -> bool:
+def request_allowed(job: JobReadModel, request: Request) -> bool:
     return job.state in ALLOWED_REQUESTS[request]

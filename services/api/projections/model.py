@@ -18,7 +18,7 @@ from schemas.envelope import EventEnvelope
 from schemas.jobs import WAITING_STATES, JobEvent
 from schemas.nodes import NodeEvent
 from schemas.teams import QueueConfigured, TeamCreated
-from services.api.projections.jobs import JobRecord, evolve_job
+from services.api.projections.jobs import JobReadModel, evolve_job
 from services.api.projections.nodes import NodeRecord, evolve_node
 from services.api.projections.queues import QueueRecord, TeamRecord, evolve_queue, evolve_team
 
@@ -50,7 +50,7 @@ class Watermark:
 
 @dataclass(slots=True)
 class ReadModels:
-    jobs: dict[str, JobRecord] = field(default_factory=dict)
+    jobs: dict[str, JobReadModel] = field(default_factory=dict)
     nodes: dict[str, NodeRecord] = field(default_factory=dict)
     queues: dict[str, QueueRecord] = field(default_factory=dict)
     teams: dict[str, TeamRecord] = field(default_factory=dict)
@@ -107,7 +107,7 @@ class ReadModels:
                     self.teams[team.name] = team
                     self.team_by_token_sha256[team.token_sha256] = team.name
 
-    def _reindex_job(self, before: JobRecord | None, after: JobRecord) -> None:
+    def _reindex_job(self, before: JobReadModel | None, after: JobReadModel) -> None:
         """Keep the aggregate indexes (allocations, per-queue and per-class counts) in step."""
         if before is not None:
             self._count(before, -1)
@@ -121,7 +121,7 @@ class ReadModels:
         for node, gpus in after.placement.items():
             self.allocations.setdefault(node, {})[after.id] = gpus
 
-    def _count(self, job: JobRecord, sign: int) -> None:
+    def _count(self, job: JobReadModel, sign: int) -> None:
         if job.holds_gpus:
             self.allocated_by_queue[job.queue] += sign * job.gpus
             self.running_by_queue[job.queue] += sign

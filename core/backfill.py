@@ -1,0 +1,279 @@
+"""Phases 4 and 5 of the cycle, place and backfill: each waiting job in order gets quota, then
+a topology-fit placement committed whole; the first job that cannot start becomes the head,
+with a reservation on concrete nodes, and later jobs may only start where they do not delay it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from core.context import CycleContext, Outcome
+from core.placement import Allocation, Shape, Snapshot, find_placement
+from core.quota import QuotaBook
+from core.reservation import plan_reservation, runtime_estimate
+from core.shape import describe_need
+from core.state import CoreJob, bits
+from core.surface import PlanningSurface
+from schemas.jobs import GangReserved, RankPlacement, ReservationPlanned
+from schemas.reasons import RESERVED_HEAD, DeferCode
+
+_NO_CAPACITY = "waiting for enough free GPUs in one placement"
+# The reasons of jobs waiting behind the head name no job: a new head would otherwise record a
+# new reason for every job in the queue (the head's own reason names its planned start).
+_BEHIND_FIFO = "waiting behind the first job in line (fifo)"
+_BEHIND_NO_BACKFILL = "waiting behind the first job in line (backfill is off)"
+_BACKFILL_BLOCKED = (
+    "free GPUs are held for the reservation of the first job in line, "
+    "and this job would not end before it starts"
+)
+# Reasons that stay true while no GPU at all is free (a quota or shape reason may not).
+_STILL_TRUE_WHEN_FULL: frozenset[DeferCode] = frozenset(
+    {"no_capacity", "backfill_blocked", "preempting"}
+)
+
+FailureKey = tuple[str | None, int, str, bool]
+
+
+@dataclass(slots=True)
+class Placed:
+    """What placing left: the jobs that wait for capacity (preemption may help them)."""
+
+    blocked: list[CoreJob] = field(default_factory=list)
+
+
+def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: QuotaBook) -> Placed:
+    """Place jobs in order; the head's id goes to `ctx.result.head_job_id`."""
+    policy, now, outcomes = ctx.policy, ctx.now, ctx.outcomes
+    fifo = policy.is_fifo
+    enforce = policy.enforce_quotas and not fifo
+    failed: dict[FailureKey, int] = {}
+    fits_unreserved: dict[Shape, tuple[int, bool]] = {}
+    placed = Placed()
+    blocked = placed.blocked
+    head: CoreJob | None = None
+    head_start: float | None = None
+    budget = policy.max_placements_per_cycle
+    for job in waiting:
+        shape = job.shape
+        if shape is None:
+            continue
+        if (
+            snap.total_free == 0
+            and head is not None
+            and not job.awaiting_victims
+            and job.reason_code in _STILL_TRUE_WHEN_FULL
+        ):
+            # Nothing is free: the job's recorded reason still holds; skip the work.
+            blocked.append(job)
+            continue
+        if job.awaiting_victims:
+            pending_victims = ctx.victims_pending(job)
+            if pending_victims:
+                count = len(pending_victims)
+                outcomes[job.job_id] = Outcome(
+                    "awaiting_preemption",
+                    f"{job.need}; waiting for {count} preempted "
+                    f"gang{'s' if count != 1 else ''} to release their GPUs",
+                )
+                continue
+        if fifo and head is not None:
+            outcomes[job.job_id] = Outcome("head_of_line", _BEHIND_FIFO)
+            continue
+        if enforce:
+            hit = quota.ceiling_hit(job.queue, shape.min_gpus)
+            if hit is not None:
+                name, ceiling = hit
+                outcomes[job.job_id] = Outcome(
+                    "quota_ceiling",
+                    f"{job.need}; queue {name} would exceed its ceiling of {ceiling} GPUs",
+                )
+                continue
+        if head is not None and not policy.backfill:
+            outcomes[job.job_id] = Outcome("behind_head", f"{job.need}; {_BEHIND_NO_BACKFILL}")
+            continue
+        infeasible = _infeasible(ctx, shape)
+        if infeasible is not None:
+            outcomes[job.job_id] = Outcome("unsatisfiable", infeasible)
+            continue
+        if budget <= 0:
+            outcomes[job.job_id] = Outcome(
+                "cycle_budget", f"{job.need}; placement deferred to the next cycle"
+            )
+            continue
+        avoid = head is not None and not (
+            head_start is not None and now + runtime_estimate(job, policy) <= head_start
+        )
+        allocation = _try_place(snap, shape, avoid, failed)
+        if allocation is not None:
+            _bind(ctx, snap, job, shape, allocation, quota)
+            budget -= 1
+            continue
+        blocked.append(job)
+        if head is None and _may_be_head(ctx, job):
+            head = job
+            ctx.result.head_job_id = job.job_id
+            if fifo or not policy.backfill:
+                outcomes[job.job_id] = Outcome("no_capacity", f"{job.need}; {_NO_CAPACITY}")
+                continue
+            head_start = reserve(ctx, snap, job, shape)
+            failed = {key: k for key, k in failed.items() if not key[3]}
+            continue
+        if avoid and head is not None and _fits_unreserved(snap, shape, failed, fits_unreserved):
+            outcomes[job.job_id] = Outcome("backfill_blocked", f"{job.need}; {_BACKFILL_BLOCKED}")
+        else:
+            outcomes[job.job_id] = Outcome("no_capacity", f"{job.need}; {_NO_CAPACITY}")
+    return placed
+
+
+def _may_be_head(ctx: CycleContext, job: CoreJob) -> bool:
+    """Best-effort work runs on idle capacity only; it never holds a reservation."""
+    return ctx.policy.is_fifo or job.priority != ctx.policy.idle_only_priority
+
+
+def _try_place(
+    snap: Snapshot, shape: Shape, avoid: bool, failed: dict[FailureKey, int]
+) -> Allocation | None:
+    # Capacity only shrinks while placing, so a shape that failed makes larger ones fail too.
+    key = shape.failure_key(avoid)
+    smallest_failure = failed.get(key)
+    if smallest_failure is not None and shape.min_units >= smallest_failure:
+        return None
+    if snap.total_free < shape.min_gpus:
+        return None
+    allocation = find_placement(snap, shape, avoid)
+    if allocation is None:
+        failed[key] = min(shape.min_units, smallest_failure or shape.min_units)
+    return allocation
+
+
+def _fits_unreserved(
+    snap: Snapshot,
+    shape: Shape,
+    failed: dict[FailureKey, int],
+    known: dict[Shape, tuple[int, bool]],
+) -> bool:
+    """Whether the gang would fit but for the head's reservation.
+
+    Thousands of waiting jobs of a few shapes ask this in one cycle; the answer for a shape
+    holds until the snapshot changes.
+    """
+    seen = known.get(shape)
+    if seen is not None and seen[0] == snap.changes:
+        return seen[1]
+    fits = _try_place(snap, shape, False, failed) is not None
+    known[shape] = (snap.changes, fits)
+    return fits
+
+
+def _infeasible(ctx: CycleContext, shape: Shape) -> str | None:
+    """Why the gang could never fit this cluster as it is (empty), or None; once per shape."""
+    if shape in ctx.infeasibility:
+        return ctx.infeasibility[shape]
+    why = _why_infeasible(ctx.state, shape)
+    ctx.infeasibility[shape] = why
+    return why
+
+
+def _why_infeasible(state: PlanningSurface, shape: Shape) -> str | None:
+    biggest, pools = state.capacity_profile()
+    if shape.gpu_type is not None and shape.gpu_type not in pools:
+        return f"{describe_need(shape)}; the cluster has no schedulable {shape.gpu_type} GPUs"
+    usable = [shape.gpu_type] if shape.gpu_type is not None else list(pools)
+    largest = max((biggest.get(pool, 0) for pool in usable), default=0)
+    if shape.unit_gpus > largest:
+        return (
+            f"{describe_need(shape)}; no schedulable node has {shape.unit_gpus} healthy "
+            f"GPUs (largest has {largest})"
+        )
+    if shape.require == "node" and shape.min_gpus > largest:
+        return f"{describe_need(shape)}; no schedulable node has that many (largest has {largest})"
+    capacity = max((pools.get(pool, 0) for pool in usable), default=0)
+    if shape.min_gpus > capacity:
+        return (
+            f"{describe_need(shape)}; the cluster has only {capacity} schedulable GPUs of that kind"
+        )
+    return None
+
+
+def _bind(
+    ctx: CycleContext,
+    snap: Snapshot,
+    job: CoreJob,
+    shape: Shape,
+    allocation: Allocation,
+    quota: QuotaBook,
+) -> None:
+    ranks = snap.commit(shape, allocation)
+    ctx.placed_gangs.append((ctx.now + runtime_estimate(job, ctx.policy), ranks))
+    nodes = ctx.state.node_records
+    ctx.emit(
+        # Built without re-validation: the core constructs these from checked state, and a
+        # cycle binding thousands of ranks would otherwise spend its time in validators.
+        GangReserved.model_construct(
+            job_id=job.job_id,
+            attempt=job.attempt + 1,
+            ranks=[
+                RankPlacement.model_construct(
+                    rank=rank, node_id=nodes[index].node_id, gpus=bits(mask)
+                )
+                for rank, (index, mask) in enumerate(ranks)
+            ],
+        )
+    )
+    quota.charge(job.queue, sum(mask.bit_count() for _, mask in ranks))
+    ctx.result.gangs_placed += 1
+    ctx.result.tasks_placed += len(ranks)
+
+
+def reserve(ctx: CycleContext, snap: Snapshot, job: CoreJob, shape: Shape) -> float | None:
+    """Plan the head's earliest start on concrete nodes; pin them against backfill."""
+    state, policy = ctx.state, ctx.policy
+    planned = plan_reservation(ctx, snap, shape)
+    if planned is None:
+        ctx.outcomes[job.job_id] = Outcome(
+            "no_capacity",
+            f"{job.need}; it does not fit even when the running gangs end",
+        )
+        return None
+    start, allocation = planned
+    snap.reserved = frozenset(index for index, _ in allocation)
+    nodes = state.node_records
+    node_ids = sorted(nodes[index].node_id for index, _ in allocation)
+    where = _racks_of(state, node_ids)
+    ctx.outcomes[job.job_id] = Outcome(
+        RESERVED_HEAD,
+        f"{job.need}; earliest at {_when(start)} on {where}",
+        estimated_start=start,
+    )
+    previous = job.estimated_start
+    moved = (
+        previous is None
+        or abs(previous - start) > policy.reservation_move_threshold_s
+        or _racks_of(state, list(job.reserved_nodes)) != where
+    )
+    if moved:
+        ctx.emit(
+            ReservationPlanned(
+                job_id=job.job_id, start_at=datetime.fromtimestamp(start, UTC), nodes=node_ids
+            )
+        )
+    ctx.wakeups.append(start)
+    return start
+
+
+def _when(ts: float) -> str:
+    moment = datetime.fromtimestamp(ts, UTC)
+    return moment.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def _racks_of(state: PlanningSurface, node_ids: list[str], limit: int = 4) -> str:
+    racks: list[str] = []
+    for node_id in node_ids:
+        node = state.node_record(node_id)
+        if node is not None and node.rack not in racks:
+            racks.append(node.rack)
+    shown = ", ".join(racks[:limit])
+    more = f" and {len(racks) - limit} more" if len(racks) > limit else ""
+    label = "rack" if len(racks) == 1 else "racks"
+    return f"{label} {shown}{more}"

@@ -1,0 +1,93 @@
+"""What one cycle's phases share: the state they read, the clock, and the cycle's ledger.
+
+Each phase (reactions, order, place and backfill, preempt, explain) is a function of one
+`CycleContext`; what it decides goes into the context's ledger (decisions in order, the gangs
+released, the jobs handled, why each waiting job waits, when to wake up next).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core.policy import SchedulingPolicy
+from core.shape import Shape
+from core.state import CoreJob
+from core.surface import PlanningSurface
+from schemas.base import Event
+from schemas.reasons import DeferCode
+
+
+@dataclass(slots=True)
+class CycleResult:
+    """The decisions of one cycle, plus figures for metrics and benchmarks."""
+
+    decisions: list[Event] = field(default_factory=list)
+    gangs_placed: int = 0
+    tasks_placed: int = 0
+    preemptions: int = 0
+    considered: int = 0
+    skipped: bool = False
+    # The earliest time at which a cycle without new events could decide something new.
+    next_wakeup: float | None = None
+    head_job_id: str | None = None
+
+
+@dataclass(slots=True)
+class Outcome:
+    """Why a waiting job stays waiting this cycle (typed, as Kubernetes' framework statuses)."""
+
+    code: DeferCode
+    message: str
+    estimated_start: float | None = None
+
+
+@dataclass(slots=True)
+class CycleContext:
+    state: PlanningSurface
+    policy: SchedulingPolicy
+    now: float
+    result: CycleResult = field(default_factory=CycleResult)
+    # Gangs this cycle released (their GPUs are free to plan with) and jobs it already decided.
+    released: set[str] = field(default_factory=set)
+    handled: set[str] = field(default_factory=set)
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    wakeups: list[float] = field(default_factory=list)
+    # Why a shape could never fit the cluster as it is (None: it could), asked once per shape.
+    infeasibility: dict[Shape, str | None] = field(default_factory=dict)
+    # Gangs bound in this cycle, (estimated end, ranks), for the head's reservation.
+    placed_gangs: list[tuple[float, list[tuple[int, int]]]] = field(default_factory=list)
+
+    @classmethod
+    def start(cls, state: PlanningSurface, now: float) -> CycleContext:
+        return cls(state=state, policy=state.policy, now=now)
+
+    def emit(self, event: Event) -> None:
+        self.result.decisions.append(event)
+
+    def release(self, job: CoreJob, event: Event) -> None:
+        """Record a decision that releases the job's gang (its GPUs may be planned with)."""
+        self.emit(event)
+        self.released.add(job.job_id)
+        self.handled.add(job.job_id)
+
+    def victims_pending(self, job: CoreJob) -> list[str]:
+        """The job's victims still being evicted: their GPUs are about to come free.
+
+        Only a gang still under eviction counts. A victim that was requeued and then bound a
+        new gang (a backfill, even onto the very GPUs it gave up) releases nothing for this
+        job: counting it kept the preemptor waiting "for its victims", and out of the
+        preemption phase, until that new gang ended on its own (invariant 4).
+        """
+        jobs = self.state.job_records
+        return [
+            victim
+            for victim in job.awaiting_victims
+            if victim not in self.released
+            and (record := jobs.get(victim)) is not None
+            and record.state == "preempting"
+        ]
+
+    def victims_released(self, job: CoreJob) -> bool:
+        if not job.awaiting_victims:
+            return False
+        return not self.victims_pending(job)

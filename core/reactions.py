@@ -1,0 +1,217 @@
+"""Phase 1 of the cycle, reactions: the outcomes of what happened since the last cycle.
+
+Cancels first, then gang outcomes (exits, lost hardware, drains, preemption deadlines, max
+runtime), then suspends and resumes, then drained nodes. Hardware and request checks run only
+for jobs the state flagged for attention; every holding gang is visited for its deadlines,
+which is cheap.
+"""
+
+from __future__ import annotations
+
+from core.context import CycleContext
+from core.reservation import estimated_end
+from core.state import CoreJob, bits
+from schemas.jobs import (
+    HOLDING_STATES,
+    TERMINAL_STATES,
+    JobCancelled,
+    JobFailed,
+    JobRequeued,
+    JobResumed,
+    JobSucceeded,
+    JobSuspended,
+    PreemptionRequested,
+)
+from schemas.nodes import NodeDrained
+from schemas.reasons import TASK_FAILED, RequeueCode
+
+
+def react(ctx: CycleContext) -> None:
+    """Record every reaction in the context; the gangs it releases are in `ctx.released`."""
+    state = ctx.state
+    jobs = state.job_records
+    flagged = sorted(state.attention)
+    for job_id in flagged:
+        job = jobs.get(job_id)
+        if job is not None and job.cancel_requested and job.state not in TERMINAL_STATES:
+            ctx.release(
+                job,
+                JobCancelled(
+                    job_id=job.job_id,
+                    attempt=job.attempt or None,
+                    reason="cancelled by request",
+                ),
+            )
+    attention = set(flagged)
+    for job in list(state.holding_jobs.values()):
+        if job.job_id not in ctx.handled:
+            react_to_gang(ctx, job, job.job_id in attention)
+    for job_id in flagged:
+        job = jobs.get(job_id)
+        if job is not None and job.job_id not in ctx.handled:
+            react_to_requests(ctx, job)
+    react_to_drains(ctx)
+
+
+def react_to_requests(ctx: CycleContext, job: CoreJob) -> None:
+    if job.state in TERMINAL_STATES:
+        return
+    if job.suspend_requested and job.state != "suspended":
+        attempt = job.attempt if job.state in HOLDING_STATES else None
+        ctx.release(job, JobSuspended(job_id=job.job_id, attempt=attempt))
+    elif job.resume_requested and job.state == "suspended":
+        ctx.emit(JobResumed(job_id=job.job_id))
+        ctx.handled.add(job.job_id)
+
+
+def react_to_gang(ctx: CycleContext, job: CoreJob, flagged: bool) -> None:
+    """Outcomes of a bound gang: exits, lost hardware, drains, deadlines."""
+    codes = job.exit_codes
+    if not flagged and not codes and job.state != "preempting":
+        # Most gangs in most cycles: nothing happened to them, only the clock moved.
+        if not past_max_runtime(ctx, job):
+            note_estimated_end(ctx, job)
+        return
+    if job.state == "preempting":
+        react_to_eviction(ctx, job)
+        return
+    failed = [rank for rank, code in sorted(codes.items()) if code != 0]
+    if failed:
+        react_to_failure(ctx, job, failed[0])
+        return
+    if job.ranks and len(codes) == len(job.ranks):
+        ctx.release(job, JobSucceeded(job_id=job.job_id, attempt=job.attempt))
+        return
+    lost = lost_hardware(ctx, job) if flagged else None
+    if lost is not None:
+        lost_code, why = lost
+        ctx.release(
+            job, JobRequeued(job_id=job.job_id, attempt=job.attempt, code=lost_code, reason=why)
+        )
+        return
+    if past_max_runtime(ctx, job):
+        return
+    draining = draining_node_of(ctx, job) if flagged else None
+    if draining is not None:
+        ctx.emit(
+            PreemptionRequested(
+                job_id=job.job_id,
+                attempt=job.attempt,
+                preemptor_job_id=None,
+                reason=f"node {draining} is draining: checkpoint and move",
+                grace_s=ctx.policy.preemption_grace_s,
+            )
+        )
+        ctx.handled.add(job.job_id)
+        return
+    note_estimated_end(ctx, job)
+
+
+def react_to_eviction(ctx: CycleContext, job: CoreJob) -> None:
+    """A gang being preempted (or moved off a draining node): requeued once every rank has
+    exited or its grace has run out; succeeded if it finished its work first."""
+    codes = job.exit_codes
+    ranks = len(job.ranks)
+    deadline = (job.preempt_requested_at or ctx.now) + job.preempt_grace_s
+    drained = job.preemptor_id is None
+    code: RequeueCode = "node_drained" if drained else "preempted"
+    # Every rank exiting 0 of its own accord (not stopped for the eviction) means the gang
+    # finished its work before the checkpoint was needed: requeueing it would run a finished
+    # job again. Any rank evicted or failing means the gang stopped short: it resumes from its
+    # checkpoint.
+    finished = (
+        ranks > 0 and len(codes) == ranks and not job.evicted_ranks and not any(codes.values())
+    )
+    if finished:
+        ctx.release(job, JobSucceeded(job_id=job.job_id, attempt=job.attempt))
+        return
+    if len(codes) == ranks or ctx.now >= deadline:
+        why = (
+            "checkpointed off a draining node"
+            if drained
+            else f"preempted for job {job.preemptor_id}"
+        )
+        ctx.release(job, JobRequeued(job_id=job.job_id, attempt=job.attempt, code=code, reason=why))
+    else:
+        ctx.wakeups.append(deadline)
+
+
+def react_to_failure(ctx: CycleContext, job: CoreJob, rank: int) -> None:
+    """A rank exited non-zero: the gang restarts whole while retries are left, else fails."""
+    exit_code = job.exit_codes[rank]
+    retries = job.spec.max_retries if job.spec is not None else 0
+    if job.failures + 1 <= retries:
+        ctx.release(
+            job,
+            JobRequeued(
+                job_id=job.job_id,
+                attempt=job.attempt,
+                code=TASK_FAILED,
+                reason=f"rank {rank} exited with code {exit_code}; "
+                f"retry {job.failures + 1} of {retries}",
+            ),
+        )
+    else:
+        ctx.release(
+            job,
+            JobFailed(
+                job_id=job.job_id,
+                attempt=job.attempt,
+                reason=f"rank {rank} exited with code {exit_code}; "
+                f"no retries left (max_retries={retries})",
+            ),
+        )
+
+
+def past_max_runtime(ctx: CycleContext, job: CoreJob) -> bool:
+    """Fail a gang past its max runtime (True); else note when that limit comes."""
+    spec = job.spec
+    if spec is not None and spec.max_runtime_s is not None and job.started_at is not None:
+        limit = job.started_at + spec.max_runtime_s
+        if ctx.now > limit:
+            ctx.release(
+                job,
+                JobFailed(job_id=job.job_id, attempt=job.attempt, reason="exceeded max_runtime_s"),
+            )
+            return True
+        ctx.wakeups.append(limit)
+    return False
+
+
+def note_estimated_end(ctx: CycleContext, job: CoreJob) -> None:
+    """With backfill, a gang's expected end is when the head's reservation may move."""
+    if ctx.policy.backfill:
+        ctx.wakeups.append(estimated_end(job, ctx.now, ctx.policy))
+
+
+def lost_hardware(ctx: CycleContext, job: CoreJob) -> tuple[RequeueCode, str] | None:
+    nodes = ctx.state.node_records
+    for node_index, mask in job.ranks:
+        node = nodes[node_index]
+        if node.lost:
+            return "node_lost", f"node {node.node_id} was lost; the gang restarts whole"
+        bad = mask & node.unhealthy_mask
+        if bad:
+            return "gpu_unhealthy", (
+                f"GPU {bits(bad)[0]} of node {node.node_id} became unhealthy; "
+                "the gang restarts whole"
+            )
+    return None
+
+
+def draining_node_of(ctx: CycleContext, job: CoreJob) -> str | None:
+    nodes = ctx.state.node_records
+    for node_index, _ in job.ranks:
+        if nodes[node_index].draining:
+            return nodes[node_index].node_id
+    return None
+
+
+def react_to_drains(ctx: CycleContext) -> None:
+    nodes = ctx.state.node_records
+    for index in sorted(ctx.state.draining_nodes):
+        node = nodes[index]
+        if not node.draining:
+            continue
+        if all(job_id in ctx.released for job_id in node.gangs):
+            ctx.emit(NodeDrained(node_id=node.node_id))

@@ -1,0 +1,58 @@
+"""The planning surface: all that the cycle's phases and planners may read of the state.
+
+`SchedulerState` provides it; only `SchedulerState.apply` changes the state. The phases are
+typed against this protocol, so mypy refuses a phase that reaches for anything else. The
+records it hands out are the state's own (copying them would cost the cycle its speed): read
+them, never write them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
+from typing import Protocol
+
+from core.policy import SchedulingPolicy
+from core.state import CoreJob, FreeCapacityWatch, NodeRecord, QueueRecord
+
+
+class PlanningSurface(Protocol):
+    @property
+    def policy(self) -> SchedulingPolicy: ...
+
+    @property
+    def version(self) -> int:
+        """Bumped by every fold that could change a decision."""
+        ...
+
+    @property
+    def node_records(self) -> Sequence[NodeRecord]: ...
+
+    def node_record(self, node_id: str) -> NodeRecord | None: ...
+
+    @property
+    def job_records(self) -> Mapping[str, CoreJob]: ...
+
+    @property
+    def waiting_jobs(self) -> Mapping[str, CoreJob]: ...
+
+    @property
+    def holding_jobs(self) -> Mapping[str, CoreJob]: ...
+
+    @property
+    def attention(self) -> AbstractSet[str]: ...
+
+    @property
+    def draining_nodes(self) -> AbstractSet[int]: ...
+
+    @property
+    def queue_records(self) -> Mapping[str, QueueRecord]: ...
+
+    @property
+    def free_masks(self) -> Mapping[int, int]: ...
+
+    def capacity_profile(self) -> tuple[dict[str, int], dict[str, int]]: ...
+
+    def watch_free_capacity(self) -> FreeCapacityWatch: ...
+
+    def unwatch_free_capacity(self, watch: FreeCapacityWatch) -> None: ...

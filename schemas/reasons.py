@@ -1,0 +1,78 @@
+"""Reason codes: the machine-readable half of every "why" (the other half is a sentence).
+
+One typed list per event that carries a code, written once here, so that the core's outcomes,
+the events and whoever matches a code (the auditor, the read models) name the same values and
+mypy catches a misspelled one. On the wire the codes stay plain strings: a reader must keep
+loading events recorded with a code it does not know, and a new code is not a new schema.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, get_args
+
+from pydantic import PlainValidator, WithJsonSchema
+
+# JobDeferred.code: why a waiting job waits this cycle.
+DeferCode = Literal[
+    "awaiting_preemption",  # its victims are still being evicted
+    "head_of_line",  # fifo: behind the first job in line
+    "behind_head",  # backfill is off: behind the first job in line
+    "quota_ceiling",  # a queue on its chain would exceed its max
+    "unsatisfiable",  # the cluster as it is could never hold the gang
+    "cycle_budget",  # the cycle's placement budget is spent
+    "no_capacity",  # not enough free GPUs in one placement
+    "backfill_blocked",  # it would fit but for the head's reservation
+    "reserved_head",  # the head: holds a reservation
+    "preempting",  # its victims were asked to leave
+]
+
+# JobRequeued.code: why a gang was released and its job waits again.
+RequeueCode = Literal[
+    "preempted",  # evicted for another job
+    "node_drained",  # checkpointed off a draining node
+    "task_failed",  # a rank failed, a retry is left
+    "node_lost",  # a node of the gang was lost
+    "gpu_unhealthy",  # a GPU of the gang became unhealthy
+]
+
+# JobRejected.code: why admission refused a job for good.
+RejectCode = Literal[
+    "unknown_team",
+    "unknown_queue",
+    "foreign_queue",
+    "unknown_priority",
+    "not_preemptible",
+    "unknown_gpu_type",
+    "no_nodes",
+    "over_quota_max",
+    "task_too_large",
+    "gang_too_large",
+]
+
+DEFER_CODES: frozenset[str] = frozenset(get_args(DeferCode))
+REQUEUE_CODES: frozenset[str] = frozenset(get_args(RequeueCode))
+REJECT_CODES: frozenset[str] = frozenset(get_args(RejectCode))
+
+
+def _any_code(value: Any) -> str:
+    # Old events keep loading with codes this code no longer knows, new ones with codes an
+    # older reader never knew: the value is checked to be a string, not one of the list.
+    if not isinstance(value, str):
+        raise ValueError("a reason code is a string")
+    return value
+
+
+# The event fields: typed for the code that writes them (mypy checks the value), a plain
+# string on the wire and in the exported JSON Schema (unchanged, so not a breaking change).
+DeferCodeField = Annotated[DeferCode, PlainValidator(_any_code), WithJsonSchema({"type": "string"})]
+RequeueCodeField = Annotated[
+    RequeueCode, PlainValidator(_any_code), WithJsonSchema({"type": "string"})
+]
+RejectCodeField = Annotated[
+    RejectCode, PlainValidator(_any_code), WithJsonSchema({"type": "string"})
+]
+
+# The codes other modules match on, by name.
+RESERVED_HEAD: DeferCode = "reserved_head"
+QUOTA_CEILING: DeferCode = "quota_ceiling"
+TASK_FAILED: RequeueCode = "task_failed"

@@ -1,0 +1,61 @@
+"""Wires admission from settings: store, metrics, the catalogue caught up, the consumer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import asyncpg
+from prometheus_client import Counter
+
+from core.policy import SchedulingPolicy
+from schemas import EventEnvelope
+from schemas.jobs import JobSubmitted
+from services.admission.service import Admission
+from services.admission.settings import AdmissionSettings
+from services.runtime.consumer import EventConsumer, wait_started
+from services.runtime.metrics import new_registry, start_metrics_server
+from services.runtime.migrate import migrate_settings
+from services.runtime.signals import stop_on_signals
+from services.runtime.store import EventStore
+from services.runtime.topics import Topics
+
+log = logging.getLogger("services.admission")
+
+
+async def serve(settings: AdmissionSettings) -> int:
+    stop = stop_on_signals()
+    await migrate_settings(settings)
+    registry = new_registry()
+    decided = Counter("gangway_admission_decisions", "Jobs admitted or rejected", registry=registry)
+    server = start_metrics_server(settings.metrics_port, registry)
+    store = await EventStore.connect(settings, producer=settings.service_name)
+    try:
+        # The class names the scheduler knows are the ones a job may ask for.
+        policy = SchedulingPolicy()
+        admission = Admission(
+            store,
+            [pc.name for pc in policy.priority_classes],
+            always_preemptible=(policy.idle_only_priority,),
+        )
+        await admission.catch_up()
+
+        async def handle(envelope: EventEnvelope, conn: asyncpg.Connection) -> None:
+            await admission.on_submitted(envelope, conn)
+            decided.inc()
+
+        consumer = EventConsumer(
+            settings,
+            store.pool,
+            name="admission",
+            topics=[Topics.from_settings(settings).jobs],
+            handlers={JobSubmitted.type: handle},
+        )
+        task = asyncio.create_task(consumer.run(stop))
+        await wait_started(consumer, task)
+        log.info("admission ready")
+        await task
+        return 0
+    finally:
+        await store.close()
+        server.stop()

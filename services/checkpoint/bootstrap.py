@@ -1,0 +1,44 @@
+"""Wires the checkpoint service from settings: store, metrics, consumer, periodic requests."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from services.checkpoint.service import CheckpointService
+from services.checkpoint.settings import CheckpointSettings
+from services.runtime.consumer import EventConsumer, wait_started
+from services.runtime.metrics import start_metrics_server
+from services.runtime.store import EventStore
+from services.runtime.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+async def run(settings: CheckpointSettings, stop: asyncio.Event) -> None:
+    store = await EventStore.connect(settings, producer="checkpoint")
+    service = CheckpointService(settings, store)
+    try:
+        await asyncio.to_thread(service.root.mkdir, parents=True, exist_ok=True)
+        if settings.metrics_port is not None:
+            start_metrics_server(settings.metrics_port, service.registry)
+        topics = Topics.from_settings(settings)
+        consumer = EventConsumer(
+            settings,
+            store.pool,
+            name="checkpoint",
+            topics=[topics.jobs, topics.checkpoints],
+            handlers=service.handlers(),
+        )
+        await service.rebuild_periodic()
+        resumed = await service.resume_pending()
+        if resumed:
+            log.info("collecting %d checkpoints requested before the restart", resumed)
+        consume = asyncio.create_task(consumer.run(stop))
+        periodic = asyncio.create_task(service.request_forever(stop))
+        await wait_started(consumer, consume)
+        log.info("checkpoint ready (root %s)", service.root)
+        await asyncio.gather(consume, periodic)
+    finally:
+        await service.drain()
+        await store.close()
