@@ -382,6 +382,10 @@ class _Cycle:
         state, policy, now = self.state, self.policy, self.now
         candidates = [job for job in state._waiting.values() if job.job_id not in self.handled]
         self.result.considered = len(candidates)
+        if policy.order_key is not None:
+            order_key = policy.order_key
+            candidates.sort(key=lambda job: (order_key(job.job_id), job.seq))
+            return candidates
         if policy.is_fifo:
             candidates.sort(key=fifo_key)
             return candidates
