@@ -618,6 +618,9 @@ class Simulation:
         lost = gpus * (worked - saved)
         if event.code in _FAILURE_CODES:
             self._rework_gpu_s += lost
+            # The gang can restart at once elsewhere: a cycle right after this one places it
+            # (a preempted gang instead waits, as before, for the next event).
+            self._wake(now)
         else:
             self._lost_gpu_s += lost
         self._checkpoint_gpu_s += gpus * writing
