@@ -289,9 +289,10 @@ class Simulation:
         for node in self._nodes:
             self._record(node, at)
         tenants = sorted({job.trace.tenant for job in self._jobs.values()})
-        # The fifo baseline ignores quotas (no ceilings, no reclaiming), so under it the teams
-        # carry none: a guarantee no fifo cycle can honour would only make the auditor flag
-        # invariant 4 for a policy that never promised it.
+        # The core's own fifo (SchedulingPolicy(name="fifo"), not the simulator's fifo
+        # baseline, which honours quotas) ignores quotas, so under it the teams carry none: a
+        # guarantee no such cycle can honour would only make the auditor flag invariant 4 for
+        # a policy that never promised it.
         quotas = self._quotas if not self._policy.is_fifo else None
         for tenant in tenants:
             quota = quotas.get(tenant) if quotas is not None else None
