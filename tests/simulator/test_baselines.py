@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from core import SchedulingPolicy
 from gangway.simulator.baselines import Candidate, srtf_preemptions
 from gangway.simulator.metrics import JobRecord, compute_metrics
 from gangway.simulator.quotas import Quota
-from schemas.jobs import GangReserved, JobRequeued, JobSucceeded, PreemptionRequested
+from schemas.jobs import GangReserved, JobRequeued, JobSpec, JobSucceeded, PreemptionRequested
 from tests.simulator.builders import simulate, write_trace
 
 
@@ -117,3 +118,13 @@ def test_baselines_honour_quotas_on_a_random_trace_without_violations(tmp_path: 
             elif isinstance(event, JobSucceeded | JobRequeued):
                 job = int(event.job_id[1:])
                 held[tenant(job)] -= [1, 2, 4, 8, 16][job % 5]
+
+
+def test_no_true_runtime_reaches_the_core() -> None:
+    # The oracles' knowledge stays in the simulator: nothing in core/ (nor the job spec it
+    # reads) names the trace's duration, and Gangway's own policy takes no caller ordering.
+    root = Path(__file__).resolve().parents[2]
+    for source in sorted((root / "core").glob("*.py")):
+        assert "duration_s" not in source.read_text(encoding="utf-8"), source.name
+    assert "duration_s" not in JobSpec.model_fields
+    assert SchedulingPolicy().order_key is None
