@@ -15,14 +15,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal, get_args
+from typing import Literal
 
 from core import SchedulingPolicy
 from core.policy import JobOrderKey
 
 Baseline = Literal["fifo", "sjf-oracle", "srtf-oracle"]
-BASELINES: tuple[str, ...] = get_args(Baseline)
-POLICIES: tuple[str, ...] = ("gangway", *BASELINES)
 
 
 @dataclass(frozen=True, slots=True)
