@@ -65,6 +65,10 @@ def order(ctx: CycleContext, quota: QuotaBook) -> list[CoreJob]:
     state, policy, now = ctx.state, ctx.policy, ctx.now
     candidates = [job for job in state.waiting_jobs.values() if job.job_id not in ctx.handled]
     ctx.result.considered = len(candidates)
+    if policy.order_key is not None:
+        order_key = policy.order_key
+        candidates.sort(key=lambda job: (order_key(job.job_id), job.seq))
+        return candidates
     if policy.is_fifo:
         candidates.sort(key=fifo_key)
         return candidates

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 PolicyName = Literal["gangway", "fifo"]
+# A caller's order of waiting jobs: a sortable key of a job's id, smaller first.
+JobOrderKey = Callable[[str], tuple[float, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +63,11 @@ class SchedulingPolicy:
     enforce_quotas: bool = True
     # Placements a cycle may make; the rest wait for the next cycle (bounds cycle time).
     max_placements_per_cycle: int = 20_000
+    # A caller-given order of the waiting jobs in place of class, fair share and aging, keyed
+    # by job id (ties by arrival). The simulator's baselines (fifo with quotas, clairvoyant
+    # oracles) use it to run through the same quotas and placement; knowledge the key holds
+    # (a trace's true runtimes) stays with the caller. Gangway's own policy leaves it None.
+    order_key: JobOrderKey | None = field(default=None, compare=False)
     _classes: dict[str, PriorityClass] = field(
         init=False, repr=False, compare=False, hash=False, default_factory=dict
     )

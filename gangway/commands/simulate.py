@@ -8,7 +8,7 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -38,22 +38,60 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--quotas", metavar="CSV", help="tenant,guaranteed_gpus[,max_gpus] per tenant"
     )
-    parser.add_argument("--policy", choices=("gangway", "fifo"), default="gangway")
+    parser.add_argument(
+        "--policy",
+        choices=("gangway", "fifo", "sjf-oracle", "srtf-oracle"),
+        default="gangway",
+        help="gangway, or a baseline on the same core and quotas: fifo, or the clairvoyant "
+        "sjf-oracle and srtf-oracle (they read duration_s; for comparison only)",
+    )
     parser.add_argument("--json", metavar="OUT", help="write the metrics as JSON here")
     parser.add_argument("--plot", metavar="OUT.png", help="write the plot (PNG) here")
     parser.add_argument(
         "--checkpoint-interval",
-        type=float,
-        default=1800.0,
-        metavar="S",
-        help="periodic checkpoint interval of every job, seconds of run time (default 1800)",
+        default="1800",
+        metavar="S|auto",
+        help="periodic checkpoint interval of every job, seconds of run time, or auto: "
+        "Young-Daly sqrt(2 C MTBF) from the write time C and the gang's failure rate "
+        "(default 1800)",
     )
     parser.add_argument(
         "--checkpoint-write",
         type=float,
         default=30.0,
         metavar="S",
-        help="time to write a checkpoint on preemption, seconds (default 30)",
+        help="time to write a checkpoint, seconds (default 30); periodic ones cost it only "
+        "with failures injected",
+    )
+    parser.add_argument(
+        "--node-mtbf-h",
+        type=float,
+        metavar="H",
+        help="inject node failures: mean time between failures of each node, hours",
+    )
+    parser.add_argument(
+        "--gpu-xid-rate",
+        type=float,
+        default=0.0,
+        metavar="R",
+        help="inject GPU faults (Xid): faults per GPU-hour",
+    )
+    parser.add_argument(
+        "--seed", type=int, default=0, metavar="N", help="seed of the injected failures"
+    )
+    parser.add_argument(
+        "--node-repair-h",
+        type=float,
+        default=4.0,
+        metavar="H",
+        help="hours until a failed node is back (default 4)",
+    )
+    parser.add_argument(
+        "--gpu-repair-h",
+        type=float,
+        default=1.0,
+        metavar="H",
+        help="hours until a faulty GPU is back (default 1)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -69,7 +107,8 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     # Imported here so that `gangway --help` and the other commands never load the core.
     from core import ClusterSpecError, SchedulingPolicy, parse_cluster_spec
-    from gangway.simulator.engine import Simulation, SimulationConfig
+    from gangway.simulator.engine import AUTO, Simulation, SimulationConfig
+    from gangway.simulator.failures import HOUR_S, FailureConfig
     from gangway.simulator.metrics import compute_metrics
     from gangway.simulator.quotas import QuotaError, read_quotas
     from gangway.simulator.report import group_table, headline_table
@@ -79,8 +118,28 @@ def _run(args: argparse.Namespace) -> int:
         # Fail before a long run, not after it.
         if out is not None and not Path(out).resolve().parent.is_dir():
             raise InputError(f"{option} {out}: its directory does not exist")
-    if args.checkpoint_interval <= 0 or args.checkpoint_write < 0:
-        raise InputError("--checkpoint-interval must be > 0 and --checkpoint-write >= 0")
+    interval: float | Literal["auto"]
+    if args.checkpoint_interval == AUTO:
+        interval = AUTO
+    else:
+        try:
+            interval = float(args.checkpoint_interval)
+        except ValueError:
+            raise InputError("--checkpoint-interval must be a number of seconds or auto") from None
+    try:
+        config = SimulationConfig(
+            checkpoint_interval_s=interval,
+            checkpoint_write_s=args.checkpoint_write,
+            failures=FailureConfig(
+                node_mtbf_h=args.node_mtbf_h,
+                gpu_xid_rate=args.gpu_xid_rate,
+                seed=args.seed,
+                node_repair_s=args.node_repair_h * HOUR_S,
+                gpu_repair_s=args.gpu_repair_h * HOUR_S,
+            ),
+        )
+    except ValueError as error:
+        raise InputError(_one_line(error)) from None
 
     spec_path = Path(args.cluster)
     try:
@@ -103,7 +162,8 @@ def _run(args: argparse.Namespace) -> int:
             node_gpus=node_gpus,
             start_s=start_s,
             end_s=end_s,
-            checkpoint_interval_s=args.checkpoint_interval,
+            # The spec states a number only; "auto" is the simulator's to apply per gang.
+            checkpoint_interval_s=None if isinstance(interval, str) else interval,
         )
         quotas = read_quotas(args.quotas) if args.quotas else None
     except (TraceError, QuotaError) as error:
@@ -128,12 +188,12 @@ def _run(args: argparse.Namespace) -> int:
         if not jobs:
             raise InputError("no job of a tenant named in --quotas")
 
-    policy = SchedulingPolicy(name=args.policy)
-    config = SimulationConfig(
-        checkpoint_interval_s=args.checkpoint_interval,
-        checkpoint_write_s=args.checkpoint_write,
+    # Gangway's own policy as configured by default; a baseline is the same core ordered by
+    # the simulator (gangway/simulator/baselines.py).
+    baseline = None if args.policy == "gangway" else args.policy
+    simulation = Simulation(
+        jobs, nodes, policy=SchedulingPolicy(), quotas=quotas, config=config, baseline=baseline
     )
-    simulation = Simulation(jobs, nodes, policy=policy, quotas=quotas, config=config)
 
     began = time.perf_counter()
     stderr = Console(stderr=True)
@@ -166,9 +226,9 @@ def _run(args: argparse.Namespace) -> int:
         result.records,
         capacity_gpus=result.capacity_gpus,
         allocated_gpu_s=result.allocated_gpu_s,
-        end_s=result.end_s,
         preemptions=result.preemptions,
         lost_gpu_s=result.lost_gpu_s,
+        lost_gpu_s_failures=result.lost_gpu_s_failures,
         invariant_violations=len(result.violations),
         wall_s=wall_s,
     )
@@ -181,6 +241,12 @@ def _run(args: argparse.Namespace) -> int:
         events=result.events,
         cycles=result.cycles,
         s_per_1000_jobs=wall_s / len(jobs) * 1000,
+        checkpoint_interval=interval,
+        failure_rework_gpu_s=result.failure_rework_gpu_s,
+        checkpoint_write_gpu_s=result.checkpoint_write_gpu_s,
+        node_failures=result.node_failures,
+        gpu_failures=result.gpu_failures,
+        seed=args.seed,
     )
     for violation in result.violations[:_SHOWN_VIOLATIONS]:
         print(f"gangway simulate: invariant violated: {violation}", file=sys.stderr)

@@ -4,7 +4,8 @@ Definitions (also in docs/simulator.md):
 - queue time: first start - submit (the wait before the job first ran; waits after a preemption
   are not included, they show in JCT);
 - JCT: finish - submit, for completed jobs;
-- makespan: end of the simulation (last event) - first submit;
+- makespan: last completion (a job's terminal moment) - first submit; the timers still pending
+  after the last job ends (aging, estimated ends) are not part of it;
 - GPU utilization: allocated GPU-seconds / (cluster GPUs x makespan).
 Queue-time figures cover the jobs that started; JCT figures the jobs that completed.
 """
@@ -90,21 +91,33 @@ def _grouped(
     return {name: group_figures(groups[name]) for name in sorted(groups)}
 
 
+def makespan_s(records: Iterable[SimJobMetrics]) -> float:
+    """From the first submission to the last completion (0 when no job has completed)."""
+    first: float | None = None
+    last: float | None = None
+    for record in records:
+        first = record.submit_s if first is None else min(first, record.submit_s)
+        if record.finish_s is not None:
+            last = record.finish_s if last is None else max(last, record.finish_s)
+    if first is None or last is None:
+        return 0.0
+    return max(last - first, 0.0)
+
+
 def compute_metrics(
     records: Sequence[SimJobMetrics],
     *,
     capacity_gpus: int,
     allocated_gpu_s: float,
-    end_s: float,
     preemptions: int,
     lost_gpu_s: float,
     invariant_violations: int,
     wall_s: float,
+    lost_gpu_s_failures: float = 0.0,
 ) -> dict[str, Any]:
-    """The JSON document of DESIGN §5 "Simulator" (exact keys, plus a few extras)."""
+    """The JSON document of DESIGN §5 "Simulator" and §8 (exact keys, plus a few extras)."""
     overall = group_figures(records)
-    first_submit = min((record.submit_s for record in records), default=end_s)
-    makespan = max(end_s - first_submit, 0.0)
+    makespan = makespan_s(records)
     capacity_s = capacity_gpus * makespan
     large = [
         queue for record in records if record.num_gpus > 8 and (queue := record.queue_s) is not None
@@ -122,6 +135,7 @@ def compute_metrics(
         "makespan_s": makespan,
         "preemptions": preemptions,
         "lost_gpu_s": lost_gpu_s,
+        "lost_gpu_s_failures": lost_gpu_s_failures,
         "invariant_violations": invariant_violations,
         "per_tenant": _grouped(records, lambda record: record.tenant),
         "per_priority": _grouped(records, lambda record: record.priority),

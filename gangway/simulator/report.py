@@ -32,7 +32,8 @@ def headline_table(metrics: dict[str, Any], title: str) -> Table:
         ("GPU utilization", f"{metrics['gpu_utilization']:.1%}"),
         ("makespan", _duration(metrics["makespan_s"])),
         ("preemptions", f"{metrics['preemptions']:,}"),
-        ("lost GPU-hours", f"{metrics['lost_gpu_s'] / 3600:,.1f}"),
+        ("lost GPU-hours, preemption", f"{metrics['lost_gpu_s'] / 3600:,.1f}"),
+        ("lost GPU-hours, failures", f"{metrics.get('lost_gpu_s_failures', 0.0) / 3600:,.1f}"),
         ("invariant violations", f"{metrics['invariant_violations']:,}"),
         ("wall time", f"{metrics['wall_s']:.1f} s"),
     ]

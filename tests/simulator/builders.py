@@ -5,10 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 from core import SchedulingPolicy, parse_cluster_spec
+from gangway.simulator.baselines import Baseline
 from gangway.simulator.engine import Simulation, SimulationConfig, SimulationResult
 from gangway.simulator.quotas import Quota
 from gangway.simulator.trace import read_trace
 
+BY_NAME: dict[str, Baseline | None] = {
+    "gangway": None,
+    "fifo": "fifo",
+    "sjf-oracle": "sjf-oracle",
+    "srtf-oracle": "srtf-oracle",
+}
 HEADER = "job_id,submit_time,num_gpus,duration_s,tenant"
 
 
@@ -30,9 +37,10 @@ def simulate(
     simulation = Simulation(
         read_trace(trace, node_gpus=max(len(node.gpus) for node in nodes)),
         nodes,
-        policy=SchedulingPolicy(name="fifo" if policy == "fifo" else "gangway"),
+        policy=SchedulingPolicy(),
         quotas=quotas,
         config=config,
+        baseline=BY_NAME[policy],
         keep_log=True,
     )
     return simulation, simulation.run()

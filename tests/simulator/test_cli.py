@@ -74,6 +74,17 @@ def test_the_installed_command_exits_2_with_one_line_on_a_missing_trace(tmp_path
         (("submit_time,num_gpus,duration_s", "0,1,5"), ["--cluster", "8y8"], "--cluster 8y8"),
         (("submit_time,num_gpus,duration_s", "0,1,5"), ["--start", "soon"], "--start/--end"),
         (("submit_time,num_gpus,duration_s", "0,1,5"), ["--quotas", "/nonexistent.csv"], "quotas"),
+        (
+            ("submit_time,num_gpus,duration_s", "0,1,5"),
+            ["--checkpoint-interval", "often"],
+            "--checkpoint-interval must be a number of seconds or auto",
+        ),
+        (
+            ("submit_time,num_gpus,duration_s", "0,1,5"),
+            ["--checkpoint-interval", "auto", "--checkpoint-write", "0"],
+            "'auto' checkpoint interval needs a checkpoint write time",
+        ),
+        (("submit_time,num_gpus,duration_s", "0,1,5"), ["--node-mtbf-h", "-1"], "MTBF"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(
@@ -120,3 +131,48 @@ def test_cluster_may_be_a_yaml_file(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert main([*args, "--no-progress", "--json", str(out)]) == 0
     metrics = json.loads(out.read_text())
     assert (metrics["capacity_gpus"], metrics["completed"]) == (16, 4)
+
+
+@pytest.mark.parametrize("policy", ["gangway", "fifo", "sjf-oracle", "srtf-oracle"])
+def test_every_policy_runs_on_the_same_trace_and_quotas(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], policy: str
+) -> None:
+    quotas = tmp_path / "quotas.csv"
+    quotas.write_text("tenant,guaranteed_gpus,max_gpus\nred,8,8\nblue,8,16\n")
+    out = tmp_path / "m.json"
+    args = ["simulate", "--trace", str(small_trace(tmp_path)), "--cluster", "2x8", "--no-progress"]
+    assert main([*args, "--policy", policy, "--quotas", str(quotas), "--json", str(out)]) == 0
+    metrics = json.loads(out.read_text())
+    assert metrics["policy"] == policy
+    assert metrics["completed"] == 4
+    assert metrics["invariant_violations"] == 0
+    # The last job (d, 30 s) ends a day after the first submission: the makespan stops there.
+    assert metrics["makespan_s"] == 86400.0 + 30.0
+
+
+def test_injected_failures_report_their_lost_gpu_seconds_apart_from_preemption(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = write_trace(tmp_path, "long,0,8,800000,red", "other,10,8,800000,blue")
+    args = ["simulate", "--trace", str(trace), "--cluster", "3x8", "--no-progress"]
+    runs = []
+    for interval in ("1800", "auto"):
+        out = tmp_path / f"m-{interval}.json"
+        flags = ["--node-mtbf-h", "200", "--gpu-xid-rate", "0.0001", "--seed", "4"]
+        assert main([*args, *flags, "--checkpoint-interval", interval, "--json", str(out)]) == 0
+        runs.append(json.loads(out.read_text()))
+    fixed, auto = runs
+    for metrics in runs:
+        assert set(metrics) >= CONTRACT_KEYS | {"lost_gpu_s_failures"}
+        assert metrics["lost_gpu_s"] == 0.0
+        assert metrics["lost_gpu_s_failures"] > 0.0
+        assert metrics["completed"] == 2
+    assert (fixed["node_failures"], fixed["gpu_failures"]) == (
+        auto["node_failures"],
+        auto["gpu_failures"],
+    )  # the same seed draws the same failures
+    assert fixed["node_failures"] + fixed["gpu_failures"] > 0
+    assert auto["checkpoint_interval"] == "auto"
+    # Failures are rare here (a gang's MTBF ~ 170 h): Young-Daly checkpoints every ~1.7 h,
+    # saving far more writing than the longer rework it risks.
+    assert auto["lost_gpu_s_failures"] < fixed["lost_gpu_s_failures"]

@@ -45,7 +45,6 @@ def test_queue_jct_utilization_and_groups_are_computed_by_hand() -> None:
         records,
         capacity_gpus=16,
         allocated_gpu_s=8 * 100 + 16 * 50,
-        end_s=200,
         preemptions=1,
         lost_gpu_s=5.0,
         invariant_violations=0,
@@ -58,8 +57,8 @@ def test_queue_jct_utilization_and_groups_are_computed_by_hand() -> None:
     assert metrics["max_queue_s"] == 90.0
     assert metrics["avg_jct_s"] == 120.0  # (100 + 140) / 2
     assert metrics["avg_queue_gt8_s"] == 90.0
-    assert metrics["makespan_s"] == 200.0
-    assert metrics["gpu_utilization"] == pytest.approx(1600 / (16 * 200))
+    assert metrics["makespan_s"] == 150.0  # first submit 0 to last completion 150
+    assert metrics["gpu_utilization"] == pytest.approx(1600 / (16 * 150))
     assert metrics["per_tenant"]["b"]["jobs"] == 2
     assert metrics["per_tenant"]["b"]["avg_queue_s"] == 90.0
     assert metrics["per_priority"]["production"]["avg_jct_s"] == 140.0

@@ -26,7 +26,6 @@ def test_fifo_on_one_node_gives_queue_times_known_by_hand(tmp_path: Path) -> Non
         result.records,
         capacity_gpus=result.capacity_gpus,
         allocated_gpu_s=result.allocated_gpu_s,
-        end_s=result.end_s,
         preemptions=result.preemptions,
         lost_gpu_s=result.lost_gpu_s,
         invariant_violations=len(result.violations),
