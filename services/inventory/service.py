@@ -14,18 +14,22 @@ import socket
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 from prometheus_client import Counter, Gauge
 
 from schemas.base import Event
 from schemas.nodes import NodeLost, NodeRecovered, NodeRegistered
 from schemas.telemetry import NodeHeartbeat, StepTimeSample
-from services.inventory.liveness import Liveness, Transition
+from services.inventory.liveness import Liveness, Sight, Transition
 from services.inventory.settings import InventorySettings
-from services.runtime.consumer import TelemetryConsumer, wait_started
+from services.runtime.consumer import TelemetryConsumer
 from services.runtime.discovery import discover
-from services.runtime.leadership import Leadership, acquire_leadership
+from services.runtime.errors import DATABASE_UNAVAILABLE, StaleLeader
+from services.runtime.leadership import Leadership, compete
 from services.runtime.metrics import new_registry, start_metrics_server
 from services.runtime.records import StreamAppend
+from services.runtime.retry import Outage, until_available
 from services.runtime.store import EventStore
 
 log = logging.getLogger(__name__)
@@ -56,6 +60,12 @@ class Inventory:
         self.nodes_gauge = Gauge(
             "gangway_inventory_nodes", "Registered nodes by liveness", ["state"], registry=registry
         )
+        self.blind_gauge = Gauge(
+            "gangway_inventory_blind",
+            "1 while liveness cannot judge (bus down, mass silence or the grace after)",
+            registry=registry,
+        )
+        self.leadership: Leadership | None = None
 
     def restart_clock(self) -> None:
         """Judge liveness from now on (at start, and when this process becomes the one that
@@ -64,9 +74,14 @@ class Inventory:
         self.liveness = Liveness(
             self.settings.heartbeat_timeout_s,
             not_before=self.started_at + timedelta(seconds=self.settings.startup_grace_s),
+            max_silent_fraction=self.settings.liveness_max_silent_fraction,
+            min_silent_nodes=self.settings.liveness_min_silent_nodes,
+            resume_grace_s=self.settings.liveness_resume_grace_s,
         )
         self.latest: dict[str, NodeRegistered] = {}
         self.position = 0
+        self._sight: Sight = "grace"  # the startup grace is no news
+        self._was_blind = False
 
     async def follow_log(self) -> None:
         """Fold the node events appended since the last call (any producer's)."""
@@ -110,10 +125,15 @@ class Inventory:
             self._unknown_logged.add(message.node_id)
             log.warning("heartbeat from unregistered node %s ignored", message.node_id)
 
-    async def check(self) -> list[Transition]:
-        """Append NodeLost / NodeRecovered for the nodes whose liveness changed."""
+    async def check(self, *, bus_connected: bool = True) -> list[Transition]:
+        """Append NodeLost / NodeRecovered for the nodes whose liveness changed; none lost
+        while this observer cannot hear (its bus connection is down, or most of the fleet is
+        silent at once). As the liveness leader, its appends carry its epoch: a deposed
+        inventory's NodeLost is refused (StaleLeader)."""
         await self.follow_log()
-        changes = self.liveness.transitions(datetime.now(UTC))
+        now = datetime.now(UTC)
+        changes = self.liveness.transitions(now, bus_connected=bus_connected)
+        self._note_sight(self.liveness.sight(now))
         events: list[Event] = []
         for change in changes:
             if change.change == "lost":
@@ -130,26 +150,100 @@ class Inventory:
         for event in events:
             log.info("%s %s", event.type, getattr(event, "node_id", ""))
         if events:
-            await self.store.append_many([StreamAppend(e.stream, None, [e]) for e in events])
+            leadership = self.leadership
+            await self.store.append_many(
+                [StreamAppend(e.stream, None, [e]) for e in events],
+                epoch=leadership.epoch if leadership is not None else None,
+                leadership=LIVENESS_LEADERSHIP,
+            )
             await self.follow_log()
         return changes
 
+    def _note_sight(self, sight: Sight) -> None:
+        """One log line per change of what this observer can see."""
+        self.blind_gauge.set(0 if sight == "clear" else 1)
+        if sight == self._sight:
+            return
+        previous, self._sight = self._sight, sight
+        if sight == "bus-down":
+            log.warning("liveness: the bus is unreachable; no node will be declared lost")
+        elif sight == "mass-silence":
+            log.warning(
+                "liveness: %d nodes silent at once: this observer is cut off, not the nodes; "
+                "no node will be declared lost",
+                self.liveness.silent,
+            )
+        elif sight == "grace":
+            if previous != "clear":
+                log.warning(
+                    "liveness: hearing the fleet again; no node declared lost before %s",
+                    self.liveness.not_before.isoformat(timespec="seconds"),
+                )
+        elif previous == "grace" and self._was_blind:
+            log.warning("liveness: judging the fleet again")
+        self._was_blind = sight in ("bus-down", "mass-silence") or (
+            sight == "grace" and self._was_blind
+        )
+
     async def check_forever(
-        self, stop: asyncio.Event, leadership: Leadership | None = None
+        self,
+        stop: asyncio.Event,
+        leadership: Leadership | None = None,
+        probe: BusProbe | None = None,
     ) -> None:
+        """Judge every interval until `stop` is set or, when leading, the leadership is lost
+        (then return: the caller competes again, and stops the consumer)."""
+        outage = Outage(log, "inventory: the event log")
         while not stop.is_set():
             if leadership is not None and not await leadership.still_held():
-                # Another inventory judges liveness now; two judges would record twice.
-                log.error("inventory lost its liveness leadership; stopping")
-                stop.set()
+                # Another inventory may judge liveness now; two judges would record twice.
+                log.warning("inventory lost its liveness leadership; competing again")
                 return
+            bus_connected = True if probe is None else await probe.connected()
             try:
-                await self.check()
-            except Exception:
-                # The database may be away for a moment; the next tick tries again.
-                log.exception("liveness check failed; retrying")
+                await self.check(bus_connected=bus_connected)
+                outage.recovered()
+            except StaleLeader as fenced:
+                log.warning("inventory fenced (%s); competing again", fenced)
+                return
+            except DATABASE_UNAVAILABLE as error:
+                # The database is away for a moment: nothing was appended; the next tick
+                # decides again (a node lost meanwhile is still lost then).
+                outage.failed(error)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.settings.liveness_check_interval_s)
+
+
+class BusProbe:
+    """Whether this process reaches the broker now: a metadata request, bounded in time. The
+    telemetry consumer cannot tell: during an outage it simply fetches nothing."""
+
+    def __init__(self, settings: InventorySettings) -> None:
+        self.settings = settings
+        self._admin: AIOKafkaAdminClient | None = None
+
+    async def connected(self) -> bool:
+        timeout = self.settings.bus_probe_timeout_s
+        try:
+            if self._admin is None:
+                admin = AIOKafkaAdminClient(
+                    bootstrap_servers=self.settings.kafka_bootstrap,
+                    client_id=f"{self.settings.service_name}-probe",
+                    request_timeout_ms=int(timeout * 1000),
+                )
+                self._admin = admin
+                await asyncio.wait_for(admin.start(), timeout)
+            await asyncio.wait_for(self._admin.describe_cluster(), timeout)
+        except (KafkaError, OSError, TimeoutError):
+            await self.close()
+            return False
+        return True
+
+    async def close(self) -> None:
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(admin.close(), self.settings.bus_probe_timeout_s)
 
 
 async def run(settings: InventorySettings, stop: asyncio.Event) -> None:
@@ -161,12 +255,24 @@ async def run(settings: InventorySettings, stop: asyncio.Event) -> None:
         block=settings.node_block,
         labels=settings.node_labels,
     )
-    store = await EventStore.connect(settings, producer="inventory")
+    database = Outage(log, "inventory: the event log")
+    store = await until_available(
+        lambda: EventStore.connect(settings, producer="inventory"),
+        database,
+        stop,
+        transient=DATABASE_UNAVAILABLE,
+    )
+    if store is None:
+        return
     try:
         inventory = Inventory(settings, store)
         if settings.metrics_port is not None:
             start_metrics_server(settings.metrics_port, inventory.registry)
-        added = await inventory.register(discovered)
+        added = await until_available(
+            lambda: inventory.register(discovered), database, stop, transient=DATABASE_UNAVAILABLE
+        )
+        if added is None:
+            return
         log.info(
             "%d nodes discovered (%s), %d registrations appended",
             len(discovered),
@@ -177,21 +283,66 @@ async def run(settings: InventorySettings, stop: asyncio.Event) -> None:
         # liveness of all (one consumer of every heartbeat, one writer of NodeLost).
         leader_id = f"inventory-{socket.gethostname()}-{os.getpid()}"
         log.info("inventory ready; %s waits to lead liveness", leader_id)
-        leadership = await acquire_leadership(
-            store, settings.pg_dsn, leader_id, name=LIVENESS_LEADERSHIP, stop=stop
-        )
-        if leadership is None:
-            return
-        try:
-            inventory.restart_clock()
-            await inventory.follow_log()
-            consumer = TelemetryConsumer(settings, name="inventory", handler=inventory.on_telemetry)
-            consume = asyncio.create_task(consumer.run(stop))
-            check = asyncio.create_task(inventory.check_forever(stop, leadership))
-            await wait_started(consumer, consume)
-            log.info("inventory leads liveness (epoch %d)", leadership.epoch)
-            await asyncio.gather(consume, check)
-        finally:
-            await leadership.release()
+        while not stop.is_set():
+            leadership = await compete(
+                store, settings.pg_dsn, leader_id, name=LIVENESS_LEADERSHIP, stop=stop
+            )
+            if leadership is None:
+                return
+            try:
+                await _lead(inventory, leadership, settings, stop)
+            finally:
+                inventory.leadership = None
+                await leadership.release()
     finally:
         await store.close()
+
+
+async def _lead(
+    inventory: Inventory,
+    leadership: Leadership,
+    settings: InventorySettings,
+    stop: asyncio.Event,
+) -> None:
+    """Judge liveness until `stop` is set or the leadership is lost (then return)."""
+    inventory.restart_clock()
+    await until_available(
+        inventory.follow_log,
+        Outage(log, "inventory: the event log"),
+        stop,
+        transient=DATABASE_UNAVAILABLE,
+    )
+    inventory.leadership = leadership
+    # Its own stop: losing the leadership ends this term's consumer, not the process.
+    term = asyncio.Event()
+    consumer = TelemetryConsumer(settings, name="inventory", handler=inventory.on_telemetry)
+    consume = asyncio.create_task(_consume(consumer, term))
+    probe = BusProbe(settings)
+    check = asyncio.create_task(inventory.check_forever(stop, leadership, probe))
+    stopped = asyncio.create_task(stop.wait())
+    # Judging starts at once (blind while the bus is away); "leads" once heartbeats flow.
+    started = asyncio.create_task(consumer.started.wait())
+    try:
+        await asyncio.wait({started, check, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        if started.done():
+            log.info("inventory leads liveness (epoch %d)", leadership.epoch)
+            await asyncio.wait({check, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        term.set()
+        stopped.cancel()
+        started.cancel()
+        await asyncio.gather(check, consume, return_exceptions=True)
+        await probe.close()
+
+
+async def _consume(consumer: TelemetryConsumer, stop: asyncio.Event) -> None:
+    """The heartbeat consumer, started again (from the committed offsets) whenever it fails:
+    a broker that is away at start, or a client that gave up, ends no process."""
+    outage = Outage(log, "inventory: the telemetry bus")
+    while not stop.is_set():
+        try:
+            await consumer.run(stop)
+            return
+        except (KafkaError, OSError, TimeoutError) as error:
+            if await outage.sleep(error, stop):
+                return
