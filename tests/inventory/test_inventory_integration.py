@@ -152,7 +152,9 @@ async def test_the_liveness_leader_competes_again_when_its_lock_session_is_kille
 
     async def epoch_reaches(epoch: int) -> None:
         async with asyncio.timeout(30):
-            while await liveness_epoch(store) < epoch:
+            while True:
+                if await liveness_epoch(store) >= epoch:
+                    return
                 await asyncio.sleep(0.05)
 
     await epoch_reaches(1)
