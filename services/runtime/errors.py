@@ -36,7 +36,7 @@ class DomainError(Exception):
 
 # The errors that mean "PostgreSQL cannot be reached now", not "the request is wrong": retried
 # by the services, answered 503 by the API.
-DATABASE_UNAVAILABLE: tuple[type[BaseException], ...] = (
+DATABASE_UNAVAILABLE: tuple[type[Exception], ...] = (
     OSError,  # refused, reset, unreachable
     TimeoutError,
     asyncpg.PostgresConnectionError,  # class 08
