@@ -59,6 +59,18 @@ apt_install() {
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
+# A server's port inside the ephemeral range can be taken, while the server is down, as the
+# source port of a client reconnecting to it (seen: TIME-WAIT 127.0.0.1:39092 <-> :39092, and a
+# broker that could not restart for minutes). Refuse such a port rather than find out later.
+check_port() {
+    local what="$1" port="$2" lo hi
+    case "$port" in '' | *[!0-9]*) die "$what port '$port' is not a number" ;; esac
+    read -r lo hi 2>/dev/null </proc/sys/net/ipv4/ip_local_port_range || return 0
+    if [ "$port" -ge "$lo" ] && [ "$port" -le "$hi" ]; then
+        die "$what port $port is inside Linux's ephemeral port range $lo-$hi (net.ipv4.ip_local_port_range): a reconnecting client may be given it as its source port while the server is down, and the server could not restart; choose a port below $lo (defaults: 25432, 29092, 29093)"
+    fi
+}
+
 # ---------------------------------------------------------------- PostgreSQL
 
 pg_bin() {
@@ -355,6 +367,11 @@ print_env() {
 
 cmd_up() {
     mkdir -p "$STACK" "$GANGWAY_DIR"
+    pg_external || check_port PostgreSQL "$PG_PORT"
+    if ! kafka_external; then
+        check_port Kafka "$KAFKA_PORT"
+        check_port "Kafka controller" "$KAFKA_CONTROLLER_PORT"
+    fi
     if pg_external; then
         log "using the PostgreSQL at GANGWAY_PG_DSN"
     else
@@ -404,6 +421,8 @@ case "${1:-}" in
     env) print_env ;;
     restart-kafka)
         kafka_external && die "GANGWAY_KAFKA_BOOTSTRAP is external; not ours to restart"
+        check_port Kafka "$KAFKA_PORT"
+        check_port "Kafka controller" "$KAFKA_CONTROLLER_PORT"
         with_lock kafka_stop
         with_lock kafka_start
         ;;
