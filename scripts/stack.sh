@@ -7,14 +7,16 @@
 #   scripts/stack.sh status         say what runs
 #   scripts/stack.sh env            print the connection settings (the lines of .gangway/env)
 #   scripts/stack.sh restart-kafka  stop and start the broker (the tests use it)
+#   scripts/stack.sh kafka-stop|kafka-start|pg-stop|pg-start   one server (`make chaos` uses them)
 #
 # GANGWAY_PG_DSN / GANGWAY_KAFKA_BOOTSTRAP, when set, point at existing servers: then the
 # matching local server is neither installed nor started.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-STACK="$ROOT/.stack"
-GANGWAY_DIR="$ROOT/.gangway"
+# Both move for a second, independent stack (`make chaos` runs its own beside `make up`'s).
+STACK="${GANGWAY_STACK_DIR:-$ROOT/.stack}"
+GANGWAY_DIR="${GANGWAY_STACK_STATE_DIR:-$ROOT/.gangway}"
 
 # Below Linux's ephemeral range (32768-60999): a client retrying a connection to a stopped
 # server could otherwise be given the server's own port as its source port, and the restarted
@@ -426,5 +428,23 @@ case "${1:-}" in
         with_lock kafka_stop
         with_lock kafka_start
         ;;
-    *) die "usage: $0 up|down|status|env|restart-kafka" ;;
+    kafka-stop)
+        kafka_external && die "GANGWAY_KAFKA_BOOTSTRAP is external; not ours to stop"
+        with_lock kafka_stop
+        ;;
+    kafka-start)
+        kafka_external && die "GANGWAY_KAFKA_BOOTSTRAP is external; not ours to start"
+        check_port Kafka "$KAFKA_PORT"
+        with_lock kafka_start
+        ;;
+    pg-stop)
+        pg_external && die "GANGWAY_PG_DSN is external; not ours to stop"
+        with_lock pg_down
+        ;;
+    pg-start)
+        pg_external && die "GANGWAY_PG_DSN is external; not ours to start"
+        check_port PostgreSQL "$PG_PORT"
+        with_lock pg_up
+        ;;
+    *) die "usage: $0 up|down|status|env|restart-kafka|kafka-stop|kafka-start|pg-stop|pg-start" ;;
 esac
