@@ -6,7 +6,7 @@ one that exits anyway (a bug, an OOM kill, a SIGKILL). `make up` runs every serv
 (see gangway/launcher.py), as docker-compose's `restart: unless-stopped` does for containers.
 
 - Restarts back off (1 s, doubling to 30 s, with jitter), and the backoff resets once a run has
-  lasted a minute, so a crash loop costs little and a rare crash is repaired at once.
+  lasted 10 s, so a crash loop costs little and a rare crash is repaired at once.
 - SIGTERM / SIGINT are passed to the child; the supervisor exits with it and never restarts it.
 - Each exit is one line in the service's log: `[supervisor] NAME exited with status S (run N
   lasted T s); restarting in D s`.
@@ -29,8 +29,8 @@ from types import FrameType
 
 FIRST_BACKOFF_S = 1.0
 MAX_BACKOFF_S = 30.0
-# A run this long resets the backoff: it was not a crash loop.
-STABLE_AFTER_S = 60.0
+# A run this long resets the backoff: a crash loop dies while starting, within seconds.
+STABLE_AFTER_S = 10.0
 
 
 def say(message: str) -> None:

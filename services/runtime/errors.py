@@ -44,4 +44,7 @@ DATABASE_UNAVAILABLE: tuple[type[Exception], ...] = (
     asyncpg.CannotConnectNowError,  # starting up or shutting down
     asyncpg.AdminShutdownError,  # terminated by a restart or pg_terminate_backend
     asyncpg.CrashShutdownError,
+    # A connection whose server went away while it was idle can refuse its next statement
+    # ("cannot switch to state …; another operation is in progress"): it is discarded.
+    asyncpg.InternalClientError,
 )

@@ -5,8 +5,8 @@ first signal (or at a second one) the process exits, because everything it ackno
 already durable in the log (effects commit before offsets, the relay stores a position only
 after Kafka's acks) and a client library waiting on an absent server must not hold it up.
 
-`stop_on_signals` also quiets the Kafka client's own logging (see `quiet_library_logs`): every
-service calls it once at start, after configuring logging.
+`stop_on_signals` also quiets the Kafka and PostgreSQL clients' own logging (see
+`quiet_library_logs`): every service calls it once at start, after configuring logging.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class RepeatFilter(logging.Filter):
         return True
 
 
-def quiet_library_logs(prefixes: tuple[str, ...] = ("aiokafka", "kafka")) -> None:
+def quiet_library_logs(prefixes: tuple[str, ...] = ("aiokafka", "kafka", "asyncpg")) -> None:
     """Install a RepeatFilter on every handler of the root logger (once)."""
     for handler in logging.getLogger().handlers:
         if not any(isinstance(f, RepeatFilter) for f in handler.filters):
