@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import random
 import shutil
@@ -442,6 +443,8 @@ def table(results: list[Result]) -> str:
 
 
 async def main() -> int:
+    # This process's own pool retries across the database outages; one line each is enough.
+    logging.getLogger("asyncpg").setLevel(logging.ERROR)
     deadline_s = float(os.environ.get("GANGWAY_CHAOS_DEADLINE_S", "900"))
     rng = random.Random()
     directory = ROOT / ".chaos" / time.strftime("%Y%m%dT%H%M%S")
