@@ -329,8 +329,8 @@ async def _lead(
             await asyncio.wait({check, stopped}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         term.set()
-        stopped.cancel()
-        started.cancel()
+        for task in (stopped, started, check):
+            task.cancel()  # a check mid-append is rolled back whole; the next term decides
         await asyncio.gather(check, consume, return_exceptions=True)
         await probe.close()
 
