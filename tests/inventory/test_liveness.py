@@ -100,7 +100,9 @@ def fleet(count: int) -> Liveness:
     return tracker(*(f"n{i}" for i in range(count)))
 
 
-def hear_all(liveness: Liveness, count: int, second: float, *, but: set[str] = frozenset()) -> None:
+def hear_all(
+    liveness: Liveness, count: int, second: float, *, but: frozenset[str] | set[str] = frozenset()
+) -> None:
     for i in range(count):
         if f"n{i}" not in but:
             liveness.heard(f"n{i}", at(second), at(second))
