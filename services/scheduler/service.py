@@ -237,9 +237,12 @@ class SchedulerService:
                 log.info("%s stands by for the leader lock", self.settings.instance_id)
             while not election.done():
                 await self._wait(stop, election, seconds=self.settings.scheduler_cycle_interval_s)
-                with contextlib.suppress(*TRANSIENT_DB_ERRORS):
+                try:
                     await self.follow()
                     await self._observe()
+                    self._database.recovered()
+                except TRANSIENT_DB_ERRORS:
+                    pass  # the election's own retries say when the database is away
             try:
                 leadership = election.result()
             except TRANSIENT_DB_ERRORS as error:
