@@ -7,10 +7,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv up up-stack up-services down down-stack down-services status test test-unit test-integration bench lint
+.PHONY: help venv up up-stack up-services down down-stack down-services status test test-unit test-integration bench lint chaos
 
 help:
-	@echo "make up | down | status | test | bench | lint | venv"
+	@echo "make up | down | status | test | bench | lint | venv | chaos"
 
 # Reinstalled whenever pyproject.toml changes, so new dependencies reach every checkout.
 $(STAMP): pyproject.toml
@@ -55,6 +55,11 @@ test-integration: venv up-stack
 bench: venv up-stack
 	set -a && source .gangway/env && set +a && \
 	for script in bench/bench_*.py; do echo "== $$script"; $(PY) "$$script" || exit 1; done
+
+# Broker and database outages and scheduler kills under load, on a stack of its own (own ports
+# and directories under .chaos/; a few minutes, stops by itself). Not part of `make test`.
+chaos: venv
+	$(PY) -m tests.chaos
 
 lint: venv
 	$(VENV)/bin/ruff check .

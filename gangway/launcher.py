@@ -142,7 +142,12 @@ class Started:
 
 
 class Launcher:
-    """Runs services under `state_dir` with `env` laid over this process's environment."""
+    """Runs services under `state_dir` with `env` laid over this process's environment.
+
+    `supervise`: each service runs under gangway.supervisor, which starts it again whenever it
+    exits (`make up` does); its pid file then names the supervisor, and `kill` signals the
+    service itself.
+    """
 
     def __init__(
         self,
@@ -151,10 +156,12 @@ class Launcher:
         env: Mapping[str, str] | None = None,
         root: Path = REPO_ROOT,
         python: str = sys.executable,
+        supervise: bool = False,
     ) -> None:
         self.state_dir = state_dir
         self.root = root
         self.python = python
+        self.supervise = supervise
         self.env = dict(env or {})
         self.logs_dir = state_dir / "logs"
         self.pids_dir = state_dir / "pids"
@@ -167,6 +174,21 @@ class Launcher:
 
     def pid_path(self, name: str) -> Path:
         return self.pids_dir / f"{name}.pid"
+
+    def child_pid_path(self, name: str) -> Path:
+        """Where a supervised service's own pid is kept (its supervisor's is in pid_path)."""
+        return self.pids_dir / f"{name}.child"
+
+    def service_pid(self, name: str) -> int | None:
+        """The pid of the service's own process: the supervisor's child when supervised."""
+        pid = self.pid(name)
+        if pid is None:
+            return None
+        try:
+            child = int(self.child_pid_path(name).read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return pid
+        return child if _alive(child) else pid
 
     def read_log(self, name: str) -> str:
         try:
@@ -222,8 +244,22 @@ class Launcher:
         with self.log_path(spec.name).open("ab") as log:
             log.write(f"\n=== {time.strftime('%Y-%m-%dT%H:%M:%S')} starting {spec.name}\n".encode())
             log.flush()
+            argv = spec.argv(self.python)
+            if self.supervise:
+                argv = [
+                    self.python,
+                    "-m",
+                    "gangway.supervisor",
+                    "--name",
+                    spec.name,
+                    "--child-pid-file",
+                    str(self.child_pid_path(spec.name)),
+                    "--",
+                    *argv,
+                ]
+            self.child_pid_path(spec.name).unlink(missing_ok=True)
             process = subprocess.Popen(
-                spec.argv(self.python),
+                argv,
                 cwd=self.root,
                 env=self.child_env(spec),
                 stdin=subprocess.DEVNULL,
@@ -287,8 +323,9 @@ class Launcher:
     # ------------------------------------------------------------------ stop
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        """Send `sig` to the service's process (tests: crash a scheduler, pause an agent)."""
-        pid = self.pid(name)
+        """Send `sig` to the service's process (tests: crash a scheduler, pause an agent);
+        a supervised service that dies of it is started again."""
+        pid = self.service_pid(name)
         if pid is None:
             raise LauncherError(f"{name} is not running")
         os.kill(pid, sig)
@@ -298,7 +335,13 @@ class Launcher:
         pid = self.pid(name)
         if pid is None:
             return False
-        _signal_group(pid, signal.SIGTERM)
+        if self.supervise:
+            # The supervisor passes it on to the service (once: a second SIGTERM would cut
+            # the service's graceful stop short) and does not restart it.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
+        else:
+            _signal_group(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout_s
         while _alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -313,6 +356,7 @@ class Launcher:
         if child is not None:
             child.wait()
         self.pid_path(name).unlink(missing_ok=True)
+        self.child_pid_path(name).unlink(missing_ok=True)
         return True
 
     def down(self, order: Iterable[str] = (), *, timeout_s: float = 15.0) -> list[str]:
@@ -475,7 +519,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("command", choices=["up", "down", "status"])
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
     args = parser.parse_args(argv)
-    launcher = Launcher(state_dir=args.state_dir)
+    # Supervised: a service that exits (it should not, even across outages) is started again.
+    launcher = Launcher(state_dir=args.state_dir, supervise=True)
     commands = {"up": cmd_up, "down": cmd_down, "status": cmd_status}
     return commands[args.command](launcher)
 

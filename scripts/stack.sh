@@ -7,14 +7,16 @@
 #   scripts/stack.sh status         say what runs
 #   scripts/stack.sh env            print the connection settings (the lines of .gangway/env)
 #   scripts/stack.sh restart-kafka  stop and start the broker (the tests use it)
+#   scripts/stack.sh kafka-stop|kafka-start|pg-stop|pg-start   one server (`make chaos` uses them)
 #
 # GANGWAY_PG_DSN / GANGWAY_KAFKA_BOOTSTRAP, when set, point at existing servers: then the
 # matching local server is neither installed nor started.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-STACK="$ROOT/.stack"
-GANGWAY_DIR="$ROOT/.gangway"
+# Both move for a second, independent stack (`make chaos` runs its own beside `make up`'s).
+STACK="${GANGWAY_STACK_DIR:-$ROOT/.stack}"
+GANGWAY_DIR="${GANGWAY_STACK_STATE_DIR:-$ROOT/.gangway}"
 
 # Below Linux's ephemeral range (32768-60999): a client retrying a connection to a stopped
 # server could otherwise be given the server's own port as its source port, and the restarted
@@ -58,6 +60,18 @@ apt_install() {
 }
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# A server's port inside the ephemeral range can be taken, while the server is down, as the
+# source port of a client reconnecting to it (seen: TIME-WAIT 127.0.0.1:39092 <-> :39092, and a
+# broker that could not restart for minutes). Refuse such a port rather than find out later.
+check_port() {
+    local what="$1" port="$2" lo hi
+    case "$port" in '' | *[!0-9]*) die "$what port '$port' is not a number" ;; esac
+    read -r lo hi 2>/dev/null </proc/sys/net/ipv4/ip_local_port_range || return 0
+    if [ "$port" -ge "$lo" ] && [ "$port" -le "$hi" ]; then
+        die "$what port $port is inside Linux's ephemeral port range $lo-$hi (net.ipv4.ip_local_port_range): a reconnecting client may be given it as its source port while the server is down, and the server could not restart; choose a port below $lo (defaults: 25432, 29092, 29093)"
+    fi
+}
 
 # ---------------------------------------------------------------- PostgreSQL
 
@@ -355,6 +369,11 @@ print_env() {
 
 cmd_up() {
     mkdir -p "$STACK" "$GANGWAY_DIR"
+    pg_external || check_port PostgreSQL "$PG_PORT"
+    if ! kafka_external; then
+        check_port Kafka "$KAFKA_PORT"
+        check_port "Kafka controller" "$KAFKA_CONTROLLER_PORT"
+    fi
     if pg_external; then
         log "using the PostgreSQL at GANGWAY_PG_DSN"
     else
@@ -404,8 +423,28 @@ case "${1:-}" in
     env) print_env ;;
     restart-kafka)
         kafka_external && die "GANGWAY_KAFKA_BOOTSTRAP is external; not ours to restart"
+        check_port Kafka "$KAFKA_PORT"
+        check_port "Kafka controller" "$KAFKA_CONTROLLER_PORT"
         with_lock kafka_stop
         with_lock kafka_start
         ;;
-    *) die "usage: $0 up|down|status|env|restart-kafka" ;;
+    kafka-stop)
+        kafka_external && die "GANGWAY_KAFKA_BOOTSTRAP is external; not ours to stop"
+        with_lock kafka_stop
+        ;;
+    kafka-start)
+        kafka_external && die "GANGWAY_KAFKA_BOOTSTRAP is external; not ours to start"
+        check_port Kafka "$KAFKA_PORT"
+        with_lock kafka_start
+        ;;
+    pg-stop)
+        pg_external && die "GANGWAY_PG_DSN is external; not ours to stop"
+        with_lock pg_down
+        ;;
+    pg-start)
+        pg_external && die "GANGWAY_PG_DSN is external; not ours to start"
+        check_port PostgreSQL "$PG_PORT"
+        with_lock pg_up
+        ;;
+    *) die "usage: $0 up|down|status|env|restart-kafka|kafka-stop|kafka-start|pg-stop|pg-start" ;;
 esac

@@ -19,7 +19,10 @@ from services.api.feed import ReadModelFeed
 from services.api.metrics import ApiMetrics
 from services.api.projections.model import ReadModels
 from services.api.settings import ApiSettings
+from services.runtime.errors import DATABASE_UNAVAILABLE
 from services.runtime.migrate import migrate_settings
+from services.runtime.retry import Outage
+from services.runtime.signals import quiet_library_logs
 from services.runtime.store import EventStore
 
 log = logging.getLogger(__name__)
@@ -83,6 +86,7 @@ class ApiBootstrap:
     async def start(self, *, use_bus: bool = True) -> None:
         """Rebuild now, then keep the models fed: from the bus, and from the log as a backstop."""
         context = await self.context()
+        quiet_library_logs()
         self._stop.clear()
         self._tasks.append(asyncio.create_task(self._poll_log(context), name="api-log-poll"))
         if use_bus:
@@ -92,11 +96,15 @@ class ApiBootstrap:
     async def _poll_log(self, context: ApiContext) -> None:
         # The bus is fast but may lag or be down; the log is complete. Checking its head is one
         # cheap query, and catching up reads only what the bus has not delivered.
+        outage = Outage(log, "api: the event log")
         while not self._stop.is_set():
             try:
                 await context.feed.refresh_head()
                 if context.feed.lag:
                     await context.feed.catch_up()
+                outage.recovered()
+            except DATABASE_UNAVAILABLE as error:
+                outage.failed(error)  # one line when lost, a summary, one when back
             except Exception:
                 log.exception("catching up with the log failed; retrying")
             with contextlib.suppress(TimeoutError):

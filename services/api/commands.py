@@ -7,6 +7,7 @@ The appended events are applied to the read models at once, which gives read-you
 
 from __future__ import annotations
 
+import hashlib
 from typing import Final
 from uuid import uuid4
 
@@ -44,14 +45,24 @@ def new_job_id() -> str:
     return uuid4().hex[:JOB_ID_HEX]
 
 
+def idempotent_job_id(principal: str, key: str) -> str:
+    """The same caller's same Idempotency-Key names the same job (another caller's does not)."""
+    digest = hashlib.sha256(f"{principal}\0{key}".encode()).hexdigest()
+    return digest[:JOB_ID_HEX]
+
+
 class Commands:
     def __init__(self, store: EventStore, feed: ReadModelFeed) -> None:
         self.store = store
         self.feed = feed
 
-    async def submit(self, principal: Principal, spec: JobSpec) -> JobReadModel:
+    async def submit(
+        self, principal: Principal, spec: JobSpec, *, idempotency_key: str | None = None
+    ) -> JobReadModel:
         principal.require_team(spec.team)
         _require_storable(spec)
+        if idempotency_key is not None:
+            return await self._submit_once(principal, spec, idempotency_key)
         for _ in range(ATTEMPTS):
             job_id = new_job_id()
             event = JobSubmitted(job_id=job_id, spec=spec, submitted_by=principal.name)
@@ -61,6 +72,25 @@ class Commands:
                 continue  # an id collision: draw another
             return self.feed.models.jobs[job_id]
         raise RuntimeError("could not draw an unused job id")
+
+    async def _submit_once(self, principal: Principal, spec: JobSpec, key: str) -> JobReadModel:
+        """The job of (caller, key): its id is derived from them, and the log's (stream,
+        version) uniqueness makes the first submission the only one. A retry after a timeout
+        or a 503, whether or not the first attempt committed, gets the same job back."""
+        job_id = idempotent_job_id(principal.name, key)
+        event = JobSubmitted(job_id=job_id, spec=spec, submitted_by=principal.name)
+        try:
+            await self._append(event.stream, 0, [event])
+        except ConcurrencyConflict:
+            await self.feed.sync_stream(event.stream)
+        job = self.feed.models.jobs[job_id]
+        if job.spec != spec:
+            raise ProblemError(
+                422,
+                "idempotency-key-reused",
+                "this Idempotency-Key was used for a different job spec",
+            )
+        return job
 
     async def request(self, principal: Principal, job_id: str, kind: Request) -> JobReadModel:
         """Record the user's request to cancel, suspend or resume; 409 when the state forbids it."""

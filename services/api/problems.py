@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Any
@@ -13,10 +14,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.runtime.errors import DATABASE_UNAVAILABLE
+
 log = logging.getLogger(__name__)
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 PROBLEM_BASE = "https://gangway.dev/problems/"
+# How long a client should wait before retrying a request refused while PostgreSQL is away.
+RETRY_AFTER_S = 5
 
 
 class FieldError(BaseModel):
@@ -150,6 +155,28 @@ async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     return problem_response(request, 422, "validation-error", summary, errors=errors)
 
 
+_unavailable_logged_at = 0.0
+
+
+async def _on_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    # The write was not acknowledged: it committed whole or not at all, and a retry with the
+    # same Idempotency-Key finds the job if it did. One log line per 10 s, not per request.
+    global _unavailable_logged_at
+    now = time.monotonic()
+    if now - _unavailable_logged_at >= 10.0:
+        _unavailable_logged_at = now
+        log.warning(
+            "the event log is unreachable (%s %s): %r", request.method, request.url.path, exc
+        )
+    return problem_response(
+        request,
+        503,
+        "unavailable",
+        "the event log is unreachable; retry later",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+
+
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     # The traceback goes to the log, never to the client.
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
@@ -160,6 +187,8 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ProblemError, _on_problem)
     app.add_exception_handler(StarletteHTTPException, _on_http)
     app.add_exception_handler(RequestValidationError, _on_validation)
+    for unavailable in DATABASE_UNAVAILABLE:
+        app.add_exception_handler(unavailable, _on_unavailable)
     app.add_exception_handler(Exception, _on_unexpected)
 
 

@@ -12,16 +12,20 @@ import logging
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 from prometheus_client import Counter, Gauge
 
 from schemas.base import Event
 from schemas.nodes import NodeLost, NodeRecovered, NodeRegistered
 from schemas.telemetry import NodeHeartbeat, StepTimeSample
-from services.inventory.liveness import Liveness, Transition
+from services.inventory.liveness import Liveness, Sight, Transition
 from services.inventory.settings import InventorySettings
+from services.runtime.errors import DATABASE_UNAVAILABLE, StaleLeader
 from services.runtime.leadership import Leadership
 from services.runtime.metrics import new_registry
 from services.runtime.records import StreamAppend
+from services.runtime.retry import Outage
 from services.runtime.store import EventStore
 
 log = logging.getLogger(__name__)
@@ -52,6 +56,12 @@ class Inventory:
         self.nodes_gauge = Gauge(
             "gangway_inventory_nodes", "Registered nodes by liveness", ["state"], registry=registry
         )
+        self.blind_gauge = Gauge(
+            "gangway_inventory_blind",
+            "1 while liveness cannot judge (bus down, mass silence or the grace after)",
+            registry=registry,
+        )
+        self.leadership: Leadership | None = None
 
     def restart_clock(self) -> None:
         """Judge liveness from now on (at start, and when this process becomes the one that
@@ -60,9 +70,14 @@ class Inventory:
         self.liveness = Liveness(
             self.settings.heartbeat_timeout_s,
             not_before=self.started_at + timedelta(seconds=self.settings.startup_grace_s),
+            max_silent_fraction=self.settings.liveness_max_silent_fraction,
+            min_silent_nodes=self.settings.liveness_min_silent_nodes,
+            resume_grace_s=self.settings.liveness_resume_grace_s,
         )
         self.latest: dict[str, NodeRegistered] = {}
         self.position = 0
+        self._sight: Sight = "grace"  # the startup grace is no news
+        self._was_blind = False
 
     async def follow_log(self) -> None:
         """Fold the node events appended since the last call (any producer's)."""
@@ -106,10 +121,15 @@ class Inventory:
             self._unknown_logged.add(message.node_id)
             log.warning("heartbeat from unregistered node %s ignored", message.node_id)
 
-    async def check(self) -> list[Transition]:
-        """Append NodeLost / NodeRecovered for the nodes whose liveness changed."""
+    async def check(self, *, bus_connected: bool = True) -> list[Transition]:
+        """Append NodeLost / NodeRecovered for the nodes whose liveness changed; none lost
+        while this observer cannot hear (its bus connection is down, or most of the fleet is
+        silent at once). As the liveness leader, its appends carry its epoch: a deposed
+        inventory's NodeLost is refused (StaleLeader)."""
         await self.follow_log()
-        changes = self.liveness.transitions(datetime.now(UTC))
+        now = datetime.now(UTC)
+        changes = self.liveness.transitions(now, bus_connected=bus_connected)
+        self._note_sight(self.liveness.sight(now))
         events: list[Event] = []
         for change in changes:
             if change.change == "lost":
@@ -126,23 +146,97 @@ class Inventory:
         for event in events:
             log.info("%s %s", event.type, getattr(event, "node_id", ""))
         if events:
-            await self.store.append_many([StreamAppend(e.stream, None, [e]) for e in events])
+            leadership = self.leadership
+            await self.store.append_many(
+                [StreamAppend(e.stream, None, [e]) for e in events],
+                epoch=leadership.epoch if leadership is not None else None,
+                leadership=LIVENESS_LEADERSHIP,
+            )
             await self.follow_log()
         return changes
 
+    def _note_sight(self, sight: Sight) -> None:
+        """One log line per change of what this observer can see."""
+        self.blind_gauge.set(0 if sight == "clear" else 1)
+        if sight == self._sight:
+            return
+        previous, self._sight = self._sight, sight
+        if sight == "bus-down":
+            log.warning("liveness: the bus is unreachable; no node will be declared lost")
+        elif sight == "mass-silence":
+            log.warning(
+                "liveness: %d nodes silent at once: this observer is cut off, not the nodes; "
+                "no node will be declared lost",
+                self.liveness.silent,
+            )
+        elif sight == "grace":
+            if previous != "clear":
+                log.warning(
+                    "liveness: hearing the fleet again; no node declared lost before %s",
+                    self.liveness.not_before.isoformat(timespec="seconds"),
+                )
+        elif previous == "grace" and self._was_blind:
+            log.warning("liveness: judging the fleet again")
+        self._was_blind = sight in ("bus-down", "mass-silence") or (
+            sight == "grace" and self._was_blind
+        )
+
     async def check_forever(
-        self, stop: asyncio.Event, leadership: Leadership | None = None
+        self,
+        stop: asyncio.Event,
+        leadership: Leadership | None = None,
+        probe: BusProbe | None = None,
     ) -> None:
+        """Judge every interval until `stop` is set or, when leading, the leadership is lost
+        (then return: the caller competes again, and stops the consumer)."""
+        outage = Outage(log, "inventory: the event log")
         while not stop.is_set():
             if leadership is not None and not await leadership.still_held():
-                # Another inventory judges liveness now; two judges would record twice.
-                log.error("inventory lost its liveness leadership; stopping")
-                stop.set()
+                # Another inventory may judge liveness now; two judges would record twice.
+                log.warning("inventory lost its liveness leadership; competing again")
                 return
+            bus_connected = True if probe is None else await probe.connected()
             try:
-                await self.check()
-            except Exception:
-                # The database may be away for a moment; the next tick tries again.
-                log.exception("liveness check failed; retrying")
+                await self.check(bus_connected=bus_connected)
+                outage.recovered()
+            except StaleLeader as fenced:
+                log.warning("inventory fenced (%s); competing again", fenced)
+                return
+            except DATABASE_UNAVAILABLE as error:
+                # The database is away for a moment: nothing was appended; the next tick
+                # decides again (a node lost meanwhile is still lost then).
+                outage.failed(error)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.settings.liveness_check_interval_s)
+
+
+class BusProbe:
+    """Whether this process reaches the broker now: a metadata request, bounded in time. The
+    telemetry consumer cannot tell: during an outage it simply fetches nothing."""
+
+    def __init__(self, settings: InventorySettings) -> None:
+        self.settings = settings
+        self._admin: AIOKafkaAdminClient | None = None
+
+    async def connected(self) -> bool:
+        timeout = self.settings.bus_probe_timeout_s
+        try:
+            if self._admin is None:
+                admin = AIOKafkaAdminClient(
+                    bootstrap_servers=self.settings.kafka_bootstrap,
+                    client_id=f"{self.settings.service_name}-probe",
+                    request_timeout_ms=int(timeout * 1000),
+                )
+                self._admin = admin
+                await asyncio.wait_for(admin.start(), timeout)
+            await asyncio.wait_for(self._admin.describe_cluster(), timeout)
+        except (KafkaError, OSError, TimeoutError):
+            await self.close()
+            return False
+        return True
+
+    async def close(self) -> None:
+        admin, self._admin = self._admin, None
+        if admin is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(admin.close(), self.settings.bus_probe_timeout_s)

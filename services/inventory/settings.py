@@ -24,4 +24,13 @@ class InventorySettings(Settings):
     # After a (re)start, no node is declared lost before this much time has passed.
     startup_grace_s: float = Field(default=10.0, ge=0)
     liveness_check_interval_s: float = Field(default=1.0, gt=0)
+    # Blindness (services/inventory/liveness.py, docs/reliability.md): no NodeLost while at
+    # least `liveness_min_silent_nodes` nodes, and more than this fraction of the live ones,
+    # are silent at once, nor while the inventory cannot reach the bus itself.
+    liveness_max_silent_fraction: float = Field(default=0.5, ge=0, le=1)
+    liveness_min_silent_nodes: int = Field(default=3, ge=1)
+    # After it hears again, no node is declared lost for this long (default: the timeout).
+    liveness_resume_grace_s: float | None = Field(default=None, ge=0)
+    # How long the probe of the inventory's own bus connection may take before it counts as down.
+    bus_probe_timeout_s: float = Field(default=2.0, gt=0)
     metrics_port: int | None = Field(default=None, ge=0, le=65535)

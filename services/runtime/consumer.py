@@ -9,6 +9,7 @@ never be processed goes to the dead-letter topic with the reason, and the loop g
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import traceback
 from abc import ABC, abstractmethod
@@ -24,8 +25,9 @@ from pydantic import ValidationError
 
 from schemas import REGISTRY, EventDecodeError, EventEnvelope, EventRegistry
 from schemas.telemetry import TELEMETRY, NodeHeartbeat, StepTimeSample
-from services.runtime.errors import ConcurrencyConflict, DomainError
+from services.runtime.errors import DATABASE_UNAVAILABLE, ConcurrencyConflict, DomainError
 from services.runtime.kafka import make_consumer, make_producer
+from services.runtime.retry import Outage
 from services.runtime.settings import Settings
 from services.runtime.signals import sleep_unless
 from services.runtime.topics import Topics, ensure_topics
@@ -39,13 +41,9 @@ TelemetryHandler = Callable[[TelemetryMessage], Awaitable[None]]
 # Worth retrying for as long as it takes: the database or the network will come back, and a
 # concurrency conflict resolves when the handler reloads its stream.
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    TimeoutError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
+    *DATABASE_UNAVAILABLE,  # a restart's AdminShutdownError too: never a dead letter
     asyncpg.SerializationError,
     asyncpg.DeadlockDetectedError,
-    asyncpg.CannotConnectNowError,
     ConcurrencyConflict,
     KafkaError,
 )
@@ -98,18 +96,10 @@ class ConsumerLoop(ABC):
 
     async def run(self, stop: asyncio.Event) -> None:
         """Consume until `stop` is set, then commit what was applied and leave the group."""
-        await ensure_topics(self.settings, self.bus_topics)
-        consumer = make_consumer(
-            self.settings,
-            *self.topics,
-            # Group ids are broker-wide: the prefix keeps a test run's consumers out of the
-            # groups of the `make up` services on the same broker (the inbox keeps `name`).
-            group_id=f"{self.settings.topic_prefix}.{self.name}",
-            client_id=f"{self.settings.service_name}-{self.name}",
-        )
-        producer = make_producer(self.settings, client_id=f"{self.settings.service_name}-dlq")
-        await consumer.start()
-        await producer.start()
+        clients = await self._connect(stop)
+        if clients is None:
+            return
+        consumer, producer = clients
         self._consumer, self._producer = consumer, producer
         try:
             while not stop.is_set():
@@ -127,6 +117,37 @@ class ConsumerLoop(ABC):
             self._consumer = self._producer = None
             await consumer.stop()
             await producer.stop()
+
+    async def _connect(
+        self, stop: asyncio.Event
+    ) -> tuple[AIOKafkaConsumer, AIOKafkaProducer] | None:
+        """Started clients, however long the broker takes to be reachable (None: stopped
+        first). The group then resumes from its committed offsets."""
+        outage = Outage(log, f"{self.name}: the bus")
+        while not stop.is_set():
+            consumer = make_consumer(
+                self.settings,
+                *self.topics,
+                # Group ids are broker-wide: the prefix keeps a test run's consumers out of the
+                # groups of the `make up` services on the same broker (the inbox keeps `name`).
+                group_id=f"{self.settings.topic_prefix}.{self.name}",
+                client_id=f"{self.settings.service_name}-{self.name}",
+            )
+            producer = make_producer(self.settings, client_id=f"{self.settings.service_name}-dlq")
+            try:
+                await ensure_topics(self.settings, self.bus_topics)
+                await consumer.start()
+                await producer.start()
+            except (KafkaError, OSError, TimeoutError) as error:
+                for client in (consumer, producer):
+                    with contextlib.suppress(Exception):
+                        await asyncio.wait_for(client.stop(), 2.0)
+                if await outage.sleep(error, stop):
+                    return None
+                continue
+            outage.recovered()
+            return consumer, producer
+        return None
 
     async def _process_batch(
         self,

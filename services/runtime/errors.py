@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncpg
+
 
 class ConcurrencyConflict(Exception):
     """A stream was not at the version its writer expected: reload it and decide again."""
@@ -30,3 +32,19 @@ class DomainError(Exception):
     (connections, conflicts) are retried until they pass; any other exception is retried a few
     times, then dead-lettered too.
     """
+
+
+# The errors that mean "PostgreSQL cannot be reached now", not "the request is wrong": retried
+# by the services, answered 503 by the API.
+DATABASE_UNAVAILABLE: tuple[type[Exception], ...] = (
+    OSError,  # refused, reset, unreachable
+    TimeoutError,
+    asyncpg.PostgresConnectionError,  # class 08
+    asyncpg.InterfaceError,  # the connection was closed under the call
+    asyncpg.CannotConnectNowError,  # starting up or shutting down
+    asyncpg.AdminShutdownError,  # terminated by a restart or pg_terminate_backend
+    asyncpg.CrashShutdownError,
+    # A connection whose server went away while it was idle can refuse its next statement
+    # ("cannot switch to state …; another operation is in progress"): it is discarded.
+    asyncpg.InternalClientError,
+)

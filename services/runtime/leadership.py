@@ -9,7 +9,9 @@ from dataclasses import dataclass
 import asyncpg
 
 from schemas.leadership import SCHEDULER_STREAM, LeaderElected
+from services.runtime.errors import DATABASE_UNAVAILABLE
 from services.runtime.records import StreamAppend
+from services.runtime.retry import Outage, until_available
 from services.runtime.store import SCHEDULER_LEADERSHIP, EventStore
 
 log = logging.getLogger(__name__)
@@ -91,3 +93,31 @@ async def acquire_leadership(
     except BaseException:
         await conn.close()
         raise
+
+
+async def compete(
+    store: EventStore,
+    dsn: str,
+    leader_id: str,
+    *,
+    name: str,
+    poll_interval_s: float = 1.0,
+    stop: asyncio.Event,
+    outage: Outage | None = None,
+) -> Leadership | None:
+    """`acquire_leadership`, across database outages: a lock connection that cannot be opened,
+    or that breaks while waiting, is opened again on a new session (with backoff) until this
+    process leads or `stop` is set (None).
+
+    A leader that lost its lock (its session ended: a database restart, pg_terminate_backend,
+    a pause past the session timeout) stops acting at once and calls this again: it may win
+    again, under a new epoch, or stand by.
+    """
+    return await until_available(
+        lambda: acquire_leadership(
+            store, dsn, leader_id, name=name, poll_interval_s=poll_interval_s, stop=stop
+        ),
+        outage or Outage(log, f"{leader_id}: the {name} leader lock's database"),
+        stop,
+        transient=DATABASE_UNAVAILABLE,
+    )

@@ -7,20 +7,29 @@ a relay that dies re-publishes from there, and consumers' inboxes absorb the dup
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
 
+from services.runtime.errors import DATABASE_UNAVAILABLE
 from services.runtime.kafka import make_producer
 from services.runtime.records import RawEvent
+from services.runtime.retry import Outage
 from services.runtime.settings import Settings
 from services.runtime.signals import sleep_unless
 from services.runtime.store import NOTIFY_CHANNEL, EventStore
 from services.runtime.topics import Topics, ensure_topics
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# How long a liveness ping of the lock's session, or a producer's stop, may take.
+_PING_TIMEOUT_S = 2.0
 
 _TRY_LOCK = "SELECT pg_try_advisory_lock(hashtextextended('gangway.relay.' || $1, 0))"
 _LOAD = "SELECT position FROM relay_positions WHERE name = $1"
@@ -60,40 +69,67 @@ class OutboxRelay:
         self._wake = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Publish until `stop` is set. Only one relay of a name is active; others stand by."""
-        listener: asyncpg.Connection = await asyncpg.connect(self.settings.pg_dsn)
+        """Publish until `stop` is set. Only one relay of a name is active; others stand by.
+
+        The lock lives on the LISTEN connection's session: when that session ends (a database
+        restart, pg_terminate_backend) the relay stops publishing at once, opens a new
+        session, and competes for the lock again. Outages of either side are retried with
+        jittered backoff and logged once per change of state.
+        """
+        database = Outage(log, f"relay {self.name}: the event log")
+        bus = Outage(log, f"relay {self.name}: the bus")
         try:
-            if not await self._wait_for_lock(listener, stop):
-                return
-            await listener.add_listener(NOTIFY_CHANNEL, self._on_notify)
-            await ensure_topics(self.settings, self.topics)
-            self.position = await self.load_position()
-            log.info("relay %s resumes after position %d", self.name, self.position)
-            backoff = 0.1
             while not stop.is_set():
-                self._wake.clear()
                 try:
-                    await self.publish_pending()
-                    backoff = 0.1
-                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-                    log.warning("relay %s: %r; retrying in %.1fs", self.name, error, backoff)
-                    await self._restart_producer()
-                    await sleep_unless(stop, backoff)
-                    backoff = min(backoff * 2, 5.0)
+                    listener: asyncpg.Connection = await asyncpg.connect(self.settings.pg_dsn)
+                except DATABASE_UNAVAILABLE as error:
+                    await database.sleep(error, stop)
                     continue
-                except Exception as error:
-                    # Kafka errors (timeouts, broker restarts) all land here: start over from
-                    # the stored position with a fresh producer.
-                    log.warning("relay %s: %r; retrying in %.1fs", self.name, error, backoff)
-                    await self._restart_producer()
-                    self.position = await self.load_position()
-                    await sleep_unless(stop, backoff)
-                    backoff = min(backoff * 2, 5.0)
-                    continue
-                await self._sleep_until_woken(stop)
+                try:
+                    if not await self._wait_for_lock(listener, stop):
+                        return
+                    await listener.add_listener(NOTIFY_CHANNEL, self._on_notify)
+                    database.recovered()
+                    await self._publish_while_locked(listener, stop, bus)
+                except DATABASE_UNAVAILABLE as error:
+                    await database.sleep(error, stop)
+                finally:
+                    listener.terminate()
         finally:
             await self._stop_producer()
-            await listener.close()
+
+    async def _publish_while_locked(
+        self, listener: asyncpg.Connection, stop: asyncio.Event, bus: Outage
+    ) -> None:
+        """Publish while `listener`'s session (and so the lock) lives; database errors
+        propagate (the caller reconnects), the bus's are retried here."""
+        self.position = await self.load_position()
+        log.info("relay %s resumes after position %d", self.name, self.position)
+        topics_ready = False
+        while not stop.is_set():
+            if listener.is_closed():
+                log.warning("relay %s: its lock session ended; competing again", self.name)
+                return
+            self._wake.clear()
+            try:
+                if not topics_ready:
+                    await _unless_stopped(ensure_topics(self.settings, self.topics), stop)
+                    topics_ready = True
+                await _unless_stopped(self.publish_pending(), stop)
+                bus.recovered()
+            except DATABASE_UNAVAILABLE:
+                raise
+            except Exception as error:
+                # Kafka errors (timeouts, broker restarts) all land here: start over from
+                # the stored position with a fresh producer.
+                delay = bus.failed(error)
+                await self._restart_producer()
+                self.position = await self.load_position()
+                await sleep_unless(stop, delay)
+                continue
+            if not await self._sleep_until_woken(stop):
+                # No notification for a poll interval: is the lock's session still there?
+                await asyncio.wait_for(listener.fetchval("SELECT 1"), _PING_TIMEOUT_S)
 
     async def publish_pending(self) -> int:
         """Publish everything after the stored position; return how many events were sent."""
@@ -137,11 +173,12 @@ class OutboxRelay:
     def _on_notify(self, *_: Any) -> None:
         self._wake.set()
 
-    async def _sleep_until_woken(self, stop: asyncio.Event) -> None:
-        # NOTIFY wakes the relay at once; the poll is the fallback for a lost notification.
+    async def _sleep_until_woken(self, stop: asyncio.Event) -> bool:
+        """Until a notification, `stop`, or the poll interval; whether anything woke it.
+        NOTIFY wakes the relay at once; the poll is the fallback for a lost notification."""
         waiters = {asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())}
         try:
-            await asyncio.wait(
+            done, _ = await asyncio.wait(
                 waiters,
                 timeout=self.settings.relay_poll_interval_s,
                 return_when=asyncio.FIRST_COMPLETED,
@@ -149,6 +186,7 @@ class OutboxRelay:
         finally:
             for waiter in waiters:
                 waiter.cancel()
+        return bool(done)
 
     async def _ensure_producer(self) -> AIOKafkaProducer:
         if self._producer is None:
@@ -165,9 +203,26 @@ class OutboxRelay:
         producer, self._producer = self._producer, None
         if producer is not None:
             try:
-                await producer.stop()
+                # Bounded: with the broker away, a producer's stop would wait on its batches.
+                await asyncio.wait_for(producer.stop(), _PING_TIMEOUT_S)
             except Exception as error:
-                log.warning("relay %s: producer did not stop cleanly: %r", self.name, error)
+                log.debug("relay %s: producer did not stop cleanly: %r", self.name, error)
+
+
+async def _unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> T | None:
+    """`work`'s result, or None as soon as `stop` is set (then `work` is cancelled): a send
+    waiting on an absent broker must not hold up a shutdown."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+    return None if task.cancelled() else task.result()
 
 
 async def main(settings: Settings | None = None) -> None:

@@ -1,17 +1,45 @@
-"""Graceful shutdown: SIGTERM and SIGINT set a stop event that every loop watches."""
+"""Graceful shutdown: SIGTERM and SIGINT set a stop event that every loop watches.
+
+Whatever the broker's or the database's state, a stop is bounded: `shutdown_grace_s` after the
+first signal (or at a second one) the process exits, because everything it acknowledged is
+already durable in the log (effects commit before offsets, the relay stores a position only
+after Kafka's acks) and a client library waiting on an absent server must not hold it up.
+
+`stop_on_signals` also quiets the Kafka and PostgreSQL clients' own logging (see
+`quiet_library_logs`): every service calls it once at start, after configuring logging.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 import signal
+import time
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE_S = float(os.environ.get("GANGWAY_SHUTDOWN_GRACE_S", "5"))
 
 
-def stop_on_signals(stop: asyncio.Event | None = None) -> asyncio.Event:
+def stop_on_signals(
+    stop: asyncio.Event | None = None, *, shutdown_grace_s: float = SHUTDOWN_GRACE_S
+) -> asyncio.Event:
     """Return an event set by SIGTERM or SIGINT (call from inside the running loop)."""
     event = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
+
+    def on_signal(sig: signal.Signals) -> None:
+        if event.is_set():
+            log.warning("second %s: exiting now", sig.name)
+            _exit_now()
+        event.set()
+        log.info("%s: stopping (at most %.0f s)", sig.name, shutdown_grace_s)
+        loop.call_later(shutdown_grace_s, _overdue, shutdown_grace_s)
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, event.set)
+        loop.add_signal_handler(sig, on_signal, sig)
+    quiet_library_logs()
     return event
 
 
@@ -22,3 +50,46 @@ async def sleep_unless(stop: asyncio.Event, seconds: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+def _overdue(grace_s: float) -> None:
+    log.warning("shutdown still incomplete after %.0f s; exiting now", grace_s)
+    _exit_now()
+
+
+def _exit_now() -> None:
+    logging.shutdown()
+    os._exit(0)
+
+
+class RepeatFilter(logging.Filter):
+    """Lets one record per (logger, message template) through every `every_s`, and says how
+    many it held back: a client library retrying a dead broker logs each attempt (tens of
+    thousands of lines in seconds), which says nothing the first line did not."""
+
+    def __init__(self, prefixes: tuple[str, ...], every_s: float = 30.0) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+        self.every_s = every_s
+        self._last: dict[tuple[str, str], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(self.prefixes):
+            return True
+        key = (record.name, str(record.msg))
+        now = time.monotonic()
+        at, held = self._last.get(key, (float("-inf"), 0))
+        if now - at < self.every_s:
+            self._last[key] = (at, held + 1)
+            return False
+        self._last[key] = (now, 0)
+        if held:
+            record.msg = f"{record.msg} (and {held} more like it in {now - at:.0f} s)"
+        return True
+
+
+def quiet_library_logs(prefixes: tuple[str, ...] = ("aiokafka", "kafka", "asyncpg")) -> None:
+    """Install a RepeatFilter on every handler of the root logger (once)."""
+    for handler in logging.getLogger().handlers:
+        if not any(isinstance(f, RepeatFilter) for f in handler.filters):
+            handler.addFilter(RepeatFilter(prefixes))

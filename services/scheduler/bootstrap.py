@@ -10,8 +10,10 @@ from dataclasses import dataclass
 import asyncpg
 
 from core.policy import SchedulingPolicy
+from services.runtime.errors import DATABASE_UNAVAILABLE
 from services.runtime.metrics import new_registry, start_metrics_server
 from services.runtime.migrate import migrate_settings
+from services.runtime.retry import Outage, until_available
 from services.runtime.signals import stop_on_signals
 from services.runtime.store import EventStore
 from services.scheduler.metrics import SchedulerMetrics
@@ -52,8 +54,16 @@ async def wired(settings: SchedulerSettings) -> AsyncIterator[Wiring]:
 
 
 async def serve(settings: SchedulerSettings) -> int:
-    await migrate_settings(settings)
     stop = stop_on_signals()
+    # Started while the database is away (a supervisor's restart during an outage): wait.
+    migrated = await until_available(
+        lambda: migrate_settings(settings),
+        Outage(log, "scheduler: the event log"),
+        stop,
+        transient=DATABASE_UNAVAILABLE,
+    )
+    if migrated is None and stop.is_set():
+        return 0
     registry = new_registry()
     metrics = SchedulerMetrics.create(registry)
     server = start_metrics_server(settings.metrics_port, registry)

@@ -30,10 +30,10 @@ from core.policy import SchedulingPolicy
 from schemas import Event, EventEnvelope
 from schemas.leadership import SCHEDULER_STREAM
 from services.runtime.collector import gc_paused
-from services.runtime.errors import ConcurrencyConflict, StaleLeader
+from services.runtime.errors import DATABASE_UNAVAILABLE, ConcurrencyConflict, StaleLeader
 from services.runtime.leadership import Leadership, acquire_leadership
 from services.runtime.records import Metadata, StreamAppend
-from services.runtime.signals import sleep_unless
+from services.runtime.retry import Outage, until_available
 from services.runtime.store import NOTIFY_CHANNEL, EventStore
 from services.scheduler.folding import Folded, LogGap
 from services.scheduler.metrics import SchedulerMetrics
@@ -43,10 +43,6 @@ from services.scheduler.snapshots import SnapshotStore
 
 log = logging.getLogger(__name__)
 
-# The process exit status of a leader that found itself deposed (a supervisor restarts it as a
-# standby); 0 is a requested shutdown.
-EXIT_DEPOSED = 3
-
 # Re-running a cycle after this many conflicts in a row waits for the next wake-up instead.
 _MAX_CYCLE_ATTEMPTS = 5
 # Pending jobs by class walks every job (0.5 s at 150,000 jobs, measured): not too often.
@@ -54,12 +50,7 @@ _STATE_GAUGES_EVERY_S = 30.0
 
 
 # A database restart or a broken connection: retried, never a reason to crash.
-TRANSIENT_DB_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.InterfaceError,
-    asyncpg.CannotConnectNowError,
-)
+TRANSIENT_DB_ERRORS = DATABASE_UNAVAILABLE
 
 
 class Deposed(Exception):
@@ -140,17 +131,28 @@ class SchedulerService:
         self._lag_at = 0.0
         self._next_wakeup: float | None = None
         self._listener: asyncpg.Connection | None = None
+        # One log line per change of the database's state, however many retries in between.
+        self._database = Outage(log, f"{settings.instance_id}: the event log")
+        self._listen_outage = Outage(log, f"{settings.instance_id}: the LISTEN connection")
+        self._listen_retry_at = 0.0
 
     # ------------------------------------------------------------------ life
 
     async def run(self, stop: asyncio.Event) -> int:
-        """Stand by, lead until `stop` is set or this replica is deposed; the exit status."""
-        rebuilt = await rebuild(
-            self.store,
-            self.policy,
-            snapshots=self.snapshots,
-            batch_size=self.settings.scheduler_read_batch,
+        """Stand by, lead, and stand by again whenever deposed, until `stop` is set (0)."""
+        rebuilt = await until_available(
+            lambda: rebuild(
+                self.store,
+                self.policy,
+                snapshots=self.snapshots,
+                batch_size=self.settings.scheduler_read_batch,
+            ),
+            self._database,
+            stop,
+            transient=TRANSIENT_DB_ERRORS,
         )
+        if rebuilt is None:
+            return 0
         self.folded = rebuilt.folded
         # A long replay is worth a snapshot soon: the next start then replays only the tail.
         self._since_snapshot = rebuilt.events_replayed
@@ -165,29 +167,15 @@ class SchedulerService:
             rebuilt.snapshot_position,
             rebuilt.events_replayed,
         )
-        await self._observe(force=True)
+        with contextlib.suppress(*TRANSIENT_DB_ERRORS):
+            await self._observe(force=True)
         await self._listen()
         try:
-            leadership = await self._stand_by(stop)
-            if leadership is None:
-                return 0
-            self.leadership = leadership
-            self.metrics.leader_epoch.set(leadership.epoch)
-            self.metrics.is_leader.set(1)
-            log.info("%s leads at epoch %d", self.settings.instance_id, leadership.epoch)
-            try:
-                await self._lead(stop)
-            except Deposed as why:
-                log.error(
-                    "%s deposed at epoch %d: %s; stepping down",
-                    self.settings.instance_id,
-                    leadership.epoch,
-                    why,
-                )
-                return EXIT_DEPOSED
-            finally:
-                self.metrics.is_leader.set(0)
-                await leadership.release()
+            while not stop.is_set():
+                leadership = await self._stand_by(stop)
+                if leadership is None:
+                    break
+                await self._term(leadership, stop)
             await self._snapshot()
             log.info("%s stopped at position %d", self.settings.instance_id, self.folded.position)
             return 0
@@ -196,18 +184,45 @@ class SchedulerService:
                 with contextlib.suppress(Exception):
                     await self._listener.close()
 
+    async def _term(self, leadership: Leadership, stop: asyncio.Event) -> None:
+        """Lead until `stop` is set or this replica is deposed. A deposed leader stops
+        deciding at once (its appends would be fenced anyway) and competes again: its folded
+        state holds only committed events, so it stands by without rebuilding."""
+        self.leadership = leadership
+        self.metrics.leader_epoch.set(leadership.epoch)
+        self.metrics.is_leader.set(1)
+        log.info("%s leads at epoch %d", self.settings.instance_id, leadership.epoch)
+        try:
+            await self._lead(stop)
+        except Deposed as why:
+            log.warning(
+                "%s deposed at epoch %d: %s; standing by again",
+                self.settings.instance_id,
+                leadership.epoch,
+                why,
+            )
+        finally:
+            self.leadership = None
+            self.metrics.is_leader.set(0)
+            await leadership.release()
+
     async def _listen(self) -> None:
         """(Re)open the connection that LISTENs for appends. Only a wake-up: without it the
         timer still catches up, a cycle interval later."""
         if self._listener is not None and not self._listener.is_closed():
             return
+        if self._listen_outage.down and time.monotonic() < self._listen_retry_at:
+            return  # backing off; the timer follows the log meanwhile
         try:
             listener: asyncpg.Connection = await asyncpg.connect(self.settings.pg_dsn)
             await listener.add_listener(NOTIFY_CHANNEL, self._on_notify)
         except TRANSIENT_DB_ERRORS as error:
-            log.warning("cannot listen for appends (%r); following by timer", error)
+            self._listen_retry_at = time.monotonic() + self._listen_outage.failed(error)
             return
+        self._listen_outage.recovered()
         self._listener = listener
+        # Appends made while it was closed notified nobody: catch up at once.
+        self._wake.set()
 
     async def _stand_by(self, stop: asyncio.Event) -> Leadership | None:
         """Follow the log until this replica holds the lock (None: stopped first)."""
@@ -221,40 +236,44 @@ class SchedulerService:
                     stop=stop,
                 )
             )
-            log.info("%s stands by for the leader lock", self.settings.instance_id)
+            if not self._database.down:
+                log.info("%s stands by for the leader lock", self.settings.instance_id)
             while not election.done():
                 await self._wait(stop, election, seconds=self.settings.scheduler_cycle_interval_s)
-                with contextlib.suppress(*TRANSIENT_DB_ERRORS):
+                try:
                     await self.follow()
                     await self._observe()
+                    self._database.recovered()
+                except TRANSIENT_DB_ERRORS:
+                    pass  # the election's own retries say when the database is away
             try:
-                return election.result()
+                leadership = election.result()
             except TRANSIENT_DB_ERRORS as error:
                 # The lock connection broke (database restart, or this standby was paused past
                 # the session timeout): try again on a fresh one.
-                log.warning("election connection failed: %r; retrying", error)
-                await sleep_unless(stop, self.settings.scheduler_standby_poll_s)
+                await self._database.sleep(error, stop)
+                continue
+            self._database.recovered()
+            return leadership
         return None
 
     async def _lead(self, stop: asyncio.Event) -> None:
         assert self.leadership is not None
         keep_alive = asyncio.create_task(self._keep_alive(self.leadership))
         try:
-            await self.follow()
+            with contextlib.suppress(*TRANSIENT_DB_ERRORS):
+                await self.follow()
             # Our own LeaderElected is folded by now; any later one means a newer leader.
             elections = self.folded.stream_version(SCHEDULER_STREAM)
-            backoff = 0.1
             while not stop.is_set():
                 try:
                     await self.cycle()
                     await self._observe()
-                    backoff = 0.1
+                    self._database.recovered()
                 except TRANSIENT_DB_ERRORS as error:
                     # The database is unreachable for a moment: nothing was appended, so the
                     # next cycle decides again from the same folded state.
-                    log.warning("cycle failed: %r; retrying in %.1f s", error, backoff)
-                    await sleep_unless(stop, backoff)
-                    backoff = min(backoff * 2, 5.0)
+                    await self._database.sleep(error, stop)
                 await self._wait(stop, keep_alive, seconds=self._until_next_cycle())
                 if keep_alive.done():
                     raise Deposed("the leader lock's session is gone")

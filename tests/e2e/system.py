@@ -89,6 +89,7 @@ async def running_system(
     cluster: str,
     scheduler_replicas: int = 2,
     env: Mapping[str, str] | None = None,
+    supervise: bool = False,
 ) -> AsyncIterator[System]:
     """Start relay, admission, schedulers, inventory, health, checkpoint, API and agent fleet;
     yield once the API answers and every node of `cluster` is registered."""
@@ -108,6 +109,7 @@ async def running_system(
         token_file = state_dir / "admin.token"
         launcher = Launcher(
             state_dir=state_dir,
+            supervise=supervise,
             env={
                 "GANGWAY_PG_DSN": settings.pg_dsn,
                 "GANGWAY_PG_OWNER_DSN": settings.migration_dsn,

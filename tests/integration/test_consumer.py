@@ -316,3 +316,41 @@ async def test_waiting_for_a_consumer_that_failed_raises_its_error(settings: Set
 
     with pytest.raises(ConnectionError, match="broker unreachable"):
         await wait_started(consumer, asyncio.create_task(fail()))
+
+
+async def test_a_session_ended_by_the_server_is_retried_until_it_passes_never_dead_lettered(
+    settings: Settings, store: EventStore, topics: Topics, producer: AIOKafkaProducer
+) -> None:
+    await create_effects_table(settings)
+    kills = 0
+
+    async def on_a_restarting_database(envelope: EventEnvelope, conn: asyncpg.Connection) -> None:
+        nonlocal kills
+        if kills < 5:  # more than consumer_max_attempts: a crash would have become a dead letter
+            kills += 1
+            # What a database restart answers a statement in flight (SQLSTATE 57P01).
+            await conn.execute(
+                "DO $$ BEGIN RAISE EXCEPTION 'terminating connection due to administrator"
+                " command' USING ERRCODE = 'admin_shutdown'; END $$"
+            )
+        await count_effects(envelope, conn)
+
+    consumer = EventConsumer(
+        settings,
+        store.pool,
+        name="restarts",
+        topics=[topics.jobs],
+        handlers={"JobDeferred": on_a_restarting_database},
+    )
+    events = await _recorded(store, "job-r", 1)
+    async with running(consumer) as task:
+        await _publish(producer, topics, events)
+
+        async def applied() -> bool:
+            return await _effects(store) == {1: 1}
+
+        await wait_until(applied, what="the event applied once the sessions held")
+        assert not task.done()
+    assert kills == 5
+    assert consumer.counts[Outcome.DEAD_LETTERED] == 0
+    assert consumer.counts[Outcome.APPLIED] == 1

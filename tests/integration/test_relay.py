@@ -173,3 +173,34 @@ async def test_a_killed_relay_resumes_and_redelivered_events_change_nothing_down
 
     assert await effects() == (3000, 1)
     assert consumer.counts[Outcome.APPLIED] == 3000
+
+
+async def _relay_lock_holders(store: EventStore) -> list[int]:
+    async with store.pool.acquire() as c:
+        rows = await c.fetch(
+            """SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted
+               AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"""
+        )
+    return [int(r["pid"]) for r in rows]
+
+
+async def test_a_relay_whose_session_is_terminated_takes_its_lock_again_and_goes_on(
+    settings: Settings, store: EventStore, topics: Topics
+) -> None:
+    fast = settings.model_copy(update={"relay_poll_interval_s": 0.2})
+    async with running(OutboxRelay(store, fast)):
+        await store.append("job-a", None, deferrals("a", 1))
+        await read_topics(settings, [topics.jobs], 1)
+        [holder] = await _relay_lock_holders(store)
+        async with store.pool.acquire() as c:
+            # What a database restart does to the session that holds the relay's lock.
+            assert await c.fetchval("SELECT pg_terminate_backend($1)", holder)
+
+        async def locked_again() -> bool:
+            holders = await _relay_lock_holders(store)
+            return len(holders) == 1 and holders != [holder]
+
+        await wait_until(locked_again, what="the relay holds its lock on a new session")
+        await store.append("job-a", None, deferrals("a", 1, start=1))
+        records = await read_topics(settings, [topics.jobs], 2)
+        assert [EventEnvelope.from_json(r.value).position for r in records] == [1, 2]

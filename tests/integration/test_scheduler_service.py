@@ -29,7 +29,7 @@ from services.scheduler.bootstrap import wired
 from services.scheduler.folding import Folded
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.replay import differences, rebuild, verify_replay
-from services.scheduler.service import EXIT_DEPOSED, SchedulerService
+from services.scheduler.service import SchedulerService
 from services.scheduler.settings import SchedulerSettings
 from services.scheduler.snapshots import SnapshotStore, code_version
 from tests.integration.support import wait_until
@@ -122,7 +122,7 @@ async def test_the_leader_reserves_an_admitted_job_with_an_append_carrying_its_e
         assert sum(len(rank.gpus) for rank in gang.ranks) == 16
 
 
-async def test_a_standby_leads_with_a_higher_epoch_once_the_leaders_lock_session_ends(
+async def test_a_leader_whose_lock_session_ends_stops_leading_and_a_replica_leads_anew(
     settings: Settings, store: EventStore
 ) -> None:
     await seed_cluster(store)
@@ -132,19 +132,50 @@ async def test_a_standby_leads_with_a_higher_epoch_once_the_leaders_lock_session
             await asyncio.sleep(0.5)
             assert second.service.leadership is None
             assert first.service.leadership is not None
+            old_epoch = first.service.leadership.epoch
             # As PostgreSQL does when the leader stops pinging (paused past the timeout).
             await first.service.leadership.conn.close()
-            assert await asyncio.wait_for(first.task, 30) == EXIT_DEPOSED
-            await wait_until(lambda: _leads(second), what="second leads", patience_s=30)
-            assert second.service.leadership is not None
-            assert second.service.leadership.epoch == first.service.leadership.epoch + 1
+
+            async def new_epoch() -> bool:
+                return any(
+                    r.service.leadership is not None
+                    and r.service.leadership.epoch == old_epoch + 1
+                    for r in (first, second)
+                )
+
+            await wait_until(new_epoch, what="a leader at the next epoch", patience_s=30)
+            # The deposed leader competes again rather than exiting: both replicas live on.
+            assert not first.task.done() and not second.task.done()
             await submit_admitted(store, job("after"))
             await wait_until(
                 lambda: _has_reservation(store, "after"), what="reserved by the new leader"
             )
 
 
-async def test_a_deposed_leader_that_decides_is_fenced_and_steps_down(
+async def test_a_leader_whose_session_is_terminated_leads_again_on_a_new_session(
+    settings: Settings, store: EventStore
+) -> None:
+    await seed_cluster(store)
+    async with replica(settings, "only") as only:
+        await wait_until(lambda: _leads(only), what="it leads", patience_s=30)
+        assert only.service.leadership is not None
+        old_epoch = only.service.leadership.epoch
+        async with store.pool.acquire() as conn:
+            # What a database restart does to the lock's session.
+            pid = only.service.leadership.conn.get_server_pid()
+            assert await conn.fetchval("SELECT pg_terminate_backend($1)", pid)
+
+        async def leads_anew() -> bool:
+            held = only.service.leadership
+            return held is not None and held.epoch == old_epoch + 1
+
+        await wait_until(leads_anew, what="it leads at the next epoch", patience_s=30)
+        assert not only.task.done()
+        await submit_admitted(store, job("after"))
+        await wait_until(lambda: _has_reservation(store, "after"), what="reserved after it")
+
+
+async def test_a_deposed_leader_that_decides_is_fenced_and_competes_again(
     settings: Settings, store: EventStore
 ) -> None:
     await seed_cluster(store)
@@ -159,10 +190,14 @@ async def test_a_deposed_leader_that_decides_is_fenced_and_steps_down(
                 "UPDATE leader_epochs SET epoch = epoch + 1 WHERE name = 'scheduler'"
             )
         await submit_admitted(store, job("late"))
-        assert await asyncio.wait_for(old.task, 30) == EXIT_DEPOSED
-        assert await reservation(store, "late") is None
+        # Fenced, it stands by: the lock is still its own, so it soon leads at a new epoch,
+        # and the job is reserved only then, by an append that carries that epoch.
+        await wait_until(lambda: _has_reservation(store, "late"), what="late reserved")
+        reserved = [e for e in await store.read_stream("job-late") if e.type == "GangReserved"]
+        assert [e.epoch for e in reserved] == [old_epoch + 2]
         stale = await store.read_all(0, 10_000)
-        assert all(e.epoch in (None, old_epoch) for e in stale)
+        assert all(e.epoch in (None, old_epoch, old_epoch + 2) for e in stale)
+        assert not old.task.done()
 
 
 async def test_a_cancel_committed_between_fold_and_append_is_folded_before_deciding_again(

@@ -9,7 +9,7 @@ import pytest
 
 from schemas.telemetry import NodeHeartbeat
 from services.inventory.bootstrap import run
-from services.inventory.service import Inventory
+from services.inventory.service import BusProbe, Inventory
 from services.inventory.settings import InventorySettings
 from services.runtime import EventStore, Settings
 from services.runtime.discovery import load_cluster_spec
@@ -112,3 +112,62 @@ async def test_one_inventory_judges_liveness_and_a_standby_takes_over(
     await second
     registered = await store.read_all(0, 100, types=["NodeRegistered"])
     assert len(registered) == 2
+
+
+async def test_an_inventory_cut_off_from_the_bus_declares_no_node_lost(
+    settings: Settings, store: EventStore
+) -> None:
+    inv = inventory(settings, store, timeout_s=0.3)
+    await inv.register(FLEET)
+    await asyncio.sleep(0.6)  # every node is past the timeout, but nobody could be heard
+    assert await inv.check(bus_connected=False) == []
+    for node in FLEET:
+        assert await types_in(store, node.stream) == ["NodeRegistered"]
+
+
+async def test_the_bus_probe_says_down_when_no_broker_answers(settings: Settings) -> None:
+    nowhere = InventorySettings(
+        **{**settings.model_dump(), "kafka_bootstrap": "127.0.0.1:9", "bus_probe_timeout_s": 1},
+        _env_file=None,
+    )
+    probe = BusProbe(nowhere)
+    try:
+        assert await probe.connected() is False
+    finally:
+        await probe.close()
+    here = BusProbe(InventorySettings(**settings.model_dump(), _env_file=None))
+    try:
+        assert await here.connected() is True
+    finally:
+        await here.close()
+
+
+async def test_the_liveness_leader_competes_again_when_its_lock_session_is_killed(
+    settings: Settings, store: EventStore
+) -> None:
+    config = InventorySettings(
+        **{**settings.model_dump(), "cluster": "2x8", "discovery": "spec"}, _env_file=None
+    )
+    stop = asyncio.Event()
+    task = asyncio.create_task(run(config, stop))
+
+    async def epoch_reaches(epoch: int) -> None:
+        async with asyncio.timeout(30):
+            while True:
+                if await liveness_epoch(store) >= epoch:
+                    return
+                await asyncio.sleep(0.05)
+
+    await epoch_reaches(1)
+    async with store.pool.acquire() as conn:
+        # As a database restart does to every session: the lock goes with it.
+        killed = await conn.fetchval(
+            """SELECT count(pg_terminate_backend(pid)) FROM pg_locks
+               WHERE locktype = 'advisory' AND granted
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"""
+        )
+    assert killed == 1
+    await epoch_reaches(2)
+    assert not task.done()
+    stop.set()
+    await task

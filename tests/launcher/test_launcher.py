@@ -107,8 +107,17 @@ def test_the_env_file_gets_the_settings_and_keeps_other_lines(tmp_path: Path) ->
 
 def test_the_system_runs_every_service_and_the_fleet_of_the_cluster() -> None:
     specs = {spec.name: spec for spec in default_services(cluster="4x8")}
-    assert set(specs) == {"relay", "admission", "scheduler", "scheduler-2", "inventory",
-                          "health", "checkpoint", "agent", "api"}
+    assert set(specs) == {
+        "relay",
+        "admission",
+        "scheduler",
+        "scheduler-2",
+        "inventory",
+        "health",
+        "checkpoint",
+        "agent",
+        "api",
+    }
     assert specs["agent"].argv(sys.executable)[-2:] == ["--cluster", "4x8"]
     assert specs["inventory"].env["GANGWAY_CLUSTER"] == "4x8"
     assert all(spec.buildable() for spec in specs.values())

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, status
+from fastapi import APIRouter, Header, Path, Query, status
 
 from schemas.jobs import JobSpec, JobState
 from services.api.deps import Caller, Context, Models
@@ -24,8 +24,21 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=PROBLEM_RESPONSES
     status_code=status.HTTP_201_CREATED,
     summary="Submit a job (admission decides asynchronously)",
 )
-async def submit_job(spec: JobSpec, caller: Caller, context: Context) -> JobCreatedView:
-    job = await context.commands.submit(caller, spec)
+async def submit_job(
+    spec: JobSpec,
+    caller: Caller,
+    context: Context,
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            min_length=1,
+            max_length=255,
+            pattern=r"^[\x21-\x7e]+$",
+            description="retrying with the same key returns the job it created, never a second",
+        ),
+    ] = None,
+) -> JobCreatedView:
+    job = await context.commands.submit(caller, spec, idempotency_key=idempotency_key)
     return JobCreatedView(id=job.id, state=job.state)
 
 
