@@ -30,3 +30,13 @@ class DomainError(Exception):
     (connections, conflicts) are retried until they pass; any other exception is retried a few
     times, then dead-lettered too.
     """
+
+
+class EventTooLarge(DomainError):
+    """An event's payload is over the log's bound (services/runtime/limits.py); not appended."""
+
+    def __init__(self, event_type: str, size: int, limit: int) -> None:
+        super().__init__(f"{event_type} is {size} bytes, over the event bound of {limit} bytes")
+        self.event_type = event_type
+        self.size = size
+        self.limit = limit
