@@ -542,7 +542,12 @@ def _tail(text: str, lines: int = 30) -> str:
 def _write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
+    # Every file the launcher writes may hold a secret (.gangway/env holds DSNs): its owner's
+    # only, from the first byte.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
     os.replace(tmp, path)
 
 

@@ -43,6 +43,8 @@ KAFKA_LOG="$KAFKA_DIR/broker.log"
 KAFKA_PID="$KAFKA_DIR/broker.pid"
 KAFKA_POM="$ROOT/scripts/kafka/pom.xml"
 KAFKA_HEAP="${GANGWAY_STACK_KAFKA_HEAP:--Xms256m -Xmx768m}"
+# services/runtime/limits.py MAX_MESSAGE_BYTES (2 MiB); tests/integration/test_bounds.py checks.
+KAFKA_MAX_MESSAGE_BYTES=2097152
 
 log() { printf '[stack] %s\n' "$*" >&2; }
 die() { printf '[stack] error: %s\n' "$*" >&2; exit 1; }
@@ -232,6 +234,10 @@ share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=true
 log.retention.hours=168
+# The bus's record bound, the same figure as services/runtime/limits.py's MAX_MESSAGE_BYTES
+# (the topics are created with it too): above the largest event the log accepts.
+message.max.bytes=$KAFKA_MAX_MESSAGE_BYTES
+replica.fetch.max.bytes=$((KAFKA_MAX_MESSAGE_BYTES * 2))
 EOF
     cat >"$KAFKA_DIR/log4j2.properties" <<EOF
 status = warn
@@ -365,7 +371,9 @@ cmd_up() {
     else
         kafka_start
     fi
-    print_env >"$GANGWAY_DIR/env.tmp"
+    # It holds the owner role's password: readable by its owner only, from the first byte.
+    (umask 077 && print_env >"$GANGWAY_DIR/env.tmp")
+    chmod 600 "$GANGWAY_DIR/env.tmp"
     mv "$GANGWAY_DIR/env.tmp" "$GANGWAY_DIR/env"
     log "stack ready; settings in .gangway/env"
 }

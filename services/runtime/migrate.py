@@ -151,8 +151,6 @@ async def _grant(conn: asyncpg.Connection, role: str) -> None:
         await conn.execute(
             f"REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON event_log_head FROM {ident}"
         )
-        await conn.execute(
-            f"REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON leader_epochs FROM {ident}"
-        )
+        await conn.execute(f"REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON leader_epochs FROM {ident}")
         for function in _APPEND_FUNCTIONS:
             await conn.execute(f"GRANT EXECUTE ON FUNCTION {function} TO {ident}")
