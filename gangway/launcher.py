@@ -436,6 +436,12 @@ def cmd_up(launcher: Launcher) -> int:
     )
     specs = default_services(cluster=cluster, api_url=api_url)
     launcher.env.setdefault("GANGWAY_ADMIN_TOKEN_FILE", str(token_file))
+    # The key the relay signs the bus's records with (services/runtime/signing.py): one per
+    # installation, kept across runs (running services keep checking with it), mode 0600.
+    launcher.env.setdefault(
+        "GANGWAY_BUS_KEY",
+        ensure_admin_token(launcher.state_dir / "bus.key", os.environ.get("GANGWAY_BUS_KEY")),
+    )
     launcher.env.setdefault("GANGWAY_CLUSTER", cluster)
     try:
         for started in launcher.up(specs, skip_missing=True):

@@ -29,11 +29,25 @@ PG_DATA="$PG_DIR/data"
 PG_RUN="$PG_DIR/run"
 PG_LOG="$PG_DIR/postgres.log"
 PG_DB=gangway
-# Local development credentials only; they never leave this machine's loopback interface.
+# The roles' passwords are random, one per installation, in .stack/secrets (0700, files 0600):
+# never in this script or another world-readable file, since ranks run on this machine too.
 PG_OWNER=gangway_owner
-PG_OWNER_PASSWORD=gangway_owner
 PG_APP=gangway_app
-PG_APP_PASSWORD=gangway_app
+SECRETS="$STACK/secrets"
+
+# The password of role $1, generated on first use.
+role_password() {
+    local file="$SECRETS/$1.password"
+    if [ ! -s "$file" ]; then
+        (umask 077 && mkdir -p "$SECRETS" && od -An -N24 -tx1 /dev/urandom | tr -d ' \n' >"$file.tmp" \
+            && mv "$file.tmp" "$file")
+    fi
+    chmod 700 "$SECRETS"
+    chmod 600 "$file"
+    cat "$file"
+}
+PG_OWNER_PASSWORD="$(role_password "$PG_OWNER")"
+PG_APP_PASSWORD="$(role_password "$PG_APP")"
 
 KAFKA_DIR="$STACK/kafka"
 KAFKA_LIBS="$KAFKA_DIR/libs"
@@ -164,6 +178,9 @@ pg_bootstrap() {
             GRANT pg_signal_backend TO $PG_OWNER;
         END IF;
     END \$\$;"
+    # The files are the truth: an installation from before them takes their passwords now.
+    pg_superuser_sql "ALTER ROLE $PG_OWNER PASSWORD '$PG_OWNER_PASSWORD'"
+    pg_superuser_sql "ALTER ROLE $PG_APP PASSWORD '$PG_APP_PASSWORD'"
     if [ -z "$(pg_superuser_sql "SELECT 1 FROM pg_database WHERE datname = '$PG_DB'")" ]; then
         pg_superuser_sql "CREATE DATABASE $PG_DB OWNER $PG_OWNER"
     fi
