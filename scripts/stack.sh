@@ -376,8 +376,24 @@ print_env() {
     printf 'GANGWAY_API_URL=%s\n' "$API_URL"
 }
 
+# The agent sandboxes each rank with bubblewrap where it works (services/agent/isolation.py);
+# without it ranks are still isolated by users and file modes, so a failed install is no error.
+ensure_bwrap() {
+    command -v bwrap >/dev/null 2>&1 && return 0
+    if is_root && command -v apt-get >/dev/null 2>&1; then
+        log "installing bubblewrap (the ranks' sandbox) from the Debian packages"
+        { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1 \
+            || { DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null 2>&1 \
+                && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; } \
+            || log "bubblewrap could not be installed; ranks run without the sandbox"
+    else
+        log "bubblewrap is missing; ranks run without the sandbox (apt-get install bubblewrap)"
+    fi
+}
+
 cmd_up() {
     mkdir -p "$STACK" "$GANGWAY_DIR"
+    ensure_bwrap
     if pg_external; then
         log "using the PostgreSQL at GANGWAY_PG_DSN"
     else

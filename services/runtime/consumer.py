@@ -26,7 +26,7 @@ from schemas import REGISTRY, EventDecodeError, EventEnvelope, EventRegistry
 from schemas.telemetry import TELEMETRY, NodeHeartbeat, StepTimeSample
 from services.runtime.errors import ConcurrencyConflict, DomainError
 from services.runtime.kafka import make_consumer, make_producer
-from services.runtime.metrics import follow_readiness
+from services.runtime.metrics import follow_readiness, unfollow_readiness
 from services.runtime.settings import Settings
 from services.runtime.signing import verify
 from services.runtime.topics import Topics, ensure_topics
@@ -95,6 +95,11 @@ class ConsumerLoop(ABC):
         # Records on its partitions not yet processed, as of the last fetch (/readyz reads it).
         self.lag = 0
 
+    @property
+    def max_lag(self) -> int:
+        """The lag past which /readyz of the process says not ready."""
+        return self.settings.ready_max_lag_events
+
     @abstractmethod
     async def process(self, record: ConsumerRecord[bytes, bytes]) -> Outcome:
         """Apply one message. Raise Unprocessable or DomainError for dead letters."""
@@ -114,8 +119,9 @@ class ConsumerLoop(ABC):
         await consumer.start()
         await producer.start()
         self._consumer, self._producer = consumer, producer
-        follow_readiness(self, max_lag=self.settings.ready_max_lag_events)
-        fetched: dict[TopicPartition, int] = {}
+        follow_readiness(self)
+        # Per partition, the offset of the first record not processed yet.
+        unprocessed: dict[TopicPartition, int] = {}
         try:
             while not stop.is_set():
                 batches = await consumer.getmany(
@@ -123,16 +129,19 @@ class ConsumerLoop(ABC):
                 )
                 if not self.started.is_set() and consumer.assignment():
                     self.started.set()
+                for tp, records in batches.items():
+                    if records:
+                        unprocessed[tp] = records[0].offset
+                self.lag = _lag(consumer, unprocessed)
                 done = await self._process_batch(batches, stop) if batches else {}
                 if done:
                     # One commit for every partition of the batch: each one's effects are
                     # durable already, and one round trip to the coordinator is all it takes.
                     await self._commit(consumer, done)
-                for tp, records in batches.items():
-                    if records:
-                        fetched[tp] = records[-1].offset + 1
-                self.lag = _lag(consumer, fetched)
+                unprocessed.update(done)
+                self.lag = _lag(consumer, unprocessed)
         finally:
+            unfollow_readiness(self)
             self._consumer = self._producer = None
             await consumer.stop()
             await producer.stop()
@@ -452,14 +461,14 @@ def _header(record: ConsumerRecord[Any, Any], name: str) -> str | None:
     return None
 
 
-def _lag(consumer: AIOKafkaConsumer, fetched: dict[TopicPartition, int]) -> int:
-    """Records behind the partitions' high watermarks, as the last fetches reported them;
-    `fetched` holds, per partition, the offset after the last record fetched."""
+def _lag(consumer: AIOKafkaConsumer, unprocessed: dict[TopicPartition, int]) -> int:
+    """Records not processed yet, up to the partitions' high watermarks as the last fetches
+    reported them."""
     lag = 0
     for tp in consumer.assignment():
         highwater = consumer.highwater(tp)
-        if highwater is not None and tp in fetched:
-            lag += max(0, highwater - fetched[tp])
+        if highwater is not None and tp in unprocessed:
+            lag += max(0, highwater - unprocessed[tp])
     return lag
 
 

@@ -40,27 +40,36 @@ class MetricsServer:
 class Follower(Protocol):
     """What /readyz asks of a process's consumer loops."""
 
-    name: str
-    lag: int
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def lag(self) -> int: ...
+
+    @property
+    def max_lag(self) -> int: ...
 
 
-# The consumer loops running in this process (runtime/consumer.py registers each): /readyz is
-# not-ready while any of them trails its partitions by more than the threshold.
+# The consumer loops running in this process (runtime/consumer.py registers each while it
+# runs): /readyz is not-ready while any of them trails its partitions by more than its
+# threshold (GANGWAY_READY_MAX_LAG_EVENTS).
 _FOLLOWERS: weakref.WeakSet[Any] = weakref.WeakSet()
-_READY_MAX_LAG = [10_000]
 
 
-def follow_readiness(follower: Follower, *, max_lag: int | None = None) -> None:
+def follow_readiness(follower: Follower) -> None:
     _FOLLOWERS.add(follower)
-    if max_lag is not None:
-        _READY_MAX_LAG[0] = max_lag
+
+
+def unfollow_readiness(follower: Follower) -> None:
+    _FOLLOWERS.discard(follower)
 
 
 def readiness(followers: Iterable[Follower] | None = None) -> tuple[bool, dict[str, Any]]:
-    """Whether every follower of this process is within the lag threshold, and each one's lag."""
-    lags = {f.name: int(f.lag) for f in (_FOLLOWERS if followers is None else followers)}
-    behind = {name: lag for name, lag in lags.items() if lag > _READY_MAX_LAG[0]}
-    return not behind, {"lag": lags, "max_lag": _READY_MAX_LAG[0], "behind": behind}
+    """Whether every follower of this process is within its lag threshold, and each one's lag."""
+    chosen = list(_FOLLOWERS if followers is None else followers)
+    lags = {f.name: int(f.lag) for f in chosen}
+    behind = {f.name: int(f.lag) for f in chosen if f.lag > f.max_lag}
+    return not behind, {"lag": lags, "behind": behind}
 
 
 def _app(registry: CollectorRegistry, ready: Callable[[], tuple[bool, dict[str, Any]]]) -> Any:
