@@ -305,6 +305,14 @@ SELECT (SELECT position FROM event_log_head),
 """
 
 
+async def log_identity(store: EventStore) -> str | None:
+    """The first event's id: tells one log from another (`replay --verify` checks that the
+    API it compares with serves the log it reads)."""
+    async with store.pool.acquire() as c:
+        first = await c.fetchval("SELECT event_id FROM events WHERE position = 1")
+    return None if first is None else str(first)
+
+
 async def relay_status(store: EventStore, name: str) -> dict[str, int]:
     """How far the relay `name` trails the log, and how many events the bus refused, from
     the database (for the API's /readyz, in another process than the relay)."""

@@ -9,7 +9,7 @@ from services.api.deps import Context, unavailable
 from services.api.metrics import ApiMetrics
 from services.api.models import Health
 from services.api.problems import problem_docs
-from services.runtime.relay import relay_status
+from services.runtime.relay import log_identity, relay_status
 
 router = APIRouter(tags=["health"])
 
@@ -42,6 +42,7 @@ async def readyz(context: Context) -> Health:
         "applied": context.models.watermark.position,
         "lag": lag,
         "relay": relay,
+        "log": await log_identity(context.feed.store),
     }
     return Health(status="ok", detail=detail)
 
