@@ -27,6 +27,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# The launcher's directories in the state directory (gangway/launcher.py), no rank's business.
+PRIVATE_STATE = ("logs", "pids")
 # Every rank's process limit: a fork bomb stays inside its own cgroup.
 DEFAULT_PIDS_MAX = 4096
 
@@ -161,6 +163,10 @@ def hide_state(*directories: Path | None) -> None:
         with contextlib.suppress(OSError):
             directory.mkdir(parents=True, exist_ok=True)
             directory.chmod(0o711)
+        # The launcher's service logs and pid files are the control plane's alone.
+        for private in PRIVATE_STATE:
+            with contextlib.suppress(OSError):
+                (directory / private).chmod(0o700)
 
 
 # ---------------------------------------------------------------------- cgroups
