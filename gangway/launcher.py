@@ -434,7 +434,9 @@ def cmd_up(launcher: Launcher) -> int:
             "GANGWAY_API_URL": api_url,
         },
     )
-    specs = default_services(cluster=cluster, api_url=api_url)
+    # A second installation on one machine moves its metrics ports (GANGWAY_METRICS_PORT_BASE).
+    base = int(os.environ.get("GANGWAY_METRICS_PORT_BASE") or DEFAULT_METRICS_PORT_BASE)
+    specs = default_services(cluster=cluster, api_url=api_url, metrics_port_base=base)
     launcher.env.setdefault("GANGWAY_ADMIN_TOKEN_FILE", str(token_file))
     # The key the relay signs the bus's records with (services/runtime/signing.py): one per
     # installation, kept across runs (running services keep checking with it), mode 0600.
