@@ -22,12 +22,13 @@ pytestmark = pytest.mark.integration
 __all__ = ["api_url"]
 
 
-def _live_jobs(url: str, count: int) -> list[dict[str, object]]:
+def _live_jobs(url: str, states: dict[str, str]) -> list[dict[str, object]]:
+    """The API's jobs once it shows each of `states` (job id: state), i.e. has caught up."""
     headers = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     deadline = time.monotonic() + 30
     while True:
         items = httpx.get(f"{url}/v1/jobs", headers=headers).json()["items"]
-        if len(items) >= count:
+        if {str(j["id"]): j["state"] for j in items} == states:
             return list(items)
         assert time.monotonic() < deadline, "the API never showed the jobs"
         time.sleep(0.05)
@@ -51,7 +52,7 @@ def test_replay_verify_finds_the_live_api_in_agreement_with_the_log(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     record(settings, node("n1"), *running_job("a", [0, 1, 2, 3]), *waiting_job("b"))
-    live = _live_jobs(api_url, 2)
+    live = _live_jobs(api_url, {"a": "running", "b": "queued"})
     assert main(["replay", "--verify"]) == 0
     out = capsys.readouterr().out
     assert "OK live read models vs the log" in out, out
@@ -63,7 +64,7 @@ def test_a_job_shown_live_but_absent_from_the_log_is_a_mismatch(
     settings: Settings,
 ) -> None:
     record(settings, node("n1"), *running_job("a", [0, 1, 2, 3]))
-    live = _live_jobs(api_url, 1)
+    live = _live_jobs(api_url, {"a": "running"})
     forged = {**live[0], "id": "forged", "state": "succeeded"}
     changed = {**live[0], "state": "succeeded"}
     assert _rebuilt_differences(settings, [*live, forged]) == [
