@@ -91,6 +91,10 @@ class GangwayClient:
         params = _params(team=team, state=state, limit=limit, after=after)
         return self._call("GET", "/v1/jobs", params=params)
 
+    def ready(self) -> dict[str, Any]:
+        """The API's /readyz: where its read models stand in the log."""
+        return self._call("GET", "/readyz")
+
     def job(self, job_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{_segment(job_id)}")
 

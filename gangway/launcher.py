@@ -478,8 +478,16 @@ def cmd_up(launcher: Launcher) -> int:
             "GANGWAY_API_URL": api_url,
         },
     )
-    specs = default_services(cluster=cluster, api_url=api_url)
+    # A second installation on one machine moves its metrics ports (GANGWAY_METRICS_PORT_BASE).
+    base = int(os.environ.get("GANGWAY_METRICS_PORT_BASE") or DEFAULT_METRICS_PORT_BASE)
+    specs = default_services(cluster=cluster, api_url=api_url, metrics_port_base=base)
     launcher.env.setdefault("GANGWAY_ADMIN_TOKEN_FILE", str(token_file))
+    # The key the relay signs the bus's records with (services/runtime/signing.py): one per
+    # installation, kept across runs (running services keep checking with it), mode 0600.
+    launcher.env.setdefault(
+        "GANGWAY_BUS_KEY",
+        ensure_admin_token(launcher.state_dir / "bus.key", os.environ.get("GANGWAY_BUS_KEY")),
+    )
     launcher.env.setdefault("GANGWAY_CLUSTER", cluster)
     try:
         for started in launcher.up(specs, skip_missing=True):
@@ -587,7 +595,12 @@ def _tail(text: str, lines: int = 30) -> str:
 def _write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
+    # Every file the launcher writes may hold a secret (.gangway/env holds DSNs): its owner's
+    # only, from the first byte.
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
     os.replace(tmp, path)
 
 

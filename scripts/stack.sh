@@ -31,11 +31,25 @@ PG_DATA="$PG_DIR/data"
 PG_RUN="$PG_DIR/run"
 PG_LOG="$PG_DIR/postgres.log"
 PG_DB=gangway
-# Local development credentials only; they never leave this machine's loopback interface.
+# The roles' passwords are random, one per installation, in .stack/secrets (0700, files 0600):
+# never in this script or another world-readable file, since ranks run on this machine too.
 PG_OWNER=gangway_owner
-PG_OWNER_PASSWORD=gangway_owner
 PG_APP=gangway_app
-PG_APP_PASSWORD=gangway_app
+SECRETS="$STACK/secrets"
+
+# The password of role $1, generated on first use.
+role_password() {
+    local file="$SECRETS/$1.password"
+    if [ ! -s "$file" ]; then
+        (umask 077 && mkdir -p "$SECRETS" && od -An -N24 -tx1 /dev/urandom | tr -d ' \n' >"$file.tmp" \
+            && mv "$file.tmp" "$file")
+    fi
+    chmod 700 "$SECRETS"
+    chmod 600 "$file"
+    cat "$file"
+}
+PG_OWNER_PASSWORD="$(role_password "$PG_OWNER")"
+PG_APP_PASSWORD="$(role_password "$PG_APP")"
 
 KAFKA_DIR="$STACK/kafka"
 KAFKA_LIBS="$KAFKA_DIR/libs"
@@ -45,6 +59,8 @@ KAFKA_LOG="$KAFKA_DIR/broker.log"
 KAFKA_PID="$KAFKA_DIR/broker.pid"
 KAFKA_POM="$ROOT/scripts/kafka/pom.xml"
 KAFKA_HEAP="${GANGWAY_STACK_KAFKA_HEAP:--Xms256m -Xmx768m}"
+# services/runtime/limits.py MAX_MESSAGE_BYTES (2 MiB); tests/integration/test_bounds.py checks.
+KAFKA_MAX_MESSAGE_BYTES=2097152
 
 log() { printf '[stack] %s\n' "$*" >&2; }
 die() { printf '[stack] error: %s\n' "$*" >&2; exit 1; }
@@ -176,6 +192,9 @@ pg_bootstrap() {
             GRANT pg_signal_backend TO $PG_OWNER;
         END IF;
     END \$\$;"
+    # The files are the truth: an installation from before them takes their passwords now.
+    pg_superuser_sql "ALTER ROLE $PG_OWNER PASSWORD '$PG_OWNER_PASSWORD'"
+    pg_superuser_sql "ALTER ROLE $PG_APP PASSWORD '$PG_APP_PASSWORD'"
     if [ -z "$(pg_superuser_sql "SELECT 1 FROM pg_database WHERE datname = '$PG_DB'")" ]; then
         pg_superuser_sql "CREATE DATABASE $PG_DB OWNER $PG_OWNER"
     fi
@@ -246,6 +265,10 @@ share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 auto.create.topics.enable=true
 log.retention.hours=168
+# The bus's record bound, the same figure as services/runtime/limits.py's MAX_MESSAGE_BYTES
+# (the topics are created with it too): above the largest event the log accepts.
+message.max.bytes=$KAFKA_MAX_MESSAGE_BYTES
+replica.fetch.max.bytes=$((KAFKA_MAX_MESSAGE_BYTES * 2))
 EOF
     cat >"$KAFKA_DIR/log4j2.properties" <<EOF
 status = warn
@@ -367,6 +390,21 @@ print_env() {
     printf 'GANGWAY_API_URL=%s\n' "$API_URL"
 }
 
+# The agent sandboxes each rank with bubblewrap where it works (services/agent/isolation.py);
+# without it ranks are still isolated by users and file modes, so a failed install is no error.
+ensure_bwrap() {
+    command -v bwrap >/dev/null 2>&1 && return 0
+    if is_root && command -v apt-get >/dev/null 2>&1; then
+        log "installing bubblewrap (the ranks' sandbox) from the Debian packages"
+        { DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1 \
+            || { DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null 2>&1 \
+                && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap >/dev/null 2>&1; }; } \
+            || log "bubblewrap could not be installed; ranks run without the sandbox"
+    else
+        log "bubblewrap is missing; ranks run without the sandbox (apt-get install bubblewrap)"
+    fi
+}
+
 cmd_up() {
     mkdir -p "$STACK" "$GANGWAY_DIR"
     pg_external || check_port PostgreSQL "$PG_PORT"
@@ -374,6 +412,7 @@ cmd_up() {
         check_port Kafka "$KAFKA_PORT"
         check_port "Kafka controller" "$KAFKA_CONTROLLER_PORT"
     fi
+    ensure_bwrap
     if pg_external; then
         log "using the PostgreSQL at GANGWAY_PG_DSN"
     else
@@ -384,7 +423,9 @@ cmd_up() {
     else
         kafka_start
     fi
-    print_env >"$GANGWAY_DIR/env.tmp"
+    # It holds the owner role's password: readable by its owner only, from the first byte.
+    (umask 077 && print_env >"$GANGWAY_DIR/env.tmp")
+    chmod 600 "$GANGWAY_DIR/env.tmp"
     mv "$GANGWAY_DIR/env.tmp" "$GANGWAY_DIR/env"
     log "stack ready; settings in .gangway/env"
 }

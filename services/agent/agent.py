@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import time
 from collections.abc import Sequence
@@ -29,12 +30,14 @@ from schemas.envelope import EventEnvelope
 from schemas.jobs import (
     GANG_RELEASING_EVENTS,
     GangReserved,
+    JobSpec,
     PreemptionRequested,
     TaskExited,
     TaskStarted,
 )
 from schemas.nodes import NodeRegistered
 from schemas.telemetry import StepTimeSample
+from services.agent import isolation
 from services.agent.faults import HEALTHY, Fault, FaultReader
 from services.agent.heartbeats import NvmlSampler, synthetic_heartbeat
 from services.agent.plan import (
@@ -85,8 +88,13 @@ class Agent:
         self.ranks: dict[RankKey, RankProcess] = {}
         self.launched: set[tuple[str, int, int]] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._cgroups: dict[RankKey, str] = {}
         self.root_dir = settings.checkpoint_root.resolve()
         self.work_dir = settings.work_dir.resolve()
+        self.isolating = isolation.isolating(settings.rank_isolation)
+        self.state_dir = isolation.state_dir_of(self.work_dir, self.root_dir)
+        if self.isolating:
+            isolation.hide_state(self.state_dir, self.work_dir, self.root_dir)
         registry = new_registry()
         self.registry = registry
         self.heartbeats_sent = Counter(
@@ -261,11 +269,15 @@ class Agent:
             started = TaskStarted(
                 job_id=key.job_id, attempt=key.attempt, rank=key.rank, node_id=placement.node_id
             )
+            cgroup_name = f"{key.job_id}-a{key.attempt}-r{key.rank}"
             try:
-                rank = await launch(
-                    key, placement, world_size, list(view.spec.command), env, workdir
+                sandbox = await asyncio.to_thread(
+                    self._sandbox, view.spec, list(view.spec.command), env, workdir, cgroup_name
                 )
-            except OSError as error:
+                rank = await launch(
+                    key, placement, world_size, list(view.spec.command), env, workdir, sandbox
+                )
+            except (OSError, isolation.IsolationError) as error:
                 log.warning("rank %s could not start: %s", key, error)
                 exited = TaskExited(
                     job_id=key.job_id,
@@ -278,6 +290,8 @@ class Agent:
                 await self.store.append(reserved.stream, None, [started, exited], meta)
                 continue
             rank.checkpoints_itself = CHECKPOINT_SIGNAL_ENV in view.spec.env
+            if sandbox is not None and sandbox.cgroup_procs:
+                self._cgroups[key] = cgroup_name
             # Recorded before the exit watcher starts, so TaskStarted always precedes
             # TaskExited in the log.
             await self._record(started, meta)
@@ -293,8 +307,58 @@ class Agent:
             )
             self._spawn(self._watch(rank, meta))
 
+    def _sandbox(
+        self,
+        spec: JobSpec,
+        argv: list[str],
+        env: dict[str, str],
+        workdir: Path,
+        cgroup_name: str,
+    ) -> isolation.Sandbox | None:
+        """How the rank starts: as its team's user, in its cgroups and sandbox (isolation.py).
+        None when the agent does not isolate (it is not root, or told not to). Raises
+        IsolationError (the launch fails) rather than start a rank as root."""
+        if not self.isolating:
+            return None
+        user = isolation.team_user(spec.team)
+        job_dir = self.work_dir / workdir.relative_to(self.work_dir).parts[0]
+        isolation.own_directory(job_dir, user)
+        for part in workdir.relative_to(job_dir).parts:
+            job_dir = job_dir / part
+            isolation.own_directory(job_dir, user)
+        checkpoints = self.root_dir / workdir.relative_to(self.work_dir).parts[0]
+        isolation.own_directory(checkpoints, user)
+        # Up to (not into) the job's own directories, which stay 0700.
+        isolation.make_traversable(self.work_dir / workdir.relative_to(self.work_dir).parts[0])
+        isolation.make_traversable(checkpoints)
+        program = shutil.which(argv[0], path=env.get("PATH")) if argv else None
+        if program is None:
+            # Inside bwrap the exec would fail only after the sandbox started: fail the launch
+            # here, as an unsandboxed exec would.
+            raise FileNotFoundError(f"no such program: {argv[0] if argv else '(empty command)'}")
+        isolation.make_traversable(Path(program).absolute())
+        isolation.make_traversable(Path(program).resolve())
+        env["HOME"] = str(workdir)
+        env["USER"] = user.name
+        limits = isolation.Limits(
+            memory_bytes=_megabytes(getattr(spec, "memory_mb_per_task", None)),
+            cpus=getattr(spec, "cpus_per_task", None),
+        )
+        procs = isolation.make_cgroup(cgroup_name, limits)
+        sandboxed = self.settings.rank_sandbox == "bwrap" or (
+            self.settings.rank_sandbox == "auto" and isolation.bwrap_works()
+        )
+        if sandboxed:
+            argv = isolation.bwrap_argv(
+                argv, state_dir=self.state_dir, binds=[workdir, checkpoints], workdir=workdir
+            )
+        return isolation.Sandbox(argv, user, procs, sandboxed)
+
     async def _watch(self, rank: RankProcess, meta: Metadata) -> None:
         code = await rank.process.wait()
+        cgroup = self._cgroups.pop(rank.key, None)
+        if cgroup is not None:
+            isolation.remove_cgroup(cgroup)
         self.ranks_running.dec()
         event = TaskExited(
             job_id=rank.key.job_id,
@@ -502,3 +566,7 @@ class Agent:
         )
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self.settings.stop_timeout_s + 5)
+
+
+def _megabytes(value: int | None) -> int | None:
+    return None if value is None else int(value) * 1024 * 1024

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from schemas.jobs import RankPlacement
+from services.agent.isolation import Sandbox
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,8 @@ class RankProcess:
     checkpoints_itself: bool = False
     # How far the agent has read the rank's step-time file.
     step_offset: int = 0
+    # Started inside bubblewrap: the group's leader is bwrap itself, not the job.
+    sandboxed: bool = False
 
     @property
     def pid(self) -> int:
@@ -47,6 +50,14 @@ class RankProcess:
         """Signal the rank's whole process group (it runs in a session of its own), so a
         launcher script's children get it too."""
         if not self.running:
+            return
+        if self.sandboxed and sig != signal.SIGKILL:
+            # bwrap dies of SIGTERM or SIGUSR1 and takes the sandbox with it: the job's own
+            # processes get the signal, so that it may checkpoint or exit in its own time.
+            for pid in _group_members(self.process.pid):
+                if pid != self.process.pid:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, sig)
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, sig)
@@ -70,23 +81,42 @@ async def launch(
     argv: list[str],
     env: dict[str, str],
     workdir: Path,
+    sandbox: Sandbox | None = None,
 ) -> RankProcess:
-    """Start the rank in `workdir`, its output in `workdir/rank.log`. Raises OSError when the
-    program cannot be started (not found, not executable)."""
+    """Start the rank in `workdir`, its output in `workdir/rank.log`, as `sandbox` says (its
+    user, cgroups, bubblewrap). Raises OSError when the program cannot be started."""
     await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
     with (workdir / "rank.log").open("ab") as log:
         process = await asyncio.create_subprocess_exec(
-            *argv,
+            *(sandbox.argv if sandbox is not None else argv),
             cwd=workdir,
             env=env,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=log,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=sandbox.preexec() if sandbox is not None else None,
         )
     # Lets an agent restarted after a crash find the ranks its predecessor left behind.
     await asyncio.to_thread((workdir / PID_FILE).write_text, f"{process.pid}\n")
-    return RankProcess(key, placement, world_size, process, workdir)
+    rank = RankProcess(key, placement, world_size, process, workdir)
+    rank.sandboxed = sandbox is not None and sandbox.sandboxed
+    return rank
+
+
+def _group_members(pgid: int) -> list[int]:
+    """The processes of process group `pgid` (from /proc)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid:
+            members.append(int(entry.name))
+    return members
 
 
 PID_FILE = "rank.pid"

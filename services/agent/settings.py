@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -26,4 +27,8 @@ class AgentSettings(Settings):
     # After SIGTERM, how long a rank may take to exit before SIGKILL.
     stop_timeout_s: float = Field(default=5.0, ge=0)
     consumer_group: str | None = None
+    # Ranks under a user of their team's (services/agent/isolation.py): `auto` when root.
+    rank_isolation: Literal["auto", "on", "off"] = "auto"
+    # Each rank in a bubblewrap sandbox (`auto`: where bwrap is installed and works).
+    rank_sandbox: Literal["auto", "bwrap", "none"] = "auto"
     metrics_port: int | None = Field(default=None, ge=0, le=65535)

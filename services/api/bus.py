@@ -10,7 +10,7 @@ from aiokafka import ConsumerRecord
 
 from schemas import EventDecodeError, EventEnvelope
 from services.api.feed import ReadModelFeed
-from services.runtime.consumer import ConsumerLoop, Outcome, Unprocessable
+from services.runtime.consumer import ConsumerLoop, Outcome, Unprocessable, check_signature
 from services.runtime.settings import Settings
 from services.runtime.topics import Topics
 
@@ -28,5 +28,6 @@ class ReadModelConsumer(ConsumerLoop):
             envelope = EventEnvelope.from_json(record.value)
         except EventDecodeError as error:
             raise Unprocessable(f"undecodable event: {error}") from error
+        check_signature(record, envelope, self.settings)
         applied = await self.feed.deliver(envelope)
         return Outcome.APPLIED if applied else Outcome.DUPLICATE

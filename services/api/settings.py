@@ -7,6 +7,7 @@ from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr
 
+from services.runtime.limits import MAX_REQUEST_BODY_BYTES
 from services.runtime.settings import Settings
 
 
@@ -17,7 +18,8 @@ class ApiSettings(Settings):
     # The admin's bearer token; when unset it is read from (or generated into) admin_token_file.
     admin_token: SecretStr | None = None
     admin_token_file: Path = Path(".gangway/admin.token")
-    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    # Below the log's event bound and the bus's record bound (services/runtime/limits.py).
+    max_body_bytes: int = Field(default=MAX_REQUEST_BODY_BYTES, ge=1024, le=MAX_REQUEST_BODY_BYTES)
     # /readyz fails while the read models trail the log's head by more than this many events.
     ready_max_lag: int = Field(default=1000, ge=0)
     # How far one GET /v1/events may scan the log to fill a filtered page before it returns

@@ -27,9 +27,11 @@ from schemas import REGISTRY, EventDecodeError, EventEnvelope, EventRegistry
 from schemas.telemetry import TELEMETRY, NodeHeartbeat, StepTimeSample
 from services.runtime.errors import DATABASE_UNAVAILABLE, ConcurrencyConflict, DomainError
 from services.runtime.kafka import make_consumer, make_producer
+from services.runtime.metrics import follow_readiness, unfollow_readiness
 from services.runtime.retry import Outage
 from services.runtime.settings import Settings
 from services.runtime.signals import sleep_unless
+from services.runtime.signing import verify
 from services.runtime.topics import Topics, ensure_topics
 
 log = logging.getLogger(__name__)
@@ -89,6 +91,13 @@ class ConsumerLoop(ABC):
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self.started = asyncio.Event()
+        # Records on its partitions not yet processed, as of the last fetch (/readyz reads it).
+        self.lag = 0
+
+    @property
+    def max_lag(self) -> int:
+        """The lag past which /readyz of the process says not ready."""
+        return self.settings.ready_max_lag_events
 
     @abstractmethod
     async def process(self, record: ConsumerRecord[bytes, bytes]) -> Outcome:
@@ -101,6 +110,9 @@ class ConsumerLoop(ABC):
             return
         consumer, producer = clients
         self._consumer, self._producer = consumer, producer
+        follow_readiness(self)
+        # Per partition, the offset of the first record not processed yet.
+        unprocessed: dict[TopicPartition, int] = {}
         try:
             while not stop.is_set():
                 batches = await consumer.getmany(
@@ -108,12 +120,19 @@ class ConsumerLoop(ABC):
                 )
                 if not self.started.is_set() and consumer.assignment():
                     self.started.set()
+                for tp, records in batches.items():
+                    if records:
+                        unprocessed[tp] = records[0].offset
+                self.lag = _lag(consumer, unprocessed)
                 done = await self._process_batch(batches, stop) if batches else {}
                 if done:
                     # One commit for every partition of the batch: each one's effects are
                     # durable already, and one round trip to the coordinator is all it takes.
                     await self._commit(consumer, done)
+                unprocessed.update(done)
+                self.lag = _lag(consumer, unprocessed)
         finally:
+            unfollow_readiness(self)
             self._consumer = self._producer = None
             await consumer.stop()
             await producer.stop()
@@ -236,6 +255,22 @@ class ConsumerLoop(ABC):
             log.warning("%s: commit of %s failed: %r", self.name, offsets, error)
 
 
+def check_signature(
+    record: ConsumerRecord[bytes, bytes], envelope: EventEnvelope, settings: Settings
+) -> None:
+    """Only the log speaks: a record acts only if the relay signed it (runtime/signing.py) and
+    its headers name the position and event id its signed body holds. Raises Unprocessable
+    (the record is dead-lettered) otherwise."""
+    assert record.value is not None
+    forged = verify(record.headers, record.value, settings.bus_signing_key)
+    if forged is None:
+        position, event_id = _header(record, "position"), _header(record, "event_id")
+        if position != str(envelope.position) or event_id != str(envelope.event_id):
+            forged = "its headers do not name the position and event id of its body"
+    if forged is not None:
+        raise Unprocessable(f"{envelope.type} at position {envelope.position}: {forged}")
+
+
 class EventConsumer(ConsumerLoop):
     """Consumes log events from the bus and hands each to the handler for its type.
 
@@ -273,7 +308,10 @@ class EventConsumer(ConsumerLoop):
             envelope = EventEnvelope.from_json(record.value, self.registry)
         except EventDecodeError as error:
             raise Unprocessable(f"undecodable event: {error}") from error
-        return envelope if envelope.type in self.handlers else None
+        if envelope.type not in self.handlers:
+            return None
+        check_signature(record, envelope, self.settings)
+        return envelope
 
     async def process(self, record: ConsumerRecord[bytes, bytes]) -> Outcome:
         envelope = self.decode(record)
@@ -435,6 +473,17 @@ def _header(record: ConsumerRecord[Any, Any], name: str) -> str | None:
             except UnicodeDecodeError:
                 return None
     return None
+
+
+def _lag(consumer: AIOKafkaConsumer, unprocessed: dict[TopicPartition, int]) -> int:
+    """Records not processed yet, up to the partitions' high watermarks as the last fetches
+    reported them."""
+    lag = 0
+    for tp in consumer.assignment():
+        highwater = consumer.highwater(tp)
+        if highwater is not None and tp in unprocessed:
+            lag += max(0, highwater - unprocessed[tp])
+    return lag
 
 
 def _where(record: ConsumerRecord[Any, Any]) -> str:

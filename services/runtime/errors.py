@@ -48,3 +48,13 @@ DATABASE_UNAVAILABLE: tuple[type[Exception], ...] = (
     # ("cannot switch to state …; another operation is in progress"): it is discarded.
     asyncpg.InternalClientError,
 )
+
+
+class EventTooLarge(DomainError):
+    """An event's payload is over the log's bound (services/runtime/limits.py); not appended."""
+
+    def __init__(self, event_type: str, size: int, limit: int) -> None:
+        super().__init__(f"{event_type} is {size} bytes, over the event bound of {limit} bytes")
+        self.event_type = event_type
+        self.size = size
+        self.limit = limit

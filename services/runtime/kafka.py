@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
+from services.runtime.limits import MAX_FETCH_BYTES, MAX_MESSAGE_BYTES
 from services.runtime.settings import Settings
 
 
@@ -16,6 +17,8 @@ def make_producer(settings: Settings, *, client_id: str | None = None) -> AIOKaf
         acks="all",
         linger_ms=2,
         max_batch_size=256 * 1024,
+        # The bus's record bound (limits.py): every event the log accepts fits in one record.
+        max_request_size=MAX_MESSAGE_BYTES,
         request_timeout_ms=30_000,
     )
 
@@ -33,4 +36,7 @@ def make_consumer(
         auto_offset_reset="earliest",
         isolation_level="read_committed",
         max_poll_interval_ms=300_000,
+        # At least one whole record of the largest size per partition and per fetch.
+        max_partition_fetch_bytes=MAX_FETCH_BYTES,
+        fetch_max_bytes=max(52_428_800, MAX_FETCH_BYTES),
     )

@@ -7,11 +7,17 @@ services started in one process (the tests) never collide on a metric name, then
 
 from __future__ import annotations
 
+import json
 import logging
+import threading
+import weakref
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+from wsgiref.simple_server import make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
 
 log = logging.getLogger(__name__)
 
@@ -31,10 +37,89 @@ class MetricsServer:
         self.server.server_close()
 
 
+class Follower(Protocol):
+    """What /readyz asks of a process's consumer loops."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def lag(self) -> int: ...
+
+    @property
+    def max_lag(self) -> int: ...
+
+
+# The consumer loops running in this process (runtime/consumer.py registers each while it
+# runs): /readyz is not-ready while any of them trails its partitions by more than its
+# threshold (GANGWAY_READY_MAX_LAG_EVENTS).
+_FOLLOWERS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def follow_readiness(follower: Follower) -> None:
+    _FOLLOWERS.add(follower)
+
+
+def unfollow_readiness(follower: Follower) -> None:
+    _FOLLOWERS.discard(follower)
+
+
+def readiness(followers: Iterable[Follower] | None = None) -> tuple[bool, dict[str, Any]]:
+    """Whether every follower of this process is within its lag threshold, and each one's lag."""
+    chosen = list(_FOLLOWERS if followers is None else followers)
+    lags = {f.name: int(f.lag) for f in chosen}
+    behind = {f.name: int(f.lag) for f in chosen if f.lag > f.max_lag}
+    return not behind, {"lag": lags, "behind": behind}
+
+
+def _app(registry: CollectorRegistry, ready: Callable[[], tuple[bool, dict[str, Any]]]) -> Any:
+    metrics = make_wsgi_app(registry)
+
+    def app(environ: dict[str, Any], start_response: Any) -> Any:
+        path = environ.get("PATH_INFO", "")
+        if path in ("/readyz", "/healthz"):
+            ok, detail = ready() if path == "/readyz" else (True, {})
+            body = json.dumps({"status": "ok" if ok else "not ready", "detail": detail}).encode()
+            start_response(
+                "200 OK" if ok else "503 Service Unavailable",
+                [("Content-Type", "application/json"), ("Content-Length", str(len(body)))],
+            )
+            return [body]
+        return metrics(environ, start_response)
+
+    return app
+
+
+def start_http_server(
+    port: int,
+    addr: str,
+    registry: CollectorRegistry,
+    ready: Callable[[], tuple[bool, dict[str, Any]]] | None = None,
+) -> tuple[Any, threading.Thread]:
+    """prometheus_client's server with /readyz and /healthz beside /metrics."""
+
+    class Server(ThreadingWSGIServer):
+        pass
+
+    httpd = make_server(
+        addr, port, _app(registry, ready or readiness), Server, handler_class=_SilentHandler
+    )
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    return httpd, thread
+
+
 def start_metrics_server(
-    port: int, registry: CollectorRegistry, *, addr: str = "0.0.0.0", fallback: bool = True
+    port: int,
+    registry: CollectorRegistry,
+    *,
+    addr: str = "0.0.0.0",
+    fallback: bool = True,
+    ready: Callable[[], tuple[bool, dict[str, Any]]] | None = None,
 ) -> MetricsServer:
-    """Serve `registry` at http://addr:port/metrics in a daemon thread.
+    """Serve `registry` at http://addr:port/metrics in a daemon thread, with /readyz (503
+    while a consumer loop of this process trails the bus by more than its threshold) and
+    /healthz.
 
     Port 0 picks a free port (several processes of one service on one machine, the tests);
     the port actually bound is returned and logged. With `fallback`, a port already taken
@@ -42,12 +127,12 @@ def start_metrics_server(
     not the process its life: a free port is taken instead, with a warning.
     """
     try:
-        server, thread = start_http_server(port, addr=addr, registry=registry)
+        server, thread = start_http_server(port, addr, registry, ready)
     except OSError as error:
         if not fallback or port == 0:
             raise
         log.warning("metrics port %d unavailable (%s); using a free port", port, error)
-        server, thread = start_http_server(0, addr=addr, registry=registry)
+        server, thread = start_http_server(0, addr, registry, ready)
     bound = int(server.server_address[1])
     log.info("metrics at http://%s:%d/metrics", addr, bound)
     return MetricsServer(port=bound, server=server, thread=thread)

@@ -58,7 +58,8 @@ async def migrate(dsn: str, *, app_role: str | None = None) -> list[int]:
     """Apply the missing migrations with the owner's `dsn`; return the versions applied now.
 
     `app_role`, when given and different from the owner, receives the services' privileges:
-    SELECT and INSERT on the event log, and nothing that could change or remove an event.
+    SELECT on the event log, appends only through its function, and nothing that could change
+    or remove an event.
     """
     conn: asyncpg.Connection = await asyncpg.connect(dsn)
     try:
@@ -117,6 +118,16 @@ async def _apply(conn: asyncpg.Connection) -> list[int]:
     return applied
 
 
+# The functions the services' role writes the log and the epochs through (migrations/0030).
+_APPEND_FUNCTIONS = (
+    "event_log_head_lock()",
+    "event_log_append(bigint[], text[], integer[], uuid[], text[], integer[], text[], uuid[],"
+    " uuid[], text[], bigint[], timestamptz, text, text)",
+    "leader_epoch_share(text)",
+    "leader_epoch_bump(text, text)",
+)
+
+
 async def _grant(conn: asyncpg.Connection, role: str) -> None:
     ident = await conn.fetchval("SELECT quote_ident($1)", role)
     async with conn.transaction():
@@ -133,4 +144,13 @@ async def _grant(conn: asyncpg.Connection, role: str) -> None:
         await conn.execute(
             f"REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON schema_migrations FROM {ident}"
         )
-        await conn.execute(f"REVOKE INSERT, DELETE, TRUNCATE ON event_log_head FROM {ident}")
+        # The log's rules live in the database (migrations/0030): the services append only
+        # through event_log_append and raise an epoch only through leader_epoch_bump; the
+        # events, the head and the epochs are not theirs to write directly.
+        await conn.execute(f"REVOKE INSERT ON events FROM {ident}")
+        await conn.execute(
+            f"REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON event_log_head FROM {ident}"
+        )
+        await conn.execute(f"REVOKE INSERT, UPDATE, DELETE, TRUNCATE ON leader_epochs FROM {ident}")
+        for function in _APPEND_FUNCTIONS:
+            await conn.execute(f"GRANT EXECUTE ON FUNCTION {function} TO {ident}")

@@ -8,19 +8,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import os
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import (
+    CorruptRecordException,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+)
+from prometheus_client import Counter, Gauge
 
 from services.runtime.errors import DATABASE_UNAVAILABLE
 from services.runtime.kafka import make_producer
+from services.runtime.metrics import new_registry
 from services.runtime.records import RawEvent
 from services.runtime.retry import Outage
 from services.runtime.settings import Settings
 from services.runtime.signals import sleep_unless
+from services.runtime.signing import signed
 from services.runtime.store import NOTIFY_CHANNEL, EventStore
 from services.runtime.topics import Topics, ensure_topics
 
@@ -38,6 +49,20 @@ _STORE = """
 INSERT INTO relay_positions AS r (name, position) VALUES ($1, $2)
 ON CONFLICT (name) DO UPDATE SET position = GREATEST(r.position, EXCLUDED.position),
                                  updated_at = now()
+"""
+
+
+# What the bus refuses for the record itself: no retry can publish it, so it is dead-lettered.
+UNPUBLISHABLE: tuple[type[BaseException], ...] = (
+    MessageSizeTooLargeError,
+    RecordTooLargeError,
+    RecordListTooLargeError,
+    CorruptRecordException,
+)
+
+_DEAD_LETTER = """
+INSERT INTO relay_dead_letters (relay, position, event_id, stream, type, size_bytes, reason)
+VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (relay, position) DO NOTHING
 """
 
 
@@ -65,6 +90,19 @@ class OutboxRelay:
         self.name = name or settings.relay_name
         self.topics = topics or Topics.from_settings(settings)
         self.position = 0
+        self.dead_letters = 0
+        self.lag = 0
+        self.registry = new_registry()
+        self._dead_letters = Counter(
+            "gangway_relay_dead_letters",
+            "Events of the log the bus refused, dead-lettered by the relay",
+            registry=self.registry,
+        )
+        self._lag = Gauge(
+            "gangway_relay_lag_events",
+            "Events committed to the log that the relay has not published yet",
+            registry=self.registry,
+        )
         self._producer: AIOKafkaProducer | None = None
         self._wake = asyncio.Event()
 
@@ -116,6 +154,8 @@ class OutboxRelay:
                     await _unless_stopped(ensure_topics(self.settings, self.topics), stop)
                     topics_ready = True
                 await _unless_stopped(self.publish_pending(), stop)
+                self.lag = max(0, await self.store.head() - self.position)
+                self._lag.set(self.lag)
                 bus.recovered()
             except DATABASE_UNAVAILABLE:
                 raise
@@ -139,20 +179,109 @@ class OutboxRelay:
             batch = await self.store.read_all_raw(self.position, self.settings.relay_batch_size)
             if not batch:
                 return sent
-            futures = [
-                await producer.send(
-                    self.topics.for_stream(raw.stream),
-                    raw.to_json(),
-                    key=raw.stream.encode(),
-                    headers=message_headers(raw),
-                )
-                for raw in batch
-            ]
-            await asyncio.gather(*futures)
+            sends: list[asyncio.Future[Any] | BaseException] = []
+            for raw in batch:
+                try:
+                    sends.append(await self._send(producer, raw))
+                except UNPUBLISHABLE as too_large:
+                    sends.append(too_large)
+            outcomes = await asyncio.gather(
+                *(_settled(send) for send in sends), return_exceptions=True
+            )
+            for outcome in outcomes:
+                if isinstance(outcome, BaseException) and not isinstance(outcome, UNPUBLISHABLE):
+                    raise outcome
+            refused = [i for i, o in enumerate(outcomes) if isinstance(o, UNPUBLISHABLE)]
+            if refused:
+                producer = await self._publish_one_by_one(batch[refused[0] :])
             await self.store_position(batch[-1].position)
             sent += len(batch)
             if len(batch) < self.settings.relay_batch_size:
                 return sent
+
+    async def _send(self, producer: AIOKafkaProducer, raw: RawEvent) -> asyncio.Future[Any]:
+        value = raw.to_json()
+        future: asyncio.Future[Any] = await producer.send(
+            self.topics.for_stream(raw.stream),
+            value,
+            key=raw.stream.encode(),
+            headers=signed(message_headers(raw), value, self.settings.bus_signing_key),
+        )
+        return future
+
+    async def _publish_one_by_one(self, rest: list[RawEvent]) -> AIOKafkaProducer:
+        """The bus refused a record: the broker refuses a whole batch for one record in it, so
+        publish the rest of the batch again one record at a time with a fresh producer (its
+        sequence may be broken by the refusal); what is refused alone is dead-lettered. Records
+        of the refused batches that were accepted are sent twice: consumers' inboxes absorb it."""
+        await self._restart_producer()
+        producer = await self._ensure_producer()
+        for raw in rest:
+            try:
+                await (await self._send(producer, raw))
+            except UNPUBLISHABLE as refused:
+                await self._restart_producer()
+                producer = await self._ensure_producer()
+                await self.dead_letter(producer, raw, refused)
+        return producer
+
+    async def dead_letter(
+        self, producer: AIOKafkaProducer, raw: RawEvent, refused: BaseException
+    ) -> None:
+        """Record that the bus refused `raw` and send a note of it (not the event itself,
+        which the bus refuses) to the dead-letter topic: the relay goes on after it."""
+        size = len(raw.to_json())
+        reason = f"{type(refused).__name__}: {refused}"
+        log.error(
+            "relay %s: the bus refused %s at position %d (%d bytes): %s",
+            self.name,
+            raw.type,
+            raw.position,
+            size,
+            reason,
+        )
+        async with self.store.pool.acquire() as c:
+            await c.execute(
+                _DEAD_LETTER,
+                self.name,
+                raw.position,
+                raw.event_id,
+                raw.stream,
+                raw.type,
+                size,
+                reason,
+            )
+        note = json.dumps(
+            {
+                "position": raw.position,
+                "event_id": str(raw.event_id),
+                "stream": raw.stream,
+                "type": raw.type,
+                "size_bytes": size,
+                "reason": reason,
+            }
+        ).encode()
+        headers = [
+            *message_headers(raw),
+            ("deadletter.reason", reason.encode()),
+            ("deadletter.consumer", f"relay:{self.name}".encode()),
+            ("deadletter.position", str(raw.position).encode()),
+        ]
+        await producer.send_and_wait(
+            self.topics.deadletter, note, key=raw.stream.encode(), headers=headers
+        )
+        self.dead_letters += 1
+        self._dead_letters.inc()
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """For /readyz: not ready while the relay trails the log by more than the threshold."""
+        detail = {
+            "position": self.position,
+            "lag": self.lag,
+            "max_lag": self.settings.ready_max_lag_events,
+            "dead_letters": self.dead_letters,
+        }
+        return self.lag <= self.settings.ready_max_lag_events, detail
 
     async def load_position(self) -> int:
         async with self.store.pool.acquire() as c:
@@ -209,6 +338,36 @@ class OutboxRelay:
                 log.debug("relay %s: producer did not stop cleanly: %r", self.name, error)
 
 
+_STATUS = """
+SELECT (SELECT position FROM event_log_head),
+       (SELECT position FROM relay_positions WHERE name = $1),
+       (SELECT count(*) FROM relay_dead_letters WHERE relay = $1)
+"""
+
+
+async def log_identity(store: EventStore) -> str | None:
+    """The first event's id: tells one log from another (`replay --verify` checks that the
+    API it compares with serves the log it reads)."""
+    async with store.pool.acquire() as c:
+        first = await c.fetchval("SELECT event_id FROM events WHERE position = 1")
+    return None if first is None else str(first)
+
+
+async def relay_status(store: EventStore, name: str) -> dict[str, int]:
+    """How far the relay `name` trails the log, and how many events the bus refused, from
+    the database (for the API's /readyz, in another process than the relay)."""
+    async with store.pool.acquire() as c:
+        head, position, dead = await c.fetchrow(_STATUS, name)
+    position = int(position or 0)
+    return {"position": position, "lag": max(0, int(head) - position), "dead_letters": int(dead)}
+
+
+async def _settled(send: asyncio.Future[Any] | BaseException) -> Any:
+    if isinstance(send, BaseException):
+        raise send
+    return await send
+
+
 async def _unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> T | None:
     """`work`'s result, or None as soon as `stop` is set (then `work` is cancelled): a send
     waiting on an absent broker must not hold up a shutdown."""
@@ -227,6 +386,7 @@ async def _unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> T | None:
 
 async def main(settings: Settings | None = None) -> None:
     """`python -m services.runtime.relay`: migrate, then relay until SIGTERM."""
+    from services.runtime.metrics import start_metrics_server
     from services.runtime.migrate import migrate_settings
     from services.runtime.signals import stop_on_signals
 
@@ -235,7 +395,11 @@ async def main(settings: Settings | None = None) -> None:
     await migrate_settings(settings)
     store = await EventStore.connect(settings, producer=f"{settings.service_name}-relay")
     try:
-        await OutboxRelay(store, settings).run(stop)
+        relay = OutboxRelay(store, settings)
+        port = os.environ.get("GANGWAY_METRICS_PORT")
+        if port:
+            start_metrics_server(int(port), relay.registry, ready=relay.readiness)
+        await relay.run(stop)
     finally:
         await store.close()
 

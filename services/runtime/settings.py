@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -42,9 +42,22 @@ class Settings(BaseSettings):
     relay_batch_size: int = Field(default=5000, ge=1)
     relay_poll_interval_s: float = Field(default=1.0, gt=0)
 
+    # The key the relay signs the bus's records with and consumers check (runtime/signing.py).
+    bus_key: SecretStr | None = None
+    # /readyz turns not-ready while a follower (or the relay) trails the log by more events.
+    ready_max_lag_events: int = Field(default=10_000, ge=1)
+
     consumer_max_batch: int = Field(default=500, ge=1)
     consumer_max_attempts: int = Field(default=3, ge=1)
 
     @property
     def migration_dsn(self) -> str:
         return self.pg_owner_dsn or self.pg_dsn
+
+    @property
+    def bus_signing_key(self) -> bytes:
+        from services.runtime.signing import DEVELOPMENT_KEY
+
+        if self.bus_key is None:
+            return DEVELOPMENT_KEY
+        return self.bus_key.get_secret_value().encode()

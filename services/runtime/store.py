@@ -13,7 +13,8 @@ from uuid import UUID, uuid4
 import asyncpg
 
 from schemas import REGISTRY, Event, EventEnvelope, EventRegistry
-from services.runtime.errors import ConcurrencyConflict, StaleLeader
+from services.runtime.errors import ConcurrencyConflict, EventTooLarge, StaleLeader
+from services.runtime.limits import MAX_EVENT_BYTES
 from services.runtime.records import Metadata, RawEvent, StreamAppend
 from services.runtime.settings import Settings
 
@@ -25,10 +26,14 @@ _COLUMNS = (
     "correlation_id, causation_id, producer, epoch, recorded_at"
 )
 
-_FENCE = "SELECT epoch FROM leader_epochs WHERE name = $1 FOR SHARE"
+# The SQLSTATE event_log_append raises for a write of a stale leader epoch.
+_STALE_EPOCH = "GW001"
 
-# Taking the head row's lock serialises appends; see migrations/0001_event_log.sql.
-_LOCK_HEAD = "SELECT position, clock_timestamp() FROM event_log_head FOR UPDATE"
+_FENCE = "SELECT leader_epoch_share($1)"
+
+# Taking the head row's lock serialises appends; see migrations/0001_event_log.sql. The
+# services' role may not write the head, so the lock is taken through the owner's function.
+_LOCK_HEAD = "SELECT head, now FROM event_log_head_lock()"
 
 # A new statement after the lock, so its snapshot holds every append committed before ours.
 _STREAM_VERSIONS = """
@@ -38,21 +43,13 @@ FROM unnest($1::text[]) AS s(stream)
 """
 
 # The rows, the new head and the notification of followers in one statement (one round trip
-# inside the head row's lock); $13 is the new head, $14 the notification channel.
+# inside the head row's lock), through the one function the services' role may append with:
+# it refuses positions that do not continue the head and rows of a stale leader epoch
+# (migrations/0030). $12 is the recorded time, $13 the leadership, $14 the channel.
 _INSERT = """
-WITH inserted AS (
-    INSERT INTO events (position, stream, version, event_id, type, schema_version, payload,
-                        correlation_id, causation_id, producer, epoch, recorded_at)
-    SELECT u.position, u.stream, u.version, u.event_id, u.type, u.schema_version,
-           u.payload::jsonb, u.correlation_id, u.causation_id, u.producer, u.epoch, $12
-    FROM unnest($1::bigint[], $2::text[], $3::integer[], $4::uuid[], $5::text[], $6::integer[],
-                $7::text[], $8::uuid[], $9::uuid[], $10::text[], $11::bigint[])
-         AS u(position, stream, version, event_id, type, schema_version, payload,
-              correlation_id, causation_id, producer, epoch)
-), head AS (
-    UPDATE event_log_head SET position = $13 RETURNING position
-)
-SELECT pg_notify($14, position::text) FROM head
+SELECT event_log_append($1::bigint[], $2::text[], $3::integer[], $4::uuid[], $5::text[],
+                        $6::integer[], $7::text[], $8::uuid[], $9::uuid[], $10::text[],
+                        $11::bigint[], $12, $13, $14)
 """
 
 _READ_STREAM = f"SELECT {_COLUMNS} FROM events WHERE stream = $1 AND version > $2 ORDER BY version"
@@ -156,8 +153,8 @@ class EventStore:
         savepoint of its own, so a conflict fails only its own append). Appends are serialised
         by the log's head row anyway, so this turns one WAL flush per append into one per group.
         """
-        _check_appends(appends, self.registry)
-        request = _Request(appends, metadata or Metadata(), epoch)
+        payloads = _check_appends(appends, self.registry)
+        request = _Request(appends, metadata or Metadata(), epoch, payloads)
         if sum(len(a.events) for a in appends) == 0:
             return []
         if conn is None and epoch is None:
@@ -180,13 +177,16 @@ class EventStore:
     ) -> list[EventEnvelope]:
         if request.epoch is not None:
             await _check_epoch(c, leadership, request.epoch)
-        [result] = await self._write(c, [request])
+        [result] = await self._write(c, [request], leadership)
         if isinstance(result, ConcurrencyConflict):
             raise result
         return result
 
     async def _write(
-        self, c: asyncpg.Connection, requests: Sequence[_Request]
+        self,
+        c: asyncpg.Connection,
+        requests: Sequence[_Request],
+        leadership: str = SCHEDULER_LEADERSHIP,
     ) -> list[list[EventEnvelope] | ConcurrencyConflict]:
         """Append `requests` in order inside the caller's transaction, in three statements
         whatever their number; a request whose expected versions do not hold is skipped and
@@ -209,6 +209,7 @@ class EventStore:
                 spans.append(conflict)
                 continue
             first = len(rows)
+            payloads = iter(request.payloads)
             for append in request.appends:
                 for event in append.events:
                     current[append.stream] += 1
@@ -217,13 +218,21 @@ class EventStore:
                         append.stream,
                         current[append.stream],
                         event,
+                        next(payloads),
                         request.meta,
                         request.epoch,
                     )
             spans.append((first, len(rows)))
         if len(rows):
-            head = last + len(rows)
-            await c.execute(_INSERT, *rows.columns(), recorded_at, head, NOTIFY_CHANNEL)
+            try:
+                await c.execute(_INSERT, *rows.columns(), recorded_at, leadership, NOTIFY_CHANNEL)
+            except asyncpg.PostgresError as refused:
+                if refused.sqlstate == _STALE_EPOCH:
+                    # The database's own fence (a bump between our check and the write cannot
+                    # happen: _check_epoch holds the epoch row; this is the backstop).
+                    epoch = next((r.epoch for r in requests if r.epoch is not None), 0)
+                    raise StaleLeader(leadership, epoch, -1) from refused
+                raise
         envelopes = rows.envelopes(recorded_at)
         return [
             span if isinstance(span, ConcurrencyConflict) else envelopes[span[0] : span[1]]
@@ -332,7 +341,10 @@ async def _check_epoch(conn: asyncpg.Connection, leadership: str, epoch: int) ->
         raise StaleLeader(leadership, epoch, current_epoch)
 
 
-def _check_appends(appends: Sequence[StreamAppend], registry: EventRegistry) -> None:
+def _check_appends(appends: Sequence[StreamAppend], registry: EventRegistry) -> tuple[str, ...]:
+    """Check the appends' shape and bound; return every event's payload as stored, in order
+    (serialised once, here, in the caller's task)."""
+    payloads: list[str] = []
     seen: set[str] = set()
     for append in appends:
         if append.stream in seen:
@@ -347,6 +359,12 @@ def _check_appends(appends: Sequence[StreamAppend], registry: EventRegistry) -> 
                 )
             if registry.model(event.type) is not type(event):
                 raise ValueError(f"{type(event).__name__} is not the registered {event.type}")
+            payload = event.model_dump_json()
+            # len() counts characters, each at most 4 bytes in UTF-8: encode only near the bound.
+            if len(payload) * 4 > MAX_EVENT_BYTES and len(payload.encode()) > MAX_EVENT_BYTES:
+                raise EventTooLarge(event.type, len(payload.encode()), MAX_EVENT_BYTES)
+            payloads.append(payload)
+    return tuple(payloads)
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,6 +372,7 @@ class _Request:
     appends: Sequence[StreamAppend]
     meta: Metadata
     epoch: int | None
+    payloads: tuple[str, ...]
 
 
 class _GroupCommit:
@@ -449,6 +468,7 @@ class _Rows:
         stream: str,
         version: int,
         event: Event,
+        payload: str,
         meta: Metadata,
         epoch: int | None,
     ) -> None:
@@ -458,7 +478,7 @@ class _Rows:
         self.event_ids.append(uuid4())
         self.types.append(event.type)
         self.schema_versions.append(event.schema_version)
-        self.payloads.append(event.model_dump_json())
+        self.payloads.append(payload)
         self.correlation_ids.append(meta.correlation_id)
         self.causation_ids.append(meta.causation_id)
         self.producers.append(meta.producer or self.producer)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
+from services.runtime.limits import MAX_MESSAGE_BYTES
 from services.runtime.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -99,7 +100,12 @@ async def ensure_topics(settings: Settings, topics: Topics | None = None) -> Non
         missing = [n for n in names if n not in existing]
         if not missing:
             return
-        new = [NewTopic(n, settings.topic_partitions, settings.topic_replication) for n in missing]
+        # The record bound travels with each topic, whatever the broker's default is.
+        config = {"max.message.bytes": str(MAX_MESSAGE_BYTES)}
+        new = [
+            NewTopic(n, settings.topic_partitions, settings.topic_replication, topic_configs=config)
+            for n in missing
+        ]
         response = await admin.create_topics(new)
         for topic, code, message in response.topic_errors:
             # 36: created by a concurrent process since the listing; fine.

@@ -28,6 +28,7 @@ from services.runtime import (
 )
 from services.runtime.consumer import wait_started
 from services.runtime.relay import message_headers
+from services.runtime.signing import signed
 from tests.integration.support import (
     count_effects,
     create_effects_table,
@@ -60,13 +61,17 @@ async def _recorded(store: EventStore, stream: str, count: int) -> list[RawEvent
     return [r for r in await store.read_all_raw(0, 10_000) if r.stream == stream]
 
 
-async def _publish(producer: AIOKafkaProducer, topics: Topics, raws: list[RawEvent]) -> None:
+async def _publish(
+    producer: AIOKafkaProducer, topics: Topics, raws: list[RawEvent], key: bytes
+) -> None:
+    """Publish as the relay does, signed with the services' key."""
     for raw in raws:
+        value = raw.to_json()
         await producer.send_and_wait(
             topics.for_stream(raw.stream),
-            raw.to_json(),
+            value,
             key=raw.stream.encode(),
-            headers=message_headers(raw),
+            headers=signed(message_headers(raw), value, key),
         )
 
 
@@ -91,10 +96,10 @@ async def test_a_malformed_message_is_dead_lettered_with_its_reason_and_the_cons
     unknown_type = json.dumps({"type": "NoSuchEvent", "schema_version": 1, "payload": {}}).encode()
 
     async with running(consumer):
-        await _publish(producer, topics, good[:1])
+        await _publish(producer, topics, good[:1], settings.bus_signing_key)
         await producer.send_and_wait(topics.jobs, not_json, key=b"job-a")
         await producer.send_and_wait(topics.jobs, unknown_type, key=b"job-a")
-        await _publish(producer, topics, good[1:])
+        await _publish(producer, topics, good[1:], settings.bus_signing_key)
 
         async def both_good_events_applied() -> bool:
             return await _effects(store) == {1: 1, 2: 1}
@@ -130,7 +135,7 @@ async def test_an_event_its_handler_refuses_is_dead_lettered_and_its_effects_rol
     events = await _recorded(store, "job-p", 2)
 
     async with running(consumer):
-        await _publish(producer, topics, events)
+        await _publish(producer, topics, events, settings.bus_signing_key)
 
         async def second_applied() -> bool:
             return await _effects(store) == {2: 1}
@@ -159,8 +164,8 @@ async def test_a_redelivered_event_changes_nothing(
     events = await _recorded(store, "job-d", 3)
 
     async with running(consumer):
-        await _publish(producer, topics, events)
-        await _publish(producer, topics, events)
+        await _publish(producer, topics, events, settings.bus_signing_key)
+        await _publish(producer, topics, events, settings.bus_signing_key)
 
         async def all_seen_twice() -> bool:
             return consumer.counts[Outcome.DUPLICATE] == 3
@@ -188,7 +193,7 @@ async def test_a_restarted_consumer_resumes_after_what_it_committed(
 
     first = consumer()
     async with running(first):
-        await _publish(producer, topics, events[:4])
+        await _publish(producer, topics, events[:4], settings.bus_signing_key)
 
         async def four_applied() -> bool:
             return first.counts[Outcome.APPLIED] == 4
@@ -197,7 +202,7 @@ async def test_a_restarted_consumer_resumes_after_what_it_committed(
 
     second = consumer()
     async with running(second):
-        await _publish(producer, topics, events[4:])
+        await _publish(producer, topics, events[4:], settings.bus_signing_key)
 
         async def all_applied() -> bool:
             return len(await _effects(store)) == 6
@@ -221,7 +226,7 @@ async def test_events_without_a_handler_are_skipped_and_committed(
     events = await _recorded(store, "job-s", 3)
 
     async with running(consumer):
-        await _publish(producer, topics, events)
+        await _publish(producer, topics, events, settings.bus_signing_key)
 
         async def all_skipped() -> bool:
             return consumer.counts[Outcome.SKIPPED] == 3
@@ -278,7 +283,7 @@ async def test_an_event_whose_handler_keeps_failing_is_dead_lettered_after_its_a
     events = await _recorded(store, "job-k", 3)
 
     async with running(consumer):
-        await _publish(producer, topics, events)
+        await _publish(producer, topics, events, settings.bus_signing_key)
 
         async def others_applied() -> bool:
             return await _effects(store) == {1: 1, 3: 1}
@@ -344,7 +349,7 @@ async def test_a_session_ended_by_the_server_is_retried_until_it_passes_never_de
     )
     events = await _recorded(store, "job-r", 1)
     async with running(consumer) as task:
-        await _publish(producer, topics, events)
+        await _publish(producer, topics, events, settings.bus_signing_key)
 
         async def applied() -> bool:
             return await _effects(store) == {1: 1}

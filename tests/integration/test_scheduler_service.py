@@ -186,9 +186,7 @@ async def test_a_deposed_leader_that_decides_is_fenced_and_competes_again(
         # A new leader is elected behind the old one's back (its lock is still held, so the
         # epoch is raised directly, as a standby would after the old session died).
         async with store.pool.acquire() as conn:
-            await conn.execute(
-                "UPDATE leader_epochs SET epoch = epoch + 1 WHERE name = 'scheduler'"
-            )
+            await conn.execute("SELECT leader_epoch_bump('scheduler', 'new')")
         await submit_admitted(store, job("late"))
         # Fenced, it stands by: the lock is still its own, so it soon leads at a new epoch,
         # and the job is reserved only then, by an append that carries that epoch.

@@ -6,6 +6,9 @@ placement, and the GPUs allocated. A disagreement is a bug in one of them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 from core.state import SchedulerState
 from services.api.projections.model import ReadModels
 
@@ -31,4 +34,32 @@ def compare_with_core(models: ReadModels, state: SchedulerState, *, limit: int =
     allocated = sum(len(g) for held in models.allocations.values() for g in held.values())
     if allocated != state.allocated_gpus:
         found.append(f"allocated GPUs: core {state.allocated_gpus}, read models {allocated}")
+    return found[:limit]
+
+
+def compare_live(
+    models: ReadModels, live_jobs: Sequence[Mapping[str, Any]], *, limit: int = 20
+) -> list[str]:
+    """Differences between the jobs a running API shows (`live_jobs`, as GET /v1/jobs gives
+    them) and `models`, a rebuild from the log up to the position the API had applied. A job
+    shown but absent from the log is what a record forged onto the bus would have left."""
+    from services.api.views import job_view
+
+    found: list[str] = []
+    live = {str(job["id"]): job for job in live_jobs}
+    for job_id in sorted(set(live) | set(models.jobs)):
+        theirs = live.get(job_id)
+        record = models.jobs.get(job_id)
+        if record is None:
+            found.append(f"job {job_id}: shown by the API, absent from the log")
+        elif theirs is None:
+            found.append(f"job {job_id}: in the log, not shown by the API")
+        else:
+            ours = job_view(record).model_dump(mode="json")
+            for key in ("state", "placement"):
+                if ours.get(key) != theirs.get(key):
+                    shown, logged = theirs.get(key), ours.get(key)
+                    found.append(f"job {job_id}: {key} {shown!r} live, {logged!r} in the log")
+        if len(found) >= limit:
+            break
     return found[:limit]

@@ -9,6 +9,7 @@ from services.api.deps import Context, unavailable
 from services.api.metrics import ApiMetrics
 from services.api.models import Health
 from services.api.problems import problem_docs
+from services.runtime.relay import log_identity, relay_status
 
 router = APIRouter(tags=["health"])
 
@@ -32,7 +33,17 @@ async def readyz(context: Context) -> Health:
     lag = context.feed.lag
     if lag > context.settings.ready_max_lag:
         raise unavailable(f"the read models trail the log by {lag} events")
-    detail = {"head": head, "applied": context.models.watermark.position, "lag": lag}
+    # The relay feeds every service: the API is not ready while the bus trails the log.
+    relay = await relay_status(context.feed.store, context.settings.relay_name)
+    if relay["lag"] > context.settings.ready_max_lag_events:
+        raise unavailable(f"the relay trails the log by {relay['lag']} events")
+    detail = {
+        "head": head,
+        "applied": context.models.watermark.position,
+        "lag": lag,
+        "relay": relay,
+        "log": await log_identity(context.feed.store),
+    }
     return Health(status="ok", detail=detail)
 
 

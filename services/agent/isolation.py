@@ -1,0 +1,309 @@
+"""Ranks kept apart from the control plane and from each other by the operating system.
+
+When the agent runs as root (`make up`, CI), every team's ranks run under an unprivileged user
+of their own (`gw-<team>…`, created here on first use, never uid 0), in a job working directory
+and a job checkpoint directory that only that user (and root) can enter; with a cgroup per rank
+(memory, CPU, pids) where the kernel lets us create one, and inside a bubblewrap sandbox (new
+PID, IPC and UTS namespaces; the root file system read-only; the agent's state directory
+replaced by an empty one but for the job's own directories) where `bwrap` works. Run as another
+user, the agent cannot switch users: ranks run as that user, which the README states.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import pwd
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+# The launcher's directories in the state directory (gangway/launcher.py), no rank's business.
+PRIVATE_STATE = ("logs", "pids")
+# Every rank's process limit: a fork bomb stays inside its own cgroup.
+DEFAULT_PIDS_MAX = 4096
+
+
+class IsolationError(RuntimeError):
+    """The rank cannot be started isolated; the agent refuses to start it at all."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankUser:
+    name: str
+    uid: int
+    gid: int
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    memory_bytes: int | None = None
+    cpus: float | None = None
+    pids: int = DEFAULT_PIDS_MAX
+
+
+@dataclass(slots=True)
+class Sandbox:
+    """How one rank is started: its argv (wrapped in bwrap or not) and what the child does
+    before exec (join its cgroups, drop to the team's user)."""
+
+    argv: list[str]
+    user: RankUser | None
+    cgroup_procs: list[Path] = field(default_factory=list)
+    sandboxed: bool = False
+
+    def preexec(self) -> Callable[[], None] | None:
+        if self.user is None and not self.cgroup_procs:
+            return None
+        procs = [str(p) for p in self.cgroup_procs]
+        user = self.user
+
+        def in_child() -> None:
+            # Only async-signal-safe work here (no logging, no locks): os calls.
+            for path in procs:
+                try:
+                    fd = os.open(path, os.O_WRONLY)
+                    try:
+                        os.write(fd, b"0")  # "0": the writing process itself
+                    finally:
+                        os.close(fd)
+                except OSError:
+                    pass
+            if user is not None:
+                os.setgroups([])
+                os.setgid(user.gid)
+                os.setuid(user.uid)
+                if os.getuid() == 0 or os.geteuid() == 0:
+                    os._exit(126)
+
+        return in_child
+
+
+def isolating(mode: str) -> bool:
+    """Whether ranks get users of their own: `on`, `off`, or `auto` (when the agent is root)."""
+    if mode == "on":
+        return True
+    if mode == "off":
+        return False
+    return os.geteuid() == 0
+
+
+def user_name(team: str) -> str:
+    """A valid Linux user name for `team`, stable, at most 32 characters, distinct per team."""
+    cleaned = re.sub(r"[^a-z0-9]+", "-", team.lower()).strip("-")[:16] or "team"
+    digest = hashlib.sha256(team.encode()).hexdigest()[:8]
+    return f"gw-{cleaned}-{digest}"
+
+
+def team_user(team: str) -> RankUser:
+    """The team's unprivileged user, created (system user, no login, no home) when missing."""
+    name = user_name(team)
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+        result = subprocess.run(
+            [
+                useradd,
+                "--system",
+                "--user-group",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                "--comment",
+                f"gangway ranks of team {team}"[:60],
+                name,
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        # 9: created by a concurrent agent since our look-up.
+        if result.returncode not in (0, 9):
+            raise IsolationError(f"cannot create user {name}: {result.stderr.strip()}") from None
+        entry = pwd.getpwnam(name)
+    if entry.pw_uid == 0 or entry.pw_gid == 0:
+        raise IsolationError(f"user {name} is privileged (uid {entry.pw_uid}); refusing")
+    return RankUser(name, entry.pw_uid, entry.pw_gid)
+
+
+def own_directory(path: Path, user: RankUser) -> None:
+    """`path` (created if missing) belongs to `user` alone: mode 0700."""
+    path.mkdir(parents=True, exist_ok=True)
+    os.chown(path, user.uid, user.gid)
+    path.chmod(0o700)
+
+
+def make_traversable(path: Path) -> None:
+    """Let other users pass through (not list) every ancestor of `path`, as a rank's user
+    must to reach its own directory (pytest's and mktemp's directories are 0700)."""
+    for ancestor in reversed(path.resolve().parents):
+        with contextlib.suppress(OSError):
+            mode = ancestor.stat().st_mode
+            if not mode & 0o001:
+                ancestor.chmod((mode & 0o7777) | 0o001)
+
+
+def hide_state(*directories: Path | None) -> None:
+    """The control plane's state directory and the roots of the jobs' directories: others may
+    traverse them to their own job's directory, never list them (so no tenant learns another's
+    job ids); the secrets in them are 0600 (the launcher and stack.sh write them so)."""
+    for directory in directories:
+        if directory is None:
+            continue
+        with contextlib.suppress(OSError):
+            directory.mkdir(parents=True, exist_ok=True)
+            directory.chmod(0o711)
+        # The launcher's service logs and pid files are the control plane's alone.
+        for private in PRIVATE_STATE:
+            with contextlib.suppress(OSError):
+                (directory / private).chmod(0o700)
+
+
+# ---------------------------------------------------------------------- cgroups
+
+
+def cgroup_version() -> int | None:
+    if (CGROUP_ROOT / "cgroup.controllers").exists():
+        return 2
+    if (CGROUP_ROOT / "memory").is_dir() or (CGROUP_ROOT / "pids").is_dir():
+        return 1
+    return None
+
+
+def make_cgroup(name: str, limits: Limits) -> list[Path]:
+    """Create the rank's cgroup(s) with `limits`; return the cgroup.procs files the child joins.
+    Best effort: a kernel or container that refuses gives no cgroup, and says so in the log."""
+    try:
+        if cgroup_version() == 2:
+            return [_cgroup_v2(name, limits)]
+        if cgroup_version() == 1:
+            return _cgroup_v1(name, limits)
+    except OSError as error:
+        log.warning("no cgroup for %s: %s", name, error)
+    return []
+
+
+def _cgroup_v2(name: str, limits: Limits) -> Path:
+    parent = CGROUP_ROOT / "gangway"
+    parent.mkdir(exist_ok=True)
+    with contextlib.suppress(OSError):
+        (CGROUP_ROOT / "cgroup.subtree_control").write_text("+memory +pids +cpu")
+    with contextlib.suppress(OSError):
+        (parent / "cgroup.subtree_control").write_text("+memory +pids +cpu")
+    group = parent / name
+    group.mkdir(exist_ok=True)
+    (group / "pids.max").write_text(str(limits.pids))
+    if limits.memory_bytes is not None:
+        (group / "memory.max").write_text(str(limits.memory_bytes))
+    if limits.cpus is not None:
+        (group / "cpu.max").write_text(f"{int(limits.cpus * 100_000)} 100000")
+    return group / "cgroup.procs"
+
+
+def _cgroup_v1(name: str, limits: Limits) -> list[Path]:
+    procs: list[Path] = []
+    settings: dict[str, dict[str, str]] = {"pids": {"pids.max": str(limits.pids)}}
+    if limits.memory_bytes is not None:
+        settings["memory"] = {"memory.limit_in_bytes": str(limits.memory_bytes)}
+    if limits.cpus is not None:
+        settings["cpu"] = {
+            "cpu.cfs_period_us": "100000",
+            "cpu.cfs_quota_us": str(int(limits.cpus * 100_000)),
+        }
+    for controller, values in settings.items():
+        hierarchy = CGROUP_ROOT / controller
+        if not hierarchy.is_dir():
+            continue
+        group = hierarchy / "gangway" / name
+        group.mkdir(parents=True, exist_ok=True)
+        for key, value in values.items():
+            (group / key).write_text(value)
+        procs.append(group / "cgroup.procs")
+    return procs
+
+
+def remove_cgroup(name: str) -> None:
+    """Remove the rank's (empty) cgroups once it has exited."""
+    candidates = [CGROUP_ROOT / "gangway" / name] + [
+        CGROUP_ROOT / c / "gangway" / name for c in ("pids", "memory", "cpu")
+    ]
+    for group in candidates:
+        with contextlib.suppress(OSError):
+            group.rmdir()
+
+
+# ---------------------------------------------------------------------- bubblewrap
+
+
+@cache
+def bwrap_works() -> bool:
+    """Whether bubblewrap is installed and may create its namespaces here (user namespaces
+    may be off, or the container may forbid them)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        return False
+    probe = [
+        bwrap,
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--unshare-pid",
+        "--",
+        "true",
+    ]
+    try:
+        return subprocess.run(probe, capture_output=True, timeout=10, check=False).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def bwrap_argv(
+    argv: Sequence[str], *, state_dir: Path | None, binds: Sequence[Path], workdir: Path
+) -> list[str]:
+    """`argv` inside a sandbox: its own PID/IPC/UTS namespaces (no other process is visible
+    or reachable by signal), the root file system read-only, a private /tmp, and the agent's
+    state directory replaced by an empty one except for `binds` (the job's own directories)."""
+    bwrap = shutil.which("bwrap") or "bwrap"
+    wrapped = [
+        bwrap,
+        "--die-with-parent",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--tmpfs",
+        "/tmp",
+    ]
+    if state_dir is not None:
+        wrapped += ["--tmpfs", str(state_dir)]
+    for path in binds:
+        wrapped += ["--bind", str(path), str(path)]
+    wrapped += ["--chdir", str(workdir), "--", *argv]
+    return wrapped
+
+
+def state_dir_of(*paths: Path) -> Path | None:
+    """The agent's state directory: the deepest directory holding all of `paths` (for
+    `make up`, .gangway), unless that is the root."""
+    common = Path(os.path.commonpath([str(p.resolve()) for p in paths]))
+    return None if common == Path("/") or len(common.parts) < 3 else common
