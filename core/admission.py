@@ -14,7 +14,54 @@ from dataclasses import dataclass, field
 from schemas.base import Event
 from schemas.jobs import JobAdmitted, JobRejected, JobSpec
 from schemas.nodes import NodeRegistered
-from schemas.teams import QueueConfigured, TeamCreated
+from schemas.teams import QueueConfigured, TeamCreated, TeamPolicyConfigured
+
+# The class no team may use unless the admin grants it: never preempted, and it may preempt.
+RESTRICTED_PRIORITIES: frozenset[str] = frozenset({"inference-critical"})
+
+
+@dataclass(frozen=True, slots=True)
+class TeamPolicy:
+    """What a team may ask for (TeamPolicyConfigured); the default is what a new team gets."""
+
+    allowed_priorities: frozenset[str] | None = None  # None: all but RESTRICTED_PRIORITIES
+    allow_non_preemptible: bool = False
+    max_pending_jobs: int | None = None
+    submissions_per_second: float | None = None
+
+    @classmethod
+    def of(cls, event: TeamPolicyConfigured) -> TeamPolicy:
+        allowed = None if event.allowed_priorities is None else frozenset(event.allowed_priorities)
+        return cls(
+            allowed,
+            event.allow_non_preemptible,
+            event.max_pending_jobs,
+            event.submissions_per_second,
+        )
+
+    def may_use(self, priority: str) -> bool:
+        if self.allowed_priorities is None:
+            return priority not in RESTRICTED_PRIORITIES
+        return priority in self.allowed_priorities
+
+
+DEFAULT_TEAM_POLICY = TeamPolicy()
+
+
+def policy_violation(spec: JobSpec, policy: TeamPolicy) -> tuple[str, str] | None:
+    """(code, reason) when the team's policy forbids this spec: the one rule the API checks at
+    once (403) and admission again when it decides (the policy may change in between)."""
+    if not policy.may_use(spec.priority):
+        return (
+            "priority_not_allowed",
+            f"team {spec.team!r} may not use priority class {spec.priority!r}",
+        )
+    if spec.preemptible is False and not policy.allow_non_preemptible:
+        return (
+            "non_preemptible_not_allowed",
+            f"team {spec.team!r} may not submit non-preemptible jobs",
+        )
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +91,10 @@ class AdmissionCatalog:
     """
 
     teams: set[str] = field(default_factory=set)
+    policies: dict[str, TeamPolicy] = field(default_factory=dict)
+    # The policy of a team the admin has not configured; None (the simulator's traces) checks
+    # no team policy at all, the admission service checks DEFAULT_TEAM_POLICY.
+    default_policy: TeamPolicy | None = None
     queues: dict[str, QueueLimits] = field(default_factory=dict)
     nodes: dict[str, NodeShape] = field(default_factory=dict)
     _largest_by_type: dict[str, int] | None = field(default=None, repr=False, compare=False)
@@ -58,6 +109,8 @@ class AdmissionCatalog:
                 self.queues[event.name] = QueueLimits(event.name, event.parent, event.max_gpus)
             case QueueConfigured():
                 self.queues[event.name] = QueueLimits(event.name, event.parent, event.max_gpus)
+            case TeamPolicyConfigured():
+                self.policies[event.team] = TeamPolicy.of(event)
             case NodeRegistered():
                 shape = NodeShape(
                     event.node_id, event.gpu_type, len(event.gpus), event.rack, event.block
@@ -131,6 +184,10 @@ def admit(
     if spec.priority not in priority_classes:
         known = ", ".join(sorted(priority_classes))
         return reject("unknown_priority", f"priority {spec.priority!r} is not one of: {known}")
+    policy = catalog.policies.get(spec.team, catalog.default_policy)
+    violation = None if policy is None else policy_violation(spec, policy)
+    if violation is not None:
+        return reject(*violation)
     if spec.priority in always_preemptible and spec.preemptible is False:
         return reject(
             "not_preemptible", f"{spec.priority} jobs run on idle capacity and are preemptible"

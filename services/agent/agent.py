@@ -45,6 +45,7 @@ from services.agent.plan import (
     ranks_to_launch,
 )
 from services.agent.ranks import RankKey, RankProcess, launch, stop_orphan
+from services.agent.secrets import resolve_secret_env
 from services.agent.settings import AgentSettings
 from services.agent.steps import STEP_FILE, read_new_steps
 from services.runtime.checkpoint_store import (
@@ -262,6 +263,7 @@ class Agent:
                 job_id=key.job_id, attempt=key.attempt, rank=key.rank, node_id=placement.node_id
             )
             try:
+                env.update(await resolve_secret_env(self.store, view.spec))
                 rank = await launch(
                     key, placement, world_size, list(view.spec.command), env, workdir
                 )
