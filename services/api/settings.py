@@ -18,6 +18,8 @@ class ApiSettings(Settings):
     admin_token: SecretStr | None = None
     admin_token_file: Path = Path(".gangway/admin.token")
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    # A request body not wholly received within this long gets 408 and a closed connection.
+    body_read_timeout_s: float = Field(default=10.0, gt=0)
     # /readyz fails while the read models trail the log's head by more than this many events.
     ready_max_lag: int = Field(default=1000, ge=0)
     # How far one GET /v1/events may scan the log to fill a filtered page before it returns

@@ -32,7 +32,7 @@ class MetricsServer:
 
 
 def start_metrics_server(
-    port: int, registry: CollectorRegistry, *, addr: str = "0.0.0.0", fallback: bool = True
+    port: int, registry: CollectorRegistry, *, addr: str = "127.0.0.1", fallback: bool = True
 ) -> MetricsServer:
     """Serve `registry` at http://addr:port/metrics in a daemon thread.
 

@@ -9,7 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -30,6 +30,7 @@ class Api:
     client: httpx.AsyncClient
     app: FastAPI
     settings: ApiSettings
+    teams: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def as_admin(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -42,10 +43,15 @@ class Api:
             headers=self.as_admin(),
         )
         assert response.status_code == 201, response.text
-        return {"Authorization": f"Bearer {response.json()['token']}"}
+        self.teams[name] = {"Authorization": f"Bearer {response.json()['token']}"}
+        return self.teams[name]
 
     async def submit(self, headers: dict[str, str], **fields: object) -> str:
+        """Submit a job (of team nlp unless told), creating its team first if need be: the API
+        refuses a job of a team it does not know."""
         body = {"name": "train", "team": "nlp", "tasks": 2, "gpus_per_task": 4, **fields}
+        if body["team"] not in self.teams:
+            await self.create_team(str(body["team"]))
         response = await self.client.post("/v1/jobs", json=body, headers=headers)
         assert response.status_code == 201, response.text
         return str(response.json()["id"])
