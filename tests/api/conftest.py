@@ -90,16 +90,23 @@ def _free_port() -> int:
 
 
 @pytest.fixture
+def api_overrides() -> dict[str, object]:
+    """ApiSettings fields the real server of `api_url` takes; a test module may override it."""
+    return {}
+
+
+@pytest.fixture
 def api_url(
     settings: Settings,  # noqa: F811
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    api_overrides: dict[str, object],
 ) -> Iterator[str]:
     """A real API server (uvicorn in a thread) on the test's database; the CLI's environment
     points at it with the admin token."""
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    app = create_app(api_settings(settings, tmp_path, api_url=url), use_bus=False)
+    app = create_app(api_settings(settings, tmp_path, api_url=url, **api_overrides), use_bus=False)
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     )
