@@ -90,20 +90,16 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def api_overrides() -> dict[str, object]:
-    """ApiSettings fields the real server of `api_url` takes; a test module may override it."""
-    return {}
-
-
-@pytest.fixture
 def api_url(
     settings: Settings,  # noqa: F811
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    api_overrides: dict[str, object],
+    request: pytest.FixtureRequest,
 ) -> Iterator[str]:
     """A real API server (uvicorn in a thread) on the test's database; the CLI's environment
-    points at it with the admin token."""
+    points at it with the admin token. A test module's `API_OVERRIDES` (ApiSettings fields)
+    configure it."""
+    api_overrides: dict[str, object] = getattr(request.module, "API_OVERRIDES", {})
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     app = create_app(api_settings(settings, tmp_path, api_url=url, **api_overrides), use_bus=False)

@@ -14,6 +14,8 @@ from tests.api.conftest import Api
 pytestmark = pytest.mark.integration
 
 VALID = {"name": "train", "team": "nlp", "tasks": 1, "gpus_per_task": 1}
+# The real server of this module (`api_url`) gives a body half a second to arrive.
+API_OVERRIDES = {"body_read_timeout_s": 0.5}
 
 
 async def rejected(
@@ -171,9 +173,3 @@ def test_a_body_that_never_arrives_whole_gets_408_and_a_closed_connection(api_ur
     status_line = received.split(b"\r\n", 1)[0]
     assert status_line == b"HTTP/1.1 408 Request Timeout", received
     assert b"request-timeout" in received
-
-
-@pytest.fixture
-def api_overrides() -> dict[str, object]:
-    # The real server of this module gives a body half a second to arrive.
-    return {"body_read_timeout_s": 0.5}
