@@ -48,10 +48,6 @@ JOB_ID_HEX: Final = 12
 # What a team over its pending cap is told to wait: pending jobs leave as capacity frees.
 PENDING_RETRY_AFTER_S: Final = 10.0
 
-# The key row is read FOR SHARE in the transaction that records the sealed value, so that a
-# concurrent deletion of the key is ordered before or after it, never in between.
-_KEY_FOR_SHARE = "SELECT key_id, key FROM team_keys WHERE team = $1 FOR SHARE"
-
 RequestEvent = type[JobCancelRequested | JobSuspendRequested | JobResumeRequested]
 _REQUEST_EVENTS: Final[dict[Request, RequestEvent]] = {
     "cancel": JobCancelRequested,
@@ -217,13 +213,11 @@ class Commands:
         principal.require_team(team)
         self._known_team(team)
         async with self.store.pool.acquire() as conn, conn.transaction():
-            await vault.team_key(conn, team)
-            key_id, key = await conn.fetchrow(_KEY_FOR_SHARE, team)
+            # The key stays locked until the sealed value is recorded: a deletion of the key
+            # comes wholly before (a new key seals it) or after (it is forgotten with the rest).
+            key_id, key = await vault.team_key(conn, team)
             event = TeamSecretSet(
-                team=team,
-                name=name,
-                key_id=key_id,
-                ciphertext=vault.seal(bytes(key), team, name, value),
+                team=team, name=name, key_id=key_id, ciphertext=vault.seal(key, team, name, value)
             )
             envelopes = await self.store.append(event.stream, None, [event], _metadata(), conn=conn)
         await self.feed.deliver_all(envelopes)

@@ -46,7 +46,11 @@ def unseal(key: bytes, team: str, name: str, ciphertext: str) -> str:
 
 
 async def team_key(conn: asyncpg.Connection | asyncpg.Pool, team: str) -> tuple[UUID, bytes]:
-    """The team's current key, drawn now if it has none (two writers agree on the first)."""
+    """The team's current key, drawn now if it has none (two writers agree on the first).
+
+    Inside a transaction the key's row stays locked FOR SHARE until it ends: a concurrent
+    deletion of the key is then ordered wholly before or after what the caller records.
+    """
     await conn.execute(
         "INSERT INTO team_keys (key_id, team, key) VALUES ($1, $2, $3)"
         " ON CONFLICT (team) DO NOTHING",
@@ -54,7 +58,7 @@ async def team_key(conn: asyncpg.Connection | asyncpg.Pool, team: str) -> tuple[
         team,
         AESGCM.generate_key(bit_length=KEY_BYTES * 8),
     )
-    row = await conn.fetchrow("SELECT key_id, key FROM team_keys WHERE team = $1", team)
+    row = await conn.fetchrow("SELECT key_id, key FROM team_keys WHERE team = $1 FOR SHARE", team)
     assert row is not None
     return row["key_id"], bytes(row["key"])
 

@@ -8,6 +8,7 @@ answer 401, and with another team's token they must not fail nor show that team'
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,13 @@ async def world(api: Api, store: EventStore) -> World:
             ],
         )
         jobs[team] = job_id
+    # Written as the scheduler would: the API learns of them from the log, a moment later.
+    async with asyncio.timeout(30):
+        while True:
+            nodes = (await api.client.get("/v1/nodes", headers=api.as_admin())).json()["items"]
+            if nodes and set(nodes[0]["jobs"]) == set(jobs.values()):
+                break
+            await asyncio.sleep(0.05)
     token = await api.client.post(
         "/v1/teams/vision/tokens", json={"name": "vision-bot"}, headers=vision
     )

@@ -3,6 +3,7 @@ reaches the log."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import pytest
@@ -41,6 +42,12 @@ async def teams(api: Api, store: EventStore) -> None:
     await api.create_team("nlp")
     await api.create_team("vision")
     await store.append("node-n1", 0, [node("n1")])
+    # Written as the inventory would: the API learns of it from the log, a moment later.
+    async with asyncio.timeout(30):
+        while True:
+            if (await api.client.get("/v1/nodes", headers=api.as_admin())).json()["items"]:
+                break
+            await asyncio.sleep(0.05)
 
 
 @pytest.mark.usefixtures("teams")
