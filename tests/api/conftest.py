@@ -71,8 +71,14 @@ def api_settings(base: Settings, tmp_path: Path, **overrides: object) -> ApiSett
 
 
 @pytest.fixture
-async def api(settings: Settings, tmp_path: Path) -> AsyncIterator[Api]:  # noqa: F811
-    configured = api_settings(settings, tmp_path)
+async def api(
+    settings: Settings,  # noqa: F811
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[Api]:
+    """The API on the test's database through an ASGI transport; a test module's
+    `API_OVERRIDES` (ApiSettings fields) configure it."""
+    configured = api_settings(settings, tmp_path, **getattr(request.module, "API_OVERRIDES", {}))
     app = create_app(configured, use_bus=False)
     async with (
         app.router.lifespan_context(app),
