@@ -24,25 +24,26 @@ RESTRICTED_PRIORITIES: frozenset[str] = frozenset({"inference-critical"})
 class TeamPolicy:
     """What a team may ask for (TeamPolicyConfigured); the default is what a new team gets."""
 
-    allowed_priorities: frozenset[str] | None = None  # None: all but RESTRICTED_PRIORITIES
-    allow_non_preemptible: bool = False
+    allowed_priority_classes: frozenset[str] | None = None  # None: all but RESTRICTED_PRIORITIES
+    non_preemptible_allowed: bool = False
     max_pending_jobs: int | None = None
     submissions_per_second: float | None = None
 
     @classmethod
     def of(cls, event: TeamPolicyConfigured) -> TeamPolicy:
-        allowed = None if event.allowed_priorities is None else frozenset(event.allowed_priorities)
+        classes = event.allowed_priority_classes
+        allowed = None if classes is None else frozenset(classes)
         return cls(
             allowed,
-            event.allow_non_preemptible,
+            event.non_preemptible_allowed,
             event.max_pending_jobs,
             event.submissions_per_second,
         )
 
     def may_use(self, priority: str) -> bool:
-        if self.allowed_priorities is None:
+        if self.allowed_priority_classes is None:
             return priority not in RESTRICTED_PRIORITIES
-        return priority in self.allowed_priorities
+        return priority in self.allowed_priority_classes
 
 
 DEFAULT_TEAM_POLICY = TeamPolicy()
@@ -56,7 +57,7 @@ def policy_violation(spec: JobSpec, policy: TeamPolicy) -> tuple[str, str] | Non
             "priority_not_allowed",
             f"team {spec.team!r} may not use priority class {spec.priority!r}",
         )
-    if spec.preemptible is False and not policy.allow_non_preemptible:
+    if spec.preemptible is False and not policy.non_preemptible_allowed:
         return (
             "non_preemptible_not_allowed",
             f"team {spec.team!r} may not submit non-preemptible jobs",

@@ -64,14 +64,14 @@ def token_id_of(token_sha256: str) -> str:
 class TeamPolicyConfigured(Event):
     """What a team may ask of the cluster, set by the admin; a whole value, last one wins.
 
-    `allowed_priorities` None means every class but `inference-critical`; the limits None mean
+    `allowed_priority_classes` None means every class but `inference-critical`; the limits None mean
     no limit.
     """
 
     type = "TeamPolicyConfigured"
     team: str = Field(pattern=NAME_PATTERN)
-    allowed_priorities: list[str] | None = Field(default=None, max_length=64)
-    allow_non_preemptible: bool = False
+    allowed_priority_classes: list[str] | None = Field(default=None, max_length=64)
+    non_preemptible_allowed: bool = False
     max_pending_jobs: int | None = Field(default=None, ge=0)
     submissions_per_second: float | None = Field(default=None, gt=0)
 

@@ -168,13 +168,13 @@ class Commands:
 
     async def configure_policy(self, team: str, body: TeamPolicyBody) -> None:
         self._known_team(team)
-        unknown = sorted(set(body.allowed_priorities or ()) - PRIORITY_CLASSES)
+        unknown = sorted(set(body.allowed_priority_classes or ()) - PRIORITY_CLASSES)
         if unknown:
             raise invalid("unknown-priority", f"unknown priority classes: {', '.join(unknown)}")
         event = TeamPolicyConfigured(
             team=team,
-            allowed_priorities=body.allowed_priorities,
-            allow_non_preemptible=body.allow_non_preemptible,
+            allowed_priority_classes=body.allowed_priority_classes,
+            non_preemptible_allowed=body.non_preemptible_allowed,
             max_pending_jobs=body.max_pending_jobs,
             submissions_per_second=body.submissions_per_second,
         )

@@ -167,20 +167,20 @@ class QueueConfig(QuotaBody):
 class TeamPolicyBody(Body):
     """A team's policy, a whole value: a field left out takes its default."""
 
-    allowed_priorities: list[str] | None = Field(
+    allowed_priority_classes: list[str] | None = Field(
         default=None,
         max_length=64,
         description="the priority classes the team may use; null: all but inference-critical",
     )
-    allow_non_preemptible: bool = False
+    non_preemptible_allowed: bool = False
     max_pending_jobs: int | None = Field(default=None, ge=0, le=10_000_000)
     submissions_per_second: float | None = Field(default=None, gt=0, le=1_000_000)
 
 
 class TeamPolicyView(View):
     team: str
-    allowed_priorities: list[str]
-    allow_non_preemptible: bool
+    allowed_priority_classes: list[str]
+    non_preemptible_allowed: bool
     max_pending_jobs: int | None
     submissions_per_second: float | None
     pending_jobs: int

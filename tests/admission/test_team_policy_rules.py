@@ -29,7 +29,7 @@ def test_inference_critical_needs_the_admins_grant(catalog: AdmissionCatalog) ->
     result = admit("j1", job(priority="inference-critical"), catalog, CLASSES)
     assert isinstance(result, JobRejected)
     assert result.code == "priority_not_allowed"
-    catalog.apply(TeamPolicyConfigured(team="nlp", allowed_priorities=["inference-critical"]))
+    catalog.apply(TeamPolicyConfigured(team="nlp", allowed_priority_classes=["inference-critical"]))
     granted = admit("j2", job(priority="inference-critical"), catalog, CLASSES)
     assert isinstance(granted, JobAdmitted)
 
@@ -37,9 +37,9 @@ def test_inference_critical_needs_the_admins_grant(catalog: AdmissionCatalog) ->
 def test_a_grant_withdrawn_after_the_api_accepted_rejects_at_admission(
     catalog: AdmissionCatalog,
 ) -> None:
-    catalog.apply(TeamPolicyConfigured(team="nlp", allow_non_preemptible=True))
+    catalog.apply(TeamPolicyConfigured(team="nlp", non_preemptible_allowed=True))
     accepted = job(preemptible=False)
-    catalog.apply(TeamPolicyConfigured(team="nlp", allow_non_preemptible=False))
+    catalog.apply(TeamPolicyConfigured(team="nlp", non_preemptible_allowed=False))
     result = admit("j1", accepted, catalog, CLASSES)
     assert isinstance(result, JobRejected)
     assert (result.code, result.reason) == (

@@ -24,8 +24,8 @@ async def set_policy(api: Api, **policy: object) -> dict[str, object]:
 async def test_a_new_team_may_use_every_class_but_inference_critical(api: Api) -> None:
     nlp = await api.create_team("nlp")
     policy = (await api.client.get("/v1/teams/nlp/policy", headers=nlp)).json()
-    assert policy["allowed_priorities"] == ["best-effort", "production", "research"]
-    assert policy["allow_non_preemptible"] is False
+    assert policy["allowed_priority_classes"] == ["best-effort", "production", "research"]
+    assert policy["non_preemptible_allowed"] is False
     critical = await api.client.post(
         "/v1/jobs", json={**JOB, "priority": "inference-critical"}, headers=nlp
     )
@@ -42,8 +42,8 @@ async def test_the_admin_grants_inference_critical_and_non_preemptible_jobs(
     nlp = await api.create_team("nlp")
     await set_policy(
         api,
-        allowed_priorities=["inference-critical", "production"],
-        allow_non_preemptible=True,
+        allowed_priority_classes=["inference-critical", "production"],
+        non_preemptible_allowed=True,
     )
     body = {**JOB, "priority": "inference-critical", "preemptible": False}
     response = await api.client.post("/v1/jobs", json=body, headers=nlp)
@@ -56,15 +56,17 @@ async def test_the_admin_grants_inference_critical_and_non_preemptible_jobs(
     ]
     assert recorded == TeamPolicyConfigured(
         team="nlp",
-        allowed_priorities=["inference-critical", "production"],
-        allow_non_preemptible=True,
+        allowed_priority_classes=["inference-critical", "production"],
+        non_preemptible_allowed=True,
     )
 
 
 async def test_only_the_admin_sets_a_policy(api: Api) -> None:
     nlp = await api.create_team("nlp")
     response = await api.client.put(
-        "/v1/teams/nlp/policy", json={"allowed_priorities": ["inference-critical"]}, headers=nlp
+        "/v1/teams/nlp/policy",
+        json={"allowed_priority_classes": ["inference-critical"]},
+        headers=nlp,
     )
     assert response.status_code == 403
 
@@ -72,7 +74,7 @@ async def test_only_the_admin_sets_a_policy(api: Api) -> None:
 async def test_a_policy_naming_an_unknown_class_is_refused(api: Api) -> None:
     await api.create_team("nlp")
     response = await api.client.put(
-        "/v1/teams/nlp/policy", json={"allowed_priorities": ["vip"]}, headers=api.as_admin()
+        "/v1/teams/nlp/policy", json={"allowed_priority_classes": ["vip"]}, headers=api.as_admin()
     )
     assert response.status_code == 422
 

@@ -118,7 +118,7 @@ BODIES: dict[str, dict[str, Any]] = {
     "submitJob": {"name": "train", "tasks": 1, "gpus_per_task": 1},
     "createTeam": {"name": "newcomers"},
     "configureQueue": {"guaranteed_gpus": 0},
-    "configureTeamPolicy": {"allowed_priorities": ["inference-critical"]},
+    "configureTeamPolicy": {"allowed_priority_classes": ["inference-critical"]},
     "createTeamToken": {"name": "intruder"},
     "setTeamSecret": {"value": "overwritten"},
 }

@@ -130,8 +130,8 @@ EXAMPLES: dict[str, Event] = {
         QueueConfigured(name="research", guaranteed_gpus=256, max_gpus=None),
         TeamPolicyConfigured(
             team="nlp",
-            allowed_priorities=["production", "research"],
-            allow_non_preemptible=False,
+            allowed_priority_classes=["production", "research"],
+            non_preemptible_allowed=False,
             max_pending_jobs=100,
             submissions_per_second=5.0,
         ),

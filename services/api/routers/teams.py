@@ -48,8 +48,8 @@ def _policy_view(team: str, models: ReadModels) -> TeamPolicyView:
     allowed = sorted(name for name in PRIORITY_CLASSES if policy.may_use(name))
     return TeamPolicyView(
         team=team,
-        allowed_priorities=allowed,
-        allow_non_preemptible=policy.allow_non_preemptible,
+        allowed_priority_classes=allowed,
+        non_preemptible_allowed=policy.non_preemptible_allowed,
         max_pending_jobs=policy.max_pending_jobs,
         submissions_per_second=policy.submissions_per_second,
         pending_jobs=max(0, models.waiting_by_team[team]),
