@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 
 from schemas.envelope import EventEnvelope
 from services.runtime.records import RawEvent
@@ -26,3 +29,23 @@ async def read_positions(
     async with store.connection() as conn:
         records = await conn.fetch(_BY_POSITIONS, list(positions), list(types) or None, stream)
     return [RawEvent(*record).decode(store.registry) for record in records]
+
+
+@dataclass(slots=True)
+class AuditGate:
+    """At most `per_team` audit reads of one team in flight in this process; more wait.
+
+    A team reading pages of a thousand events twenty at a time would otherwise hold the
+    process's one event loop for everyone; waiting on its own gate, it holds only its share.
+    """
+
+    per_team: int
+    _slots: dict[str, asyncio.Semaphore] = field(default_factory=dict)
+
+    @asynccontextmanager
+    async def slot(self, team: str) -> AsyncIterator[None]:
+        semaphore = self._slots.get(team)
+        if semaphore is None:
+            semaphore = self._slots[team] = asyncio.Semaphore(self.per_team)
+        async with semaphore:
+            yield

@@ -25,6 +25,8 @@ class ApiSettings(Settings):
     # How far one GET /v1/events may scan the log to fill a filtered page before it returns
     # a shorter page with a cursor to continue from.
     events_scan_limit: int = Field(default=20_000, ge=100)
+    # How many GET /v1/events of one team this process serves at once; the rest wait their turn.
+    audit_reads_per_team: int = Field(default=2, ge=1)
     # How often the read models re-check the log for events the bus has not (yet) delivered.
     catch_up_interval_s: float = Field(default=2.0, gt=0)
     # Unset: "<topic_prefix>.api", so that stacks sharing a broker never share a group.

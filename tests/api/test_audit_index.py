@@ -3,11 +3,14 @@ and whatever order the bus delivered them in."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from schemas.checkpoints import CheckpointRequested
 from schemas.jobs import JobAdmitted
 from schemas.teams import TeamCreated, TeamSecretDeleted
+from services.api.audit import AuditGate
 from services.api.projections.model import ReadModels
 from services.runtime import EventStore
 from services.runtime.records import StreamAppend
@@ -73,3 +76,23 @@ async def test_a_teams_page_is_full_however_much_other_teams_wrote(
         if not page["has_more"]:
             break
     assert pages == [["team-nlp", "queue-nlp"], [f"job-{mine}"]]
+
+
+async def test_a_teams_audit_reads_beyond_its_share_wait_while_another_teams_go_on() -> None:
+    gate = AuditGate(per_team=2)
+    release = asyncio.Event()
+    entered: list[str] = []
+
+    async def read(team: str) -> None:
+        async with gate.slot(team):
+            entered.append(team)
+            await release.wait()
+
+    heavy = [asyncio.create_task(read("nlp")) for _ in range(5)]
+    other = asyncio.create_task(read("vision"))
+    for _ in range(20):  # every task has run as far as it can
+        await asyncio.sleep(0)
+    assert sorted(entered) == ["nlp", "nlp", "vision"]
+    release.set()
+    await asyncio.gather(*heavy, other)
+    assert entered.count("nlp") == 5

@@ -38,7 +38,8 @@ async def list_events(
 ) -> EventPage:
     types = sorted({name.strip() for value in type or () for name in value.split(",")} - {""})
     if caller.team is not None:
-        return await _team_page(caller.team, models, context, after, types, stream, limit)
+        async with context.audit_gate.slot(caller.team):
+            return await _team_page(caller.team, models, context, after, types, stream, limit)
     items = await context.store.read_all(after, limit, types=types or None, stream=stream)
     cursor = items[-1].position or after if items else after
     return EventPage(
