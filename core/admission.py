@@ -17,7 +17,55 @@ from schemas.base import Event
 from schemas.jobs import JobAdmitted, JobRejected, JobSpec
 from schemas.nodes import NodeRegistered
 from schemas.reasons import RejectCode
-from schemas.teams import QueueConfigured, TeamCreated
+from schemas.teams import QueueConfigured, TeamCreated, TeamPolicyConfigured
+
+# The class no team may use unless the admin grants it: never preempted, and it may preempt.
+RESTRICTED_PRIORITIES: frozenset[str] = frozenset({"inference-critical"})
+
+
+@dataclass(frozen=True, slots=True)
+class TeamPolicy:
+    """What a team may ask for (TeamPolicyConfigured); the default is what a new team gets."""
+
+    allowed_priority_classes: frozenset[str] | None = None  # None: all but RESTRICTED_PRIORITIES
+    non_preemptible_allowed: bool = False
+    max_pending_jobs: int | None = None
+    submissions_per_second: float | None = None
+
+    @classmethod
+    def of(cls, event: TeamPolicyConfigured) -> TeamPolicy:
+        classes = event.allowed_priority_classes
+        allowed = None if classes is None else frozenset(classes)
+        return cls(
+            allowed,
+            event.non_preemptible_allowed,
+            event.max_pending_jobs,
+            event.submissions_per_second,
+        )
+
+    def may_use(self, priority: str) -> bool:
+        if self.allowed_priority_classes is None:
+            return priority not in RESTRICTED_PRIORITIES
+        return priority in self.allowed_priority_classes
+
+
+DEFAULT_TEAM_POLICY = TeamPolicy()
+
+
+def policy_violation(spec: JobSpec, policy: TeamPolicy) -> tuple[RejectCode, str] | None:
+    """(code, reason) when the team's policy forbids this spec: the one rule the API checks at
+    once (403) and admission again when it decides (the policy may change in between)."""
+    if not policy.may_use(spec.priority):
+        return (
+            "priority_not_allowed",
+            f"team {spec.team!r} may not use priority class {spec.priority!r}",
+        )
+    if spec.preemptible is False and not policy.non_preemptible_allowed:
+        return (
+            "non_preemptible_not_allowed",
+            f"team {spec.team!r} may not submit non-preemptible jobs",
+        )
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +95,10 @@ class AdmissionCatalog:
     """
 
     teams: set[str] = field(default_factory=set)
+    policies: dict[str, TeamPolicy] = field(default_factory=dict)
+    # The policy of a team the admin has not configured; None (the simulator's traces) checks
+    # no team policy at all, the admission service checks DEFAULT_TEAM_POLICY.
+    default_policy: TeamPolicy | None = None
     queues: dict[str, QueueLimits] = field(default_factory=dict)
     nodes: dict[str, NodeShape] = field(default_factory=dict)
     _largest_by_type: dict[str, int] | None = field(default=None, repr=False, compare=False)
@@ -72,6 +124,9 @@ class AdmissionCatalog:
             self.nodes[event.node_id] = shape
             self._largest_by_type = None
             self._placeable.clear()
+
+    def _on_team_policy_configured(self, event: TeamPolicyConfigured) -> None:
+        self.policies[event.team] = TeamPolicy.of(event)
 
     def queue_chain(self, name: str) -> list[QueueLimits]:
         """The queue and its ancestors, nearest first; a cycle in the tree stops the walk."""
@@ -116,6 +171,7 @@ class AdmissionCatalog:
 _CATALOG_FOLDS: dict[type[Event], Callable[[AdmissionCatalog, Any], None]] = {
     TeamCreated: AdmissionCatalog._on_team_created,
     QueueConfigured: AdmissionCatalog._on_queue_configured,
+    TeamPolicyConfigured: AdmissionCatalog._on_team_policy_configured,
     NodeRegistered: AdmissionCatalog._on_node_registered,
 }
 
@@ -143,6 +199,10 @@ def admit(
     if spec.priority not in priority_classes:
         known = ", ".join(sorted(priority_classes))
         return reject("unknown_priority", f"priority {spec.priority!r} is not one of: {known}")
+    policy = catalog.policies.get(spec.team, catalog.default_policy)
+    violation = None if policy is None else policy_violation(spec, policy)
+    if violation is not None:
+        return reject(*violation)
     if spec.priority in always_preemptible and spec.preemptible is False:
         return reject(
             "not_preemptible", f"{spec.priority} jobs run on idle capacity and are preemptible"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Literal, get_args
 
@@ -13,6 +14,8 @@ from schemas.reasons import DeferCodeField, RejectCodeField, RequeueCodeField
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 MAX_GANG_TASKS = 4096
 MAX_GPUS_PER_TASK = 64
+# A variable name a rank's environment can hold (secret_env's keys).
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 
 RequiredLocality = Literal["node", "rack", "block", "none"]
 PreferredLocality = Literal["rack", "block", "none"]
@@ -54,6 +57,19 @@ class JobSpec(Message):
     min_runtime_s: float = Field(default=0, ge=0)
     checkpoint: CheckpointSpec = CheckpointSpec()
     max_retries: int = Field(default=3, ge=0, le=100)
+    # VAR -> the name of one of the team's secrets; the agent puts its value in the rank's
+    # environment at launch, so that no secret value is ever part of the spec or the log.
+    secret_env: dict[str, str] = Field(default_factory=dict, max_length=64)
+
+    @field_validator("secret_env")
+    @classmethod
+    def _secret_env_names(cls, secret_env: dict[str, str]) -> dict[str, str]:
+        for var, secret in secret_env.items():
+            if not re.fullmatch(ENV_NAME_PATTERN, var) or var.startswith("GANGWAY_"):
+                raise ValueError(f"secret_env: {var!r} is not a variable a job may set")
+            if not re.fullmatch(NAME_PATTERN, secret):
+                raise ValueError(f"secret_env: {secret!r} is not a secret name")
+        return secret_env
 
     @field_validator("command")
     @classmethod
@@ -78,6 +94,8 @@ class JobSpec(Message):
             and self.estimated_runtime_s > self.max_runtime_s
         ):
             raise ValueError("estimated_runtime_s must not exceed max_runtime_s")
+        if self.env.keys() & self.secret_env.keys():
+            raise ValueError("a variable is either in env or in secret_env, not both")
         return self
 
     @property

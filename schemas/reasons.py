@@ -47,6 +47,8 @@ RejectCode = Literal[
     "over_quota_max",
     "task_too_large",
     "gang_too_large",
+    "priority_not_allowed",  # the team's policy does not grant this priority class
+    "non_preemptible_not_allowed",  # the team's policy does not allow non-preemptible jobs
 ]
 
 DEFER_CODES: frozenset[str] = frozenset(get_args(DeferCode))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from uuid import UUID
+
 from pydantic import Field, model_validator
 
 from schemas.base import Event
@@ -50,4 +52,104 @@ class QueueConfigured(Event):
         return self
 
 
-TEAM_EVENTS: tuple[type[Event], ...] = (TeamCreated, QueueConfigured)
+# The first token of a team (TeamCreated's) has an id like every other: its hash's prefix.
+TOKEN_ID_PATTERN = r"^[0-9a-f]{16}$"
+SHA256_PATTERN = r"^[0-9a-f]{64}$"
+
+
+def token_id_of(token_sha256: str) -> str:
+    return token_sha256[:16]
+
+
+class TeamPolicyConfigured(Event):
+    """What a team may ask of the cluster, set by the admin; a whole value, last one wins.
+
+    `allowed_priority_classes` None means every class but `inference-critical`; the limits None mean
+    no limit.
+    """
+
+    type = "TeamPolicyConfigured"
+    team: str = Field(pattern=NAME_PATTERN)
+    allowed_priority_classes: list[str] | None = Field(default=None, max_length=64)
+    non_preemptible_allowed: bool = False
+    max_pending_jobs: int | None = Field(default=None, ge=0)
+    submissions_per_second: float | None = Field(default=None, gt=0)
+
+    @property
+    def stream(self) -> str:
+        return f"team-{self.team}"
+
+
+class TeamTokenIssued(Event):
+    """A further named token of the team (one per person or robot); only its hash is kept."""
+
+    type = "TeamTokenIssued"
+    team: str = Field(pattern=NAME_PATTERN)
+    token_id: str = Field(pattern=TOKEN_ID_PATTERN)
+    name: str = Field(pattern=NAME_PATTERN)
+    token_sha256: str = Field(pattern=SHA256_PATTERN)
+
+    @property
+    def stream(self) -> str:
+        return f"team-{self.team}"
+
+
+class TeamTokenRevoked(Event):
+    """The token no longer authenticates anyone, in every API process at once."""
+
+    type = "TeamTokenRevoked"
+    team: str = Field(pattern=NAME_PATTERN)
+    token_id: str = Field(pattern=TOKEN_ID_PATTERN)
+
+    @property
+    def stream(self) -> str:
+        return f"team-{self.team}"
+
+
+class TeamSecretSet(Event):
+    """A secret's value, sealed with the team's key (AES-GCM; `key_id` names the key, which
+    lives outside the log): deleting that key makes this event's value unrecoverable."""
+
+    type = "TeamSecretSet"
+    team: str = Field(pattern=NAME_PATTERN)
+    name: str = Field(pattern=NAME_PATTERN)
+    key_id: UUID
+    ciphertext: str = Field(min_length=1, max_length=65_536)
+
+    @property
+    def stream(self) -> str:
+        return f"secrets-{self.team}"
+
+
+class TeamSecretDeleted(Event):
+    type = "TeamSecretDeleted"
+    team: str = Field(pattern=NAME_PATTERN)
+    name: str = Field(pattern=NAME_PATTERN)
+
+    @property
+    def stream(self) -> str:
+        return f"secrets-{self.team}"
+
+
+class TeamKeyDeleted(Event):
+    """The team's secret key was destroyed: every secret sealed with it is forgotten."""
+
+    type = "TeamKeyDeleted"
+    team: str = Field(pattern=NAME_PATTERN)
+    key_id: UUID | None
+
+    @property
+    def stream(self) -> str:
+        return f"secrets-{self.team}"
+
+
+TEAM_EVENTS: tuple[type[Event], ...] = (
+    TeamCreated,
+    QueueConfigured,
+    TeamPolicyConfigured,
+    TeamTokenIssued,
+    TeamTokenRevoked,
+    TeamSecretSet,
+    TeamSecretDeleted,
+    TeamKeyDeleted,
+)

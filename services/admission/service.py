@@ -14,18 +14,23 @@ from collections.abc import Collection
 
 import asyncpg
 
-from core.admission import AdmissionCatalog, admit
+from core.admission import DEFAULT_TEAM_POLICY, AdmissionCatalog, admit
 from schemas import EventEnvelope
 from schemas.jobs import JobAdmitted, JobRejected, JobSubmitted
 from schemas.nodes import NodeRegistered
-from schemas.teams import QueueConfigured, TeamCreated
+from schemas.teams import QueueConfigured, TeamCreated, TeamPolicyConfigured
 from services.runtime.errors import ConcurrencyConflict, DomainError
 from services.runtime.records import Metadata, RawEvent
 from services.runtime.store import EventStore
 
 log = logging.getLogger(__name__)
 
-CATALOG_TYPES: tuple[str, ...] = (TeamCreated.type, QueueConfigured.type, NodeRegistered.type)
+CATALOG_TYPES: tuple[str, ...] = (
+    TeamCreated.type,
+    QueueConfigured.type,
+    TeamPolicyConfigured.type,
+    NodeRegistered.type,
+)
 DECISION_TYPES: frozenset[str] = frozenset({JobAdmitted.type, JobRejected.type})
 
 
@@ -44,7 +49,7 @@ class Admission:
         self.priority_classes = tuple(priority_classes)
         self.always_preemptible = tuple(always_preemptible)
         self.batch_size = batch_size
-        self.catalog = AdmissionCatalog()
+        self.catalog = AdmissionCatalog(default_policy=DEFAULT_TEAM_POLICY)
         # Every catalogue event at or before this position has been folded.
         self.position = 0
         # Catalogue events fetched but past the submissions decided so far, in log order.

@@ -48,6 +48,7 @@ from services.agent.plan import (
     ranks_to_launch,
 )
 from services.agent.ranks import RankKey, RankProcess, launch, stop_orphan
+from services.agent.secrets import resolve_secret_env
 from services.agent.settings import AgentSettings
 from services.agent.steps import STEP_FILE, read_new_steps
 from services.runtime.checkpoint_store import (
@@ -271,6 +272,7 @@ class Agent:
             )
             cgroup_name = f"{key.job_id}-a{key.attempt}-r{key.rank}"
             try:
+                env.update(await resolve_secret_env(self.store, view.spec))
                 sandbox = await asyncio.to_thread(
                     self._sandbox, view.spec, list(view.spec.command), env, workdir, cgroup_name
                 )

@@ -11,8 +11,9 @@ from services.api.bootstrap import ApiBootstrap
 from services.api.limits import BodySizeLimit
 from services.api.metrics import ApiMetrics, RequestMetrics
 from services.api.problems import install_problem_handlers
-from services.api.routers import admin, events, health, inventory, jobs
+from services.api.routers import admin, events, health, inventory, jobs, teams
 from services.api.settings import ApiSettings
+from services.api.timeouts import BodyReadTimeout
 
 DESCRIPTION = """\
 Gangway's REST API: submit and control jobs, read the cluster, audit the log.
@@ -49,9 +50,11 @@ def create_app(settings: ApiSettings | None = None, *, use_bus: bool = True) -> 
     )
     app.state.bootstrap = bootstrap
     install_problem_handlers(app)
-    for module in (jobs, events, inventory, admin, health):
+    for module in (jobs, events, inventory, admin, teams, health):
         app.include_router(module.router)
-    # The last added is outermost: metrics see every answer, the body cap's 413 included.
+    # The last added is outermost: metrics see every answer, the body cap's 413 and the
+    # body deadline's 408 included.
     app.add_middleware(BodySizeLimit, max_bytes=resolved.max_body_bytes)
+    app.add_middleware(BodyReadTimeout, timeout_s=resolved.body_read_timeout_s)
     app.add_middleware(RequestMetrics, metrics=metrics)
     return app

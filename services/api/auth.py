@@ -1,4 +1,9 @@
-"""Bearer-token authentication: the admin token, or a team's token known by its sha256."""
+"""Bearer-token authentication: the admin token, or one of a team's named tokens.
+
+A team token is looked up in the log itself on every request (by its sha256, through an
+index), never in a process's memory: issuing and revoking take effect at once in every API
+process, whatever their read models have applied so far.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +14,29 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+import asyncpg
+
+from schemas.teams import token_id_of
 from services.api.problems import forbidden, not_found, unauthorized
 from services.api.projections.jobs import JobReadModel
-from services.api.projections.model import ReadModels
 
 ADMIN = "admin"
+# The token a team is created with; further ones are named by whoever asks for them.
+FIRST_TOKEN = "default"
+
+# The token's grant and whether it was revoked since, in one indexed look-up: the partial
+# index of migration 0020 finds the grant, the stream's (stream, version) key the revocation.
+_LOOKUP = """
+SELECT CASE e.type WHEN 'TeamCreated' THEN e.payload->>'name' ELSE e.payload->>'team' END,
+       CASE e.type WHEN 'TeamCreated' THEN $2 ELSE e.payload->>'name' END,
+       EXISTS (SELECT 1 FROM events r
+               WHERE r.stream = e.stream AND r.type = 'TeamTokenRevoked'
+                 AND r.payload->>'token_id' = $3)
+FROM events e
+WHERE (e.payload->>'token_sha256') = $1 AND e.type IN ('TeamCreated', 'TeamTokenIssued')
+ORDER BY e.position
+LIMIT 1
+"""
 
 
 def new_token() -> str:
@@ -43,9 +66,10 @@ def load_admin_token(configured: str | None, path: Path) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Principal:
-    """Who calls: the admin (team None) or one team."""
+    """Who calls: the admin (team None) or one team, through one of its named tokens."""
 
     team: str | None
+    token_name: str = FIRST_TOKEN
 
     @property
     def is_admin(self) -> bool:
@@ -53,7 +77,12 @@ class Principal:
 
     @property
     def name(self) -> str:
-        return ADMIN if self.team is None else f"team:{self.team}"
+        """Who acted, as recorded in events (`submitted_by`, `by`)."""
+        if self.team is None:
+            return ADMIN
+        if self.token_name == FIRST_TOKEN:
+            return f"team:{self.team}"
+        return f"team:{self.team}/{self.token_name}"
 
     def can_see(self, job: JobReadModel) -> bool:
         return self.is_admin or job.spec.team == self.team
@@ -73,7 +102,7 @@ class Principal:
             raise forbidden("this needs the admin token")
 
 
-def authenticate(header: str | None, admin_sha256: str, models: ReadModels) -> Principal:
+async def authenticate(header: str | None, admin_sha256: str, pool: asyncpg.Pool) -> Principal:
     if not header:
         raise unauthorized("missing bearer token")
     scheme, _, token = header.partition(" ")
@@ -83,7 +112,10 @@ def authenticate(header: str | None, admin_sha256: str, models: ReadModels) -> P
     digest = token_sha256(token)
     if hmac.compare_digest(digest, admin_sha256):
         return Principal(team=None)
-    team = models.team_by_token_sha256.get(digest)
-    if team is None:
+    row = await pool.fetchrow(_LOOKUP, digest, FIRST_TOKEN, token_id_of(digest))
+    if row is None:
         raise unauthorized("unknown token")
-    return Principal(team=team)
+    team, token_name, revoked = row
+    if revoked:
+        raise unauthorized("this token was revoked")
+    return Principal(team=str(team), token_name=str(token_name))

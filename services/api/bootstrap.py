@@ -12,6 +12,7 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
+from services.api.audit import AuditGate
 from services.api.auth import load_admin_token, token_sha256
 from services.api.bus import ReadModelConsumer
 from services.api.commands import Commands
@@ -37,6 +38,7 @@ class ApiContext:
     feed: ReadModelFeed
     commands: Commands
     admin_sha256: str
+    audit_gate: AuditGate
     # True while background tasks feed the models; otherwise reads catch up themselves.
     live: bool = False
 
@@ -81,7 +83,14 @@ class ApiBootstrap:
         rebuilt = await feed.catch_up()
         log.info("read models rebuilt from %d events (head %d)", rebuilt, feed.head)
         self.metrics.watch(feed)
-        return ApiContext(settings, store, feed, Commands(store, feed), token_sha256(admin))
+        return ApiContext(
+            settings,
+            store,
+            feed,
+            Commands(store, feed),
+            token_sha256(admin),
+            AuditGate(settings.audit_reads_per_team),
+        )
 
     async def start(self, *, use_bus: bool = True) -> None:
         """Rebuild now, then keep the models fed: from the bus, and from the log as a backstop."""

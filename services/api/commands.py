@@ -19,19 +19,35 @@ from schemas.jobs import (
     JobSubmitted,
     JobSuspendRequested,
 )
-from schemas.teams import QueueConfigured, TeamCreated
+from schemas.teams import (
+    QueueConfigured,
+    TeamCreated,
+    TeamKeyDeleted,
+    TeamPolicyConfigured,
+    TeamSecretDeleted,
+    TeamSecretSet,
+    TeamTokenIssued,
+    TeamTokenRevoked,
+    token_id_of,
+)
 from services.api.auth import Principal, new_token, token_sha256
 from services.api.feed import ReadModelFeed
-from services.api.models import QueueConfig, TeamCreate
-from services.api.problems import ProblemError, conflict
+from services.api.models import QueueConfig, TeamCreate, TeamPolicyBody
+from services.api.problems import ProblemError, conflict, not_found
 from services.api.projections.jobs import JobReadModel, Request, request_allowed
 from services.api.projections.queues import QueueRecord
+from services.api.projections.tenancy import TokenRecord
+from services.api.ratelimit import SubmissionLimiter, retry_after
+from services.api.validation import PRIORITY_CLASSES, check_submission, invalid
+from services.runtime import vault
 from services.runtime.errors import ConcurrencyConflict
 from services.runtime.records import Metadata, StreamAppend
 from services.runtime.store import EventStore
 
 ATTEMPTS: Final = 5
 JOB_ID_HEX: Final = 12
+# What a team over its pending cap is told to wait: pending jobs leave as capacity frees.
+PENDING_RETRY_AFTER_S: Final = 10.0
 
 RequestEvent = type[JobCancelRequested | JobSuspendRequested | JobResumeRequested]
 _REQUEST_EVENTS: Final[dict[Request, RequestEvent]] = {
@@ -52,15 +68,20 @@ def idempotent_job_id(principal: str, key: str) -> str:
 
 
 class Commands:
-    def __init__(self, store: EventStore, feed: ReadModelFeed) -> None:
+    def __init__(
+        self, store: EventStore, feed: ReadModelFeed, limiter: SubmissionLimiter | None = None
+    ) -> None:
         self.store = store
         self.feed = feed
+        self.limiter = limiter or SubmissionLimiter()
 
     async def submit(
         self, principal: Principal, spec: JobSpec, *, idempotency_key: str | None = None
     ) -> JobReadModel:
         principal.require_team(spec.team)
         _require_storable(spec)
+        check_submission(spec, self.feed.models)
+        self._within_limits(spec.team)
         if idempotency_key is not None:
             return await self._submit_once(principal, spec, idempotency_key)
         for _ in range(ATTEMPTS):
@@ -147,6 +168,111 @@ class Commands:
         # Last writer wins: a queue's configuration is a whole value, not a delta.
         await self._append(event.stream, None, [event])
         return self.feed.models.queues[name]
+
+    def _within_limits(self, team: str) -> None:
+        """429 when the team is at its pending cap or past its submission rate."""
+        models = self.feed.models
+        policy = models.tenancy.policy_of(team)
+        pending = models.waiting_by_team[team]
+        if policy.max_pending_jobs is not None and pending >= policy.max_pending_jobs:
+            raise ProblemError(
+                429,
+                "too-many-pending",
+                f"team {team!r} has {pending} pending jobs, its limit",
+                headers={"Retry-After": retry_after(PENDING_RETRY_AFTER_S)},
+            )
+        wait = self.limiter.take(team, policy.submissions_per_second)
+        if wait is not None:
+            raise ProblemError(
+                429,
+                "rate-limited",
+                f"team {team!r} may submit {policy.submissions_per_second:g} jobs per second",
+                headers={"Retry-After": retry_after(wait)},
+            )
+
+    # ------------------------------------------------------------------ teams
+
+    def _known_team(self, team: str) -> None:
+        if team not in self.feed.models.teams:
+            raise not_found(f"team {team}")
+
+    async def configure_policy(self, team: str, body: TeamPolicyBody) -> None:
+        self._known_team(team)
+        unknown = sorted(set(body.allowed_priority_classes or ()) - PRIORITY_CLASSES)
+        if unknown:
+            raise invalid("unknown-priority", f"unknown priority classes: {', '.join(unknown)}")
+        event = TeamPolicyConfigured(
+            team=team,
+            allowed_priority_classes=body.allowed_priority_classes,
+            non_preemptible_allowed=body.non_preemptible_allowed,
+            max_pending_jobs=body.max_pending_jobs,
+            submissions_per_second=body.submissions_per_second,
+        )
+        await self._append(event.stream, None, [event])
+
+    async def issue_token(self, principal: Principal, team: str, name: str) -> tuple[str, str]:
+        """A further named token of the team: (its id, the token, shown only now)."""
+        principal.require_team(team)
+        self._known_team(team)
+        token = new_token()
+        digest = token_sha256(token)
+        event = TeamTokenIssued(
+            team=team, token_id=token_id_of(digest), name=name, token_sha256=digest
+        )
+        await self._append(event.stream, None, [event])
+        return event.token_id, token
+
+    def tokens(self, principal: Principal, team: str) -> list[TokenRecord]:
+        principal.require_team(team)
+        self._known_team(team)
+        return [t for t in self.feed.models.tenancy.tokens.values() if t.team == team]
+
+    async def revoke_token(self, principal: Principal, team: str, token_id: str) -> None:
+        principal.require_team(team)
+        await self.feed.sync_stream(f"team-{team}")
+        token = self.feed.models.tenancy.tokens.get(token_id)
+        if token is None or token.team != team:
+            raise not_found(f"token {token_id} of team {team}")
+        if token.revoked:
+            return  # revoking twice records nothing new
+        event = TeamTokenRevoked(team=team, token_id=token_id)
+        await self._append(event.stream, None, [event])
+
+    async def set_secret(self, principal: Principal, team: str, name: str, value: str) -> None:
+        """Seal the value with the team's key and record only the ciphertext."""
+        principal.require_team(team)
+        self._known_team(team)
+        async with self.store.pool.acquire() as conn, conn.transaction():
+            # The key stays locked until the sealed value is recorded: a deletion of the key
+            # comes wholly before (a new key seals it) or after (it is forgotten with the rest).
+            key_id, key = await vault.team_key(conn, team)
+            event = TeamSecretSet(
+                team=team, name=name, key_id=key_id, ciphertext=vault.seal(key, team, name, value)
+            )
+            envelopes = await self.store.append(event.stream, None, [event], _metadata(), conn=conn)
+        await self.feed.deliver_all(envelopes)
+
+    def secrets(self, principal: Principal, team: str) -> list[str]:
+        principal.require_team(team)
+        self._known_team(team)
+        return sorted(self.feed.models.tenancy.secrets.get(team, ()))
+
+    async def delete_secret(self, principal: Principal, team: str, name: str) -> None:
+        principal.require_team(team)
+        await self.feed.sync_stream(f"secrets-{team}")
+        if name not in self.feed.models.tenancy.secrets.get(team, ()):
+            raise not_found(f"secret {name} of team {team}")
+        event = TeamSecretDeleted(team=team, name=name)
+        await self._append(event.stream, None, [event])
+
+    async def delete_team_key(self, team: str) -> None:
+        """Destroy the team's key, forgetting every secret it ever set, in old events too."""
+        self._known_team(team)
+        async with self.store.pool.acquire() as conn, conn.transaction():
+            key_id = await vault.delete_team_key(conn, team)
+            event = TeamKeyDeleted(team=team, key_id=key_id)
+            envelopes = await self.store.append(event.stream, None, [event], _metadata(), conn=conn)
+        await self.feed.deliver_all(envelopes)
 
     async def _append(self, stream: str, expected: int | None, events: list[Event]) -> None:
         envelopes = await self.store.append(stream, expected, events, _metadata())

@@ -60,7 +60,11 @@ async def get_principal(
     header = request.headers.get("authorization")
     if credentials is not None:
         header = f"Bearer {credentials.credentials}"
-    return authenticate(header, context.admin_sha256, models)
+    try:
+        return await authenticate(header, context.admin_sha256, context.store.pool)
+    except _UNAVAILABLE as error:
+        log.warning("event log unreachable: %r", error)
+        raise unavailable("the event log is unreachable") from error
 
 
 Caller = Annotated[Principal, Depends(get_principal)]

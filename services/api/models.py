@@ -164,6 +164,61 @@ class QueueConfig(QuotaBody):
     weight: float = Field(default=1.0, gt=0, le=1_000_000)
 
 
+class TeamPolicyBody(Body):
+    """A team's policy, a whole value: a field left out takes its default."""
+
+    allowed_priority_classes: list[str] | None = Field(
+        default=None,
+        max_length=64,
+        description="the priority classes the team may use; null: all but inference-critical",
+    )
+    non_preemptible_allowed: bool = False
+    max_pending_jobs: int | None = Field(default=None, ge=0, le=10_000_000)
+    submissions_per_second: float | None = Field(default=None, gt=0, le=1_000_000)
+
+
+class TeamPolicyView(View):
+    team: str
+    allowed_priority_classes: list[str]
+    non_preemptible_allowed: bool
+    max_pending_jobs: int | None
+    submissions_per_second: float | None
+    pending_jobs: int
+
+
+class TokenCreate(Body):
+    name: str = Field(pattern=NAME_PATTERN, description="who will use it: a person or a robot")
+
+
+class TokenCreatedView(View):
+    id: str
+    name: str
+    token: str = Field(description="shown once; only its sha256 is recorded")
+
+
+class TokenView(View):
+    id: str
+    name: str
+    revoked: bool
+
+
+class TokenList(View):
+    items: list[TokenView]
+
+
+class SecretBody(Body):
+    value: str = Field(min_length=1, max_length=32_768)
+
+
+class SecretView(View):
+    team: str
+    name: str
+
+
+class SecretList(View):
+    items: list[str] = Field(description="the names of the team's secrets (never the values)")
+
+
 class Health(View):
     status: Literal["ok", "unavailable"]
     detail: dict[str, Any] = Field(default_factory=dict)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from http import HTTPStatus
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
@@ -39,8 +39,12 @@ class Problem(BaseModel):
     errors: list[FieldError] | None = None
 
 
-class ProblemError(Exception):
-    """Raised by routes and dependencies for an error the client can act upon."""
+class ProblemError(HTTPException):
+    """Raised by routes and dependencies for an error the client can act upon.
+
+    An HTTPException, so that one raised while FastAPI reads a body (strict.py) keeps its own
+    status and slug instead of becoming a generic 400.
+    """
 
     def __init__(
         self,
@@ -49,12 +53,13 @@ class ProblemError(Exception):
         detail: str,
         *,
         headers: dict[str, str] | None = None,
+        errors: Sequence[FieldError] | None = None,
     ) -> None:
-        super().__init__(detail)
+        super().__init__(status, detail, headers)
         self.status = status
         self.slug = slug
         self.detail = detail
-        self.headers = headers
+        self.errors = errors
 
 
 def not_found(what: str) -> ProblemError:
@@ -113,16 +118,19 @@ _SLUGS = {
     403: "forbidden",
     404: "not-found",
     405: "method-not-allowed",
+    408: "request-timeout",
     409: "conflict",
     413: "payload-too-large",
     415: "unsupported-media-type",
     422: "validation-error",
+    429: "too-many-requests",
 }
 
 
-def _field_errors(error: RequestValidationError) -> list[FieldError]:
+def field_errors(items: Sequence[Any]) -> list[FieldError]:
+    """Pydantic's (or FastAPI's) error items as the problem's `errors`."""
     found: list[FieldError] = []
-    for item in error.errors():
+    for item in items:
         loc = [part if isinstance(part, int) else str(part) for part in item.get("loc", ())]
         found.append(FieldError(loc=loc, msg=str(item.get("msg", "")), type=str(item.get("type"))))
     return found
@@ -130,7 +138,14 @@ def _field_errors(error: RequestValidationError) -> list[FieldError]:
 
 async def _on_problem(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ProblemError)
-    return problem_response(request, exc.status, exc.slug, exc.detail, headers=exc.headers)
+    return problem_response(
+        request,
+        exc.status,
+        exc.slug,
+        exc.detail,
+        headers=None if exc.headers is None else dict(exc.headers),
+        errors=exc.errors,
+    )
 
 
 async def _on_http(request: Request, exc: Exception) -> JSONResponse:
@@ -143,16 +158,13 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
 
 async def _on_validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = _field_errors(exc)
+    errors = field_errors(exc.errors())
     # A body that is not JSON at all is a malformed request, not an invalid job spec.
     if any(error.type == "json_invalid" for error in errors):
         return problem_response(
             request, 400, "malformed-json", "the request body is not valid JSON", errors=errors
         )
-    summary = "; ".join(
-        f"{'.'.join(str(part) for part in error.loc)}: {error.msg}" for error in errors[:5]
-    )
-    return problem_response(request, 422, "validation-error", summary, errors=errors)
+    return problem_response(request, 422, "validation-error", summarize(errors), errors=errors)
 
 
 _unavailable_logged_at = 0.0
@@ -204,4 +216,10 @@ def problem_docs(*statuses: int) -> dict[int | str, dict[str, Any]]:
     }
 
 
-PROBLEM_RESPONSES = problem_docs(400, 401, 403, 404, 409, 413, 422, 503)
+def summarize(errors: Sequence[FieldError]) -> str:
+    return "; ".join(
+        f"{'.'.join(str(part) for part in error.loc)}: {error.msg}" for error in errors[:5]
+    )
+
+
+PROBLEM_RESPONSES = problem_docs(400, 401, 403, 404, 408, 409, 413, 422, 429, 503)

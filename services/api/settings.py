@@ -20,11 +20,15 @@ class ApiSettings(Settings):
     admin_token_file: Path = Path(".gangway/admin.token")
     # Below the log's event bound and the bus's record bound (services/runtime/limits.py).
     max_body_bytes: int = Field(default=MAX_REQUEST_BODY_BYTES, ge=1024, le=MAX_REQUEST_BODY_BYTES)
+    # A request body not wholly received within this long gets 408 and a closed connection.
+    body_read_timeout_s: float = Field(default=10.0, gt=0)
     # /readyz fails while the read models trail the log's head by more than this many events.
     ready_max_lag: int = Field(default=1000, ge=0)
     # How far one GET /v1/events may scan the log to fill a filtered page before it returns
     # a shorter page with a cursor to continue from.
     events_scan_limit: int = Field(default=20_000, ge=100)
+    # How many GET /v1/events of one team this process serves at once; the rest wait their turn.
+    audit_reads_per_team: int = Field(default=2, ge=1)
     # How often the read models re-check the log for events the bus has not (yet) delivered.
     catch_up_interval_s: float = Field(default=2.0, gt=0)
     # Unset: "<topic_prefix>.api", so that stacks sharing a broker never share a group.

@@ -113,7 +113,7 @@ def start_metrics_server(
     port: int,
     registry: CollectorRegistry,
     *,
-    addr: str = "0.0.0.0",
+    addr: str = "127.0.0.1",
     fallback: bool = True,
     ready: Callable[[], tuple[bool, dict[str, Any]]] | None = None,
 ) -> MetricsServer:

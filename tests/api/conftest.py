@@ -9,7 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -30,6 +30,7 @@ class Api:
     client: httpx.AsyncClient
     app: FastAPI
     settings: ApiSettings
+    teams: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def as_admin(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -42,10 +43,15 @@ class Api:
             headers=self.as_admin(),
         )
         assert response.status_code == 201, response.text
-        return {"Authorization": f"Bearer {response.json()['token']}"}
+        self.teams[name] = {"Authorization": f"Bearer {response.json()['token']}"}
+        return self.teams[name]
 
     async def submit(self, headers: dict[str, str], **fields: object) -> str:
+        """Submit a job (of team nlp unless told), creating its team first if need be: the API
+        refuses a job of a team it does not know."""
         body = {"name": "train", "team": "nlp", "tasks": 2, "gpus_per_task": 4, **fields}
+        if body["team"] not in self.teams:
+            await self.create_team(str(body["team"]))
         response = await self.client.post("/v1/jobs", json=body, headers=headers)
         assert response.status_code == 201, response.text
         return str(response.json()["id"])
@@ -65,8 +71,14 @@ def api_settings(base: Settings, tmp_path: Path, **overrides: object) -> ApiSett
 
 
 @pytest.fixture
-async def api(settings: Settings, tmp_path: Path) -> AsyncIterator[Api]:  # noqa: F811
-    configured = api_settings(settings, tmp_path)
+async def api(
+    settings: Settings,  # noqa: F811
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> AsyncIterator[Api]:
+    """The API on the test's database through an ASGI transport; a test module's
+    `API_OVERRIDES` (ApiSettings fields) configure it."""
+    configured = api_settings(settings, tmp_path, **getattr(request.module, "API_OVERRIDES", {}))
     app = create_app(configured, use_bus=False)
     async with (
         app.router.lifespan_context(app),
@@ -88,12 +100,15 @@ def api_url(
     settings: Settings,  # noqa: F811
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> Iterator[str]:
     """A real API server (uvicorn in a thread) on the test's database; the CLI's environment
-    points at it with the admin token."""
+    points at it with the admin token. A test module's `API_OVERRIDES` (ApiSettings fields)
+    configure it."""
+    api_overrides: dict[str, object] = getattr(request.module, "API_OVERRIDES", {})
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    app = create_app(api_settings(settings, tmp_path, api_url=url), use_bus=False)
+    app = create_app(api_settings(settings, tmp_path, api_url=url, **api_overrides), use_bus=False)
     server = uvicorn.Server(
         uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     )

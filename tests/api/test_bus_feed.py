@@ -29,6 +29,8 @@ async def test_events_of_other_services_reach_the_read_models_through_the_bus(
         app.router.lifespan_context(app),
         httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client,
     ):
+        team = await client.post("/v1/teams", json={"name": "nlp"}, headers=headers)
+        assert team.status_code == 201, team.text
         created = await client.post(
             "/v1/jobs", json={"name": "train", "team": "nlp"}, headers=headers
         )

@@ -23,6 +23,7 @@ async def eventually_state(api: Api, job_id: str, state: str) -> None:
 
 
 async def test_submit_answers_201_with_the_id_and_pending_state(api: Api) -> None:
+    await api.create_team("nlp")
     response = await api.client.post(
         "/v1/jobs",
         json={"name": "train", "team": "nlp", "tasks": 2, "gpus_per_task": 4},

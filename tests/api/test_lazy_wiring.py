@@ -25,6 +25,8 @@ async def test_reads_see_other_writers_events_at_once_without_a_lifespan(
         async with httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://t"
         ) as client:
+            team = await client.post("/v1/teams", json={"name": "nlp"}, headers=headers)
+            assert team.status_code == 201, team.text
             created = await client.post(
                 "/v1/jobs", json={"name": "a", "team": "nlp"}, headers=headers
             )

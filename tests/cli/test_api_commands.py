@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gangway.cli import main
@@ -24,7 +26,18 @@ command: [torchrun, train.py]
 """
 
 
+def ensure_team(name: str = "nlp") -> None:
+    """The API refuses a job of a team it does not know: create it (once) as the admin."""
+    response = httpx.post(
+        f"{os.environ['GANGWAY_API_URL']}/v1/teams",
+        json={"name": name},
+        headers={"Authorization": f"Bearer {os.environ['GANGWAY_TOKEN']}"},
+    )
+    assert response.status_code in (201, 409), response.text
+
+
 def submit(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str = SPEC_YAML) -> str:
+    ensure_team()
     spec = tmp_path / "job.yaml"
     spec.write_text(text)
     assert main(["submit", str(spec)]) == 0
@@ -109,7 +122,11 @@ def test_events_prints_the_log_in_order(
     job_id = submit(tmp_path, capsys)
     assert main(["events", "--json"]) == 0
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
-    assert [(e["type"], e["stream"]) for e in events] == [("JobSubmitted", f"job-{job_id}")]
+    assert [(e["type"], e["stream"]) for e in events] == [
+        ("TeamCreated", "team-nlp"),
+        ("QueueConfigured", "queue-nlp"),
+        ("JobSubmitted", f"job-{job_id}"),
+    ]
 
 
 def test_nodes_and_queues_print_tables(api_url: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -126,7 +143,8 @@ def test_events_follow_prints_events_recorded_after_it_started(
     status: list[int] = []
     follower = threading.Thread(
         target=lambda: status.append(
-            main(["events", "--follow", "--limit", "2", "--interval", "0.05"])
+            # The team's two events, then the two jobs'.
+            main(["events", "--follow", "--limit", "4", "--interval", "0.05"])
         )
     )
     follower.start()

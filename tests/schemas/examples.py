@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from uuid import UUID
 
 from schemas.base import Event
 from schemas.checkpoints import (
@@ -48,7 +49,16 @@ from schemas.nodes import (
     NodeUndrained,
     StragglerDetected,
 )
-from schemas.teams import QueueConfigured, TeamCreated
+from schemas.teams import (
+    QueueConfigured,
+    TeamCreated,
+    TeamKeyDeleted,
+    TeamPolicyConfigured,
+    TeamSecretDeleted,
+    TeamSecretSet,
+    TeamTokenIssued,
+    TeamTokenRevoked,
+)
 
 AT = datetime(2026, 11, 21, 14, 20, tzinfo=UTC)
 SHA = "0" * 63 + "1"
@@ -118,6 +128,23 @@ EXAMPLES: dict[str, Event] = {
         ),
         TeamCreated(name="nlp", guaranteed_gpus=64, max_gpus=128, token_sha256=SHA),
         QueueConfigured(name="research", guaranteed_gpus=256, max_gpus=None),
+        TeamPolicyConfigured(
+            team="nlp",
+            allowed_priority_classes=["production", "research"],
+            non_preemptible_allowed=False,
+            max_pending_jobs=100,
+            submissions_per_second=5.0,
+        ),
+        TeamTokenIssued(team="nlp", token_id=SHA[:16], name="ci-robot", token_sha256=SHA),
+        TeamTokenRevoked(team="nlp", token_id=SHA[:16]),
+        TeamSecretSet(
+            team="nlp",
+            name="hf",
+            key_id=UUID("00000000-0000-0000-0000-000000000001"),
+            ciphertext="bm9uY2UtYW5kLXNlYWxlZC12YWx1ZQ==",
+        ),
+        TeamSecretDeleted(team="nlp", name="hf"),
+        TeamKeyDeleted(team="nlp", key_id=UUID("00000000-0000-0000-0000-000000000001")),
         CheckpointRequested(job_id="j1", attempt=1, reason="preemption"),
         CheckpointCommitted(
             job_id="j1",

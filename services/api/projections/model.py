@@ -21,6 +21,13 @@ from schemas.teams import QueueConfigured, TeamCreated
 from services.api.projections.jobs import JobReadModel, evolve_job
 from services.api.projections.nodes import NodeRecord, evolve_node
 from services.api.projections.queues import QueueRecord, TeamRecord, evolve_queue, evolve_team
+from services.api.projections.tenancy import (
+    TENANCY_EVENTS,
+    AuditIndex,
+    Tenancy,
+    job_of_stream,
+    team_of_stream,
+)
 
 
 class Outcome(enum.Enum):
@@ -61,6 +68,9 @@ class ReadModels:
     waiting_by_class: Counter[str] = field(default_factory=Counter)
     waiting_by_queue: Counter[str] = field(default_factory=Counter)
     running_by_queue: Counter[str] = field(default_factory=Counter)
+    waiting_by_team: Counter[str] = field(default_factory=Counter)
+    tenancy: Tenancy = field(default_factory=Tenancy)
+    audit: AuditIndex = field(default_factory=AuditIndex)
     stream_versions: dict[str, int] = field(default_factory=dict)
     watermark: Watermark = field(default_factory=Watermark)
     events_applied: int = 0
@@ -79,6 +89,8 @@ class ReadModels:
         if position:
             self.watermark.mark(position)
         self._fold(envelope.payload, envelope, position)
+        if position:
+            self._index(envelope.stream, position)
         self.events_applied += 1
         return Outcome.APPLIED
 
@@ -97,7 +109,9 @@ class ReadModels:
             node = evolve_node(self.nodes.get(event.node_id), event, at=at)
             if node is not None:
                 self.nodes[node.id] = node
-        elif isinstance(event, TeamCreated | QueueConfigured):
+        if isinstance(event, TENANCY_EVENTS):
+            self.tenancy.apply(event)
+        if isinstance(event, TeamCreated | QueueConfigured):
             queue = evolve_queue(self.queues.get(event.name), event, at=at)
             if queue is not None:
                 self.queues[queue.name] = queue
@@ -106,6 +120,17 @@ class ReadModels:
                 if team is not None:
                     self.teams[team.name] = team
                     self.team_by_token_sha256[team.token_sha256] = team.name
+
+    def _index(self, stream: str, position: int) -> None:
+        """Record the position under the team it belongs to, for that team's audit reads."""
+        job_id = job_of_stream(stream)
+        if job_id is not None:
+            job = self.jobs.get(job_id)
+            self.audit.add_for_job(job_id, None if job is None else job.spec.team, position)
+            return
+        team = team_of_stream(stream)
+        if team is not None:
+            self.audit.add(team, position)
 
     def _reindex_job(self, before: JobReadModel | None, after: JobReadModel) -> None:
         """Keep the aggregate indexes (allocations, per-queue and per-class counts) in step."""
@@ -128,6 +153,7 @@ class ReadModels:
         elif job.state in WAITING_STATES:
             self.waiting_by_class[job.priority] += sign
             self.waiting_by_queue[job.queue] += sign
+            self.waiting_by_team[job.spec.team] += sign
 
     def allocated_on(self, node_id: str) -> Mapping[str, tuple[int, ...]]:
         return self.allocations.get(node_id, {})

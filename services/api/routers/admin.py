@@ -10,9 +10,12 @@ from schemas.jobs import NAME_PATTERN
 from services.api.deps import Admin, Context
 from services.api.models import QueueConfig, QueueView, TeamCreate, TeamCreatedView
 from services.api.problems import PROBLEM_RESPONSES
+from services.api.strict import StrictJsonRoute
 from services.api.views import queue_view
 
-router = APIRouter(prefix="/v1", tags=["admin"], responses=PROBLEM_RESPONSES)
+router = APIRouter(
+    prefix="/v1", tags=["admin"], responses=PROBLEM_RESPONSES, route_class=StrictJsonRoute
+)
 
 
 @router.post(

@@ -7,7 +7,8 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from schemas.envelope import EventEnvelope
-from services.api.auth import Principal
+from services.api.audit import read_positions
+from services.api.bootstrap import ApiContext
 from services.api.deps import Caller, Context, Models
 from services.api.models import EventPage
 from services.api.problems import PROBLEM_RESPONSES
@@ -18,7 +19,6 @@ router = APIRouter(prefix="/v1/events", tags=["events"], responses=PROBLEM_RESPO
 
 # Positions are PostgreSQL bigints.
 MAX_POSITION = 2**63 - 1
-_STREAM_JOB_PREFIXES = ("job-", "checkpoint-")
 
 
 @router.get("", operation_id="listEvents", summary="Events after a position, oldest first")
@@ -37,33 +37,44 @@ async def list_events(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> EventPage:
     types = sorted({name.strip() for value in type or () for name in value.split(",")} - {""})
+    if caller.team is not None:
+        async with context.audit_gate.slot(caller.team):
+            return await _team_page(caller.team, models, context, after, types, stream, limit)
+    items = await context.store.read_all(after, limit, types=types or None, stream=stream)
+    cursor = items[-1].position or after if items else after
+    return EventPage(
+        items=[event_view(e) for e in items], next=cursor, has_more=len(items) == limit
+    )
+
+
+async def _team_page(
+    team: str,
+    models: ReadModels,
+    context: ApiContext,
+    after: int,
+    types: list[str],
+    stream: str | None,
+    limit: int,
+) -> EventPage:
+    """The team's own events after `after`: their positions come from the team's audit index
+    and are read by primary key, so the cost follows this team's events, not the log's."""
+    # Only what the read models have applied is indexed: never page past their watermark, or
+    # an event indexed later at an earlier position would be skipped by the cursor.
+    ceiling = models.watermark.position
     items: list[EventEnvelope] = []
     cursor = after
     scanned = 0
-    has_more = False
-    # Only a team's view needs filtering here; the log filters by type and stream itself. A
-    # team's page may come back short, with a cursor past what was scanned.
     while len(items) < limit and scanned < context.settings.events_scan_limit:
-        batch = await context.store.read_all(cursor, limit, types=types or None, stream=stream)
-        scanned += len(batch)
-        has_more = len(batch) == limit
-        for envelope in batch:
-            if len(items) == limit:
-                has_more = True
-                break
-            cursor = envelope.position or cursor
-            if _visible(caller, models, envelope):
-                items.append(envelope)
-        if not has_more:
+        chunk = [p for p in models.audit.after(team, cursor, limit) if p <= ceiling]
+        if not chunk:
             break
-    return EventPage(items=[event_view(e) for e in items], next=cursor, has_more=has_more)
-
-
-def _visible(caller: Principal, models: ReadModels, envelope: EventEnvelope) -> bool:
-    if caller.is_admin:
-        return True
-    for prefix in _STREAM_JOB_PREFIXES:
-        if envelope.stream.startswith(prefix):
-            job = models.jobs.get(envelope.stream.removeprefix(prefix))
-            return job is not None and caller.can_see(job)
-    return envelope.stream in (f"team-{caller.team}", f"queue-{caller.team}")
+        scanned += len(chunk)
+        batch = await read_positions(context.store, chunk, types, stream)
+        for envelope in batch[: limit - len(items)]:
+            items.append(envelope)
+        if len(items) == limit:
+            cursor = items[-1].position or cursor
+            break
+        cursor = chunk[-1]
+    more = [p for p in models.audit.after(team, cursor, 1) if p <= ceiling]
+    return EventPage(items=[event_view(e) for e in items], next=cursor, has_more=bool(more))

@@ -8,12 +8,17 @@ from services.api.deps import Caller, Models
 from services.api.models import ClusterView, NodeList, NodeView, QueueList
 from services.api.problems import PROBLEM_RESPONSES, not_found
 from services.api.projections.cluster import summarize
+from services.api.validation import queue_chain
 from services.api.views import cluster_view, node_view, queue_view
 
 router = APIRouter(prefix="/v1", tags=["cluster"], responses=PROBLEM_RESPONSES)
 
 
-@router.get("/nodes", operation_id="listNodes", summary="Every node: state, GPUs, allocations")
+@router.get(
+    "/nodes",
+    operation_id="listNodes",
+    summary="Every node: state, GPUs, allocations (a team sees only its own jobs' allocations)",
+)
 async def list_nodes(caller: Caller, models: Models) -> NodeList:
     nodes = sorted(models.nodes.values(), key=lambda node: node.id)
     return NodeList(items=[node_view(node, models, caller) for node in nodes])
@@ -30,7 +35,10 @@ async def get_node(node_id: str, caller: Caller, models: Models) -> NodeView:
 @router.get("/queues", operation_id="listQueues", summary="Every queue: quota and usage")
 async def list_queues(caller: Caller, models: Models) -> QueueList:
     queues = sorted(models.queues.values(), key=lambda queue: queue.name)
-    return QueueList(items=[queue_view(queue, models) for queue in queues])
+    # A team sees its own queues (its own and those under it), never other teams' names,
+    # quotas or counts; the cluster-wide totals are in /v1/cluster.
+    visible = [q for q in queues if caller.is_admin or caller.team in queue_chain(models, q.name)]
+    return QueueList(items=[queue_view(queue, models) for queue in visible])
 
 
 @router.get("/cluster", operation_id="getCluster", summary="Allocation, fragmentation, pending")

@@ -10,12 +10,15 @@ from schemas.jobs import JobSpec, JobState
 from services.api.deps import Caller, Context, Models
 from services.api.models import EventList, JobCreatedView, JobPage, JobView
 from services.api.problems import PROBLEM_RESPONSES
+from services.api.strict import StrictJsonRoute
 from services.api.views import event_view, job_view
 
 # Ids are drawn by the API ([0-9a-f]); the pattern keeps odd bytes (NUL) away from the log.
 JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9._-]{1,64}$", description="the job's id")]
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=PROBLEM_RESPONSES)
+router = APIRouter(
+    prefix="/v1/jobs", tags=["jobs"], responses=PROBLEM_RESPONSES, route_class=StrictJsonRoute
+)
 
 
 @router.post(

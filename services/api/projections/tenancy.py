@@ -1,0 +1,127 @@
+"""What the API knows of each team beyond its quota: its policy, its named tokens, the names
+of its secrets (never their values), and which log positions belong to it (the audit index).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass, field
+
+from core.admission import DEFAULT_TEAM_POLICY, TeamPolicy
+from schemas.base import Event
+from schemas.teams import (
+    TeamCreated,
+    TeamKeyDeleted,
+    TeamPolicyConfigured,
+    TeamSecretDeleted,
+    TeamSecretSet,
+    TeamTokenIssued,
+    TeamTokenRevoked,
+    token_id_of,
+)
+
+# The streams whose events belong to the job named after the prefix.
+JOB_STREAM_PREFIXES = ("job-", "checkpoint-")
+# The streams whose events belong to the team named after the prefix.
+TEAM_STREAM_PREFIXES = ("team-", "queue-", "secrets-")
+
+TENANCY_EVENTS = (
+    TeamCreated,
+    TeamPolicyConfigured,
+    TeamTokenIssued,
+    TeamTokenRevoked,
+    TeamSecretSet,
+    TeamSecretDeleted,
+    TeamKeyDeleted,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRecord:
+    id: str
+    team: str
+    name: str
+    revoked: bool = False
+
+
+@dataclass(slots=True)
+class Tenancy:
+    policies: dict[str, TeamPolicy] = field(default_factory=dict)
+    tokens: dict[str, TokenRecord] = field(default_factory=dict)
+    secrets: dict[str, set[str]] = field(default_factory=dict)
+
+    def policy_of(self, team: str) -> TeamPolicy:
+        return self.policies.get(team, DEFAULT_TEAM_POLICY)
+
+    def apply(self, event: Event) -> None:
+        match event:
+            case TeamCreated():
+                token_id = token_id_of(event.token_sha256)
+                self.tokens[token_id] = TokenRecord(token_id, event.name, "default")
+            case TeamPolicyConfigured():
+                self.policies[event.team] = TeamPolicy.of(event)
+            case TeamTokenIssued():
+                self.tokens[event.token_id] = TokenRecord(event.token_id, event.team, event.name)
+            case TeamTokenRevoked():
+                token = self.tokens.get(event.token_id)
+                if token is not None and token.team == event.team:
+                    self.tokens[event.token_id] = TokenRecord(
+                        token.id, token.team, token.name, revoked=True
+                    )
+            case TeamSecretSet():
+                self.secrets.setdefault(event.team, set()).add(event.name)
+            case TeamSecretDeleted():
+                self.secrets.get(event.team, set()).discard(event.name)
+            case TeamKeyDeleted():
+                self.secrets.pop(event.team, None)
+            case _:
+                pass
+
+
+@dataclass(slots=True)
+class AuditIndex:
+    """Per team, the positions of the log's events that team may read, in order.
+
+    A team's audit page reads exactly its own events by position (the primary key), however
+    much other teams have written: no scan of the log and filter afterwards.
+    """
+
+    positions: dict[str, list[int]] = field(default_factory=dict)
+    # Events of a job's streams seen before the job itself (the bus orders only per stream).
+    _orphans: dict[str, list[int]] = field(default_factory=dict)
+
+    def add(self, team: str, position: int) -> None:
+        found = self.positions.setdefault(team, [])
+        if not found or found[-1] < position:
+            found.append(position)
+        else:
+            at = bisect_right(found, position)
+            if at == 0 or found[at - 1] != position:
+                found.insert(at, position)
+
+    def add_for_job(self, job_id: str, team: str | None, position: int) -> None:
+        if team is None:
+            self._orphans.setdefault(job_id, []).append(position)
+            return
+        for orphan in self._orphans.pop(job_id, ()):
+            self.add(team, orphan)
+        self.add(team, position)
+
+    def after(self, team: str, position: int, limit: int) -> list[int]:
+        found = self.positions.get(team, [])
+        start = bisect_right(found, position)
+        return found[start : start + limit]
+
+
+def team_of_stream(stream: str) -> str | None:
+    for prefix in TEAM_STREAM_PREFIXES:
+        if stream.startswith(prefix):
+            return stream.removeprefix(prefix)
+    return None
+
+
+def job_of_stream(stream: str) -> str | None:
+    for prefix in JOB_STREAM_PREFIXES:
+        if stream.startswith(prefix):
+            return stream.removeprefix(prefix)
+    return None

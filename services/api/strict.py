@@ -1,0 +1,113 @@
+"""Request bodies read strictly: what JSON allows but a careful API should not.
+
+- a duplicate key is rejected (which value the client meant is unknowable);
+- a key or string holding NUL or an unpaired surrogate is rejected (PostgreSQL's jsonb holds
+  no NUL, and a lone surrogate would be silently replaced on the way to the log);
+- the body model is validated in pydantic's strict mode: no "8" for 8, no "yes" for true.
+
+Routers opt in with `APIRouter(route_class=StrictJsonRoute)`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi.routing import APIRoute
+from pydantic import TypeAdapter, ValidationError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from services.api.problems import ProblemError, field_errors, summarize
+
+
+class _Duplicate(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in found:
+            raise _Duplicate(key)
+        found[key] = value
+    return found
+
+
+def _storable(text: str) -> bool:
+    if "\0" in text:
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False  # an unpaired surrogate
+    return True
+
+
+def _check_strings(value: Any, path: str = "body") -> None:
+    if isinstance(value, str):
+        if not _storable(value):
+            raise ProblemError(
+                422, "invalid-string", f"{path}: strings must not hold NUL or unpaired surrogates"
+            )
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if not _storable(key):
+                raise ProblemError(
+                    422, "invalid-string", f"{path}: keys must not hold NUL or unpaired surrogates"
+                )
+            _check_strings(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_strings(item, f"{path}[{index}]")
+
+
+def parse_strict_json(body: bytes) -> Any:
+    """The body's JSON, rejecting duplicate keys, NUL and unpaired surrogates (4xx)."""
+    try:
+        data = json.loads(body.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except _Duplicate as duplicate:
+        raise ProblemError(400, "duplicate-key", f"the key {duplicate} appears twice") from None
+    except UnicodeDecodeError:
+        raise ProblemError(400, "malformed-json", "the request body is not UTF-8") from None
+    _check_strings(data)
+    return data
+
+
+class StrictJsonRequest(Request):
+    strict_model: TypeAdapter[Any] | None = None
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            data = parse_strict_json(body)
+            if self.strict_model is not None:
+                try:
+                    # JSON mode: strict about numbers and booleans, while a datetime may
+                    # still arrive as the string JSON can only give.
+                    self.strict_model.validate_json(body, strict=True)
+                except ValidationError as error:
+                    errors = field_errors(
+                        [{**item, "loc": ("body", *item["loc"])} for item in error.errors()]
+                    )
+                    raise ProblemError(
+                        422, "validation-error", summarize(errors), errors=errors
+                    ) from None
+            self._json = data
+        return self._json
+
+
+class StrictJsonRoute(APIRoute):
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        body = self.body_field
+        annotation = None if body is None else body.field_info.annotation
+        adapter = None if annotation is None else TypeAdapter(annotation)
+
+        async def strict_handler(request: Request) -> Response:
+            strict = StrictJsonRequest(request.scope, request.receive)
+            strict.strict_model = adapter
+            return await handler(strict)
+
+        return strict_handler

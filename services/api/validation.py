@@ -1,0 +1,72 @@
+"""What the API can know is wrong with a submission before anything is written.
+
+Checked against the read models (which may trail the log a little): admission re-checks the
+same rules against the log when it decides, since the catalogue may change in between.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from core.admission import policy_violation
+from core.policy import DEFAULT_PRIORITY_CLASSES
+from schemas.jobs import JobSpec
+from services.api.problems import ProblemError
+from services.api.projections.model import ReadModels
+
+PRIORITY_CLASSES: Final = frozenset(pc.name for pc in DEFAULT_PRIORITY_CLASSES)
+# Jobs of this class run on idle capacity only: always preemptible.
+IDLE_ONLY_PRIORITY: Final = "best-effort"
+
+
+def invalid(slug: str, detail: str) -> ProblemError:
+    return ProblemError(422, slug, detail)
+
+
+def queue_chain(models: ReadModels, name: str) -> list[str]:
+    """The queue and its ancestors, nearest first (a cycle stops the walk)."""
+    chain: list[str] = []
+    current: str | None = name
+    while current is not None and current in models.queues and current not in chain:
+        chain.append(current)
+        current = models.queues[current].parent
+    return chain
+
+
+def check_submission(spec: JobSpec, models: ReadModels) -> None:
+    """Raise the 4xx problem for the first thing wrong with `spec`, or return."""
+    if spec.team not in models.teams:
+        raise invalid("unknown-team", f"team {spec.team!r} does not exist")
+    queue = spec.queue or spec.team
+    # An unknown queue and another team's queue get the same answer: a team learns nothing
+    # of other teams' queue names by trying them.
+    if spec.team not in queue_chain(models, queue):
+        raise invalid("unknown-queue", f"queue {queue!r} is not a queue of team {spec.team!r}")
+    if spec.priority not in PRIORITY_CLASSES:
+        known = ", ".join(sorted(PRIORITY_CLASSES))
+        raise invalid("unknown-priority", f"priority {spec.priority!r} is not one of: {known}")
+    if spec.priority == IDLE_ONLY_PRIORITY and spec.preemptible is False:
+        raise invalid(
+            "not-preemptible", f"{IDLE_ONLY_PRIORITY} jobs run on idle capacity and are preemptible"
+        )
+    if spec.gpu_type is not None:
+        types = {node.gpu_type for node in models.nodes.values()}
+        if spec.gpu_type not in types:
+            raise invalid(
+                "unknown-gpu-type",
+                f"no node has GPUs of type {spec.gpu_type!r} "
+                f"(known: {', '.join(sorted(types)) or 'none'})",
+            )
+    for name in spec.env:
+        if not name or "=" in name or "\0" in name:
+            raise invalid("invalid-env", f"env: {name!r} is not a variable name")
+    known_secrets = models.tenancy.secrets.get(spec.team, set())
+    for var, secret in sorted(spec.secret_env.items()):
+        if secret not in known_secrets:
+            raise invalid(
+                "unknown-secret", f"secret_env.{var}: team {spec.team!r} has no secret {secret!r}"
+            )
+    violation = policy_violation(spec, models.tenancy.policy_of(spec.team))
+    if violation is not None:
+        code, reason = violation
+        raise ProblemError(403, code.replace("_", "-"), reason)

@@ -1,0 +1,113 @@
+"""A team's policy, set by the admin: classes it may use, non-preemptible jobs, pending and rate
+caps (403 and 429 problems), recorded as events in the log."""
+
+from __future__ import annotations
+
+import pytest
+
+from schemas.teams import TeamPolicyConfigured
+from services.runtime import EventStore
+from tests.api.conftest import Api
+
+pytestmark = pytest.mark.integration
+
+JOB = {"name": "train", "team": "nlp", "tasks": 1, "gpus_per_task": 1}
+
+
+async def set_policy(api: Api, **policy: object) -> dict[str, object]:
+    response = await api.client.put("/v1/teams/nlp/policy", json=policy, headers=api.as_admin())
+    assert response.status_code == 200, response.text
+    body: dict[str, object] = response.json()
+    return body
+
+
+async def test_a_new_team_may_use_every_class_but_inference_critical(api: Api) -> None:
+    nlp = await api.create_team("nlp")
+    policy = (await api.client.get("/v1/teams/nlp/policy", headers=nlp)).json()
+    assert policy["allowed_priority_classes"] == ["best-effort", "production", "research"]
+    assert policy["non_preemptible_allowed"] is False
+    critical = await api.client.post(
+        "/v1/jobs", json={**JOB, "priority": "inference-critical"}, headers=nlp
+    )
+    assert critical.status_code == 403, critical.text
+    assert critical.json()["type"] == "https://gangway.dev/problems/priority-not-allowed"
+    pinned = await api.client.post("/v1/jobs", json={**JOB, "preemptible": False}, headers=nlp)
+    assert pinned.status_code == 403, pinned.text
+    assert pinned.json()["type"] == "https://gangway.dev/problems/non-preemptible-not-allowed"
+
+
+async def test_the_admin_grants_inference_critical_and_non_preemptible_jobs(
+    api: Api, store: EventStore
+) -> None:
+    nlp = await api.create_team("nlp")
+    await set_policy(
+        api,
+        allowed_priority_classes=["inference-critical", "production"],
+        non_preemptible_allowed=True,
+    )
+    body = {**JOB, "priority": "inference-critical", "preemptible": False}
+    response = await api.client.post("/v1/jobs", json=body, headers=nlp)
+    assert response.status_code == 201, response.text
+    # ... and research, not in the list any more, is refused.
+    research = await api.client.post("/v1/jobs", json=JOB, headers=nlp)
+    assert research.status_code == 403
+    [recorded] = [
+        e.payload for e in await store.read_stream("team-nlp") if e.type == "TeamPolicyConfigured"
+    ]
+    assert recorded == TeamPolicyConfigured(
+        team="nlp",
+        allowed_priority_classes=["inference-critical", "production"],
+        non_preemptible_allowed=True,
+    )
+
+
+async def test_only_the_admin_sets_a_policy(api: Api) -> None:
+    nlp = await api.create_team("nlp")
+    response = await api.client.put(
+        "/v1/teams/nlp/policy",
+        json={"allowed_priority_classes": ["inference-critical"]},
+        headers=nlp,
+    )
+    assert response.status_code == 403
+
+
+async def test_a_policy_naming_an_unknown_class_is_refused(api: Api) -> None:
+    await api.create_team("nlp")
+    response = await api.client.put(
+        "/v1/teams/nlp/policy", json={"allowed_priority_classes": ["vip"]}, headers=api.as_admin()
+    )
+    assert response.status_code == 422
+
+
+async def test_a_team_at_its_pending_cap_gets_429_with_retry_after(api: Api) -> None:
+    nlp = await api.create_team("nlp")
+    await set_policy(api, max_pending_jobs=2)
+    for _ in range(2):
+        assert (await api.client.post("/v1/jobs", json=JOB, headers=nlp)).status_code == 201
+    response = await api.client.post("/v1/jobs", json=JOB, headers=nlp)
+    assert response.status_code == 429, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json()["type"] == "https://gangway.dev/problems/too-many-pending"
+    assert int(response.headers["retry-after"]) >= 1
+    # Another team is not held to nlp's cap.
+    vision = await api.create_team("vision")
+    other = await api.client.post("/v1/jobs", json={**JOB, "team": "vision"}, headers=vision)
+    assert other.status_code == 201
+
+
+async def test_a_team_past_its_submission_rate_gets_429_with_retry_after(api: Api) -> None:
+    nlp = await api.create_team("nlp")
+    # One submission an hour: the first passes, the second cannot, whatever the test's speed.
+    await set_policy(api, submissions_per_second=1 / 3600)
+    assert (await api.client.post("/v1/jobs", json=JOB, headers=nlp)).status_code == 201
+    response = await api.client.post("/v1/jobs", json=JOB, headers=nlp)
+    assert response.status_code == 429, response.text
+    assert response.json()["type"] == "https://gangway.dev/problems/rate-limited"
+    assert 1 <= int(response.headers["retry-after"]) <= 3600
+
+
+async def test_a_team_reads_its_own_policy_but_not_anothers(api: Api) -> None:
+    nlp = await api.create_team("nlp")
+    await api.create_team("vision")
+    assert (await api.client.get("/v1/teams/nlp/policy", headers=nlp)).status_code == 200
+    assert (await api.client.get("/v1/teams/vision/policy", headers=nlp)).status_code == 403

@@ -1,0 +1,182 @@
+"""Synchronous validation: what the API can know is wrong gets a 4xx problem, and nothing of it
+reaches the log."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+
+from services.runtime import EventStore
+from tests.api.builders import node
+from tests.api.conftest import Api
+
+pytestmark = pytest.mark.integration
+
+VALID = {"name": "train", "team": "nlp", "tasks": 1, "gpus_per_task": 1}
+# The real server of this module (`api_url`) gives a body half a second to arrive.
+API_OVERRIDES = {"body_read_timeout_s": 0.5}
+
+
+async def rejected(
+    api: Api, store: EventStore, body: object, status: int, slug: str, **kwargs: object
+) -> dict[str, object]:
+    """POST /v1/jobs with `body` (JSON, or raw bytes): the problem, and the log unchanged."""
+    before = await store.head()
+    if isinstance(body, bytes):
+        headers = {**api.teams["nlp"], "Content-Type": "application/json"}
+        response = await api.client.post("/v1/jobs", content=body, headers=headers)
+    else:
+        response = await api.client.post("/v1/jobs", json=body, headers=api.teams["nlp"])
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    problem: dict[str, object] = response.json()
+    assert problem["type"] == f"https://gangway.dev/problems/{slug}", problem
+    assert await store.head() == before, "a rejected request wrote to the log"
+    return problem
+
+
+@pytest.fixture
+async def teams(api: Api, store: EventStore) -> None:
+    await api.create_team("nlp")
+    await api.create_team("vision")
+    await store.append("node-n1", 0, [node("n1")])
+    # Written as the inventory would: the API learns of it from the log, a moment later.
+    async with asyncio.timeout(30):
+        while True:
+            if (await api.client.get("/v1/nodes", headers=api.as_admin())).json()["items"]:
+                break
+            await asyncio.sleep(0.05)
+
+
+@pytest.mark.usefixtures("teams")
+async def test_a_valid_job_is_accepted(api: Api) -> None:
+    response = await api.client.post("/v1/jobs", json=VALID, headers=api.teams["nlp"])
+    assert response.status_code == 201, response.text
+
+
+@pytest.mark.usefixtures("teams")
+async def test_an_unknown_team_is_refused(api: Api, store: EventStore) -> None:
+    before = await store.head()
+    response = await api.client.post(
+        "/v1/jobs", json={**VALID, "team": "ghosts"}, headers=api.as_admin()
+    )
+    assert (response.status_code, response.json()["type"]) == (
+        422,
+        "https://gangway.dev/problems/unknown-team",
+    )
+    assert await store.head() == before
+
+
+@pytest.mark.usefixtures("teams")
+async def test_an_unknown_queue_is_refused(api: Api, store: EventStore) -> None:
+    await rejected(api, store, {**VALID, "queue": "nowhere"}, 422, "unknown-queue")
+
+
+@pytest.mark.usefixtures("teams")
+async def test_another_teams_queue_is_refused_like_an_unknown_one(
+    api: Api, store: EventStore
+) -> None:
+    problem = await rejected(api, store, {**VALID, "queue": "vision"}, 422, "unknown-queue")
+    assert "is not a queue of team 'nlp'" in str(problem["detail"])
+
+
+@pytest.mark.usefixtures("teams")
+async def test_an_unknown_priority_class_is_refused(api: Api, store: EventStore) -> None:
+    await rejected(api, store, {**VALID, "priority": "urgent"}, 422, "unknown-priority")
+
+
+@pytest.mark.usefixtures("teams")
+async def test_a_gpu_type_no_node_has_is_refused(api: Api, store: EventStore) -> None:
+    await rejected(api, store, {**VALID, "gpu_type": "B200"}, 422, "unknown-gpu-type")
+    response = await api.client.post(
+        "/v1/jobs", json={**VALID, "gpu_type": "H100"}, headers=api.teams["nlp"]
+    )
+    assert response.status_code == 201, response.text
+
+
+@pytest.mark.usefixtures("teams")
+async def test_a_class_the_team_may_not_use_is_forbidden(api: Api, store: EventStore) -> None:
+    await rejected(
+        api, store, {**VALID, "priority": "inference-critical"}, 403, "priority-not-allowed"
+    )
+
+
+@pytest.mark.usefixtures("teams")
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("tasks", "8"), ("preemptible", "yes"), ("max_retries", False), ("min_runtime_s", "5")],
+)
+async def test_json_types_are_strict(
+    api: Api, store: EventStore, field: str, value: object
+) -> None:
+    problem = await rejected(api, store, {**VALID, field: value}, 422, "validation-error")
+    assert field in str(problem["detail"])
+
+
+@pytest.mark.usefixtures("teams")
+async def test_nested_json_types_are_strict_too(api: Api, store: EventStore) -> None:
+    body = {**VALID, "gpus_per_task": 2, "topology": {"tp_size": "2"}}
+    await rejected(api, store, body, 422, "validation-error")
+
+
+@pytest.mark.usefixtures("teams")
+async def test_duplicate_keys_are_refused(api: Api, store: EventStore) -> None:
+    body = b'{"name": "train", "team": "nlp", "tasks": 1, "tasks": 2}'
+    await rejected(api, store, body, 400, "duplicate-key")
+
+
+@pytest.mark.usefixtures("teams")
+async def test_an_unpaired_surrogate_in_an_env_key_is_refused(api: Api, store: EventStore) -> None:
+    body = b'{"name": "train", "team": "nlp", "env": {"A\\ud800": "x"}}'
+    await rejected(api, store, body, 422, "invalid-string")
+
+
+@pytest.mark.usefixtures("teams")
+async def test_an_unpaired_surrogate_in_a_value_is_refused(api: Api, store: EventStore) -> None:
+    body = b'{"name": "train", "team": "nlp", "command": ["echo", "\\udc00"]}'
+    await rejected(api, store, body, 422, "invalid-string")
+
+
+@pytest.mark.usefixtures("teams")
+async def test_nul_in_an_env_value_is_refused(api: Api, store: EventStore) -> None:
+    body = b'{"name": "train", "team": "nlp", "env": {"A": "x\\u0000y"}}'
+    await rejected(api, store, body, 422, "invalid-string")
+
+
+@pytest.mark.usefixtures("teams")
+@pytest.mark.parametrize("name", ["A=B", "", "PATH\u0000"])
+async def test_env_names_with_equals_nul_or_nothing_are_refused(
+    api: Api, store: EventStore, name: str
+) -> None:
+    slug = "invalid-string" if "\0" in name else "invalid-env"
+    await rejected(api, store, {**VALID, "env": {name: "x"}}, 422, slug)
+
+
+@pytest.mark.usefixtures("teams")
+async def test_a_paired_surrogate_is_an_ordinary_character(api: Api) -> None:
+    body = {**VALID, "env": {"GREETING": "\U0001f600"}}
+    response = await api.client.post("/v1/jobs", json=body, headers=api.teams["nlp"])
+    assert response.status_code == 201, response.text
+
+
+@pytest.mark.usefixtures("teams")
+async def test_a_secret_the_team_does_not_have_is_refused(api: Api, store: EventStore) -> None:
+    body = {**VALID, "secret_env": {"HF_TOKEN": "hf"}}
+    await rejected(api, store, body, 422, "unknown-secret")
+
+
+def test_a_body_that_never_arrives_whole_gets_408_and_a_closed_connection(api_url: str) -> None:
+    host, port = api_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as sock:
+        sock.sendall(
+            b"POST /v1/jobs HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            b'Content-Length: 100\r\n\r\n{"name":'
+        )
+        received = b""
+        while chunk := sock.recv(65536):  # the server closes: recv returns b""
+            received += chunk
+    status_line = received.split(b"\r\n", 1)[0]
+    assert status_line == b"HTTP/1.1 408 Request Timeout", received
+    assert b"request-timeout" in received
