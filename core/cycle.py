@@ -225,7 +225,6 @@ class _Cycle:
     def react_to_gang(self, job: JobRecord, flagged: bool) -> None:
         """Outcomes of a bound gang: exits, lost hardware, drains, deadlines."""
         now, policy = self.now, self.policy
-        spec = job.spec
         codes = job.exit_codes
         if not flagged and not codes and job.state != "preempting":
             # Most gangs in most cycles: nothing happened to them, only the clock moved.
@@ -264,29 +263,7 @@ class _Cycle:
                 self.wakeups.append(deadline)
             return
         if failed:
-            rank = failed[0]
-            retries = spec.max_retries if spec is not None else 0
-            if job.failures + 1 <= retries:
-                self.release(
-                    job,
-                    JobRequeued(
-                        job_id=job.job_id,
-                        attempt=job.attempt,
-                        code="task_failed",
-                        reason=f"rank {rank} exited with code {codes[rank]}; "
-                        f"retry {job.failures + 1} of {retries}",
-                    ),
-                )
-            else:
-                self.release(
-                    job,
-                    JobFailed(
-                        job_id=job.job_id,
-                        attempt=job.attempt,
-                        reason=f"rank {rank} exited with code {codes[rank]}; "
-                        f"no retries left (max_retries={retries})",
-                    ),
-                )
+            self.react_to_failure(job, failed[0])
             return
         if ranks and len(codes) == ranks:
             self.release(job, JobSucceeded(job_id=job.job_id, attempt=job.attempt))
@@ -314,6 +291,44 @@ class _Cycle:
             self.handled.add(job.job_id)
             return
         self.note_estimated_end(job)
+
+    def react_to_failure(self, job: JobRecord, rank: int) -> None:
+        """A rank failed: retry the gang while retries remain, unless retrying cannot help."""
+        spec = job.spec
+        retries = spec.max_retries if spec is not None else 0
+        said = job.exit_reasons.get(rank)
+        what = f"rank {rank} exited with code {job.exit_codes[rank]}"
+        if said is not None:
+            # A rank that never started says so itself ("launch failed on n0001 rank 0: …").
+            what = said if said.startswith("launch failed") else f"{what} ({said})"
+        if job.permanent_failure:
+            self.release(
+                job,
+                JobFailed(
+                    job_id=job.job_id,
+                    attempt=job.attempt,
+                    reason=f"{what}; not retried: it would fail the same way",
+                ),
+            )
+        elif job.failures + 1 <= retries:
+            self.release(
+                job,
+                JobRequeued(
+                    job_id=job.job_id,
+                    attempt=job.attempt,
+                    code="task_failed",
+                    reason=f"{what}; retry {job.failures + 1} of {retries}",
+                ),
+            )
+        else:
+            self.release(
+                job,
+                JobFailed(
+                    job_id=job.job_id,
+                    attempt=job.attempt,
+                    reason=f"{what}; no retries left (max_retries={retries})",
+                ),
+            )
 
     def past_max_runtime(self, job: JobRecord) -> bool:
         """Fail a gang past its max runtime (True); else note when that limit comes."""

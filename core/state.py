@@ -192,6 +192,9 @@ class JobRecord:
     # Ranks whose exit said they were evicted ("preempted"): under eviction, exits 0 from every
     # rank with none of these mean the gang finished its work before the checkpoint was needed.
     evicted_ranks: set[int] = field(default_factory=set)
+    # What the ranks that failed said about their end, and whether retrying cannot help.
+    exit_reasons: dict[int, str] = field(default_factory=dict)
+    permanent_failure: bool = False
     # When the job last began waiting for a gang (admission, requeue, resume): aging runs from here.
     queued_at: float | None = None
     reserved_at: float | None = None
@@ -552,6 +555,8 @@ class SchedulerState:
         job.started_ranks = set()
         job.exit_codes = {}
         job.evicted_ranks = set()
+        job.exit_reasons = {}
+        job.permanent_failure = False
         job.reserved_at = at
         job.started_at = None
         job.preempt_requested_at = None
@@ -596,6 +601,9 @@ class SchedulerState:
         if event.rank >= len(job.ranks):
             return
         job.exit_codes[event.rank] = event.exit_code
+        if event.exit_code != 0 and event.reason:
+            job.exit_reasons[event.rank] = event.reason
+            job.permanent_failure = job.permanent_failure or event.permanent
         if event.reason == PREEMPTED_EXIT_REASON:
             job.evicted_ranks.add(event.rank)
         self._attention.add(job.job_id)
@@ -643,6 +651,7 @@ class SchedulerState:
         job.started_ranks = set()
         job.exit_codes = {}
         job.evicted_ranks = set()
+        job.exit_reasons = {}
         job.preempt_requested_at = None
 
     def _on_requeued(self, event: JobRequeued, at: float) -> None:

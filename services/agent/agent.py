@@ -40,7 +40,9 @@ from services.agent.heartbeats import NvmlSampler, synthetic_heartbeat
 from services.agent.plan import (
     CHECKPOINT_SIGNAL_ENV,
     fold_job,
+    illegal_env_names,
     latest_checkpoint,
+    launch_failure,
     rank_env,
     ranks_to_launch,
 )
@@ -262,18 +264,26 @@ class Agent:
                 job_id=key.job_id, attempt=key.attempt, rank=key.rank, node_id=placement.node_id
             )
             try:
+                bad_names = illegal_env_names(view.spec.env)
+                if bad_names:
+                    raise ValueError(f"illegal environment variable name {bad_names[0]!r}")
                 rank = await launch(
                     key, placement, world_size, list(view.spec.command), env, workdir
                 )
-            except OSError as error:
-                log.warning("rank %s could not start: %s", key, error)
+            except Exception as error:
+                # Any failure to start ends the attempt with a reason a person understands;
+                # the core's retry policy decides what comes next. A rank marked launched but
+                # never recorded would hold the gang's GPUs with no process at all.
+                reason, permanent = launch_failure(placement.node_id, key.rank, error)
+                log.warning("rank %s could not start: %s", key, reason)
                 exited = TaskExited(
                     job_id=key.job_id,
                     attempt=key.attempt,
                     rank=key.rank,
                     node_id=placement.node_id,
                     exit_code=LAUNCH_FAILED_EXIT_CODE,
-                    reason=f"launch failed: {error}",
+                    reason=reason,
+                    permanent=permanent,
                 )
                 await self.store.append(reserved.stream, None, [started, exited], meta)
                 continue

@@ -52,6 +52,7 @@ class Commands:
     async def submit(self, principal: Principal, spec: JobSpec) -> JobRecord:
         principal.require_team(spec.team)
         _require_storable(spec)
+        _require_launchable_env(spec)
         for _ in range(ATTEMPTS):
             job_id = new_job_id()
             event = JobSubmitted(job_id=job_id, spec=spec, submitted_by=principal.name)
@@ -134,6 +135,19 @@ def _require_storable(spec: JobSpec) -> None:
         raise ProblemError(
             422, "validation-error", "the job spec must not contain NUL or unpaired surrogates"
         )
+
+
+def _require_launchable_env(spec: JobSpec) -> None:
+    """A variable name with `=` (or NUL, or none at all) can never reach a process's
+    environment: the job would only fail at launch, so it is refused at submit."""
+    for name in spec.env:
+        if not name or "=" in name or "\0" in name:
+            raise ProblemError(
+                422,
+                "validation-error",
+                f"env: illegal environment variable name {name!r} "
+                "(names must be non-empty, without '=' or NUL)",
+            )
 
 
 def _metadata() -> Metadata:

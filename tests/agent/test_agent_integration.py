@@ -43,9 +43,13 @@ async def agent(settings: Settings, store: EventStore, tmp_path: Path) -> AsyncI
 
 def make_agent(settings: Settings, store: EventStore, tmp_path: Path) -> Agent:
     agent_settings = AgentSettings(
-        **{**settings.model_dump(), "work_dir": tmp_path / "work",
-           "checkpoint_root": tmp_path / "checkpoints", "fault_dir": tmp_path / "faults",
-           "stop_timeout_s": 2.0},
+        **{
+            **settings.model_dump(),
+            "work_dir": tmp_path / "work",
+            "checkpoint_root": tmp_path / "checkpoints",
+            "fault_dir": tmp_path / "faults",
+            "stop_timeout_s": 2.0,
+        },
         _env_file=None,
     )
     return Agent(agent_settings, store, NODES)
@@ -113,6 +117,24 @@ async def test_a_rank_exit_is_recorded_with_its_code(agent: Agent, store: EventS
     assert (event.rank, event.exit_code, event.reason) == (0, 7, None)
 
 
+async def test_an_env_that_cannot_launch_ends_the_attempt_with_a_permanent_reason(
+    agent: Agent, store: EventStore
+) -> None:
+    spec = JobSpec(name="t", team="ml", gpus_per_task=8, command=["true"], env={"A=B": "c"})
+    gang = GangReserved(
+        job_id=JOB, attempt=1, ranks=[RankPlacement(rank=0, node_id="n0001", gpus=list(range(8)))]
+    )
+    await store.append(f"job-{JOB}", None, [JobSubmitted(job_id=JOB, spec=spec, submitted_by="t")])
+    [envelope] = await store.append(f"job-{JOB}", None, [gang])
+    await handle(agent, envelope)
+    events = await job_events(store)
+    assert [e.type for e in events[-2:]] == ["TaskStarted", "TaskExited"]
+    exited = events[-1]
+    assert isinstance(exited, TaskExited)
+    assert exited.reason == "launch failed on n0001 rank 0: illegal environment variable name 'A=B'"
+    assert exited.permanent
+
+
 async def test_a_missing_program_is_recorded_as_a_failed_launch(
     agent: Agent, store: EventStore
 ) -> None:
@@ -121,6 +143,7 @@ async def test_a_missing_program_is_recorded_as_a_failed_launch(
     assert [e.type for e in events[-2:]] == ["TaskStarted", "TaskExited"]
     exited = events[-1]
     assert isinstance(exited, TaskExited) and exited.exit_code == 127
+    assert exited.permanent and (exited.reason or "").startswith("launch failed on n0000 rank 0")
 
 
 async def test_a_preempted_gang_leaves_a_verified_shard_per_rank_and_stops(
@@ -162,9 +185,7 @@ async def test_a_restarted_agent_stops_and_records_the_ranks_it_was_left(
     assert await successor.reconcile() == 0
 
 
-async def test_a_gang_of_a_job_never_submitted_is_refused(
-    agent: Agent, store: EventStore
-) -> None:
+async def test_a_gang_of_a_job_never_submitted_is_refused(agent: Agent, store: EventStore) -> None:
     gang = GangReserved(
         job_id="ghost", attempt=1, ranks=[RankPlacement(rank=0, node_id="n0000", gpus=[0])]
     )

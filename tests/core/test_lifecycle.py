@@ -8,6 +8,8 @@ from schemas.jobs import (
     JobRequeued,
     JobSucceeded,
     PreemptionRequested,
+    TaskExited,
+    TaskStarted,
 )
 from schemas.nodes import NodeDrained
 from tests.core.builders import History, a_job
@@ -178,3 +180,53 @@ def test_draining_an_empty_node_reports_it_drained_at_once() -> None:
 
     assert [e.node_id for e in history.events(NodeDrained)] == ["n0001"]
     assert history.state.node("n0001").state == "drained"  # type: ignore[union-attr]
+
+
+def test_a_rank_that_can_never_launch_fails_the_job_at_once_with_the_agents_reason() -> None:
+    history = History()
+    job = history.submit(a_job().gpus(8).retries(3))[0]
+    history.cycle()
+    gang = history.gang(job)
+    rank = gang.ranks[0]
+    history.record(TaskStarted(job_id=job, attempt=1, rank=0, node_id=rank.node_id))
+    history.record(
+        TaskExited(
+            job_id=job,
+            attempt=1,
+            rank=0,
+            node_id=rank.node_id,
+            exit_code=127,
+            reason=f"launch failed on {rank.node_id} rank 0: "
+            "illegal environment variable name 'A=B'",
+            permanent=True,
+        )
+    )
+    history.cycle()
+
+    assert history.events(JobRequeued, job) == []
+    [failed] = history.events(JobFailed, job)
+    assert "illegal environment variable name 'A=B'" in failed.reason
+    assert history.job(job).state == "failed"
+    assert history.state.allocated_gpus == 0
+
+
+def test_a_transient_launch_failure_is_retried_with_its_reason() -> None:
+    history = History()
+    job = history.submit(a_job().gpus(8).retries(2))[0]
+    history.cycle()
+    node = history.gang(job).ranks[0].node_id
+    history.record(TaskStarted(job_id=job, attempt=1, rank=0, node_id=node))
+    history.record(
+        TaskExited(
+            job_id=job,
+            attempt=1,
+            rank=0,
+            node_id=node,
+            exit_code=127,
+            reason=f"launch failed on {node} rank 0: Resource temporarily unavailable",
+        )
+    )
+    history.cycle()
+
+    [requeued] = history.events(JobRequeued, job)
+    assert requeued.reason.startswith(f"launch failed on {node} rank 0")
