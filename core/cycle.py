@@ -366,10 +366,17 @@ class _Cycle:
         return None
 
     def draining_node_of(self, job: JobRecord) -> str | None:
+        """A draining node of the gang whose drain must move it now (its deadline, if any,
+        has come; until then the gang runs on and the cycle wakes at the deadline)."""
         nodes = self.state._node_list
         for node_index, _ in job.ranks:
-            if nodes[node_index].draining:
-                return nodes[node_index].node_id
+            node = nodes[node_index]
+            if not node.draining:
+                continue
+            if node.drain_deadline is not None and node.drain_deadline > self.now:
+                self.wakeups.append(node.drain_deadline)
+                continue
+            return node.node_id
         return None
 
     def react_to_drains(self) -> None:

@@ -141,6 +141,8 @@ class NodeRecord:
     lost: bool = False
     draining: bool = False
     drained: bool = False
+    # An operator's drain may let running gangs go on until then (unix seconds; None: at once).
+    drain_deadline: float | None = None
     # Gangs bound here: job id → the GPUs it holds on this node.
     gangs: dict[str, int] = field(default_factory=dict)
 
@@ -810,6 +812,7 @@ class SchedulerState:
         if node is None or node.drained:
             return
         node.draining = True
+        node.drain_deadline = None if event.deadline is None else event.deadline.timestamp()
         self._draining.add(node.index)
         self._refresh(node, topology_changed=True)
         self._flag_gangs(node)
@@ -829,6 +832,7 @@ class SchedulerState:
             return
         node.drained = False
         node.draining = False
+        node.drain_deadline = None
         self._draining.discard(node.index)
         self._refresh(node, topology_changed=True)
 

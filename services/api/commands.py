@@ -18,12 +18,14 @@ from schemas.jobs import (
     JobSubmitted,
     JobSuspendRequested,
 )
+from schemas.nodes import NodeDrainRequested, NodeUndrained
 from schemas.teams import QueueConfigured, TeamCreated
 from services.api.auth import Principal, new_token, token_sha256
 from services.api.feed import ReadModelFeed
-from services.api.models import QueueConfig, TeamCreate
-from services.api.problems import ProblemError, conflict
+from services.api.models import DrainBody, QueueConfig, TeamCreate
+from services.api.problems import ProblemError, conflict, not_found
 from services.api.projections.jobs import JobRecord, Request, request_allowed
+from services.api.projections.nodes import NodeRecord
 from services.api.projections.queues import QueueRecord
 from services.runtime.errors import ConcurrencyConflict
 from services.runtime.records import Metadata, StreamAppend
@@ -118,6 +120,34 @@ class Commands:
         # Last writer wins: a queue's configuration is a whole value, not a delta.
         await self._append(event.stream, None, [event])
         return self.feed.models.queues[name]
+
+    async def drain_node(self, principal: Principal, node_id: str, body: DrainBody) -> NodeRecord:
+        """An operator's drain: no new gang lands on the node, and it stays drained (health
+        never returns it) until an operator undrains it."""
+        principal.require_admin()
+        await self.feed.sync_stream(f"node-{node_id}")
+        self._node(node_id)
+        event = NodeDrainRequested(
+            node_id=node_id, reason=body.reason, by=principal.name, deadline=body.deadline
+        )
+        await self._append(event.stream, None, [event])
+        return self._node(node_id)
+
+    async def undrain_node(self, principal: Principal, node_id: str) -> NodeRecord:
+        principal.require_admin()
+        await self.feed.sync_stream(f"node-{node_id}")
+        node = self._node(node_id)
+        if not (node.draining or node.drained):
+            raise conflict(f"node {node_id} is not drained")
+        event = NodeUndrained(node_id=node_id, by=principal.name)
+        await self._append(event.stream, None, [event])
+        return self._node(node_id)
+
+    def _node(self, node_id: str) -> NodeRecord:
+        node = self.feed.models.nodes.get(node_id)
+        if node is None:
+            raise not_found(f"node {node_id}")
+        return node
 
     async def _append(self, stream: str, expected: int | None, events: list[Event]) -> None:
         envelopes = await self.store.append(stream, expected, events, _metadata())

@@ -164,6 +164,14 @@ class QueueConfig(QuotaBody):
     weight: float = Field(default=1.0, gt=0, le=1_000_000)
 
 
+class DrainBody(Body):
+    reason: str = Field(min_length=1, max_length=500)
+    deadline: datetime | None = Field(
+        default=None,
+        description="running gangs may go on until then; they are checkpointed and moved after",
+    )
+
+
 class Health(View):
     status: Literal["ok", "unavailable"]
     detail: dict[str, Any] = Field(default_factory=dict)

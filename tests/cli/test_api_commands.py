@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from gangway.cli import main
+from services.runtime import EventStore, Settings
+from tests.api.builders import node
 
 pytestmark = pytest.mark.integration
 
@@ -137,3 +140,22 @@ def test_events_follow_prints_events_recorded_after_it_started(
     # The first line may have gone to submit()'s read of the output; the second came later.
     assert first
     assert f"job-{second}" in capsys.readouterr().out
+
+
+def test_drain_and_undrain_a_node(
+    api_url: str, settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def register() -> None:
+        store = await EventStore.connect(settings)
+        try:
+            await store.append("node-n1", 0, [node("n1")])
+        finally:
+            await store.close()
+
+    asyncio.run(register())
+    assert main(["drain", "n1", "--reason", "new cable"]) == 0
+    assert capsys.readouterr().out == "node n1 is draining: new cable\n"
+    assert main(["undrain", "n1"]) == 0
+    assert capsys.readouterr().out == "node n1 is ready\n"
+    assert main(["undrain", "n1"]) == 1
+    assert "not drained" in capsys.readouterr().err

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
+from core import schedule
 from schemas.jobs import (
     JobCancelled,
     JobFailed,
@@ -11,7 +14,7 @@ from schemas.jobs import (
     TaskExited,
     TaskStarted,
 )
-from schemas.nodes import NodeDrained
+from schemas.nodes import NodeDrained, NodeDrainRequested, NodeUndrained
 from tests.core.builders import History, a_job
 
 
@@ -230,3 +233,34 @@ def test_a_transient_launch_failure_is_retried_with_its_reason() -> None:
 
     [requeued] = history.events(JobRequeued, job)
     assert requeued.reason.startswith(f"launch failed on {node} rank 0")
+
+
+def test_an_operator_drain_with_a_deadline_lets_the_gang_run_until_then() -> None:
+    history = History("4x8:4:1")
+    job = history.submit(a_job().gpus(8))[0]
+    history.run()
+    node = next(iter(history.job(job).placement))
+    deadline = history.now + 3600
+    history.record(
+        NodeDrainRequested(
+            node_id=node,
+            reason="maintenance",
+            by="admin",
+            deadline=datetime.fromtimestamp(deadline, UTC),
+        )
+    )
+    result = schedule(history.state, history.now)
+    assert result.decisions == [] and result.next_wakeup == deadline
+    history.advance(3601)
+    history.cycle()
+    assert len(history.events(PreemptionRequested, job)) == 1
+
+
+def test_an_undrained_node_takes_work_again() -> None:
+    history = History("1x8")
+    history.drain("n0000")
+    history.cycle()
+    history.record(NodeUndrained(node_id="n0000", by="admin"))
+    job = history.submit(a_job().gpus(8))[0]
+    history.run()
+    assert history.job(job).state == "running"

@@ -1,4 +1,4 @@
-"""Admin: create teams (with their token) and configure queues."""
+"""Admin: create teams (with their token), configure queues, drain and undrain nodes."""
 
 from __future__ import annotations
 
@@ -8,9 +8,18 @@ from fastapi import APIRouter, Path, status
 
 from schemas.jobs import NAME_PATTERN
 from services.api.deps import Admin, Context
-from services.api.models import QueueConfig, QueueView, TeamCreate, TeamCreatedView
+from services.api.models import (
+    DrainBody,
+    NodeView,
+    QueueConfig,
+    QueueView,
+    TeamCreate,
+    TeamCreatedView,
+)
 from services.api.problems import PROBLEM_RESPONSES
-from services.api.views import queue_view
+from services.api.views import node_view, queue_view
+
+NodeId = Annotated[str, Path(pattern=r"^[A-Za-z0-9._-]{1,128}$", description="the node's id")]
 
 router = APIRouter(prefix="/v1", tags=["admin"], responses=PROBLEM_RESPONSES)
 
@@ -35,3 +44,24 @@ async def configure_queue(
 ) -> QueueView:
     queue = await context.commands.configure_queue(name, body)
     return queue_view(queue, context.models)
+
+
+@router.post(
+    "/nodes/{node_id}/drain",
+    operation_id="drainNode",
+    summary="Drain a node: no new work; running gangs are checkpointed and moved "
+    "(after the deadline, if one is given); it stays drained until undrained",
+)
+async def drain_node(node_id: NodeId, body: DrainBody, admin: Admin, context: Context) -> NodeView:
+    node = await context.commands.drain_node(admin, node_id, body)
+    return node_view(node, context.models, admin)
+
+
+@router.post(
+    "/nodes/{node_id}/undrain",
+    operation_id="undrainNode",
+    summary="Return a drained node to service",
+)
+async def undrain_node(node_id: NodeId, admin: Admin, context: Context) -> NodeView:
+    node = await context.commands.undrain_node(admin, node_id)
+    return node_view(node, context.models, admin)
