@@ -216,11 +216,30 @@ class _Cycle:
         if job.state in TERMINAL_STATES:
             return
         if job.suspend_requested and job.state != "suspended":
+            if job.state == "preempting":
+                return  # the eviction's end suspends it (react_to_gang), from its checkpoint
+            if job.state == "running":
+                self.checkpoint_then_suspend(job)
+                return
             attempt = job.attempt if job.state in HOLDING_STATES else None
             self.release(job, JobSuspended(job_id=job.job_id, attempt=attempt))
         elif job.resume_requested and job.state == "suspended":
             self.emit(JobResumed(job_id=job.job_id))
             self.handled.add(job.job_id)
+
+    def checkpoint_then_suspend(self, job: JobRecord) -> None:
+        """Suspend keeps the work: the gang is checkpointed and stopped as for a preemption
+        (its agents write the shards, then stop the ranks), and suspended once it is down."""
+        self.emit(
+            PreemptionRequested(
+                job_id=job.job_id,
+                attempt=job.attempt,
+                preemptor_job_id=None,
+                reason="suspended by request: checkpoint, then stop",
+                grace_s=self.policy.preemption_grace_s,
+            )
+        )
+        self.handled.add(job.job_id)
 
     def react_to_gang(self, job: JobRecord, flagged: bool) -> None:
         """Outcomes of a bound gang: exits, lost hardware, drains, deadlines."""
@@ -249,6 +268,9 @@ class _Cycle:
             )
             if finished:
                 self.release(job, JobSucceeded(job_id=job.job_id, attempt=job.attempt))
+                return
+            if (len(codes) == ranks or now >= deadline) and job.suspend_requested:
+                self.release(job, JobSuspended(job_id=job.job_id, attempt=job.attempt))
                 return
             if len(codes) == ranks or now >= deadline:
                 why = (

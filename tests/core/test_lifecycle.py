@@ -10,6 +10,7 @@ from schemas.jobs import (
     JobFailed,
     JobRequeued,
     JobSucceeded,
+    JobSuspended,
     PreemptionRequested,
     TaskExited,
     TaskStarted,
@@ -90,6 +91,8 @@ def test_suspend_releases_the_gang_and_resume_queues_it_again() -> None:
     history.run()
 
     history.suspend(job)
+    history.run()
+    history.evict(job)  # checkpointed, then stopped
     history.run()
     assert history.job(job).state == "suspended"
     assert history.state.allocated_gpus == 0
@@ -264,3 +267,23 @@ def test_an_undrained_node_takes_work_again() -> None:
     job = history.submit(a_job().gpus(8))[0]
     history.run()
     assert history.job(job).state == "running"
+
+
+def test_suspend_checkpoints_the_running_gang_before_stopping_it() -> None:
+    history = History()
+    job = history.submit(a_job().gpus(8).tasks(2))[0]
+    history.run()
+
+    history.suspend(job)
+    history.cycle()
+    [request] = history.events(PreemptionRequested, job)
+    assert request.preemptor_job_id is None and "checkpoint" in request.reason
+    assert history.job(job).state == "preempting"
+    assert history.events(JobSuspended, job) == []
+
+    history.evict(job)  # the agents write the shards, then stop the ranks
+    history.cycle()
+    assert [e.attempt for e in history.events(JobSuspended, job)] == [1]
+    assert history.job(job).state == "suspended"
+    assert history.events(JobRequeued, job) == []
+    assert history.state.allocated_gpus == 0
