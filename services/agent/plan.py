@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from schemas.base import Event
-from schemas.checkpoints import CheckpointCommitted
+from schemas.checkpoints import CheckpointCommitted, CheckpointCorrupted
 from schemas.jobs import (
     GANG_RELEASING_EVENTS,
     GangReserved,
@@ -84,11 +84,21 @@ def ranks_to_launch(
 
 
 def latest_checkpoint(events: Iterable[Event]) -> CheckpointCommitted | None:
-    latest = None
+    committed = committed_newest_first(events)
+    return committed[0] if committed else None
+
+
+def committed_newest_first(events: Iterable[Event]) -> list[CheckpointCommitted]:
+    """The committed checkpoints a job may resume from, newest first: those later found
+    corrupted are left out."""
+    committed: list[CheckpointCommitted] = []
+    corrupted: set[str] = set()
     for event in events:
         if isinstance(event, CheckpointCommitted):
-            latest = event
-    return latest
+            committed.append(event)
+        elif isinstance(event, CheckpointCorrupted):
+            corrupted.add(event.checkpoint_id)
+    return [c for c in reversed(committed) if c.checkpoint_id not in corrupted]
 
 
 def illegal_env_names(env: Mapping[str, str]) -> list[str]:

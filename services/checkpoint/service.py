@@ -13,6 +13,7 @@ import contextlib
 import logging
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -21,16 +22,26 @@ from prometheus_client import Counter
 from schemas.checkpoints import (
     CheckpointCommitted,
     CheckpointCorrupted,
+    CheckpointFailed,
     CheckpointRequested,
 )
 from schemas.envelope import EventEnvelope
-from schemas.jobs import GANG_RELEASING_EVENTS, GangReserved, JobSubmitted, PreemptionRequested
+from schemas.jobs import (
+    GANG_RELEASING_EVENTS,
+    GangReserved,
+    JobCancelled,
+    JobFailed,
+    JobRequeued,
+    JobSubmitted,
+    PreemptionRequested,
+)
 from services.checkpoint.periodic import PeriodicCheckpoints
 from services.checkpoint.settings import CheckpointSettings
 from services.runtime.checkpoint_store import (
     Verification,
     checkpoint_dir,
     checkpoint_id_for,
+    failed_ranks,
     reported_ranks,
     verify,
     write_manifest,
@@ -42,6 +53,13 @@ from services.runtime.store import EventStore
 from services.runtime.topics import Topics
 
 log = logging.getLogger(__name__)
+
+Verdict = CheckpointCommitted | CheckpointCorrupted | CheckpointFailed
+VERDICTS = (CheckpointCommitted, CheckpointCorrupted, CheckpointFailed)
+# Requeue codes of the eviction a checkpoint is taken for: its shards were written by live
+# ranks before they stopped. Any other release (a lost node, a failed rank) means the shards
+# may come from ranks of a gang that was already gone.
+_EVICTION_CODES = frozenset({"preempted", "node_drained"})
 
 
 def outcome(
@@ -112,6 +130,7 @@ class CheckpointService:
             "PreemptionRequested",
             "CheckpointCommitted",
             "CheckpointCorrupted",
+            "CheckpointFailed",
         ]
         pending: dict[str, tuple[EventEnvelope, float]] = {}
         judged: set[str] = set()
@@ -119,7 +138,7 @@ class CheckpointService:
         while batch := await self.store.read_all(position, 5000, types=types):
             for envelope in batch:
                 event = envelope.payload
-                if isinstance(event, CheckpointCommitted | CheckpointCorrupted):
+                if isinstance(event, VERDICTS):
                     judged.add(event.checkpoint_id)
                 elif isinstance(event, CheckpointRequested | PreemptionRequested):
                     wait_s = self.wait_for(event)
@@ -204,7 +223,7 @@ class CheckpointService:
 
     async def collect(
         self, job_id: str, attempt: int, cause: EventEnvelope, wait_s: float
-    ) -> CheckpointCommitted | CheckpointCorrupted | None:
+    ) -> Verdict | None:
         checkpoint_id = checkpoint_id_for(attempt, cause.event_id)
         if checkpoint_id in self._collecting:
             return None  # a redelivery while the first collection still waits
@@ -216,7 +235,9 @@ class CheckpointService:
 
     async def _collect(
         self, job_id: str, attempt: int, cause: EventEnvelope, wait_s: float, checkpoint_id: str
-    ) -> CheckpointCommitted | CheckpointCorrupted | None:
+    ) -> Verdict | None:
+        """Every request ends in a verdict within `wait_s`: committed, corrupted, or failed
+        (a rank gave up, the shards did not all come in time, the attempt was released)."""
         world = await self.world_size(job_id, attempt)
         if world is None:
             log.warning(
@@ -225,15 +246,49 @@ class CheckpointService:
             return None
         directory = checkpoint_dir(self.root, job_id, checkpoint_id)
         deadline = time.monotonic() + wait_s
-        while len(await asyncio.to_thread(reported_ranks, directory, world)) < world:
-            if time.monotonic() > deadline:
+        while True:
+            reported = await asyncio.to_thread(reported_ranks, directory, world)
+            failed = await asyncio.to_thread(failed_ranks, directory, world)
+            if len(reported | set(failed)) >= world or time.monotonic() > deadline:
                 break
             await asyncio.sleep(self.settings.poll_interval_s)
-        if not await asyncio.to_thread(reported_ranks, directory, world):
-            # Nothing was written (the ranks were gone before the request): nothing to judge.
-            log.warning("checkpoint %s of %s: no shard written", checkpoint_id, job_id)
-            self.outcomes.labels("empty").inc()
-            return None
+        result = await self._judge(job_id, attempt, checkpoint_id, directory, world, wait_s)
+        if await self._already_recorded(result.stream, checkpoint_id):
+            return result
+        await self.store.append(result.stream, None, [result], Metadata.caused_by(cause))
+        self.outcomes.labels(result.type).inc()
+        log.info("%s %s of job %s", result.type, checkpoint_id, job_id)
+        return result
+
+    async def _judge(
+        self,
+        job_id: str,
+        attempt: int,
+        checkpoint_id: str,
+        directory: Path,
+        world: int,
+        wait_s: float,
+    ) -> Verdict:
+        reported = await asyncio.to_thread(reported_ranks, directory, world)
+        failed = await asyncio.to_thread(failed_ranks, directory, world)
+
+        def failure(reason: str) -> CheckpointFailed:
+            return CheckpointFailed(
+                job_id=job_id, attempt=attempt, checkpoint_id=checkpoint_id, reason=reason
+            )
+
+        if failed or len(reported) < world:
+            reasons = [f"rank {rank}: {why}" for rank, why in sorted(failed.items())]
+            missing = [r for r in range(world) if r not in reported and r not in failed]
+            if missing:
+                ranks = ", ".join(map(str, missing))
+                reasons.append(f"timed out: no shard from rank {ranks} within {wait_s:g} s")
+            return failure("; ".join(reasons))
+        released = await self.released_before_commit(job_id, attempt)
+        if released is not None:
+            return failure(
+                f"attempt {attempt} was released ({released}) before its shards were verified"
+            )
         verification = await asyncio.to_thread(verify, directory, world)
         result = outcome(job_id, attempt, checkpoint_id, verification)
         if isinstance(result, CheckpointCommitted):
@@ -245,20 +300,25 @@ class CheckpointService:
                 checkpoint_id=checkpoint_id,
                 verification=verification,
             )
-        if await self._already_recorded(result.stream, checkpoint_id):
-            return result
-        await self.store.append(result.stream, None, [result], Metadata.caused_by(cause))
-        self.outcomes.labels(result.type).inc()
-        log.info("%s %s of job %s", result.type, checkpoint_id, job_id)
         return result
+
+    async def released_before_commit(self, job_id: str, attempt: int) -> str | None:
+        """How the attempt was released other than by the eviction its checkpoint serves (a
+        lost node, a failed rank, a cancel); None while it holds its gang or was evicted."""
+        for envelope in await self.store.read_stream(f"job-{job_id}"):
+            event = envelope.payload
+            if isinstance(event, JobRequeued) and event.attempt == attempt:
+                if event.code not in _EVICTION_CODES:
+                    return f"requeued: {event.code}"
+            elif isinstance(event, JobFailed | JobCancelled) and event.attempt == attempt:
+                return event.type.removeprefix("Job").lower()
+        return None
 
     async def _already_recorded(self, stream: str, checkpoint_id: str) -> bool:
         """A redelivered request finds its outcome already in the log."""
         for envelope in await self.store.read_stream(stream):
             event = envelope.payload
-            if isinstance(event, CheckpointCommitted | CheckpointCorrupted) and (
-                event.checkpoint_id == checkpoint_id
-            ):
+            if isinstance(event, VERDICTS) and event.checkpoint_id == checkpoint_id:
                 return True
         return False
 

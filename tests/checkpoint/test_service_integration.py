@@ -6,9 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from schemas.checkpoints import CheckpointCommitted, CheckpointCorrupted, CheckpointRequested
+from schemas.checkpoints import (
+    CheckpointCommitted,
+    CheckpointCorrupted,
+    CheckpointFailed,
+    CheckpointRequested,
+)
 from schemas.envelope import EventEnvelope
-from schemas.jobs import GangReserved, RankPlacement
+from schemas.jobs import GangReserved, JobRequeued, RankPlacement
 from services.checkpoint.service import CheckpointService
 from services.checkpoint.settings import CheckpointSettings
 from services.runtime import EventStore, Settings
@@ -16,6 +21,7 @@ from services.runtime.checkpoint_store import (
     MANIFEST,
     checkpoint_dir,
     checkpoint_id_for,
+    record_failure,
     shard_path,
     write_shard,
 )
@@ -36,7 +42,8 @@ def service(settings: Settings, store: EventStore, root: Path) -> CheckpointServ
 
 async def request(store: EventStore, world: int) -> EventEnvelope:
     gang = GangReserved(
-        job_id=JOB, attempt=1,
+        job_id=JOB,
+        attempt=1,
         ranks=[RankPlacement(rank=r, node_id=f"n{r}", gpus=[0]) for r in range(world)],
     )
     await store.append(f"job-{JOB}", None, [gang])
@@ -76,7 +83,7 @@ async def test_a_damaged_shard_is_recorded_as_corrupted(
     assert not (directory / MANIFEST).exists()
 
 
-async def test_a_rank_that_never_writes_leaves_the_checkpoint_corrupted(
+async def test_a_rank_that_never_writes_fails_the_checkpoint_when_its_time_is_up(
     settings: Settings, store: EventStore, tmp_path: Path
 ) -> None:
     cause = await request(store, world=3)
@@ -84,8 +91,48 @@ async def test_a_rank_that_never_writes_leaves_the_checkpoint_corrupted(
     write_shard(directory, 0, b"x", step=1)
     write_shard(directory, 1, b"y", step=1)
     result = await service(settings, store, tmp_path).collect(JOB, 1, cause, wait_s=0.5)
-    assert isinstance(result, CheckpointCorrupted)
-    assert result.reason == "rank 2: shard never reported"
+    assert isinstance(result, CheckpointFailed)
+    assert result.reason == "timed out: no shard from rank 2 within 0.5 s"
+
+
+async def test_a_request_no_rank_answers_still_ends_in_a_verdict(
+    settings: Settings, store: EventStore, tmp_path: Path
+) -> None:
+    cause = await request(store, world=2)
+    result = await service(settings, store, tmp_path).collect(JOB, 1, cause, wait_s=0.3)
+    assert isinstance(result, CheckpointFailed) and "rank 0, 1" in result.reason
+    recorded = [e.type for e in await store.read_stream(f"checkpoint-{JOB}")]
+    assert recorded == ["CheckpointRequested", "CheckpointFailed"]
+
+
+async def test_a_rank_that_could_not_checkpoint_fails_it_at_once_with_its_reason(
+    settings: Settings, store: EventStore, tmp_path: Path
+) -> None:
+    cause = await request(store, world=2)
+    directory = checkpoint_dir(tmp_path, JOB, checkpoint_id_for(1, cause.event_id))
+    write_shard(directory, 0, b"x", step=1)
+    record_failure(directory, 1, "FileNotFoundError: rank-1.bin.tmp")
+    result = await service(settings, store, tmp_path).collect(JOB, 1, cause, wait_s=600)
+    assert isinstance(result, CheckpointFailed)
+    assert result.reason == "rank 1: FileNotFoundError: rank-1.bin.tmp"
+
+
+async def test_shards_of_an_attempt_requeued_for_a_lost_node_are_never_committed(
+    settings: Settings, store: EventStore, tmp_path: Path
+) -> None:
+    cause = await request(store, world=2)
+    directory = checkpoint_dir(tmp_path, JOB, checkpoint_id_for(1, cause.event_id))
+    for rank in range(2):
+        write_shard(directory, rank, b"state", step=3)
+    await store.append(
+        f"job-{JOB}",
+        None,
+        [JobRequeued(job_id=JOB, attempt=1, code="node_lost", reason="node n1 was lost")],
+    )
+    result = await service(settings, store, tmp_path).collect(JOB, 1, cause, wait_s=10)
+    assert isinstance(result, CheckpointFailed)
+    assert "released (requeued: node_lost)" in result.reason
+    assert not (directory / MANIFEST).exists()
 
 
 async def test_a_restarted_service_collects_what_was_requested_before(
