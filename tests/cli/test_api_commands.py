@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from gangway.cli import main
+from schemas.checkpoints import CheckpointCommitted, CheckpointFailed, CheckpointShard
 from services.runtime import EventStore, Settings
 from tests.api.builders import node
 
@@ -159,3 +160,37 @@ def test_drain_and_undrain_a_node(
     assert capsys.readouterr().out == "node n1 is ready\n"
     assert main(["undrain", "n1"]) == 1
     assert "not drained" in capsys.readouterr().err
+
+
+def test_why_shows_a_failed_checkpoint_and_what_the_job_resumes_from(
+    api_url: str, settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_id = submit(tmp_path, capsys)
+
+    async def checkpoints() -> None:
+        store = await EventStore.connect(settings)
+        try:
+            shard = CheckpointShard(rank=0, uri="file:///c/0", bytes=1, sha256="0" * 64)
+            await store.append(
+                f"checkpoint-{job_id}",
+                None,
+                [
+                    CheckpointCommitted(
+                        job_id=job_id, attempt=1, checkpoint_id="a1-one", step=7, shards=[shard]
+                    ),
+                    CheckpointFailed(
+                        job_id=job_id,
+                        attempt=1,
+                        checkpoint_id="a1-two",
+                        reason="rank 0: FileNotFoundError: rank-0.bin.tmp",
+                    ),
+                ],
+            )
+        finally:
+            await store.close()
+
+    asyncio.run(checkpoints())
+    assert main(["why", job_id]) == 0
+    out = capsys.readouterr().out
+    assert "last checkpoint: a1-two failed at" in out
+    assert "rank 0: FileNotFoundError: rank-0.bin.tmp; resumes from a1-one" in out
