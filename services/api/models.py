@@ -164,6 +164,15 @@ class QueueConfig(QuotaBody):
     weight: float = Field(default=1.0, gt=0, le=1_000_000)
 
 
+class QueuePatch(Body):
+    """Only the fields given change; `"max_gpus": null` makes the ceiling unlimited."""
+
+    parent: str | None = Field(default=None, pattern=NAME_PATTERN)
+    guaranteed_gpus: int | None = Field(default=None, ge=0, le=10_000_000)
+    max_gpus: int | None = Field(default=None, ge=0, le=10_000_000)
+    weight: float | None = Field(default=None, gt=0, le=1_000_000)
+
+
 class DrainBody(Body):
     reason: str = Field(min_length=1, max_length=500)
     deadline: datetime | None = Field(

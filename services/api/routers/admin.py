@@ -7,11 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, Path, status
 
 from schemas.jobs import NAME_PATTERN
-from services.api.deps import Admin, Context
+from services.api.deps import Admin, Context, Models
 from services.api.models import (
     DrainBody,
     NodeView,
     QueueConfig,
+    QueuePatch,
     QueueView,
     TeamCreate,
     TeamCreatedView,
@@ -30,7 +31,10 @@ router = APIRouter(prefix="/v1", tags=["admin"], responses=PROBLEM_RESPONSES)
     status_code=status.HTTP_201_CREATED,
     summary="Create a team and its queue; the token is returned once",
 )
-async def create_team(body: TeamCreate, admin: Admin, context: Context) -> TeamCreatedView:
+async def create_team(
+    body: TeamCreate, admin: Admin, context: Context, models: Models
+) -> TeamCreatedView:
+    # `models`: the quota tree is checked against read models caught up with the log.
     token = await context.commands.create_team(body)
     return TeamCreatedView(name=body.name, queue=body.name, token=token)
 
@@ -41,8 +45,25 @@ async def configure_queue(
     body: QueueConfig,
     admin: Admin,
     context: Context,
+    models: Models,
 ) -> QueueView:
     queue = await context.commands.configure_queue(name, body)
+    return queue_view(queue, context.models)
+
+
+@router.patch(
+    "/queues/{name}",
+    operation_id="patchQueue",
+    summary="Change only the given fields of a queue's quota",
+)
+async def patch_queue(
+    name: Annotated[str, Path(pattern=NAME_PATTERN)],
+    body: QueuePatch,
+    admin: Admin,
+    context: Context,
+    models: Models,
+) -> QueueView:
+    queue = await context.commands.patch_queue(name, body)
     return queue_view(queue, context.models)
 
 
