@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import asyncpg
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from schemas.checkpoints import (
     CheckpointCommitted,
@@ -33,9 +34,11 @@ from schemas.jobs import (
     JobFailed,
     JobRequeued,
     JobSubmitted,
+    JobSucceeded,
     PreemptionRequested,
 )
 from services.checkpoint.periodic import PeriodicCheckpoints
+from services.checkpoint.retention import checkpoints_to_prune
 from services.checkpoint.settings import CheckpointSettings
 from services.runtime.checkpoint_store import (
     Verification,
@@ -84,13 +87,19 @@ class CheckpointService:
         self.store = store
         self.root = settings.checkpoint_root.resolve()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.periodic = PeriodicCheckpoints()
+        self.periodic = PeriodicCheckpoints(settings.checkpoint_min_interval_s)
         self._collecting: set[str] = set()
         self.registry = new_registry()
         self.outcomes = Counter(
             "gangway_checkpoint_outcomes",
             "Checkpoints by outcome",
             ["outcome"],
+            registry=self.registry,
+        )
+        self.team_bytes = Gauge(
+            "gangway_checkpoint_bytes",
+            "Checkpoint storage held, per team (as of the last sweep)",
+            ["team"],
             registry=self.registry,
         )
 
@@ -258,7 +267,62 @@ class CheckpointService:
         await self.store.append(result.stream, None, [result], Metadata.caused_by(cause))
         self.outcomes.labels(result.type).inc()
         log.info("%s %s of job %s", result.type, checkpoint_id, job_id)
+        await self.prune(job_id)
         return result
+
+    # ------------------------------------------------------------------ retention
+
+    async def prune(self, job_id: str) -> list[str]:
+        """Delete the job's checkpoints beyond the newest K good ones; returns their ids."""
+        events = [e.payload for e in await self.store.read_stream(f"checkpoint-{job_id}")]
+        doomed = checkpoints_to_prune(events, self.settings.checkpoint_keep)
+        for checkpoint_id in doomed:
+            directory = checkpoint_dir(self.root, job_id, checkpoint_id)
+            await asyncio.to_thread(shutil.rmtree, directory, True)
+        return doomed
+
+    async def sweep(self, now: datetime) -> list[str]:
+        """Delete every checkpoint of jobs ended longer ago than the retention, and publish
+        the storage each team holds. Returns the jobs whose checkpoints went."""
+        ended = (JobSucceeded, JobFailed, JobCancelled)
+        retention = timedelta(seconds=self.settings.checkpoint_retention_s)
+        usage: dict[str, int] = {}
+        removed: list[str] = []
+        job_dirs = await asyncio.to_thread(
+            lambda: (
+                sorted(p for p in self.root.iterdir() if p.is_dir()) if self.root.is_dir() else []
+            )
+        )
+        for job_dir in job_dirs:
+            team = None
+            finished_at = None
+            for envelope in await self.store.read_stream(f"job-{job_dir.name}"):
+                event = envelope.payload
+                if isinstance(event, JobSubmitted):
+                    team = event.spec.team
+                elif isinstance(event, ended):
+                    finished_at = envelope.recorded_at
+            if finished_at is not None and now - finished_at >= retention:
+                await asyncio.to_thread(shutil.rmtree, job_dir, True)
+                removed.append(job_dir.name)
+                continue
+            size = await asyncio.to_thread(_bytes_under, job_dir)
+            usage[team or "unknown"] = usage.get(team or "unknown", 0) + size
+        self.team_bytes.clear()
+        for team, size in sorted(usage.items()):
+            self.team_bytes.labels(team).set(size)
+        return removed
+
+    async def sweep_forever(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                removed = await self.sweep(datetime.now(UTC))
+                if removed:
+                    log.info("deleted the checkpoints of %d ended jobs", len(removed))
+            except Exception:
+                log.exception("checkpoint sweep failed; retrying")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.sweep_interval_s)
 
     async def _judge(
         self,
@@ -348,9 +412,19 @@ async def run(settings: CheckpointSettings, stop: asyncio.Event) -> None:
             log.info("collecting %d checkpoints requested before the restart", resumed)
         consume = asyncio.create_task(consumer.run(stop))
         periodic = asyncio.create_task(service.request_forever(stop))
+        sweeping = asyncio.create_task(service.sweep_forever(stop))
         await wait_started(consumer, consume)
         log.info("checkpoint ready (root %s)", service.root)
-        await asyncio.gather(consume, periodic)
+        await asyncio.gather(consume, periodic, sweeping)
     finally:
         await service.drain()
         await store.close()
+
+
+def _bytes_under(directory: Path) -> int:
+    total = 0
+    for path in directory.rglob("*"):
+        with contextlib.suppress(OSError):  # a file pruned or renamed while we look
+            if path.is_file():
+                total += path.stat().st_size
+    return total

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,14 @@ from schemas.checkpoints import (
     CheckpointRequested,
 )
 from schemas.envelope import EventEnvelope
-from schemas.jobs import GangReserved, JobRequeued, RankPlacement
+from schemas.jobs import (
+    GangReserved,
+    JobRequeued,
+    JobSpec,
+    JobSubmitted,
+    JobSucceeded,
+    RankPlacement,
+)
 from services.checkpoint.service import CheckpointService
 from services.checkpoint.settings import CheckpointSettings
 from services.runtime import EventStore, Settings
@@ -47,6 +55,13 @@ async def request(store: EventStore, world: int) -> EventEnvelope:
         ranks=[RankPlacement(rank=r, node_id=f"n{r}", gpus=[0]) for r in range(world)],
     )
     await store.append(f"job-{JOB}", None, [gang])
+    [envelope] = await store.append(
+        f"checkpoint-{JOB}", None, [CheckpointRequested(job_id=JOB, attempt=1, reason="test")]
+    )
+    return envelope
+
+
+async def ask(store: EventStore) -> EventEnvelope:
     [envelope] = await store.append(
         f"checkpoint-{JOB}", None, [CheckpointRequested(job_id=JOB, attempt=1, reason="test")]
     )
@@ -147,3 +162,48 @@ async def test_a_restarted_service_collects_what_was_requested_before(
     recorded = [e.payload for e in await store.read_stream(f"checkpoint-{JOB}")]
     assert [e.type for e in recorded] == ["CheckpointRequested", "CheckpointCommitted"]
     assert await service(settings, store, tmp_path).resume_pending() == 0
+
+
+async def test_only_the_newest_good_checkpoints_stay_on_disk(
+    settings: Settings, store: EventStore, tmp_path: Path
+) -> None:
+    checkpoints = CheckpointService(
+        CheckpointSettings(
+            **{**settings.model_dump(), "checkpoint_root": tmp_path, "checkpoint_keep": 2},
+            _env_file=None,
+        ),
+        store,
+    )
+    directories = []
+    for step in range(4):
+        cause = await request(store, world=1) if step == 0 else await ask(store)
+        directory = checkpoint_dir(tmp_path, JOB, checkpoint_id_for(1, cause.event_id))
+        write_shard(directory, 0, b"state %d" % step, step=step)
+        assert isinstance(await checkpoints.collect(JOB, 1, cause, wait_s=10), CheckpointCommitted)
+        directories.append(directory)
+    assert [d.exists() for d in directories] == [False, False, True, True]
+
+
+async def test_an_ended_jobs_checkpoints_go_after_the_retention_and_usage_is_per_team(
+    settings: Settings, store: EventStore, tmp_path: Path
+) -> None:
+    checkpoints = service(settings, store, tmp_path)
+    spec = JobSpec(name="t", team="nlp")
+    await store.append(
+        "job-ended", None, [JobSubmitted(job_id="ended", spec=spec, submitted_by="t")]
+    )
+    [done] = await store.append("job-ended", None, [JobSucceeded(job_id="ended", attempt=1)])
+    await store.append(
+        "job-live",
+        None,
+        [JobSubmitted(job_id="live", spec=JobSpec(name="t", team="cv"), submitted_by="t")],
+    )
+    write_shard(checkpoint_dir(tmp_path, "ended", "a1-x"), 0, b"old state")
+    write_shard(checkpoint_dir(tmp_path, "live", "a1-y"), 0, b"12345")
+
+    retention = timedelta(seconds=checkpoints.settings.checkpoint_retention_s)
+    assert await checkpoints.sweep(done.recorded_at + retention / 2) == []
+    assert await checkpoints.sweep(done.recorded_at + retention) == ["ended"]
+    assert not (tmp_path / "ended").exists() and (tmp_path / "live").exists()
+    usage = checkpoints.registry.get_sample_value("gangway_checkpoint_bytes", {"team": "cv"})
+    assert usage is not None and usage > 5
