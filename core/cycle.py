@@ -269,6 +269,12 @@ class _Cycle:
             if finished:
                 self.release(job, JobSucceeded(job_id=job.job_id, attempt=job.attempt))
                 return
+            over_limit = self.over_max_runtime(job)
+            if (len(codes) == ranks or now >= deadline) and over_limit is not None:
+                self.release(
+                    job, JobFailed(job_id=job.job_id, attempt=job.attempt, reason=over_limit)
+                )
+                return
             if (len(codes) == ranks or now >= deadline) and job.suspend_requested:
                 self.release(job, JobSuspended(job_id=job.job_id, attempt=job.attempt))
                 return
@@ -353,20 +359,35 @@ class _Cycle:
             )
 
     def past_max_runtime(self, job: JobRecord) -> bool:
-        """Fail a gang past its max runtime (True); else note when that limit comes."""
+        """A gang past its max runtime (True) is checkpointed and stopped, within the grace,
+        and then failed (see `over_max_runtime`); else note when that limit comes."""
         spec = job.spec
         if spec is not None and spec.max_runtime_s is not None and job.started_at is not None:
             limit = job.started_at + spec.max_runtime_s
             if self.now > limit:
-                self.release(
-                    job,
-                    JobFailed(
-                        job_id=job.job_id, attempt=job.attempt, reason="exceeded max_runtime_s"
-                    ),
+                self.emit(
+                    PreemptionRequested(
+                        job_id=job.job_id,
+                        attempt=job.attempt,
+                        preemptor_job_id=None,
+                        reason=f"ran past max_runtime_s ({spec.max_runtime_s:g} s): "
+                        "checkpoint, then stop",
+                        grace_s=self.policy.preemption_grace_s,
+                    )
                 )
+                self.handled.add(job.job_id)
                 return True
             self.wakeups.append(limit)
         return False
+
+    def over_max_runtime(self, job: JobRecord) -> str | None:
+        """The reason to fail a gang whose eviction ends past its max runtime, or None."""
+        spec = job.spec
+        if spec is None or spec.max_runtime_s is None or job.started_at is None:
+            return None
+        if self.now <= job.started_at + spec.max_runtime_s:
+            return None
+        return f"exceeded max_runtime_s ({spec.max_runtime_s:g} s); stopped after its checkpoint"
 
     def note_estimated_end(self, job: JobRecord) -> None:
         """With backfill, a gang's expected end is when the head's reservation may move."""

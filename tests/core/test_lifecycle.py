@@ -102,16 +102,35 @@ def test_suspend_releases_the_gang_and_resume_queues_it_again() -> None:
     assert history.job(job).state == "running"
 
 
-def test_a_job_past_its_max_runtime_fails() -> None:
+def test_a_job_past_its_max_runtime_is_checkpointed_then_fails() -> None:
     history = History()
     job = history.submit(a_job().gpus(8).max_runtime(600))[0]
     history.run()
 
     history.advance(601)
     history.run()
+    [stop] = history.events(PreemptionRequested, job)
+    assert stop.preemptor_job_id is None and "max_runtime_s (600 s)" in stop.reason
+    assert history.job(job).state == "preempting"
 
+    history.evict(job)  # the agents checkpoint the ranks, then stop them
+    history.run()
     assert history.job(job).state == "failed"
-    assert history.events(JobFailed, job)[0].reason == "exceeded max_runtime_s"
+    assert history.events(JobFailed, job)[0].reason == (
+        "exceeded max_runtime_s (600 s); stopped after its checkpoint"
+    )
+    assert history.events(JobRequeued, job) == []
+
+
+def test_a_job_past_its_estimate_runs_on() -> None:
+    history = History()
+    job = history.submit(a_job().gpus(8).estimate(60))[0]
+    history.run()
+    history.submit(a_job().gpus(8).tasks(16).priority("research"))
+    history.advance(100_000)
+    history.run(cycles=5, every_s=600)
+    assert history.job(job).state == "running"
+    assert history.events(PreemptionRequested, job) == []
 
 
 def test_a_lost_node_requeues_every_gang_on_it_whole() -> None:
