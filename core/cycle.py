@@ -128,6 +128,10 @@ def _when(ts: float) -> str:
     return moment.strftime("%Y-%m-%d %H:%M UTC")
 
 
+def _when_s(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def _racks_of(state: SchedulerState, node_ids: list[str], limit: int = 4) -> str:
     racks: list[str] = []
     for node_id in node_ids:
@@ -164,7 +168,7 @@ class _Cycle:
                 job = self.state._jobs[job_id]
                 quota.charge(job.queue, -job.bound_gpus)
             waiting = self.order(quota)
-            blocked = self.place(snap, waiting, quota)
+            blocked = self.place(snap, self.past_backoff(waiting), quota)
             if self.policy.preemption and not self.policy.is_fifo:
                 self.preempt(snap, blocked, quota)
         self.explain(waiting)
@@ -467,6 +471,24 @@ class _Cycle:
             keyed.append((key, job))
         keyed.sort(key=lambda pair: pair[0])
         return [job for _, job in keyed]
+
+    def past_backoff(self, waiting: list[JobRecord]) -> list[JobRecord]:
+        """The waiting jobs free to start now; one still in its retry backoff says until when
+        (its reason, shown by `why`) and the cycle wakes then."""
+        ready = []
+        for job in waiting:
+            retry_at = job.retry_at
+            if retry_at is None or retry_at <= self.now:
+                ready.append(job)
+                continue
+            self.wakeups.append(retry_at)
+            self.outcomes[job.job_id] = _Outcome(
+                "retry_backoff",
+                f"{job.need}; attempt {job.attempt} failed; "
+                f"the next attempt may start at {_when_s(retry_at)} (retry backoff)",
+                estimated_start=retry_at,
+            )
+        return ready
 
     def victims_released(self, job: JobRecord) -> bool:
         if not job.awaiting_victims:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from core.policy import SchedulingPolicy
+from core.retry import retry_delay_s
 from core.shape import Shape, describe_need, shape_of
 from schemas.base import Event
 from schemas.jobs import (
@@ -203,6 +204,8 @@ class JobRecord:
     started_at: float | None = None
     finished_at: float | None = None
     failures: int = 0
+    # After a failure, no new gang before this time (retry backoff; None: no wait).
+    retry_at: float | None = None
     requeues: int = 0
     cancel_requested: bool = False
     suspend_requested: bool = False
@@ -554,6 +557,7 @@ class SchedulerState:
             ranks.append((node.index, mask))
         job.attempt = event.attempt
         job.ranks = ranks
+        job.retry_at = None
         job.started_ranks = set()
         job.exit_codes = {}
         job.evicted_ranks = set()
@@ -666,6 +670,7 @@ class SchedulerState:
         job.requeues += 1
         if event.code == "task_failed":
             job.failures += 1
+            job.retry_at = at + retry_delay_s(job.job_id, job.failures, self.policy)
         job.started_at = None
         job.queued_at = at
         job.reason_code = event.code

@@ -42,6 +42,7 @@ def test_a_failed_rank_requeues_the_whole_gang_while_retries_remain() -> None:
 
     requeue = history.events(JobRequeued, job)
     assert [e.code for e in requeue] == ["task_failed"]
+    history.advance(history.policy.retry_backoff_base_s)  # the first backoff is at most this
     history.run()
     assert history.job(job).state == "running"
     assert history.job(job).attempt == 2
