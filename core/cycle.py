@@ -251,7 +251,7 @@ class _Cycle:
         codes = job.exit_codes
         if not flagged and not codes and job.state != "preempting":
             # Most gangs in most cycles: nothing happened to them, only the clock moved.
-            if not self.past_max_runtime(job):
+            if not self.launch_overdue(job) and not self.past_max_runtime(job):
                 self.note_estimated_end(job)
             return
         ranks = len(job.ranks)
@@ -307,7 +307,7 @@ class _Cycle:
                 job, JobRequeued(job_id=job.job_id, attempt=job.attempt, code=code, reason=why)
             )
             return
-        if self.past_max_runtime(job):
+        if self.launch_overdue(job) or self.past_max_runtime(job):
             return
         draining = self.draining_node_of(job) if flagged else None
         if draining is not None:
@@ -323,6 +323,47 @@ class _Cycle:
             self.handled.add(job.job_id)
             return
         self.note_estimated_end(job)
+
+    def launch_overdue(self, job: JobRecord) -> bool:
+        """Release a reserved gang whose ranks have not all started within the launch timeout
+        (True): an agent that died or a launch nobody reported must not hold GPUs forever."""
+        if job.state != "reserved" or job.reserved_at is None:
+            return False
+        timeout = self.policy.launch_timeout_s
+        deadline = job.reserved_at + timeout
+        if self.now < deadline:
+            self.wakeups.append(deadline)
+            return False
+        nodes = self.state._node_list
+        missing = [rank for rank in range(len(job.ranks)) if rank not in job.started_ranks]
+        where = sorted({nodes[job.ranks[rank][0]].node_id for rank in missing})
+        shown = ", ".join(map(str, missing[:8])) + (" …" if len(missing) > 8 else "")
+        what = (
+            f"rank{'s' if len(missing) != 1 else ''} {shown} on {', '.join(where[:4])} "
+            f"did not start within {timeout:g} s of the reservation"
+        )
+        spec = job.spec
+        retries = spec.max_retries if spec is not None else 0
+        if job.failures + 1 <= retries:
+            self.release(
+                job,
+                JobRequeued(
+                    job_id=job.job_id,
+                    attempt=job.attempt,
+                    code="launch_timeout",
+                    reason=f"{what}; retry {job.failures + 1} of {retries}",
+                ),
+            )
+        else:
+            self.release(
+                job,
+                JobFailed(
+                    job_id=job.job_id,
+                    attempt=job.attempt,
+                    reason=f"{what}; no retries left (max_retries={retries})",
+                ),
+            )
+        return True
 
     def react_to_failure(self, job: JobRecord, rank: int) -> None:
         """A rank failed: retry the gang while retries remain, unless retrying cannot help."""

@@ -58,6 +58,8 @@ class SchedulingPolicy:
     # Best-effort jobs run only on idle capacity: they never count against a guarantee.
     idle_only_priority: str = "best-effort"
     enforce_quotas: bool = True
+    # A reserved gang whose ranks have not all started by then is released (a failure).
+    launch_timeout_s: float = 300.0
     # A gang whose rank failed waits before its next attempt: base·2^(failures-1), capped,
     # with jitter (core/retry.py). A base of 0 turns the backoff off.
     retry_backoff_base_s: float = 10.0

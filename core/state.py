@@ -64,6 +64,8 @@ RESERVED_HEAD = "reserved_head"
 # The TaskExited reason an agent reports for a rank it stopped for an eviction (after its
 # checkpoint), whatever the exit code.
 PREEMPTED_EXIT_REASON = "preempted"
+# Requeue codes that count as a failure of the job (retries, backoff): not hardware's fault.
+FAILURE_REQUEUE_CODES = frozenset({"task_failed", "launch_timeout"})
 
 
 def popcount(mask: int) -> int:
@@ -668,7 +670,7 @@ class SchedulerState:
             return
         self._release(job, at)
         job.requeues += 1
-        if event.code == "task_failed":
+        if event.code in FAILURE_REQUEUE_CODES:
             job.failures += 1
             job.retry_at = at + retry_delay_s(job.job_id, job.failures, self.policy)
         job.started_at = None

@@ -307,3 +307,29 @@ def test_suspend_checkpoints_the_running_gang_before_stopping_it() -> None:
     assert history.job(job).state == "suspended"
     assert history.events(JobRequeued, job) == []
     assert history.state.allocated_gpus == 0
+
+
+def test_a_gang_whose_ranks_never_start_is_released_at_the_launch_timeout() -> None:
+    history = History("2x8:2:1")
+    job = history.submit(a_job().gpus(8).tasks(2).retries(1))[0]
+    history.cycle()
+    gang = history.gang(job)
+    history.record(
+        TaskStarted(job_id=job, attempt=1, rank=0, node_id=gang.ranks[0].node_id)
+    )  # rank 1's agent never reports
+    history.advance(history.policy.launch_timeout_s - 1)
+    assert schedule(history.state, history.now).decisions == []
+
+    history.advance(2)
+    history.cycle()
+    [requeued] = history.events(JobRequeued, job)
+    assert requeued.code == "launch_timeout"
+    assert requeued.reason.startswith(f"rank 1 on {gang.ranks[1].node_id} did not start within")
+    assert history.state.allocated_gpus == 0
+
+    history.advance(history.policy.retry_backoff_cap_s)
+    history.cycle()  # the second attempt never starts either: no retries left
+    history.advance(history.policy.launch_timeout_s + 1)
+    history.cycle()
+    [failed] = history.events(JobFailed, job)
+    assert "did not start within" in failed.reason and "no retries left" in failed.reason
