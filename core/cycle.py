@@ -479,11 +479,14 @@ class _Cycle:
     # ------------------------------------------------------------ 2. snapshot
 
     def release_into(self, snap: Snapshot) -> None:
-        """Give the snapshot the GPUs of the gangs this cycle released."""
+        """Give the snapshot the GPUs of the gangs this cycle released, less those where a
+        started rank has not exited yet: it still runs there (see state._keep_running_ranks)."""
         state = self.state
         for job_id in sorted(self.released):
             job = state._jobs[job_id]
-            for node_index, mask in job.ranks:
+            for rank, (node_index, mask) in enumerate(job.ranks):
+                if rank in job.started_ranks and rank not in job.exit_codes:
+                    continue
                 snap.release(node_index, mask)
 
     # ------------------------------------------------------------ 3. order

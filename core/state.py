@@ -148,6 +148,10 @@ class NodeRecord:
     drain_deadline: float | None = None
     # Gangs bound here: job id → the GPUs it holds on this node.
     gangs: dict[str, int] = field(default_factory=dict)
+    # Ranks of released gangs that started here and have not exited yet, (job, attempt, rank)
+    # → their GPUs: those GPUs go to no new gang until the rank is gone (or the node is lost).
+    lingering: dict[tuple[str, int, int], int] = field(default_factory=dict)
+    lingering_mask: int = 0
 
     @property
     def schedulable(self) -> bool:
@@ -157,7 +161,7 @@ class NodeRecord:
     def free_mask(self) -> int:
         if not self.schedulable:
             return 0
-        return self.all_mask & ~self.unhealthy_mask & ~self.bound_mask
+        return self.all_mask & ~self.unhealthy_mask & ~self.bound_mask & ~self.lingering_mask
 
     @property
     def state(self) -> NodeStateName:
@@ -603,6 +607,7 @@ class SchedulerState:
             self._set_state(job, "running")
 
     def _on_task_exited(self, event: TaskExited, at: float) -> None:
+        self._rank_gone(event)
         job = self._jobs.get(event.job_id)
         if job is None or event.attempt != job.attempt or job.state not in HOLDING_STATES:
             return
@@ -637,6 +642,7 @@ class SchedulerState:
         """Free the gang's GPUs; idempotent (a second release finds nothing bound)."""
         if not job.ranks:
             return
+        self._keep_running_ranks(job)
         touched: set[int] = set()
         for node_index, _ in job.ranks:
             touched.add(node_index)
@@ -661,6 +667,29 @@ class SchedulerState:
         job.evicted_ranks = set()
         job.exit_reasons = {}
         job.preempt_requested_at = None
+
+    def _keep_running_ranks(self, job: JobRecord) -> None:
+        """A released gang's ranks that started and have not exited still run on their GPUs
+        (a rank may take its stop timeout to die): they stay out of placement until their
+        TaskExited, so that two attempts never share a GPU on the hardware."""
+        for rank, (node_index, mask) in enumerate(job.ranks):
+            if rank in job.started_ranks and rank not in job.exit_codes:
+                node = self._node_list[node_index]
+                if not node.lost:
+                    node.lingering[(job.job_id, job.attempt, rank)] = mask
+                    node.lingering_mask |= mask
+
+    def _rank_gone(self, event: TaskExited) -> None:
+        node = self._nodes.get(event.node_id)
+        if node is None or not node.lingering:
+            return
+        if node.lingering.pop((event.job_id, event.attempt, event.rank), None) is None:
+            return
+        remaining = 0
+        for mask in node.lingering.values():
+            remaining |= mask
+        node.lingering_mask = remaining
+        self._refresh(node)
 
     def _on_requeued(self, event: JobRequeued, at: float) -> None:
         job = self._jobs.get(event.job_id)
@@ -802,6 +831,9 @@ class SchedulerState:
         if node is None or node.lost:
             return
         node.lost = True
+        # Whatever ran there is gone with the node.
+        node.lingering.clear()
+        node.lingering_mask = 0
         self._lost_gpus += node.gpu_count
         self._refresh(node, topology_changed=True)
         self._flag_gangs(node)

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 
 from core import schedule
 from schemas.jobs import (
+    GangReserved,
     JobCancelled,
     JobFailed,
     JobRequeued,
@@ -326,10 +327,43 @@ def test_a_gang_whose_ranks_never_start_is_released_at_the_launch_timeout() -> N
     assert requeued.code == "launch_timeout"
     assert requeued.reason.startswith(f"rank 1 on {gang.ranks[1].node_id} did not start within")
     assert history.state.allocated_gpus == 0
+    history.exit(job, 143, ranks=[0], reason="requeued")  # the agent stops the started rank
 
     history.advance(history.policy.retry_backoff_cap_s)
     history.cycle()  # the second attempt never starts either: no retries left
+    assert len(history.events(GangReserved, job)) == 2
     history.advance(history.policy.launch_timeout_s + 1)
     history.cycle()
     [failed] = history.events(JobFailed, job)
     assert "did not start within" in failed.reason and "no retries left" in failed.reason
+
+
+def test_a_gpu_goes_to_a_new_gang_only_after_the_old_ranks_exited() -> None:
+    history = History("1x8")
+    old = history.submit(a_job().gpus(8))[0]
+    history.run()
+    history.cancel(old)
+    waiting = history.submit(a_job().gpus(8))[0]
+    for _ in range(3):  # its agent has not stopped the rank yet
+        history.cycle()
+        history.advance(1)
+    # Cancelled in the log, but its rank still runs (it may take its stop timeout to die).
+    assert history.job(old).state == "cancelled"
+    assert history.events(GangReserved, waiting) == []
+
+    history.exit(old, -15, reason="cancelled")
+    history.run()
+    assert history.job(waiting).state == "running"
+    assert history.auditor.violations == []
+
+
+def test_the_gpus_of_a_lost_node_are_not_waited_for() -> None:
+    history = History("1x8")
+    job = history.submit(a_job().gpus(8))[0]
+    history.run()
+    history.lose("n0000")
+    history.run()
+    history.recover("n0000")
+    history.run(cycles=2)
+    # Nothing of the first attempt survived the loss: the second one gets the same GPUs.
+    assert (history.job(job).state, history.job(job).attempt) == ("running", 2)
