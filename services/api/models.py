@@ -174,7 +174,7 @@ class QueuePatch(Body):
 
 
 class DrainBody(Body):
-    reason: str = Field(min_length=1, max_length=500)
+    reason: str = Field(default="drained by an operator", min_length=1, max_length=500)
     deadline: datetime | None = Field(
         default=None,
         description="running gangs may go on until then; they are checkpointed and moved after",
