@@ -56,7 +56,9 @@ def code_version(policy: SchedulingPolicy, registry: EventRegistry = REGISTRY) -
     digest = hashlib.sha256()
     digest.update(f"format={SNAPSHOT_FORMAT};python={sys.version_info[:2]}".encode())
     package = Path(__file__).resolve().parent
-    for path in [*sorted((package / "core").glob("*.py")), package / "folding.py"]:
+    # The core moved to the top-level package core/ (beside services/): its code decides folds.
+    core = package.parents[1] / "core"
+    for path in [*sorted(core.glob("*.py")), package / "folding.py"]:
         digest.update(path.name.encode())
         digest.update(path.read_bytes())
     for type_name in sorted(registry.types):
