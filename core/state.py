@@ -203,6 +203,8 @@ class JobRecord:
     evicted_ranks: set[int] = field(default_factory=set)
     # What the ranks that failed said about their end, and whether retrying cannot help.
     exit_reasons: dict[int, str] = field(default_factory=dict)
+    # The last released gang of this attempt: where a rank reported started late still runs.
+    released_ranks: list[tuple[int, int]] = field(default_factory=list)
     permanent_failure: bool = False
     # When the job last began waiting for a gang (admission, requeue, resume): aging runs from here.
     queued_at: float | None = None
@@ -597,7 +599,10 @@ class SchedulerState:
 
     def _on_task_started(self, event: TaskStarted, at: float) -> None:
         job = self._jobs.get(event.job_id)
-        if job is None or event.attempt != job.attempt or job.state not in HOLDING_STATES:
+        if job is None or event.attempt != job.attempt:
+            return
+        if job.state not in HOLDING_STATES:
+            self._started_after_release(job, event)
             return
         if event.rank >= len(job.ranks):
             return
@@ -660,6 +665,7 @@ class SchedulerState:
                 self._draining.add(node_index)
         self._allocated -= gpus
         self._charge(job.queue, -gpus, at)
+        job.released_ranks = job.ranks
         job.ranks = []
         job.bound_gpus = 0
         job.started_ranks = set()
@@ -678,6 +684,19 @@ class SchedulerState:
                 if not node.lost:
                     node.lingering[(job.job_id, job.attempt, rank)] = mask
                     node.lingering_mask |= mask
+
+    def _started_after_release(self, job: JobRecord, event: TaskStarted) -> None:
+        """A rank its agent launched while the scheduler released the gang (the two race):
+        it runs on GPUs already given back, which go to no new gang until it exits."""
+        if event.rank >= len(job.released_ranks):
+            return
+        node_index, mask = job.released_ranks[event.rank]
+        node = self._node_list[node_index]
+        if node.lost or node.node_id != event.node_id:
+            return
+        node.lingering[(job.job_id, job.attempt, event.rank)] = mask
+        node.lingering_mask |= mask
+        self._refresh(node)
 
     def _rank_gone(self, event: TaskExited) -> None:
         node = self._nodes.get(event.node_id)

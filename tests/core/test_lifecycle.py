@@ -367,3 +367,20 @@ def test_the_gpus_of_a_lost_node_are_not_waited_for() -> None:
     history.run(cycles=2)
     # Nothing of the first attempt survived the loss: the second one gets the same GPUs.
     assert (history.job(job).state, history.job(job).attempt) == ("running", 2)
+
+
+def test_a_rank_reported_started_after_its_gang_was_released_still_holds_its_gpus() -> None:
+    history = History("1x8")
+    old = history.submit(a_job().gpus(8))[0]
+    history.cycle()  # reserved; its agent is still launching the rank
+    history.cancel(old)
+    history.cycle()
+    history.start(old)  # the launch raced the release: the rank runs
+    waiting = history.submit(a_job().gpus(8))[0]
+    history.cycle()
+    assert history.events(GangReserved, waiting) == []
+
+    history.exit(old, -15, reason="cancelled")
+    history.cycle()
+    assert len(history.events(GangReserved, waiting)) == 1
+    assert history.auditor.violations == []
