@@ -176,6 +176,9 @@ class TaskExited(JobEvent):
     node_id: str
     exit_code: int
     reason: str | None = None
+    # The rank never started, and trying again would fail the same way (a bad spec, a missing
+    # program): the retry policy fails the job at once instead of crash-looping it.
+    permanent: bool = False
 
 
 class PreemptionRequested(JobEvent):
