@@ -26,6 +26,7 @@ from core import (
 )
 from schemas.base import Event
 from schemas.jobs import (
+    GANG_RELEASING_EVENTS,
     GangReserved,
     JobAdmitted,
     JobSpec,
@@ -76,6 +77,9 @@ class Bench:
         self.jobs = 0
         # CPU seconds per cycle: on a shared machine wall time also counts other processes.
         self.cpu_times: list[float] = []
+        # The ranks each gang started, (attempt, [(rank, node)]): a released gang's ranks are
+        # stopped and their exits recorded, as node agents do (their GPUs wait for that).
+        self.live_ranks: dict[str, tuple[int, list[tuple[int, str]]]] = {}
         for node in parse_cluster_spec(spec):
             self.record(node)
 
@@ -106,7 +110,13 @@ class Bench:
         self.cpu_times.append(time.process_time() - cpu_started)
         for decision in result.decisions:
             self.record(decision)
+            if isinstance(decision, GANG_RELEASING_EVENTS):
+                self.stop_ranks(decision.job_id)
             if isinstance(decision, GangReserved):
+                self.live_ranks[decision.job_id] = (
+                    decision.attempt,
+                    [(rank.rank, rank.node_id) for rank in decision.ranks],
+                )
                 for rank in decision.ranks:
                     self.record(
                         TaskStarted(
@@ -117,6 +127,23 @@ class Bench:
                         )
                     )
         return elapsed, result.tasks_placed, len(result.decisions)
+
+    def stop_ranks(self, job_id: str) -> None:
+        live = self.live_ranks.pop(job_id, None)
+        if live is None:
+            return
+        attempt, ranks = live
+        for rank, node_id in ranks:
+            self.record(
+                TaskExited(
+                    job_id=job_id,
+                    attempt=attempt,
+                    rank=rank,
+                    node_id=node_id,
+                    exit_code=-9,
+                    reason="stopped",
+                )
+            )
 
     def finish_some(self, fraction: float) -> None:
         running = [v for v in self.state.jobs() if v.state == "running"]
@@ -135,6 +162,7 @@ class Bench:
                         )
                     )
                     rank += 1
+            self.live_ranks.pop(view.job_id, None)  # exited on their own
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -1,6 +1,8 @@
 """The auditor: replays any event sequence and checks the invariants of DESIGN §4.
 
-1. A GPU is bound to at most one gang at any time.
+1. A GPU is bound to at most one gang at any time, in the log and on the hardware: a gang is
+   given no GPU on which a rank of another attempt still runs (TaskStarted, no TaskExited,
+   node not lost since).
 2. A gang is bound whole or not at all.
 3. Nothing is placed on a drained, lost or unhealthy node or GPU.
 4. A team can always reach its guaranteed quota (by reclaiming borrowed capacity).
@@ -35,6 +37,8 @@ from schemas.jobs import (
     JobSuspended,
     PreemptionRequested,
     ReservationPlanned,
+    TaskExited,
+    TaskStarted,
 )
 from schemas.leadership import LeaderElected
 from schemas.nodes import (
@@ -95,6 +99,8 @@ class _Job:
     queue: str
     terminal_at: int | None = None
     gang: list[tuple[str, int]] = field(default_factory=list)
+    # The current attempt's GPUs per rank, to know where its TaskStarted ranks run.
+    rank_gpus: dict[int, tuple[int, ...]] = field(default_factory=dict)
     gang_at: int | None = None
     gang_since: float = 0.0
     attempt: int = 0
@@ -123,6 +129,10 @@ class Auditor:
         self._reclaim_within_s = reclaim_within_s
         self._nodes: dict[str, _Node] = {}
         self._bound: dict[tuple[str, int], tuple[str, int]] = {}
+        # On the hardware: GPU → the rank running on it (TaskStarted, not yet TaskExited, node
+        # not lost since), as (job, attempt, rank, position of its TaskStarted).
+        self._running: dict[tuple[str, int], tuple[str, int, int, int]] = {}
+        self._running_slots: dict[tuple[str, int, int], list[tuple[str, int]]] = {}
         self._jobs: dict[str, _Job] = {}
         self._queues: dict[str, _Queue] = {}
         self._usage: dict[str, int] = {}
@@ -192,6 +202,10 @@ class Auditor:
             return
         if isinstance(event, NodeLost):
             node.lost = True
+            for slot, (job_id, attempt, rank, _) in list(self._running.items()):
+                if slot[0] == event.node_id:
+                    del self._running[slot]
+                    self._running_slots.pop((job_id, attempt, rank), None)
         elif isinstance(event, NodeRecovered):
             node.lost = False
         elif isinstance(event, NodeDrainRequested):
@@ -219,6 +233,8 @@ class Auditor:
                 5, f"{event.type} for job {event.job_id}, which was never submitted", position
             )
             return
+        if isinstance(event, TaskStarted | TaskExited):
+            self._observe_rank(job, event, position)
         if job.terminal_at is not None:
             if isinstance(event, _NOT_AFTER_END):
                 self._flag(
@@ -251,6 +267,23 @@ class Auditor:
             job.waiting = False
         elif isinstance(event, JobSuspended):
             job.waiting = False
+
+    def _observe_rank(self, job: _Job, event: TaskStarted | TaskExited, position: int) -> None:
+        key = (event.job_id, event.attempt, event.rank)
+        if isinstance(event, TaskExited):
+            for slot in self._running_slots.pop(key, []):
+                if self._running.get(slot, ("", 0, 0, 0))[:3] == key:
+                    del self._running[slot]
+            return
+        if event.attempt != job.attempt or key in self._running_slots:
+            return
+        node = self._nodes.get(event.node_id)
+        if node is None or node.lost:
+            return
+        slots = [(event.node_id, gpu) for gpu in job.rank_gpus.get(event.rank, ())]
+        self._running_slots[key] = slots
+        for slot in slots:
+            self._running[slot] = (*key, position)
 
     def _release(self, job_id: str, job: _Job) -> None:
         for slot in job.gang:
@@ -333,6 +366,16 @@ class Auditor:
                         f"job {job_id} placed on unhealthy GPU {gpu} of node {placement.node_id}",
                         position,
                     )
+                running = self._running.get(slot)
+                if running is not None and running[:2] != (job_id, event.attempt):
+                    self._flag(
+                        1,
+                        f"GPU {gpu} of node {placement.node_id} given to job {job_id} "
+                        f"attempt {event.attempt} while rank {running[2]} of job {running[0]} "
+                        f"attempt {running[1]} still runs on it",
+                        running[3],
+                        position,
+                    )
                 holder = self._bound.get(slot)
                 if holder is not None and holder[0] != job_id:
                     self._flag(
@@ -353,6 +396,7 @@ class Auditor:
         for slot in slots:
             self._bound.setdefault(slot, (job_id, position))
         job.gang = slots
+        job.rank_gpus = {p.rank: tuple(p.gpus) for p in ranks}
         job.gang_at = position
         job.gang_since = at
         job.attempt = event.attempt

@@ -7,6 +7,7 @@ The phases, in order (as in Kueue's scheduler):
 2. snapshot  — free GPUs after those releases, with topology aggregates (kept between
    cycles; the cycle's changes to it are undone when it ends);
 3. order     — waiting jobs by class, fair share and age (aging first), or arrival for fifo;
+               a job still in its retry backoff waits (and says until when);
 4. place     — each job in order: quota, then a topology-fit placement committed whole;
 5. backfill  — the first job that cannot start becomes the head: a reservation on concrete
                nodes is planned and later jobs may only start where they do not delay it;
@@ -31,7 +32,7 @@ import weakref
 
 from core.backfill import place
 from core.context import CycleContext, CycleResult
-from core.ordering import order
+from core.ordering import order, past_backoff
 from core.placement import FreeIndex, Snapshot
 from core.preemption import preempt
 from core.quota import QuotaBook
@@ -104,7 +105,7 @@ def _run(ctx: CycleContext, free_index: FreeIndex) -> CycleResult:
             job = jobs[job_id]
             quota.charge(job.queue, -job.bound_gpus)
         waiting = order(ctx, quota)
-        placed = place(ctx, snap, waiting, quota)
+        placed = place(ctx, snap, past_backoff(ctx, waiting), quota)
         if ctx.policy.preemption and not ctx.policy.is_fifo:
             preempt(ctx, snap, placed.blocked, quota)
     explain(ctx, waiting)
@@ -115,10 +116,14 @@ def _run(ctx: CycleContext, free_index: FreeIndex) -> CycleResult:
 
 
 def _release_into(ctx: CycleContext, snap: Snapshot) -> None:
-    """Phase 2, snapshot: give it the GPUs of the gangs this cycle released."""
+    """Phase 2, snapshot: give it the GPUs of the gangs this cycle released, less those where
+    a started rank has not exited yet: it still runs there (see state._keep_running_ranks)."""
     jobs = ctx.state.job_records
     for job_id in sorted(ctx.released):
-        for node_index, mask in jobs[job_id].ranks:
+        job = jobs[job_id]
+        for rank, (node_index, mask) in enumerate(job.ranks):
+            if rank in job.started_ranks and rank not in job.exit_codes:
+                continue
             snap.release(node_index, mask)
 
 

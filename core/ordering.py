@@ -1,13 +1,18 @@
-"""Who goes first: priority class, then dominant-resource fair share, then age; aging on top."""
+"""Who goes first: priority class, then dominant-resource fair share, then age; aging on top.
+
+A job still in its retry backoff (core/retry.py) is held out of placement and says until when.
+"""
 
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime
 
-from core.context import CycleContext
+from core.context import CycleContext, Outcome
 from core.policy import SchedulingPolicy
 from core.quota import QuotaBook
 from core.state import CoreJob, QueueRecord, decayed_usage
+from schemas.reasons import RETRY_BACKOFF
 
 OrderKey = tuple[int, int, int, float, float, int]
 
@@ -90,3 +95,26 @@ def order(ctx: CycleContext, quota: QuotaBook) -> list[CoreJob]:
         keyed.append((key, job))
     keyed.sort(key=lambda pair: pair[0])
     return [job for _, job in keyed]
+
+
+def past_backoff(ctx: CycleContext, waiting: list[CoreJob]) -> list[CoreJob]:
+    """The waiting jobs free to start now; one still in its retry backoff says until when
+    (its reason, shown by `why`) and the cycle wakes then."""
+    ready = []
+    for job in waiting:
+        retry_at = job.retry_at
+        if retry_at is None or retry_at <= ctx.now:
+            ready.append(job)
+            continue
+        ctx.wakeups.append(retry_at)
+        ctx.outcomes[job.job_id] = Outcome(
+            RETRY_BACKOFF,
+            f"{job.need}; attempt {job.attempt} failed; "
+            f"the next attempt may start at {_when_s(retry_at)} (retry backoff)",
+            estimated_start=retry_at,
+        )
+    return ready
+
+
+def _when_s(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -61,6 +61,12 @@ class SchedulingPolicy:
     # Best-effort jobs run only on idle capacity: they never count against a guarantee.
     idle_only_priority: str = "best-effort"
     enforce_quotas: bool = True
+    # A reserved gang whose ranks have not all started by then is released (a failure).
+    launch_timeout_s: float = 300.0
+    # A gang whose rank failed waits before its next attempt: base·2^(failures-1), capped,
+    # with jitter (core/retry.py). A base of 0 turns the backoff off.
+    retry_backoff_base_s: float = 10.0
+    retry_backoff_cap_s: float = 600.0
     # Placements a cycle may make; the rest wait for the next cycle (bounds cycle time).
     max_placements_per_cycle: int = 20_000
     # A caller-given order of the waiting jobs in place of class, fair share and aging, keyed

@@ -202,7 +202,9 @@ def plan_preemption(
         allowed = reachable and (
             (pclass.can_preempt and vrank < pclass.rank)
             or (reclaiming and borrower)
-            or (overrun_head and vrank <= pclass.rank and has_overrun(victim, now, policy))
+            # An estimate is a hint, never a limit: an overdue reservation only ever
+            # evicts work of a lower class that ran past its own estimate.
+            or (overrun_head and vrank < pclass.rank and has_overrun(victim, now, policy))
         )
         if not allowed:
             continue

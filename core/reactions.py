@@ -1,9 +1,9 @@
 """Phase 1 of the cycle, reactions: the outcomes of what happened since the last cycle.
 
 Cancels first, then gang outcomes (exits, lost hardware, drains, preemption deadlines, max
-runtime), then suspends and resumes, then drained nodes. Hardware and request checks run only
-for jobs the state flagged for attention; every holding gang is visited for its deadlines,
-which is cheap.
+runtime, launch timeouts), then suspends and resumes, then drained nodes. Hardware and request
+checks run only for jobs the state flagged for attention; every holding gang is visited for
+its deadlines, which is cheap.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from schemas.jobs import (
     PreemptionRequested,
 )
 from schemas.nodes import NodeDrained
-from schemas.reasons import TASK_FAILED, RequeueCode
+from schemas.reasons import LAUNCH_TIMEOUT, TASK_FAILED, RequeueCode
 
 
 def react(ctx: CycleContext) -> None:
@@ -57,6 +57,11 @@ def react_to_requests(ctx: CycleContext, job: CoreJob) -> None:
     if job.state in TERMINAL_STATES:
         return
     if job.suspend_requested and job.state != "suspended":
+        if job.state == "preempting":
+            return  # the eviction's end suspends it (react_to_eviction), from its checkpoint
+        if job.state == "running":
+            checkpoint_then_suspend(ctx, job)
+            return
         attempt = job.attempt if job.state in HOLDING_STATES else None
         ctx.release(job, JobSuspended(job_id=job.job_id, attempt=attempt))
     elif job.resume_requested and job.state == "suspended":
@@ -64,12 +69,27 @@ def react_to_requests(ctx: CycleContext, job: CoreJob) -> None:
         ctx.handled.add(job.job_id)
 
 
+def checkpoint_then_suspend(ctx: CycleContext, job: CoreJob) -> None:
+    """Suspend keeps the work: the gang is checkpointed and stopped as for a preemption
+    (its agents write the shards, then stop the ranks), and suspended once it is down."""
+    ctx.emit(
+        PreemptionRequested(
+            job_id=job.job_id,
+            attempt=job.attempt,
+            preemptor_job_id=None,
+            reason="suspended by request: checkpoint, then stop",
+            grace_s=ctx.policy.preemption_grace_s,
+        )
+    )
+    ctx.handled.add(job.job_id)
+
+
 def react_to_gang(ctx: CycleContext, job: CoreJob, flagged: bool) -> None:
     """Outcomes of a bound gang: exits, lost hardware, drains, deadlines."""
     codes = job.exit_codes
     if not flagged and not codes and job.state != "preempting":
         # Most gangs in most cycles: nothing happened to them, only the clock moved.
-        if not past_max_runtime(ctx, job):
+        if not launch_overdue(ctx, job) and not past_max_runtime(ctx, job):
             note_estimated_end(ctx, job)
         return
     if job.state == "preempting":
@@ -89,7 +109,7 @@ def react_to_gang(ctx: CycleContext, job: CoreJob, flagged: bool) -> None:
             job, JobRequeued(job_id=job.job_id, attempt=job.attempt, code=lost_code, reason=why)
         )
         return
-    if past_max_runtime(ctx, job):
+    if launch_overdue(ctx, job) or past_max_runtime(ctx, job):
         return
     draining = draining_node_of(ctx, job) if flagged else None
     if draining is not None:
@@ -125,7 +145,15 @@ def react_to_eviction(ctx: CycleContext, job: CoreJob) -> None:
     if finished:
         ctx.release(job, JobSucceeded(job_id=job.job_id, attempt=job.attempt))
         return
-    if len(codes) == ranks or ctx.now >= deadline:
+    down = len(codes) == ranks or ctx.now >= deadline
+    over_limit = over_max_runtime(ctx, job)
+    if down and over_limit is not None:
+        ctx.release(job, JobFailed(job_id=job.job_id, attempt=job.attempt, reason=over_limit))
+        return
+    if down and job.suspend_requested:
+        ctx.release(job, JobSuspended(job_id=job.job_id, attempt=job.attempt))
+        return
+    if down:
         why = (
             "checkpointed off a draining node"
             if drained
@@ -136,9 +164,24 @@ def react_to_eviction(ctx: CycleContext, job: CoreJob) -> None:
         ctx.wakeups.append(deadline)
 
 
-def react_to_failure(ctx: CycleContext, job: CoreJob, rank: int) -> None:
-    """A rank exited non-zero: the gang restarts whole while retries are left, else fails."""
-    exit_code = job.exit_codes[rank]
+def launch_overdue(ctx: CycleContext, job: CoreJob) -> bool:
+    """Release a reserved gang whose ranks have not all started within the launch timeout
+    (True): an agent that died or a launch nobody reported must not hold GPUs forever."""
+    if job.state != "reserved" or job.reserved_at is None:
+        return False
+    timeout = ctx.policy.launch_timeout_s
+    deadline = job.reserved_at + timeout
+    if ctx.now < deadline:
+        ctx.wakeups.append(deadline)
+        return False
+    nodes = ctx.state.node_records
+    missing = [rank for rank in range(len(job.ranks)) if rank not in job.started_ranks]
+    where = sorted({nodes[job.ranks[rank][0]].node_id for rank in missing})
+    shown = ", ".join(map(str, missing[:8])) + (" …" if len(missing) > 8 else "")
+    what = (
+        f"rank{'s' if len(missing) != 1 else ''} {shown} on {', '.join(where[:4])} "
+        f"did not start within {timeout:g} s of the reservation"
+    )
     retries = job.spec.max_retries if job.spec is not None else 0
     if job.failures + 1 <= retries:
         ctx.release(
@@ -146,9 +189,8 @@ def react_to_failure(ctx: CycleContext, job: CoreJob, rank: int) -> None:
             JobRequeued(
                 job_id=job.job_id,
                 attempt=job.attempt,
-                code=TASK_FAILED,
-                reason=f"rank {rank} exited with code {exit_code}; "
-                f"retry {job.failures + 1} of {retries}",
+                code=LAUNCH_TIMEOUT,
+                reason=f"{what}; retry {job.failures + 1} of {retries}",
             ),
         )
     else:
@@ -157,25 +199,82 @@ def react_to_failure(ctx: CycleContext, job: CoreJob, rank: int) -> None:
             JobFailed(
                 job_id=job.job_id,
                 attempt=job.attempt,
-                reason=f"rank {rank} exited with code {exit_code}; "
-                f"no retries left (max_retries={retries})",
+                reason=f"{what}; no retries left (max_retries={retries})",
+            ),
+        )
+    return True
+
+
+def react_to_failure(ctx: CycleContext, job: CoreJob, rank: int) -> None:
+    """A rank failed: the gang restarts whole while retries are left, unless retrying
+    cannot help; else it fails."""
+    retries = job.spec.max_retries if job.spec is not None else 0
+    said = job.exit_reasons.get(rank)
+    what = f"rank {rank} exited with code {job.exit_codes[rank]}"
+    if said is not None:
+        # A rank that never started says so itself ("launch failed on n0001 rank 0: …").
+        what = said if said.startswith("launch failed") else f"{what} ({said})"
+    if job.permanent_failure:
+        ctx.release(
+            job,
+            JobFailed(
+                job_id=job.job_id,
+                attempt=job.attempt,
+                reason=f"{what}; not retried: it would fail the same way",
+            ),
+        )
+    elif job.failures + 1 <= retries:
+        ctx.release(
+            job,
+            JobRequeued(
+                job_id=job.job_id,
+                attempt=job.attempt,
+                code=TASK_FAILED,
+                reason=f"{what}; retry {job.failures + 1} of {retries}",
+            ),
+        )
+    else:
+        ctx.release(
+            job,
+            JobFailed(
+                job_id=job.job_id,
+                attempt=job.attempt,
+                reason=f"{what}; no retries left (max_retries={retries})",
             ),
         )
 
 
 def past_max_runtime(ctx: CycleContext, job: CoreJob) -> bool:
-    """Fail a gang past its max runtime (True); else note when that limit comes."""
+    """A gang past its max runtime (True) is checkpointed and stopped, within the grace,
+    and then failed (see `over_max_runtime`); else note when that limit comes."""
     spec = job.spec
     if spec is not None and spec.max_runtime_s is not None and job.started_at is not None:
         limit = job.started_at + spec.max_runtime_s
         if ctx.now > limit:
-            ctx.release(
-                job,
-                JobFailed(job_id=job.job_id, attempt=job.attempt, reason="exceeded max_runtime_s"),
+            ctx.emit(
+                PreemptionRequested(
+                    job_id=job.job_id,
+                    attempt=job.attempt,
+                    preemptor_job_id=None,
+                    reason=f"ran past max_runtime_s ({spec.max_runtime_s:g} s): "
+                    "checkpoint, then stop",
+                    grace_s=ctx.policy.preemption_grace_s,
+                )
             )
+            ctx.handled.add(job.job_id)
             return True
         ctx.wakeups.append(limit)
     return False
+
+
+def over_max_runtime(ctx: CycleContext, job: CoreJob) -> str | None:
+    """The reason to fail a gang whose eviction ends past its max runtime, or None."""
+    spec = job.spec
+    if spec is None or spec.max_runtime_s is None or job.started_at is None:
+        return None
+    if ctx.now <= job.started_at + spec.max_runtime_s:
+        return None
+    return f"exceeded max_runtime_s ({spec.max_runtime_s:g} s); stopped after its checkpoint"
 
 
 def note_estimated_end(ctx: CycleContext, job: CoreJob) -> None:
@@ -200,10 +299,17 @@ def lost_hardware(ctx: CycleContext, job: CoreJob) -> tuple[RequeueCode, str] | 
 
 
 def draining_node_of(ctx: CycleContext, job: CoreJob) -> str | None:
+    """A draining node of the gang whose drain must move it now (its deadline, if any,
+    has come; until then the gang runs on and the cycle wakes at the deadline)."""
     nodes = ctx.state.node_records
     for node_index, _ in job.ranks:
-        if nodes[node_index].draining:
-            return nodes[node_index].node_id
+        node = nodes[node_index]
+        if not node.draining:
+            continue
+        if node.drain_deadline is not None and node.drain_deadline > ctx.now:
+            ctx.wakeups.append(node.drain_deadline)
+            continue
+        return node.node_id
     return None
 
 

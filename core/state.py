@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from core.policy import SchedulingPolicy
+from core.retry import retry_delay_s
 from core.shape import Shape, describe_need, shape_of
 from schemas.base import Event
 from schemas.jobs import (
@@ -51,7 +52,7 @@ from schemas.nodes import (
     NodeRegistered,
     NodeUndrained,
 )
-from schemas.reasons import RESERVED_HEAD, TASK_FAILED
+from schemas.reasons import FAILURE_REQUEUE_CODES, RESERVED_HEAD
 from schemas.teams import QueueConfigured, TeamCreated
 
 JobStateName = JobState
@@ -138,8 +139,14 @@ class NodeRecord:
     lost: bool = False
     draining: bool = False
     drained: bool = False
+    # An operator's drain may let running gangs go on until then (unix seconds; None: at once).
+    drain_deadline: float | None = None
     # Gangs bound here: job id → the GPUs it holds on this node.
     gangs: dict[str, int] = field(default_factory=dict)
+    # Ranks of released gangs that started here and have not exited yet, (job, attempt, rank)
+    # → their GPUs: those GPUs go to no new gang until the rank is gone (or the node is lost).
+    lingering: dict[tuple[str, int, int], int] = field(default_factory=dict)
+    lingering_mask: int = 0
 
     @property
     def schedulable(self) -> bool:
@@ -149,7 +156,7 @@ class NodeRecord:
     def free_mask(self) -> int:
         if not self.schedulable:
             return 0
-        return self.all_mask & ~self.unhealthy_mask & ~self.bound_mask
+        return self.all_mask & ~self.unhealthy_mask & ~self.bound_mask & ~self.lingering_mask
 
     @property
     def state(self) -> NodeStateName:
@@ -191,12 +198,19 @@ class CoreJob:
     # Ranks whose exit said they were evicted ("preempted"): under eviction, exits 0 from every
     # rank with none of these mean the gang finished its work before the checkpoint was needed.
     evicted_ranks: set[int] = field(default_factory=set)
+    # What the ranks that failed said about their end, and whether retrying cannot help.
+    exit_reasons: dict[int, str] = field(default_factory=dict)
+    # The last released gang of this attempt: where a rank reported started late still runs.
+    released_ranks: list[tuple[int, int]] = field(default_factory=list)
+    permanent_failure: bool = False
     # When the job last began waiting for a gang (admission, requeue, resume): aging runs from here.
     queued_at: float | None = None
     reserved_at: float | None = None
     started_at: float | None = None
     finished_at: float | None = None
     failures: int = 0
+    # After a failure, no new gang before this time (retry backoff; None: no wait).
+    retry_at: float | None = None
     requeues: int = 0
     cancel_requested: bool = False
     suspend_requested: bool = False
@@ -617,9 +631,12 @@ class SchedulerState:
             ranks.append((node.index, mask))
         job.attempt = event.attempt
         job.ranks = ranks
+        job.retry_at = None
         job.started_ranks = set()
         job.exit_codes = {}
         job.evicted_ranks = set()
+        job.exit_reasons = {}
+        job.permanent_failure = False
         job.reserved_at = at
         job.started_at = None
         job.preempt_requested_at = None
@@ -648,7 +665,10 @@ class SchedulerState:
 
     def _on_task_started(self, event: TaskStarted, at: float) -> None:
         job = self._jobs.get(event.job_id)
-        if job is None or event.attempt != job.attempt or job.state not in HOLDING_STATES:
+        if job is None or event.attempt != job.attempt:
+            return
+        if job.state not in HOLDING_STATES:
+            self._started_after_release(job, event)
             return
         if event.rank >= len(job.ranks):
             return
@@ -658,12 +678,16 @@ class SchedulerState:
             self._set_state(job, "running")
 
     def _on_task_exited(self, event: TaskExited, at: float) -> None:
+        self._rank_gone(event)
         job = self._jobs.get(event.job_id)
         if job is None or event.attempt != job.attempt or job.state not in HOLDING_STATES:
             return
         if event.rank >= len(job.ranks):
             return
         job.exit_codes[event.rank] = event.exit_code
+        if event.exit_code != 0 and event.reason:
+            job.exit_reasons[event.rank] = event.reason
+            job.permanent_failure = job.permanent_failure or event.permanent
         if event.reason == PREEMPTED_EXIT_REASON:
             job.evicted_ranks.add(event.rank)
         self._attention.add(job.job_id)
@@ -689,6 +713,7 @@ class SchedulerState:
         """Free the gang's GPUs; idempotent (a second release finds nothing bound)."""
         if not job.ranks:
             return
+        self._keep_running_ranks(job)
         touched: set[int] = set()
         for node_index, _ in job.ranks:
             touched.add(node_index)
@@ -706,12 +731,50 @@ class SchedulerState:
                 self._draining.add(node_index)
         self._allocated -= gpus
         self._charge(job.queue, -gpus, at)
+        job.released_ranks = job.ranks
         job.ranks = []
         job.bound_gpus = 0
         job.started_ranks = set()
         job.exit_codes = {}
         job.evicted_ranks = set()
+        job.exit_reasons = {}
         job.preempt_requested_at = None
+
+    def _keep_running_ranks(self, job: CoreJob) -> None:
+        """A released gang's ranks that started and have not exited still run on their GPUs
+        (a rank may take its stop timeout to die): they stay out of placement until their
+        TaskExited, so that two attempts never share a GPU on the hardware."""
+        for rank, (node_index, mask) in enumerate(job.ranks):
+            if rank in job.started_ranks and rank not in job.exit_codes:
+                node = self._node_list[node_index]
+                if not node.lost:
+                    node.lingering[(job.job_id, job.attempt, rank)] = mask
+                    node.lingering_mask |= mask
+
+    def _started_after_release(self, job: CoreJob, event: TaskStarted) -> None:
+        """A rank its agent launched while the scheduler released the gang (the two race):
+        it runs on GPUs already given back, which go to no new gang until it exits."""
+        if event.rank >= len(job.released_ranks):
+            return
+        node_index, mask = job.released_ranks[event.rank]
+        node = self._node_list[node_index]
+        if node.lost or node.node_id != event.node_id:
+            return
+        node.lingering[(job.job_id, job.attempt, event.rank)] = mask
+        node.lingering_mask |= mask
+        self._refresh(node)
+
+    def _rank_gone(self, event: TaskExited) -> None:
+        node = self._nodes.get(event.node_id)
+        if node is None or not node.lingering:
+            return
+        if node.lingering.pop((event.job_id, event.attempt, event.rank), None) is None:
+            return
+        remaining = 0
+        for mask in node.lingering.values():
+            remaining |= mask
+        node.lingering_mask = remaining
+        self._refresh(node)
 
     def _on_requeued(self, event: JobRequeued, at: float) -> None:
         job = self._jobs.get(event.job_id)
@@ -721,8 +784,9 @@ class SchedulerState:
             return
         self._release(job, at)
         job.requeues += 1
-        if event.code == TASK_FAILED:
+        if event.code in FAILURE_REQUEUE_CODES:
             job.failures += 1
+            job.retry_at = at + retry_delay_s(job.job_id, job.failures, self.policy)
         job.started_at = None
         job.queued_at = at
         job.reason_code = event.code
@@ -854,6 +918,9 @@ class SchedulerState:
         if node is None or node.lost:
             return
         node.lost = True
+        # Whatever ran there is gone with the node.
+        node.lingering.clear()
+        node.lingering_mask = 0
         self._lost_gpus += node.gpu_count
         self._refresh(node, topology_changed=True)
         self._flag_gangs(node)
@@ -871,6 +938,7 @@ class SchedulerState:
         if node is None or node.drained:
             return
         node.draining = True
+        node.drain_deadline = None if event.deadline is None else event.deadline.timestamp()
         self._draining.add(node.index)
         self._refresh(node, topology_changed=True)
         self._flag_gangs(node)
@@ -890,6 +958,7 @@ class SchedulerState:
             return
         node.drained = False
         node.draining = False
+        node.drain_deadline = None
         self._draining.discard(node.index)
         self._refresh(node, topology_changed=True)
 

@@ -27,6 +27,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "events": ("gangway.commands.events", "print the event log (--follow keeps printing)"),
     "nodes": ("gangway.commands.nodes", "list nodes: state, GPUs free and allocated"),
     "queues": ("gangway.commands.queues", "list queues: guarantee, ceiling, usage, borrowing"),
+    "drain": ("gangway.commands.drain", "drain a node: no new work; its gangs are moved"),
+    "undrain": ("gangway.commands.undrain", "return a drained node to service"),
     "replay": ("gangway.commands.replay", "replay the event log through the scheduling core"),
     "audit": ("gangway.commands.audit", "check the invariants over the whole event log"),
 }

@@ -129,6 +129,12 @@ class GangwayClient:
     def cluster(self) -> dict[str, Any]:
         return self._call("GET", "/v1/cluster")
 
+    def drain(self, node_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self._call("POST", f"/v1/nodes/{_segment(node_id)}/drain", json=dict(body))
+
+    def undrain(self, node_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/nodes/{_segment(node_id)}/undrain")
+
     def create_team(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/teams", json=dict(body))
 

@@ -44,8 +44,20 @@ class CheckpointCorrupted(CheckpointEvent):
     reason: str
 
 
+class CheckpointFailed(CheckpointEvent):
+    """A requested checkpoint ended without a commit: a rank could not write its shard, the
+    shards did not all arrive in time, or the attempt was released before they were verified.
+    The job keeps its last committed checkpoint."""
+
+    type = "CheckpointFailed"
+    attempt: int = Field(ge=1)
+    checkpoint_id: str
+    reason: str
+
+
 CHECKPOINT_EVENTS: tuple[type[Event], ...] = (
     CheckpointRequested,
     CheckpointCommitted,
     CheckpointCorrupted,
+    CheckpointFailed,
 )

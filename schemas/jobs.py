@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Literal, get_args
 
@@ -35,6 +36,13 @@ class TopologySpec(Message):
 
 class CheckpointSpec(Message):
     interval_s: float | None = Field(default=None, gt=0)
+
+
+def illegal_env_names(env: Mapping[str, str]) -> list[str]:
+    """Names no process environment can hold (empty, with `=` or NUL): a spec with one can
+    never launch, however often it is retried. The API refuses them at submit; the agent
+    fails a spec recorded before that rule with a permanent launch failure."""
+    return sorted(name for name in env if not name or "=" in name or "\0" in name)
 
 
 class JobSpec(Message):
@@ -194,6 +202,9 @@ class TaskExited(JobEvent):
     node_id: str
     exit_code: int
     reason: str | None = None
+    # The rank never started, and trying again would fail the same way (a bad spec, a missing
+    # program): the retry policy fails the job at once instead of crash-looping it.
+    permanent: bool = False
 
 
 class PreemptionRequested(JobEvent):

@@ -67,6 +67,9 @@ class NodeDrainRequested(NodeEvent):
     type = "NodeDrainRequested"
     reason: str
     by: str
+    # An operator's drain may let running gangs go on until then; they are checkpointed and
+    # moved after it (none: at once).
+    deadline: datetime | None = None
 
 
 class NodeDrained(NodeEvent):

@@ -24,6 +24,7 @@ DeferCode = Literal[
     "backfill_blocked",  # it would fit but for the head's reservation
     "reserved_head",  # the head: holds a reservation
     "preempting",  # its victims were asked to leave
+    "retry_backoff",  # a failed attempt: the next may start only after its backoff
 ]
 
 # JobRequeued.code: why a gang was released and its job waits again.
@@ -31,6 +32,7 @@ RequeueCode = Literal[
     "preempted",  # evicted for another job
     "node_drained",  # checkpointed off a draining node
     "task_failed",  # a rank failed, a retry is left
+    "launch_timeout",  # ranks did not all start within the launch timeout, a retry is left
     "node_lost",  # a node of the gang was lost
     "gpu_unhealthy",  # a GPU of the gang became unhealthy
 ]
@@ -78,3 +80,7 @@ RejectCodeField = Annotated[
 RESERVED_HEAD: DeferCode = "reserved_head"
 QUOTA_CEILING: DeferCode = "quota_ceiling"
 TASK_FAILED: RequeueCode = "task_failed"
+LAUNCH_TIMEOUT: RequeueCode = "launch_timeout"
+RETRY_BACKOFF: DeferCode = "retry_backoff"
+# Requeue codes that count as a failure of the job (retries, backoff): not hardware's fault.
+FAILURE_REQUEUE_CODES: frozenset[RequeueCode] = frozenset({TASK_FAILED, LAUNCH_TIMEOUT})

@@ -33,9 +33,45 @@ def explain(job: dict[str, Any]) -> list[str]:
     return lines
 
 
+_VERDICTS = ("CheckpointCommitted", "CheckpointFailed", "CheckpointCorrupted")
+
+
+def checkpoint_line(events: list[dict[str, Any]]) -> str | None:
+    """The last checkpoint verdict of the job, so a failed one is not noticed too late."""
+    verdicts = [event for event in events if event["type"] in _VERDICTS]
+    if not verdicts:
+        return None
+    last = verdicts[-1]
+    payload = last["payload"]
+    head = f"last checkpoint: {payload['checkpoint_id']}"
+    at = when(last["recorded_at"])
+    if last["type"] == "CheckpointCommitted":
+        return f"{head} committed at {at} (step {payload['step']})"
+    verdict = "failed" if last["type"] == "CheckpointFailed" else "corrupted"
+    corrupted = {
+        e["payload"]["checkpoint_id"] for e in verdicts if e["type"] == "CheckpointCorrupted"
+    }
+    good = [
+        e
+        for e in verdicts
+        if e["type"] == "CheckpointCommitted" and e["payload"]["checkpoint_id"] not in corrupted
+    ]
+    fallback = (
+        f"; resumes from {good[-1]['payload']['checkpoint_id']}"
+        if good
+        else "; no good checkpoint yet"
+    )
+    return f"{head} {verdict} at {at}: {payload['reason']}{fallback}"
+
+
 @one_line_errors
 def run(args: argparse.Namespace) -> int:
     with client() as api:
         job = api.job(args.id)
-    print("\n".join(explain(job)))
+        events = api.job_events(args.id)["items"]
+    lines = explain(job)
+    checkpoint = checkpoint_line(events)
+    if checkpoint is not None:
+        lines.append(checkpoint)
+    print("\n".join(lines))
     return 0

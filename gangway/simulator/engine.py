@@ -148,6 +148,8 @@ class _Job:
     checkpoint_ready_at: float | None = None
     # The current attempt's ranks exited 0: the job's work is complete.
     work_done: bool = False
+    # The current attempt's ranks run (started, their exit not recorded yet).
+    ranks_running: bool = False
 
 
 @dataclass(slots=True)
@@ -429,6 +431,7 @@ class Simulation:
                 now,
             )
         job.token += 1  # the ranks are gone; nothing else of this attempt may exit
+        job.ranks_running = False
         return True
 
     def _submit(self, job: _Job, now: float) -> bool:
@@ -494,11 +497,14 @@ class Simulation:
                 self._preempt(event, at)
             case JobRequeued():
                 self._release(event.job_id, at)
+                self._stop_ranks(event.job_id, at)
                 self._requeue(event, at)
             case JobSuspended():
                 self._release(event.job_id, at)
+                self._stop_ranks(event.job_id, at)
             case JobSucceeded() | JobFailed() | JobCancelled():
                 self._release(event.job_id, at)
+                self._stop_ranks(event.job_id, at)
                 self._finish(event, at)
             case ReservationPlanned():
                 self._wake(_seconds(event.start_at))
@@ -519,6 +525,26 @@ class Simulation:
 
     # The simulated agents.
 
+    def _stop_ranks(self, job_id: str, now: float) -> None:
+        """A released gang's ranks still running are stopped, and their exits recorded: the
+        core gives their GPUs to no other gang until then."""
+        job = self._jobs.get(job_id)
+        if job is None or not job.ranks_running:
+            return
+        job.ranks_running = False
+        for rank, node_id in job.ranks:
+            self._record(
+                TaskExited(
+                    job_id=job_id,
+                    attempt=job.attempt,
+                    rank=rank,
+                    node_id=node_id,
+                    exit_code=PREEMPTED_EXIT_CODE,
+                    reason="stopped",
+                ),
+                now,
+            )
+
     def _start(self, reserved: GangReserved, now: float) -> None:
         job = self._jobs[reserved.job_id]
         job.attempt = reserved.attempt
@@ -529,6 +555,7 @@ class Simulation:
         job.ranks = [(rank.rank, rank.node_id) for rank in reserved.ranks]
         job.interval_s, job.checkpoint_cost_s = self._checkpointing(reserved)
         job.ends_at = now + self._run_time(job, job.remaining_s)
+        job.ranks_running = True
         job.record.attempts += 1
         if self._srtf:
             self._waiting.pop(reserved.job_id, None)

@@ -25,7 +25,12 @@ import asyncpg
 from aiokafka import AIOKafkaProducer
 from prometheus_client import Counter, Gauge
 
-from schemas.checkpoints import CheckpointCommitted, CheckpointCorrupted, CheckpointRequested
+from schemas.checkpoints import (
+    CheckpointCommitted,
+    CheckpointCorrupted,
+    CheckpointFailed,
+    CheckpointRequested,
+)
 from schemas.envelope import EventEnvelope
 from schemas.jobs import (
     GANG_RELEASING_EVENTS,
@@ -34,6 +39,7 @@ from schemas.jobs import (
     PreemptionRequested,
     TaskExited,
     TaskStarted,
+    illegal_env_names,
 )
 from schemas.nodes import NodeRegistered
 from schemas.telemetry import StepTimeSample
@@ -42,8 +48,9 @@ from services.agent.faults import HEALTHY, Fault, FaultReader
 from services.agent.heartbeats import NvmlSampler, synthetic_heartbeat
 from services.agent.plan import (
     CHECKPOINT_SIGNAL_ENV,
+    committed_newest_first,
     fold_job,
-    latest_checkpoint,
+    launch_failure,
     rank_env,
     ranks_to_launch,
 )
@@ -54,8 +61,10 @@ from services.agent.steps import STEP_FILE, read_new_steps
 from services.runtime.checkpoint_store import (
     checkpoint_dir,
     checkpoint_id_for,
+    record_failure,
     record_shard,
     shard_path,
+    verify_committed,
     write_shard,
 )
 from services.runtime.consumer import EventConsumer, EventHandler
@@ -243,13 +252,7 @@ class Agent:
         if view.spec is None:
             # Dead-lettered with this reason: a gang of a job the log never saw submitted.
             raise DomainError(f"job {reserved.job_id} has no JobSubmitted; nothing to launch")
-        checkpoints = await self.store.read_stream(f"checkpoint-{reserved.job_id}")
-        latest = latest_checkpoint(e.payload for e in checkpoints)
-        resume = (
-            None
-            if latest is None
-            else checkpoint_dir(self.root_dir, reserved.job_id, latest.checkpoint_id)
-        )
+        resume = await self.usable_checkpoint(reserved.job_id, Metadata.caused_by(envelope))
         world_size = len(reserved.ranks)
         meta = Metadata.caused_by(envelope)
         for placement in todo:
@@ -272,6 +275,9 @@ class Agent:
             )
             cgroup_name = f"{key.job_id}-a{key.attempt}-r{key.rank}"
             try:
+                bad_names = illegal_env_names(view.spec.env)
+                if bad_names:
+                    raise ValueError(f"illegal environment variable name {bad_names[0]!r}")
                 env.update(await resolve_secret_env(self.store, view.spec))
                 sandbox = await asyncio.to_thread(
                     self._sandbox, view.spec, list(view.spec.command), env, workdir, cgroup_name
@@ -279,15 +285,20 @@ class Agent:
                 rank = await launch(
                     key, placement, world_size, list(view.spec.command), env, workdir, sandbox
                 )
-            except (OSError, isolation.IsolationError) as error:
-                log.warning("rank %s could not start: %s", key, error)
+            except Exception as error:
+                # Any failure to start ends the attempt with a reason a person understands;
+                # the core's retry policy decides what comes next. A rank marked launched but
+                # never recorded would hold the gang's GPUs with no process at all.
+                reason, permanent = launch_failure(placement.node_id, key.rank, error)
+                log.warning("rank %s could not start: %s", key, reason)
                 exited = TaskExited(
                     job_id=key.job_id,
                     attempt=key.attempt,
                     rank=key.rank,
                     node_id=placement.node_id,
                     exit_code=LAUNCH_FAILED_EXIT_CODE,
-                    reason=f"launch failed: {error}",
+                    reason=reason,
+                    permanent=permanent,
                 )
                 await self.store.append(reserved.stream, None, [started, exited], meta)
                 continue
@@ -355,6 +366,27 @@ class Agent:
                 argv, state_dir=self.state_dir, binds=[workdir, checkpoints], workdir=workdir
             )
         return isolation.Sandbox(argv, user, procs, sandboxed)
+
+    async def usable_checkpoint(self, job_id: str, meta: Metadata) -> Path | None:
+        """The newest committed checkpoint whose shards still hold what was committed. One that
+        does not is recorded as CheckpointCorrupted and the next older one is tried, so a
+        resumed job never starts from damaged state when good state exists."""
+        stream = f"checkpoint-{job_id}"
+        events = [e.payload for e in await self.store.read_stream(stream)]
+        for committed in committed_newest_first(events):
+            directory = checkpoint_dir(self.root_dir, job_id, committed.checkpoint_id)
+            problems = await asyncio.to_thread(verify_committed, directory, committed.shards)
+            if not problems:
+                return directory
+            reason = "verified before resume: " + "; ".join(problems)
+            log.warning(
+                "checkpoint %s of %s is unusable: %s", committed.checkpoint_id, job_id, reason
+            )
+            corrupted = CheckpointCorrupted(
+                job_id=job_id, checkpoint_id=committed.checkpoint_id, reason=reason
+            )
+            await self.store.append(stream, None, [corrupted], meta)
+        return None
 
     async def _watch(self, rank: RankProcess, meta: Metadata) -> None:
         code = await rank.process.wait()
@@ -460,8 +492,8 @@ class Agent:
         return checkpoint_id
 
     async def _await_outcome(self, job_id: str, checkpoint_id: str, until: float) -> bool:
-        """Wait (until the monotonic time `until`) for CheckpointCommitted or
-        CheckpointCorrupted of `checkpoint_id`; True if one was recorded."""
+        """Wait (until the monotonic time `until`) for the verdict on `checkpoint_id`
+        (committed, corrupted or failed); True if one was recorded."""
         stream = f"checkpoint-{job_id}"
         seen = 0
         while True:
@@ -469,9 +501,8 @@ class Agent:
                 for envelope in await self.store.read_stream(stream, seen):
                     seen = envelope.version
                     judged = envelope.payload
-                    if isinstance(judged, CheckpointCommitted | CheckpointCorrupted) and (
-                        judged.checkpoint_id == checkpoint_id
-                    ):
+                    verdicts = CheckpointCommitted | CheckpointCorrupted | CheckpointFailed
+                    if isinstance(judged, verdicts) and (judged.checkpoint_id == checkpoint_id):
                         return True
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
                 log.warning("reading %s failed: %r", stream, error)
@@ -504,6 +535,12 @@ class Agent:
                 )
         except (OSError, ValueError) as error:
             log.warning("checkpoint of %s failed: %r", rank.key, error)
+            # Tell the checkpoint service at once, with the reason, instead of letting it
+            # wait out its deadline: the failure becomes a CheckpointFailed the owner sees.
+            with contextlib.suppress(OSError):
+                await asyncio.to_thread(
+                    record_failure, directory, rank.key.rank, f"{type(error).__name__}: {error}"
+                )
 
     async def _signal_checkpoint(
         self, rank: RankProcess, directory: Path, budget_s: float, step: int
@@ -511,13 +548,16 @@ class Agent:
         """Ask the rank (SIGUSR1) to write its shard where the request file says; record it."""
         shard = shard_path(directory, rank.key.rank)
         request = {"dir": str(directory), "shard": str(shard), "rank": rank.key.rank}
+        # The directory exists before the signal: a rank's handler writes into it at once.
+        await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
         (rank.workdir / "checkpoint-request.json").write_text(json.dumps(request))
         rank.signal(signal.SIGUSR1)
         deadline = time.monotonic() + budget_s
         while not shard.exists():
-            if time.monotonic() > deadline or not rank.running:
-                log.warning("%s wrote no shard within %.1f s", rank.key, budget_s)
-                return
+            if not rank.running:
+                raise OSError(f"rank exited before writing its shard {shard.name}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no shard {shard.name} within {budget_s:g} s")
             await asyncio.sleep(0.1)
         await asyncio.to_thread(record_shard, directory, rank.key.rank, step=step)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.base import Event
-from schemas.checkpoints import CheckpointCommitted
+from schemas.checkpoints import CheckpointCommitted, CheckpointCorrupted
 from schemas.jobs import (
     GANG_RELEASING_EVENTS,
     GangReserved,
@@ -108,11 +108,37 @@ def ranks_to_launch(
 
 
 def latest_checkpoint(events: Iterable[Event]) -> CheckpointCommitted | None:
-    latest = None
+    committed = committed_newest_first(events)
+    return committed[0] if committed else None
+
+
+def committed_newest_first(events: Iterable[Event]) -> list[CheckpointCommitted]:
+    """The committed checkpoints a job may resume from, newest first: those later found
+    corrupted are left out."""
+    committed: list[CheckpointCommitted] = []
+    corrupted: set[str] = set()
     for event in events:
         if isinstance(event, CheckpointCommitted):
-            latest = event
-    return latest
+            committed.append(event)
+        elif isinstance(event, CheckpointCorrupted):
+            corrupted.add(event.checkpoint_id)
+    return [c for c in reversed(committed) if c.checkpoint_id not in corrupted]
+
+
+def launch_failure(node_id: str, rank: int, error: BaseException) -> tuple[str, bool]:
+    """Why a rank could not start, worded for a person, and whether trying again would fail
+    the same way (a bad spec, a missing or non-executable program: permanent) or might not
+    (out of memory or processes for a moment: transient)."""
+    where = f"launch failed on {node_id} rank {rank}"
+    if isinstance(error, FileNotFoundError | PermissionError | NotADirectoryError):
+        what = error.strerror or type(error).__name__
+        name = f": {error.filename}" if error.filename else ""
+        return f"{where}: {what}{name}", True
+    if isinstance(error, OSError):
+        return f"{where}: {error.strerror or error}", False
+    if isinstance(error, ValueError | TypeError):
+        return f"{where}: {error}", True
+    return f"{where}: {type(error).__name__}: {error}", False
 
 
 def rank_env(

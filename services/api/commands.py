@@ -19,6 +19,7 @@ from schemas.jobs import (
     JobSubmitted,
     JobSuspendRequested,
 )
+from schemas.nodes import NodeDrainRequested, NodeUndrained
 from schemas.teams import (
     QueueConfigured,
     TeamCreated,
@@ -32,11 +33,13 @@ from schemas.teams import (
 )
 from services.api.auth import Principal, new_token, token_sha256
 from services.api.feed import ReadModelFeed
-from services.api.models import QueueConfig, TeamCreate, TeamPolicyBody
+from services.api.models import DrainBody, QueueConfig, QueuePatch, TeamCreate, TeamPolicyBody
 from services.api.problems import ProblemError, conflict, not_found
 from services.api.projections.jobs import JobReadModel, Request, request_allowed
+from services.api.projections.nodes import NodeRecord
 from services.api.projections.queues import QueueRecord
 from services.api.projections.tenancy import TokenRecord
+from services.api.queue_rules import Quota, quota_problem
 from services.api.ratelimit import SubmissionLimiter, retry_after
 from services.api.validation import PRIORITY_CLASSES, check_submission, invalid
 from services.runtime import vault
@@ -133,6 +136,11 @@ class Commands:
 
     async def create_team(self, body: TeamCreate) -> str:
         """Record the team and its queue; return the token, which only its creator ever sees."""
+        if body.name in self.feed.models.teams:
+            raise conflict(f"team {body.name} already exists")
+        self._require_valid_quota(
+            body.name, Quota(body.parent, body.guaranteed_gpus, body.max_gpus)
+        )
         token = new_token()
         team = TeamCreated(
             name=body.name,
@@ -158,6 +166,7 @@ class Commands:
         return token
 
     async def configure_queue(self, name: str, body: QueueConfig) -> QueueRecord:
+        self._require_valid_quota(name, Quota(body.parent, body.guaranteed_gpus, body.max_gpus))
         event = QueueConfigured(
             name=name,
             parent=body.parent,
@@ -273,6 +282,65 @@ class Commands:
             event = TeamKeyDeleted(team=team, key_id=key_id)
             envelopes = await self.store.append(event.stream, None, [event], _metadata(), conn=conn)
         await self.feed.deliver_all(envelopes)
+
+    async def patch_queue(self, name: str, body: QueuePatch) -> QueueRecord:
+        """Change only the fields given; the rest keep their configured values."""
+        await self.feed.sync_stream(f"queue-{name}")
+        current = self.feed.models.queues.get(name)
+        if current is None:
+            raise not_found(f"queue {name}")
+        given = body.model_fields_set
+        merged = QueueConfig.model_construct(
+            parent=body.parent if "parent" in given else current.parent,
+            guaranteed_gpus=(
+                body.guaranteed_gpus
+                if "guaranteed_gpus" in given and body.guaranteed_gpus is not None
+                else current.guaranteed_gpus
+            ),
+            max_gpus=body.max_gpus if "max_gpus" in given else current.max_gpus,
+            weight=body.weight if body.weight is not None else current.weight,
+        )
+        return await self.configure_queue(name, merged)
+
+    def _require_valid_quota(self, name: str, proposed: Quota) -> None:
+        models = self.feed.models
+        queues = {
+            queue.name: Quota(queue.parent, queue.guaranteed_gpus, queue.max_gpus)
+            for queue in models.queues.values()
+            if queue.name != name
+        }
+        cluster_gpus = sum(len(node.gpu_indices) for node in models.nodes.values())
+        problem = quota_problem(name, proposed, queues, cluster_gpus)
+        if problem is not None:
+            raise ProblemError(422, "validation-error", problem)
+
+    async def drain_node(self, principal: Principal, node_id: str, body: DrainBody) -> NodeRecord:
+        """An operator's drain: no new gang lands on the node, and it stays drained (health
+        never returns it) until an operator undrains it."""
+        principal.require_admin()
+        await self.feed.sync_stream(f"node-{node_id}")
+        self._node(node_id)
+        event = NodeDrainRequested(
+            node_id=node_id, reason=body.reason, by=principal.name, deadline=body.deadline
+        )
+        await self._append(event.stream, None, [event])
+        return self._node(node_id)
+
+    async def undrain_node(self, principal: Principal, node_id: str) -> NodeRecord:
+        principal.require_admin()
+        await self.feed.sync_stream(f"node-{node_id}")
+        node = self._node(node_id)
+        if not (node.draining or node.drained):
+            raise conflict(f"node {node_id} is not drained")
+        event = NodeUndrained(node_id=node_id, by=principal.name)
+        await self._append(event.stream, None, [event])
+        return self._node(node_id)
+
+    def _node(self, node_id: str) -> NodeRecord:
+        node = self.feed.models.nodes.get(node_id)
+        if node is None:
+            raise not_found(f"node {node_id}")
+        return node
 
     async def _append(self, stream: str, expected: int | None, events: list[Event]) -> None:
         envelopes = await self.store.append(stream, expected, events, _metadata())

@@ -219,6 +219,23 @@ class SecretList(View):
     items: list[str] = Field(description="the names of the team's secrets (never the values)")
 
 
+class QueuePatch(Body):
+    """Only the fields given change; `"max_gpus": null` makes the ceiling unlimited."""
+
+    parent: str | None = Field(default=None, pattern=NAME_PATTERN)
+    guaranteed_gpus: int | None = Field(default=None, ge=0, le=10_000_000)
+    max_gpus: int | None = Field(default=None, ge=0, le=10_000_000)
+    weight: float | None = Field(default=None, gt=0, le=1_000_000)
+
+
+class DrainBody(Body):
+    reason: str = Field(default="drained by an operator", min_length=1, max_length=500)
+    deadline: datetime | None = Field(
+        default=None,
+        description="running gangs may go on until then; they are checkpointed and moved after",
+    )
+
+
 class Health(View):
     status: Literal["ok", "unavailable"]
     detail: dict[str, Any] = Field(default_factory=dict)

@@ -10,7 +10,7 @@ from typing import Final
 
 from core.admission import policy_violation
 from core.policy import DEFAULT_PRIORITY_CLASSES
-from schemas.jobs import JobSpec
+from schemas.jobs import JobSpec, illegal_env_names
 from services.api.problems import ProblemError
 from services.api.projections.model import ReadModels
 
@@ -57,9 +57,12 @@ def check_submission(spec: JobSpec, models: ReadModels) -> None:
                 f"no node has GPUs of type {spec.gpu_type!r} "
                 f"(known: {', '.join(sorted(types)) or 'none'})",
             )
-    for name in spec.env:
-        if not name or "=" in name or "\0" in name:
-            raise invalid("invalid-env", f"env: {name!r} is not a variable name")
+    for name in illegal_env_names(spec.env):
+        raise invalid(
+            "invalid-env",
+            f"env: illegal environment variable name {name!r} "
+            "(names must be non-empty, without '=' or NUL)",
+        )
     known_secrets = models.tenancy.secrets.get(spec.team, set())
     for var, secret in sorted(spec.secret_env.items()):
         if secret not in known_secrets:

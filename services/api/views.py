@@ -70,8 +70,20 @@ def node_view(node: NodeRecord, models: ReadModels, principal: Principal) -> Nod
     )
 
 
+def subtree(name: str, models: ReadModels) -> list[str]:
+    """The queue and every queue below it: a parent adds up its children."""
+    children: dict[str | None, list[str]] = {}
+    for queue in models.queues.values():
+        children.setdefault(queue.parent, []).append(queue.name)
+    found = [name]
+    for current in found:  # grows as it goes; the API never writes a cycle
+        found.extend(c for c in children.get(current, ()) if c not in found)
+    return found
+
+
 def queue_view(queue: QueueRecord, models: ReadModels) -> QueueView:
-    allocated = max(0, models.allocated_by_queue.get(queue.name, 0))
+    names = subtree(queue.name, models)
+    allocated = sum(max(0, models.allocated_by_queue.get(n, 0)) for n in names)
     return QueueView(
         name=queue.name,
         parent=queue.parent,
@@ -81,8 +93,8 @@ def queue_view(queue: QueueRecord, models: ReadModels) -> QueueView:
         is_team=queue.name in models.teams,
         allocated_gpus=allocated,
         borrowed_gpus=max(0, allocated - queue.guaranteed_gpus),
-        pending_jobs=max(0, models.waiting_by_queue.get(queue.name, 0)),
-        running_jobs=max(0, models.running_by_queue.get(queue.name, 0)),
+        pending_jobs=sum(max(0, models.waiting_by_queue.get(n, 0)) for n in names),
+        running_jobs=sum(max(0, models.running_by_queue.get(n, 0)) for n in names),
     )
 
 

@@ -1,4 +1,5 @@
-"""Wires the checkpoint service from settings: store, metrics, consumer, periodic requests."""
+"""Wires the checkpoint service from settings: store, metrics, consumer, periodic requests,
+the retention sweep."""
 
 from __future__ import annotations
 
@@ -36,9 +37,10 @@ async def run(settings: CheckpointSettings, stop: asyncio.Event) -> None:
             log.info("collecting %d checkpoints requested before the restart", resumed)
         consume = asyncio.create_task(consumer.run(stop))
         periodic = asyncio.create_task(service.request_forever(stop))
+        sweeping = asyncio.create_task(service.sweep_forever(stop))
         await wait_started(consumer, consume)
         log.info("checkpoint ready (root %s)", service.root)
-        await asyncio.gather(consume, periodic)
+        await asyncio.gather(consume, periodic, sweeping)
     finally:
         await service.drain()
         await store.close()

@@ -16,8 +16,12 @@ class _Gang:
 
 
 class PeriodicCheckpoints:
-    def __init__(self) -> None:
+    """`min_interval_s` is the cluster's floor: a job asking for checkpoints more often than
+    that gets them that often (each one stops the world on every rank and writes storage)."""
+
+    def __init__(self, min_interval_s: float = 0.0) -> None:
         self._gangs: dict[str, _Gang] = {}
+        self.min_interval_s = min_interval_s
 
     def __len__(self) -> int:
         return len(self._gangs)
@@ -27,6 +31,7 @@ class PeriodicCheckpoints:
         if interval_s is None:
             self._gangs.pop(job_id, None)
             return
+        interval_s = max(interval_s, self.min_interval_s)
         self._gangs[job_id] = _Gang(attempt, interval_s, now + interval_s)
 
     def stopped(self, job_id: str, attempt: int | None = None) -> None:

@@ -11,26 +11,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
-from prometheus_client import Counter
+from prometheus_client import Counter, Gauge
 
 from schemas.checkpoints import (
     CheckpointCommitted,
     CheckpointCorrupted,
+    CheckpointFailed,
     CheckpointRequested,
 )
 from schemas.envelope import EventEnvelope
-from schemas.jobs import GANG_RELEASING_EVENTS, GangReserved, JobSubmitted, PreemptionRequested
+from schemas.jobs import (
+    GANG_RELEASING_EVENTS,
+    GangReserved,
+    JobCancelled,
+    JobFailed,
+    JobRequeued,
+    JobSubmitted,
+    JobSucceeded,
+    PreemptionRequested,
+)
+from schemas.reasons import RequeueCode
 from services.checkpoint.periodic import PeriodicCheckpoints
+from services.checkpoint.retention import checkpoints_to_prune
 from services.checkpoint.settings import CheckpointSettings
 from services.runtime.checkpoint_store import (
     Verification,
     checkpoint_dir,
     checkpoint_id_for,
+    failed_ranks,
     reported_ranks,
     verify,
     write_manifest,
@@ -41,6 +56,13 @@ from services.runtime.records import Metadata
 from services.runtime.store import EventStore
 
 log = logging.getLogger(__name__)
+
+Verdict = CheckpointCommitted | CheckpointCorrupted | CheckpointFailed
+VERDICTS = (CheckpointCommitted, CheckpointCorrupted, CheckpointFailed)
+# Requeue codes of the eviction a checkpoint is taken for: its shards were written by live
+# ranks before they stopped. Any other release (a lost node, a failed rank) means the shards
+# may come from ranks of a gang that was already gone.
+_EVICTION_CODES: frozenset[RequeueCode] = frozenset({"preempted", "node_drained"})
 
 
 def outcome(
@@ -65,13 +87,19 @@ class CheckpointService:
         self.store = store
         self.root = settings.checkpoint_root.resolve()
         self._tasks: set[asyncio.Task[Any]] = set()
-        self.periodic = PeriodicCheckpoints()
+        self.periodic = PeriodicCheckpoints(settings.checkpoint_min_interval_s)
         self._collecting: set[str] = set()
         self.registry = new_registry()
         self.outcomes = Counter(
             "gangway_checkpoint_outcomes",
             "Checkpoints by outcome",
             ["outcome"],
+            registry=self.registry,
+        )
+        self.team_bytes = Gauge(
+            "gangway_checkpoint_bytes",
+            "Checkpoint storage held, per team (as of the last sweep)",
+            ["team"],
             registry=self.registry,
         )
 
@@ -111,6 +139,7 @@ class CheckpointService:
             "PreemptionRequested",
             "CheckpointCommitted",
             "CheckpointCorrupted",
+            "CheckpointFailed",
         ]
         pending: dict[str, tuple[EventEnvelope, float]] = {}
         judged: set[str] = set()
@@ -118,7 +147,7 @@ class CheckpointService:
         while batch := await self.store.read_all(position, 5000, types=types):
             for envelope in batch:
                 event = envelope.payload
-                if isinstance(event, CheckpointCommitted | CheckpointCorrupted):
+                if isinstance(event, VERDICTS):
                     judged.add(event.checkpoint_id)
                 elif isinstance(event, CheckpointRequested | PreemptionRequested):
                     wait_s = self.wait_for(event)
@@ -203,7 +232,7 @@ class CheckpointService:
 
     async def collect(
         self, job_id: str, attempt: int, cause: EventEnvelope, wait_s: float
-    ) -> CheckpointCommitted | CheckpointCorrupted | None:
+    ) -> Verdict | None:
         checkpoint_id = checkpoint_id_for(attempt, cause.event_id)
         if checkpoint_id in self._collecting:
             return None  # a redelivery while the first collection still waits
@@ -215,7 +244,9 @@ class CheckpointService:
 
     async def _collect(
         self, job_id: str, attempt: int, cause: EventEnvelope, wait_s: float, checkpoint_id: str
-    ) -> CheckpointCommitted | CheckpointCorrupted | None:
+    ) -> Verdict | None:
+        """Every request ends in a verdict within `wait_s`: committed, corrupted, or failed
+        (a rank gave up, the shards did not all come in time, the attempt was released)."""
         world = await self.world_size(job_id, attempt)
         if world is None:
             log.warning(
@@ -224,15 +255,104 @@ class CheckpointService:
             return None
         directory = checkpoint_dir(self.root, job_id, checkpoint_id)
         deadline = time.monotonic() + wait_s
-        while len(await asyncio.to_thread(reported_ranks, directory, world)) < world:
-            if time.monotonic() > deadline:
+        while True:
+            reported = await asyncio.to_thread(reported_ranks, directory, world)
+            failed = await asyncio.to_thread(failed_ranks, directory, world)
+            if len(reported | set(failed)) >= world or time.monotonic() > deadline:
                 break
             await asyncio.sleep(self.settings.poll_interval_s)
-        if not await asyncio.to_thread(reported_ranks, directory, world):
-            # Nothing was written (the ranks were gone before the request): nothing to judge.
-            log.warning("checkpoint %s of %s: no shard written", checkpoint_id, job_id)
-            self.outcomes.labels("empty").inc()
-            return None
+        result = await self._judge(job_id, attempt, checkpoint_id, directory, world, wait_s)
+        if await self._already_recorded(result.stream, checkpoint_id):
+            return result
+        await self.store.append(result.stream, None, [result], Metadata.caused_by(cause))
+        self.outcomes.labels(result.type).inc()
+        log.info("%s %s of job %s", result.type, checkpoint_id, job_id)
+        await self.prune(job_id)
+        return result
+
+    # ------------------------------------------------------------------ retention
+
+    async def prune(self, job_id: str) -> list[str]:
+        """Delete the job's checkpoints beyond the newest K good ones; returns their ids."""
+        events = [e.payload for e in await self.store.read_stream(f"checkpoint-{job_id}")]
+        doomed = checkpoints_to_prune(events, self.settings.checkpoint_keep)
+        for checkpoint_id in doomed:
+            directory = checkpoint_dir(self.root, job_id, checkpoint_id)
+            await asyncio.to_thread(shutil.rmtree, directory, True)
+        return doomed
+
+    async def sweep(self, now: datetime) -> list[str]:
+        """Delete every checkpoint of jobs ended longer ago than the retention, and publish
+        the storage each team holds. Returns the jobs whose checkpoints went."""
+        ended = (JobSucceeded, JobFailed, JobCancelled)
+        retention = timedelta(seconds=self.settings.checkpoint_retention_s)
+        usage: dict[str, int] = {}
+        removed: list[str] = []
+        job_dirs = await asyncio.to_thread(
+            lambda: (
+                sorted(p for p in self.root.iterdir() if p.is_dir()) if self.root.is_dir() else []
+            )
+        )
+        for job_dir in job_dirs:
+            team = None
+            finished_at = None
+            for envelope in await self.store.read_stream(f"job-{job_dir.name}"):
+                event = envelope.payload
+                if isinstance(event, JobSubmitted):
+                    team = event.spec.team
+                elif isinstance(event, ended):
+                    finished_at = envelope.recorded_at
+            if finished_at is not None and now - finished_at >= retention:
+                await asyncio.to_thread(shutil.rmtree, job_dir, True)
+                removed.append(job_dir.name)
+                continue
+            size = await asyncio.to_thread(_bytes_under, job_dir)
+            usage[team or "unknown"] = usage.get(team or "unknown", 0) + size
+        self.team_bytes.clear()
+        for team, size in sorted(usage.items()):
+            self.team_bytes.labels(team).set(size)
+        return removed
+
+    async def sweep_forever(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                removed = await self.sweep(datetime.now(UTC))
+                if removed:
+                    log.info("deleted the checkpoints of %d ended jobs", len(removed))
+            except Exception:
+                log.exception("checkpoint sweep failed; retrying")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.sweep_interval_s)
+
+    async def _judge(
+        self,
+        job_id: str,
+        attempt: int,
+        checkpoint_id: str,
+        directory: Path,
+        world: int,
+        wait_s: float,
+    ) -> Verdict:
+        reported = await asyncio.to_thread(reported_ranks, directory, world)
+        failed = await asyncio.to_thread(failed_ranks, directory, world)
+
+        def failure(reason: str) -> CheckpointFailed:
+            return CheckpointFailed(
+                job_id=job_id, attempt=attempt, checkpoint_id=checkpoint_id, reason=reason
+            )
+
+        if failed or len(reported) < world:
+            reasons = [f"rank {rank}: {why}" for rank, why in sorted(failed.items())]
+            missing = [r for r in range(world) if r not in reported and r not in failed]
+            if missing:
+                ranks = ", ".join(map(str, missing))
+                reasons.append(f"timed out: no shard from rank {ranks} within {wait_s:g} s")
+            return failure("; ".join(reasons))
+        released = await self.released_before_commit(job_id, attempt)
+        if released is not None:
+            return failure(
+                f"attempt {attempt} was released ({released}) before its shards were verified"
+            )
         verification = await asyncio.to_thread(verify, directory, world)
         result = outcome(job_id, attempt, checkpoint_id, verification)
         if isinstance(result, CheckpointCommitted):
@@ -244,23 +364,37 @@ class CheckpointService:
                 checkpoint_id=checkpoint_id,
                 verification=verification,
             )
-        if await self._already_recorded(result.stream, checkpoint_id):
-            return result
-        await self.store.append(result.stream, None, [result], Metadata.caused_by(cause))
-        self.outcomes.labels(result.type).inc()
-        log.info("%s %s of job %s", result.type, checkpoint_id, job_id)
         return result
+
+    async def released_before_commit(self, job_id: str, attempt: int) -> str | None:
+        """How the attempt was released other than by the eviction its checkpoint serves (a
+        lost node, a failed rank, a cancel); None while it holds its gang or was evicted."""
+        for envelope in await self.store.read_stream(f"job-{job_id}"):
+            event = envelope.payload
+            if isinstance(event, JobRequeued) and event.attempt == attempt:
+                if event.code not in _EVICTION_CODES:
+                    return f"requeued: {event.code}"
+            elif isinstance(event, JobFailed | JobCancelled) and event.attempt == attempt:
+                return event.type.removeprefix("Job").lower()
+        return None
 
     async def _already_recorded(self, stream: str, checkpoint_id: str) -> bool:
         """A redelivered request finds its outcome already in the log."""
         for envelope in await self.store.read_stream(stream):
             event = envelope.payload
-            if isinstance(event, CheckpointCommitted | CheckpointCorrupted) and (
-                event.checkpoint_id == checkpoint_id
-            ):
+            if isinstance(event, VERDICTS) and event.checkpoint_id == checkpoint_id:
                 return True
         return False
 
     async def drain(self) -> None:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=5)
+
+
+def _bytes_under(directory: Path) -> int:
+    total = 0
+    for path in directory.rglob("*"):
+        with contextlib.suppress(OSError):  # a file pruned or renamed while we look
+            if path.is_file():
+                total += path.stat().st_size
+    return total

@@ -54,6 +54,10 @@ class HealthFacts:
             return (event.node_id, event.signal, event.gpu_index) not in self.degraded
         if isinstance(event, NodeDrainRequested):
             return event.node_id not in self.draining
+        if isinstance(event, GpuRecovered):
+            return (event.node_id, event.gpu_index) in self.unhealthy_gpus
+        if isinstance(event, NodeUndrained):
+            return event.node_id in self.draining
         return True
 
 

@@ -11,7 +11,14 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 from schemas.base import Event
-from schemas.nodes import GpuUnhealthy, NodeDegraded, NodeDrainRequested, StragglerDetected
+from schemas.nodes import (
+    GpuRecovered,
+    GpuUnhealthy,
+    NodeDegraded,
+    NodeDrainRequested,
+    NodeUndrained,
+    StragglerDetected,
+)
 from schemas.telemetry import NodeHeartbeat, StepTimeSample
 
 # XIDs that mean the GPU cannot be trusted with work until someone looks at it:
@@ -34,6 +41,9 @@ class HealthThresholds:
     straggler_ratio: float = 1.5  # step time over the gang's median that marks a straggler
     straggler_samples: int = 5  # consecutive slow steps before a rank is called a straggler
     straggler_window: int = 20  # recent steps per rank kept for the gang's median
+    # Consecutive healthy heartbeats before an unhealthy GPU is trusted again (GpuRecovered),
+    # and before a node drained for its health is returned to service (NodeUndrained).
+    recovery_samples: int = 10
 
 
 @dataclass
@@ -44,6 +54,11 @@ class _NodeCondition:
     slow_nic_streak: int = 0
     degraded: set[str] = field(default_factory=set)
     drain_requested: bool = False
+    # Healthy heartbeats in a row, per unhealthy GPU and for the whole node.
+    healthy_streak: dict[int, int] = field(default_factory=lambda: defaultdict(int))
+    clear_streak: int = 0
+    # An operator drained the node: it stays drained until an operator undrains it.
+    operator_hold: bool = False
 
 
 @dataclass
@@ -63,6 +78,21 @@ class HealthMonitor:
     def forget_node_drain(self, node_id: str) -> None:
         """An operator returned the node to service: judge it afresh from now on."""
         self._nodes.pop(node_id, None)
+
+    def note(self, event: Event) -> None:
+        """Learn from the log what this monitor did not see itself (a restart, an operator):
+        GPUs already unhealthy, drains already requested and by whom, nodes returned."""
+        if isinstance(event, GpuUnhealthy):
+            self._nodes[event.node_id].unhealthy_gpus.add(event.gpu_index)
+        elif isinstance(event, GpuRecovered):
+            self._nodes[event.node_id].unhealthy_gpus.discard(event.gpu_index)
+        elif isinstance(event, NodeDrainRequested):
+            condition = self._nodes[event.node_id]
+            condition.drain_requested = True
+            if event.by != HEALTH_PRODUCER:
+                condition.operator_hold = True
+        elif isinstance(event, NodeUndrained):
+            self.forget_node_drain(event.node_id)
 
     def observe_heartbeat(self, heartbeat: NodeHeartbeat) -> list[Event]:
         limits = self.thresholds
@@ -124,6 +154,36 @@ class HealthMonitor:
             events.append(
                 NodeDrainRequested(node_id=node_id, reason="; ".join(drain_reasons), by="health")
             )
+        events += self._recoveries(heartbeat, condition)
+        return events
+
+    def _recoveries(self, heartbeat: NodeHeartbeat, condition: _NodeCondition) -> list[Event]:
+        """GPUs healthy again for a streak, then the node itself once every fault cleared."""
+        limits = self.thresholds
+        node_id = heartbeat.node_id
+        events: list[Event] = []
+        any_fault = False
+        for gpu in heartbeat.gpus:
+            faulty = gpu.ecc_uncorrected > 0 or bool(FATAL_XIDS.intersection(gpu.xid_errors))
+            any_fault = any_fault or faulty
+            if gpu.index not in condition.unhealthy_gpus:
+                continue
+            streak = 0 if faulty else condition.healthy_streak[gpu.index] + 1
+            condition.healthy_streak[gpu.index] = streak
+            if streak >= limits.recovery_samples:
+                condition.unhealthy_gpus.discard(gpu.index)
+                del condition.healthy_streak[gpu.index]
+                events.append(GpuRecovered(node_id=node_id, gpu_index=gpu.index))
+        clear = not any_fault and not condition.hot_gpus and condition.slow_nic_streak == 0
+        condition.clear_streak = condition.clear_streak + 1 if clear else 0
+        if (
+            condition.drain_requested
+            and not condition.operator_hold
+            and not condition.unhealthy_gpus
+            and condition.clear_streak >= limits.recovery_samples
+        ):
+            self.forget_node_drain(node_id)
+            events.append(NodeUndrained(node_id=node_id, by=HEALTH_PRODUCER))
         return events
 
     def observe_step_time(self, sample: StepTimeSample) -> list[Event]:

@@ -14,7 +14,6 @@ from datetime import UTC, datetime, timedelta
 from prometheus_client import Counter
 
 from schemas.base import Event
-from schemas.nodes import NodeUndrained
 from schemas.telemetry import NodeHeartbeat, StepTimeSample
 from services.health.facts import FACT_TYPES, HealthFacts
 from services.health.rules import HealthMonitor, HealthThresholds
@@ -36,6 +35,7 @@ class HealthService:
                 thermal_samples=settings.thermal_samples,
                 nic_ratio=settings.nic_ratio,
                 straggler_ratio=settings.straggler_ratio,
+                recovery_samples=settings.recovery_samples,
             )
         )
         self.facts = HealthFacts()
@@ -53,9 +53,9 @@ class HealthService:
             batch = await self.store.read_all(self.position, 5000, types=FACT_TYPES)
             for envelope in batch:
                 self.facts.fold(envelope.payload)
-                if isinstance(envelope.payload, NodeUndrained):
-                    # An operator returned the node: judge it afresh.
-                    self.monitor.forget_node_drain(envelope.payload.node_id)
+                # A restarted monitor learns what it judged before; an operator's drain holds
+                # the node, an operator's undrain has it judged afresh.
+                self.monitor.note(envelope.payload)
                 self.position = envelope.position or self.position
             if len(batch) < 5000:
                 return

@@ -124,6 +124,26 @@ def record_shard(directory: Path, rank: int, *, step: int = 0) -> ShardRecord:
     return record
 
 
+def failure_path(directory: Path, rank: int) -> Path:
+    return directory / f"rank-{rank}.failed"
+
+
+def record_failure(directory: Path, rank: int, reason: str) -> None:
+    """Say that this rank's shard will not come, and why (the service stops waiting for it)."""
+    write_atomic(failure_path(directory, rank), reason.encode()[:2000])
+
+
+def failed_ranks(directory: Path, world_size: int) -> dict[int, str]:
+    """The ranks whose writer gave up on their shard, with the reason it gave."""
+    failed: dict[int, str] = {}
+    for rank in range(world_size):
+        try:
+            failed[rank] = failure_path(directory, rank).read_text(errors="replace").strip()
+        except FileNotFoundError:
+            continue
+    return failed
+
+
 def reported_ranks(directory: Path, world_size: int) -> set[int]:
     """The ranks whose record is present: those whose writer says their shard is done."""
     return {r for r in range(world_size) if record_path(directory, r).is_file()}
@@ -172,6 +192,23 @@ def verify(directory: Path, world_size: int) -> Verification:
     if len(steps) > 1:
         problems.append(f"ranks saved different steps: {sorted(steps)}")
     return Verification(shards=shards, step=min(steps, default=0), problems=problems)
+
+
+def verify_committed(directory: Path, shards: list[CheckpointShard]) -> list[str]:
+    """Check a committed checkpoint where it is used: every shard still holds the size and
+    sha256 recorded in its CheckpointCommitted. Returns the problems (none: usable)."""
+    problems: list[str] = []
+    for shard in shards:
+        try:
+            size, digest = sha256_of(shard_path(directory, shard.rank))
+        except OSError as error:
+            problems.append(f"rank {shard.rank}: shard unreadable ({error.strerror or error})")
+            continue
+        if size != shard.bytes:
+            problems.append(f"rank {shard.rank}: {size} bytes on disk, {shard.bytes} committed")
+        elif digest != shard.sha256:
+            problems.append(f"rank {shard.rank}: sha256 differs from the committed one")
+    return problems
 
 
 def write_manifest(

@@ -43,7 +43,10 @@ async def wired(settings: SchedulerSettings) -> AsyncIterator[Wiring]:
     )
     assert pool is not None
     try:
-        policy = SchedulingPolicy()
+        policy = SchedulingPolicy(
+            retry_backoff_base_s=settings.scheduler_retry_backoff_base_s,
+            retry_backoff_cap_s=settings.scheduler_retry_backoff_cap_s,
+        )
         yield Wiring(
             store=EventStore(pool, producer=settings.service_name),
             policy=policy,

@@ -27,5 +27,8 @@ class SchedulerSettings(Settings):
     # over; the leader pings its lock connection several times within it.
     scheduler_lock_timeout_s: float = Field(default=6.0, ge=1)
     scheduler_read_batch: int = Field(default=20_000, ge=1)
+    # Retry backoff of failed gangs (core/retry.py): base·2^(failures-1), capped, jittered.
+    scheduler_retry_backoff_base_s: float = Field(default=10.0, ge=0)
+    scheduler_retry_backoff_cap_s: float = Field(default=600.0, ge=0)
     # How often a standby tries the lock and catches up with the log meanwhile.
     scheduler_standby_poll_s: float = Field(default=0.5, gt=0)

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from schemas.base import Event
+from schemas.checkpoints import CheckpointCommitted, CheckpointCorrupted, CheckpointRequested
 from schemas.envelope import EventEnvelope
 from schemas.jobs import (
     GangReserved,
@@ -22,7 +23,13 @@ from schemas.jobs import (
 from services.agent.agent import Agent
 from services.agent.settings import AgentSettings
 from services.runtime import EventStore, Settings
-from services.runtime.checkpoint_store import checkpoint_dir, checkpoint_id_for, verify
+from services.runtime.checkpoint_store import (
+    checkpoint_dir,
+    checkpoint_id_for,
+    shard_path,
+    verify,
+    write_shard,
+)
 from services.runtime.discovery import load_cluster_spec
 from services.runtime.errors import DomainError
 from tests.integration.conftest import settings, stack, store
@@ -43,9 +50,13 @@ async def agent(settings: Settings, store: EventStore, tmp_path: Path) -> AsyncI
 
 def make_agent(settings: Settings, store: EventStore, tmp_path: Path) -> Agent:
     agent_settings = AgentSettings(
-        **{**settings.model_dump(), "work_dir": tmp_path / "work",
-           "checkpoint_root": tmp_path / "checkpoints", "fault_dir": tmp_path / "faults",
-           "stop_timeout_s": 2.0},
+        **{
+            **settings.model_dump(),
+            "work_dir": tmp_path / "work",
+            "checkpoint_root": tmp_path / "checkpoints",
+            "fault_dir": tmp_path / "faults",
+            "stop_timeout_s": 2.0,
+        },
         _env_file=None,
     )
     return Agent(agent_settings, store, NODES)
@@ -113,6 +124,24 @@ async def test_a_rank_exit_is_recorded_with_its_code(agent: Agent, store: EventS
     assert (event.rank, event.exit_code, event.reason) == (0, 7, None)
 
 
+async def test_an_env_that_cannot_launch_ends_the_attempt_with_a_permanent_reason(
+    agent: Agent, store: EventStore
+) -> None:
+    spec = JobSpec(name="t", team="ml", gpus_per_task=8, command=["true"], env={"A=B": "c"})
+    gang = GangReserved(
+        job_id=JOB, attempt=1, ranks=[RankPlacement(rank=0, node_id="n0001", gpus=list(range(8)))]
+    )
+    await store.append(f"job-{JOB}", None, [JobSubmitted(job_id=JOB, spec=spec, submitted_by="t")])
+    [envelope] = await store.append(f"job-{JOB}", None, [gang])
+    await handle(agent, envelope)
+    events = await job_events(store)
+    assert [e.type for e in events[-2:]] == ["TaskStarted", "TaskExited"]
+    exited = events[-1]
+    assert isinstance(exited, TaskExited)
+    assert exited.reason == "launch failed on n0001 rank 0: illegal environment variable name 'A=B'"
+    assert exited.permanent
+
+
 async def test_a_missing_program_is_recorded_as_a_failed_launch(
     agent: Agent, store: EventStore
 ) -> None:
@@ -121,6 +150,7 @@ async def test_a_missing_program_is_recorded_as_a_failed_launch(
     assert [e.type for e in events[-2:]] == ["TaskStarted", "TaskExited"]
     exited = events[-1]
     assert isinstance(exited, TaskExited) and exited.exit_code == 127
+    assert exited.permanent and (exited.reason or "").startswith("launch failed on n0000 rank 0")
 
 
 async def test_a_preempted_gang_leaves_a_verified_shard_per_rank_and_stops(
@@ -162,9 +192,7 @@ async def test_a_restarted_agent_stops_and_records_the_ranks_it_was_left(
     assert await successor.reconcile() == 0
 
 
-async def test_a_gang_of_a_job_never_submitted_is_refused(
-    agent: Agent, store: EventStore
-) -> None:
+async def test_a_gang_of_a_job_never_submitted_is_refused(agent: Agent, store: EventStore) -> None:
     gang = GangReserved(
         job_id="ghost", attempt=1, ranks=[RankPlacement(rank=0, node_id="n0000", gpus=[0])]
     )
@@ -172,3 +200,73 @@ async def test_a_gang_of_a_job_never_submitted_is_refused(
     with pytest.raises(DomainError, match="no JobSubmitted"):
         await handle(agent, envelope)
     assert agent.ranks == {}
+
+
+def committed(root: Path, checkpoint_id: str, data: bytes) -> CheckpointCommitted:
+    directory = checkpoint_dir(root, JOB, checkpoint_id)
+    write_shard(directory, 0, data, step=1)
+    verification = verify(directory, 1)
+    return CheckpointCommitted(
+        job_id=JOB, attempt=1, checkpoint_id=checkpoint_id, step=1, shards=verification.shards
+    )
+
+
+async def test_a_checkpoint_damaged_after_its_commit_is_not_resumed_from(
+    agent: Agent, store: EventStore, tmp_path: Path
+) -> None:
+    root = tmp_path / "checkpoints"
+    good = committed(root, "a1-good", b"step 100")
+    bad = committed(root, "a1-newer", b"step 200")
+    await store.append(f"checkpoint-{JOB}", None, [good, bad])
+    # Same size, different bytes: only the hash can tell.
+    shard_path(checkpoint_dir(root, JOB, "a1-newer"), 0).write_bytes(b"step 2X0")
+
+    script = 'echo "$GANGWAY_CHECKPOINT_DIR" > resumed-from'
+    await handle(agent, await reserve(store, ["sh", "-c", script], ["n0000"]))
+
+    resumed = tmp_path / "work" / JOB / "a1" / "rank-0" / "resumed-from"
+
+    async def written() -> bool:
+        return resumed.is_file() and resumed.read_text().strip() != ""
+
+    await until(written, "the rank says where it resumed from")
+    assert resumed.read_text().strip() == str(checkpoint_dir(root.resolve(), JOB, "a1-good"))
+    verdicts = [e.payload for e in await store.read_stream(f"checkpoint-{JOB}")]
+    corrupted = [e for e in verdicts if isinstance(e, CheckpointCorrupted)]
+    assert [e.checkpoint_id for e in corrupted] == ["a1-newer"]
+    assert "sha256" in corrupted[0].reason
+
+
+async def test_a_rank_that_checkpoints_itself_finds_its_directory_when_signalled(
+    agent: Agent, store: EventStore, tmp_path: Path
+) -> None:
+    # The handler writes straight into the checkpoint directory, as a natural one would.
+    script = (
+        'trap \'d=$(sed -e "s/.*\\"dir\\": \\"\\([^\\"]*\\)\\".*/\\1/" '
+        '$GANGWAY_CHECKPOINT_REQUEST); printf state > "$d/rank-0.bin.tmp" && '
+        'mv "$d/rank-0.bin.tmp" "$d/rank-0.bin"\' USR1; '
+        "while true; do sleep 0.1; done"
+    )
+    spec = JobSpec(
+        name="t",
+        team="ml",
+        gpus_per_task=8,
+        command=["sh", "-c", script],
+        env={"GANGWAY_CHECKPOINT_SIGNAL": "1"},
+    )
+    gang = GangReserved(
+        job_id=JOB, attempt=1, ranks=[RankPlacement(rank=0, node_id="n0000", gpus=list(range(8)))]
+    )
+    await store.append(f"job-{JOB}", None, [JobSubmitted(job_id=JOB, spec=spec, submitted_by="t")])
+    [envelope] = await store.append(f"job-{JOB}", None, [gang])
+    await handle(agent, envelope)
+    request = CheckpointRequested(job_id=JOB, attempt=1, reason="test")
+    [asked] = await store.append(f"checkpoint-{JOB}", None, [request])
+    await handle(agent, asked)
+    directory = checkpoint_dir(tmp_path / "checkpoints", JOB, checkpoint_id_for(1, asked.event_id))
+
+    async def recorded() -> bool:
+        return (directory / "rank-0.json").is_file()
+
+    await until(recorded, "the rank's own shard is recorded")
+    assert verify(directory, 1).ok

@@ -56,6 +56,8 @@ async def test_a_max_below_the_guarantee_is_refused(api: Api) -> None:
 
 
 async def test_a_configured_queue_is_listed_with_its_quota(api: Api) -> None:
+    org = {"guaranteed_gpus": 64, "max_gpus": None}
+    assert (await api.client.put("/v1/queues/org", json=org, headers=api.as_admin())).is_success
     response = await api.client.put(
         "/v1/queues/research",
         json={"parent": "org", "guaranteed_gpus": 32, "max_gpus": 64, "weight": 2},

@@ -76,3 +76,32 @@ async def test_a_team_does_not_see_other_teams_jobs_on_nodes(api: Api, store: Ev
     )
     [seen] = (await api.client.get("/v1/nodes", headers=nlp)).json()["items"]
     assert (seen["allocated_gpus"], seen["jobs"]) == (2, {})
+
+
+async def test_an_operator_drains_and_undrains_a_node(api: Api, store: EventStore) -> None:
+    await store.append("node-n1", 0, [node("n1")])
+    response = await api.client.post(
+        "/v1/nodes/n1/drain",
+        json={"reason": "replacing a cable", "deadline": "2030-01-01T00:00:00Z"},
+        headers=api.as_admin(),
+    )
+    assert response.status_code == 200, response.text
+    drained = response.json()
+    assert (drained["state"], drained["reason"]) == ("draining", "replacing a cable")
+    [drain] = [e.payload for e in await store.read_stream("node-n1")][-1:]
+    assert isinstance(drain, NodeDrainRequested) and drain.by == "admin"
+    assert drain.deadline is not None and drain.deadline.year == 2030
+
+    response = await api.client.post("/v1/nodes/n1/undrain", headers=api.as_admin())
+    assert (response.status_code, response.json()["state"]) == (200, "ready")
+    again = await api.client.post("/v1/nodes/n1/undrain", headers=api.as_admin())
+    assert again.status_code == 409
+
+
+async def test_draining_is_for_the_admin_and_for_known_nodes(api: Api, store: EventStore) -> None:
+    team = await api.create_team("nlp")
+    await store.append("node-n1", 0, [node("n1")])
+    body = {"reason": "maintenance"}
+    assert (await api.client.post("/v1/nodes/n1/drain", json=body, headers=team)).status_code == 403
+    missing = await api.client.post("/v1/nodes/n9/drain", json=body, headers=api.as_admin())
+    assert missing.status_code == 404

@@ -98,3 +98,11 @@ async def test_a_team_token_cannot_use_admin_endpoints(api: Api) -> None:
         "/v1/teams", json={"name": "rogue", "guaranteed_gpus": 0}, headers=team
     )
     assert (response.status_code, response.headers["content-type"]) == (403, PROBLEM)
+
+
+async def test_an_env_name_no_process_can_hold_is_refused_at_submit(api: Api) -> None:
+    response = await api.client.post(
+        "/v1/jobs", json={**VALID, "env": {"A=B": "c"}}, headers=api.as_admin()
+    )
+    assert (response.status_code, response.headers["content-type"]) == (422, PROBLEM)
+    assert "illegal environment variable name 'A=B'" in response.json()["detail"]

@@ -39,3 +39,10 @@ def test_releasing_an_older_attempt_keeps_the_current_one() -> None:
     periodic.started("j1", 2, 10.0, now=0.0)
     periodic.stopped("j1", 1)
     assert periodic.due(10.0) == [("j1", 2)]
+
+
+def test_an_interval_below_the_clusters_minimum_is_raised_to_it() -> None:
+    periodic = PeriodicCheckpoints(min_interval_s=60.0)
+    periodic.started("j1", 1, 0.2, now=0.0)
+    assert [periodic.due(t / 10) for t in range(1, 600)] == [[]] * 599
+    assert periodic.due(60.0) == [("j1", 1)]

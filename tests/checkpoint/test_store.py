@@ -93,8 +93,9 @@ def test_writes_leave_no_temporary_files(tmp_path: Path) -> None:
 
 def test_the_manifest_lists_every_verified_shard(tmp_path: Path) -> None:
     directory = saved(tmp_path)
-    write_manifest(directory, job_id="job1", attempt=2, checkpoint_id="c", verification=verify(
-        directory, 3))
+    write_manifest(
+        directory, job_id="job1", attempt=2, checkpoint_id="c", verification=verify(directory, 3)
+    )
     manifest = json.loads((directory / MANIFEST).read_text())
     assert [s["rank"] for s in manifest["shards"]] == [0, 1, 2]
     assert manifest["step"] == 7

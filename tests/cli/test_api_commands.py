@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -13,6 +14,9 @@ import httpx
 import pytest
 
 from gangway.cli import main
+from schemas.checkpoints import CheckpointCommitted, CheckpointFailed, CheckpointShard
+from services.runtime import EventStore, Settings
+from tests.api.builders import node
 
 pytestmark = pytest.mark.integration
 
@@ -155,3 +159,56 @@ def test_events_follow_prints_events_recorded_after_it_started(
     # The first line may have gone to submit()'s read of the output; the second came later.
     assert first
     assert f"job-{second}" in capsys.readouterr().out
+
+
+def test_drain_and_undrain_a_node(
+    api_url: str, settings: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def register() -> None:
+        store = await EventStore.connect(settings)
+        try:
+            await store.append("node-n1", 0, [node("n1")])
+        finally:
+            await store.close()
+
+    asyncio.run(register())
+    assert main(["drain", "n1", "--reason", "new cable"]) == 0
+    assert capsys.readouterr().out == "node n1 is draining: new cable\n"
+    assert main(["undrain", "n1"]) == 0
+    assert capsys.readouterr().out == "node n1 is ready\n"
+    assert main(["undrain", "n1"]) == 1
+    assert "not drained" in capsys.readouterr().err
+
+
+def test_why_shows_a_failed_checkpoint_and_what_the_job_resumes_from(
+    api_url: str, settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_id = submit(tmp_path, capsys)
+
+    async def checkpoints() -> None:
+        store = await EventStore.connect(settings)
+        try:
+            shard = CheckpointShard(rank=0, uri="file:///c/0", bytes=1, sha256="0" * 64)
+            await store.append(
+                f"checkpoint-{job_id}",
+                None,
+                [
+                    CheckpointCommitted(
+                        job_id=job_id, attempt=1, checkpoint_id="a1-one", step=7, shards=[shard]
+                    ),
+                    CheckpointFailed(
+                        job_id=job_id,
+                        attempt=1,
+                        checkpoint_id="a1-two",
+                        reason="rank 0: FileNotFoundError: rank-0.bin.tmp",
+                    ),
+                ],
+            )
+        finally:
+            await store.close()
+
+    asyncio.run(checkpoints())
+    assert main(["why", job_id]) == 0
+    out = capsys.readouterr().out
+    assert "last checkpoint: a1-two failed at" in out
+    assert "rank 0: FileNotFoundError: rank-0.bin.tmp; resumes from a1-one" in out

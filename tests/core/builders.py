@@ -22,6 +22,7 @@ from core import (
 )
 from schemas.base import Event
 from schemas.jobs import (
+    GANG_RELEASING_EVENTS,
     GangReserved,
     JobAdmitted,
     JobCancelRequested,
@@ -220,12 +221,42 @@ class History:
         return result.decisions
 
     def run(self, cycles: int = 1, every_s: float = 1.0, agents: bool = True) -> None:
-        """Cycles `every_s` apart; with agents on, every reserved gang starts right away."""
+        """Cycles `every_s` apart; with agents on, every reserved gang starts right away and
+        the ranks of every released gang are stopped (as the node agents do)."""
         for _ in range(cycles):
-            self.cycle()
+            decisions = self.cycle()
             if agents:
+                self.stop_released(decisions)
                 self.start_all()
             self.advance(every_s)
+
+    def stop_released(self, decisions: Iterable[Event]) -> None:
+        """The agents stop the ranks still running of every gang a decision released."""
+        released = {
+            (e.job_id, getattr(e, "attempt", None))
+            for e in decisions
+            if isinstance(e, GANG_RELEASING_EVENTS)
+        }
+        if not released:
+            return
+        running: dict[tuple[str, int, int], str] = {}
+        for event, _ in self.log:
+            if isinstance(event, TaskStarted):
+                running[(event.job_id, event.attempt, event.rank)] = event.node_id
+            elif isinstance(event, TaskExited):
+                running.pop((event.job_id, event.attempt, event.rank), None)
+        for (job_id, attempt, rank), node_id in running.items():
+            if (job_id, attempt) in released or (job_id, None) in released:
+                self.record(
+                    TaskExited(
+                        job_id=job_id,
+                        attempt=attempt,
+                        rank=rank,
+                        node_id=node_id,
+                        exit_code=-9,
+                        reason="stopped",
+                    )
+                )
 
     # ------------------------------------------------------------ node agents and hardware
 

@@ -9,12 +9,14 @@ from schemas.base import Event
 from schemas.jobs import (
     GangReserved,
     JobAdmitted,
+    JobCancelled,
     JobDeferred,
     JobRequeued,
     JobSpec,
     JobSubmitted,
     JobSucceeded,
     RankPlacement,
+    TaskStarted,
     TopologySpec,
 )
 from schemas.leadership import LeaderElected
@@ -261,3 +263,32 @@ def test_an_epoch_that_does_not_rise_violates_invariant_6() -> None:
     events = [LeaderElected(epoch=3, leader_id="x"), LeaderElected(epoch=3, leader_id="y")]
 
     assert invariants(audit(events)) == {6}
+
+
+def test_a_gpu_given_while_an_old_rank_still_runs_on_it_is_flagged() -> None:
+    auditor = Auditor()
+    events: list[Event] = [
+        *parse_cluster_spec("1x8"),
+        JobSubmitted(
+            job_id="a", spec=JobSpec(name="a", team="t", gpus_per_task=8), submitted_by="t"
+        ),
+        JobSubmitted(
+            job_id="b", spec=JobSpec(name="b", team="t", gpus_per_task=8), submitted_by="t"
+        ),
+        GangReserved(
+            job_id="a",
+            attempt=1,
+            ranks=[RankPlacement(rank=0, node_id="n0000", gpus=list(range(8)))],
+        ),
+        TaskStarted(job_id="a", attempt=1, rank=0, node_id="n0000"),
+        JobCancelled(job_id="a", attempt=1, reason="cancelled by request"),
+        GangReserved(
+            job_id="b",
+            attempt=1,
+            ranks=[RankPlacement(rank=0, node_id="n0000", gpus=list(range(8)))],
+        ),
+    ]
+    for position, event in enumerate(events):
+        auditor.observe(event, position, 0.0, None)
+    assert [v.invariant for v in auditor.violations].count(1) == 8
+    assert "while rank 0 of job a attempt 1 still runs on it" in auditor.violations[0].message

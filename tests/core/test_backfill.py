@@ -147,3 +147,27 @@ def test_a_new_head_does_not_explain_again_every_job_blocked_behind_the_reservat
     assert history.job(first_head).reason_code != "reserved_head"
     assert history.job(long).reason_code == "backfill_blocked"
     assert len(history.events(JobDeferred, long)) == explained
+
+
+def test_an_overdue_reservation_never_preempts_work_of_the_same_priority() -> None:
+    history = History("2x8:2:1")
+    history.submit(a_job().gpus(8).estimate(600))
+    history.run()
+    head = history.submit(a_job().gpus(8).tasks(2).priority("research"))[0]
+    history.run()
+    overrunning = history.submit(a_job().gpus(8).estimate(300).priority("research"))[0]
+    history.run()
+    assert history.job(overrunning).state == "running"
+
+    for view in list(history.state.jobs()):
+        if view.state == "running" and view.job_id != overrunning:
+            history.advance(600)
+            history.exit(view.job_id, 0)
+    history.run(cycles=10, every_s=60)
+
+    assert history.events(PreemptionRequested, overrunning) == []
+    assert history.job(overrunning).state == "running"
+    # The head waits with a reservation re-planned past the overrunning job's expected end.
+    head_view = history.job(head)
+    assert head_view.state == "queued" and head_view.estimated_start is not None
+    assert head_view.estimated_start > history.now - 60

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
+from core import schedule
 from schemas.jobs import (
+    GangReserved,
     JobCancelled,
     JobFailed,
     JobRequeued,
     JobSucceeded,
+    JobSuspended,
     PreemptionRequested,
+    TaskExited,
+    TaskStarted,
 )
-from schemas.nodes import NodeDrained
+from schemas.nodes import NodeDrained, NodeDrainRequested, NodeUndrained
 from tests.core.builders import History, a_job
 
 
@@ -36,6 +43,7 @@ def test_a_failed_rank_requeues_the_whole_gang_while_retries_remain() -> None:
 
     requeue = history.events(JobRequeued, job)
     assert [e.code for e in requeue] == ["task_failed"]
+    history.advance(history.policy.retry_backoff_base_s)  # the first backoff is at most this
     history.run()
     assert history.job(job).state == "running"
     assert history.job(job).attempt == 2
@@ -86,6 +94,8 @@ def test_suspend_releases_the_gang_and_resume_queues_it_again() -> None:
 
     history.suspend(job)
     history.run()
+    history.evict(job)  # checkpointed, then stopped
+    history.run()
     assert history.job(job).state == "suspended"
     assert history.state.allocated_gpus == 0
 
@@ -94,16 +104,35 @@ def test_suspend_releases_the_gang_and_resume_queues_it_again() -> None:
     assert history.job(job).state == "running"
 
 
-def test_a_job_past_its_max_runtime_fails() -> None:
+def test_a_job_past_its_max_runtime_is_checkpointed_then_fails() -> None:
     history = History()
     job = history.submit(a_job().gpus(8).max_runtime(600))[0]
     history.run()
 
     history.advance(601)
     history.run()
+    [stop] = history.events(PreemptionRequested, job)
+    assert stop.preemptor_job_id is None and "max_runtime_s (600 s)" in stop.reason
+    assert history.job(job).state == "preempting"
 
+    history.evict(job)  # the agents checkpoint the ranks, then stop them
+    history.run()
     assert history.job(job).state == "failed"
-    assert history.events(JobFailed, job)[0].reason == "exceeded max_runtime_s"
+    assert history.events(JobFailed, job)[0].reason == (
+        "exceeded max_runtime_s (600 s); stopped after its checkpoint"
+    )
+    assert history.events(JobRequeued, job) == []
+
+
+def test_a_job_past_its_estimate_runs_on() -> None:
+    history = History()
+    job = history.submit(a_job().gpus(8).estimate(60))[0]
+    history.run()
+    history.submit(a_job().gpus(8).tasks(16).priority("research"))
+    history.advance(100_000)
+    history.run(cycles=5, every_s=600)
+    assert history.job(job).state == "running"
+    assert history.events(PreemptionRequested, job) == []
 
 
 def test_a_lost_node_requeues_every_gang_on_it_whole() -> None:
@@ -178,3 +207,180 @@ def test_draining_an_empty_node_reports_it_drained_at_once() -> None:
 
     assert [e.node_id for e in history.events(NodeDrained)] == ["n0001"]
     assert history.state.node("n0001").state == "drained"  # type: ignore[union-attr]
+
+
+def test_a_rank_that_can_never_launch_fails_the_job_at_once_with_the_agents_reason() -> None:
+    history = History()
+    job = history.submit(a_job().gpus(8).retries(3))[0]
+    history.cycle()
+    gang = history.gang(job)
+    rank = gang.ranks[0]
+    history.record(TaskStarted(job_id=job, attempt=1, rank=0, node_id=rank.node_id))
+    history.record(
+        TaskExited(
+            job_id=job,
+            attempt=1,
+            rank=0,
+            node_id=rank.node_id,
+            exit_code=127,
+            reason=f"launch failed on {rank.node_id} rank 0: "
+            "illegal environment variable name 'A=B'",
+            permanent=True,
+        )
+    )
+    history.cycle()
+
+    assert history.events(JobRequeued, job) == []
+    [failed] = history.events(JobFailed, job)
+    assert "illegal environment variable name 'A=B'" in failed.reason
+    assert history.job(job).state == "failed"
+    assert history.state.allocated_gpus == 0
+
+
+def test_a_transient_launch_failure_is_retried_with_its_reason() -> None:
+    history = History()
+    job = history.submit(a_job().gpus(8).retries(2))[0]
+    history.cycle()
+    node = history.gang(job).ranks[0].node_id
+    history.record(TaskStarted(job_id=job, attempt=1, rank=0, node_id=node))
+    history.record(
+        TaskExited(
+            job_id=job,
+            attempt=1,
+            rank=0,
+            node_id=node,
+            exit_code=127,
+            reason=f"launch failed on {node} rank 0: Resource temporarily unavailable",
+        )
+    )
+    history.cycle()
+
+    [requeued] = history.events(JobRequeued, job)
+    assert requeued.reason.startswith(f"launch failed on {node} rank 0")
+
+
+def test_an_operator_drain_with_a_deadline_lets_the_gang_run_until_then() -> None:
+    history = History("4x8:4:1")
+    job = history.submit(a_job().gpus(8))[0]
+    history.run()
+    node = next(iter(history.job(job).placement))
+    deadline = history.now + 3600
+    history.record(
+        NodeDrainRequested(
+            node_id=node,
+            reason="maintenance",
+            by="admin",
+            deadline=datetime.fromtimestamp(deadline, UTC),
+        )
+    )
+    result = schedule(history.state, history.now)
+    assert result.decisions == [] and result.next_wakeup == deadline
+    history.advance(3601)
+    history.cycle()
+    assert len(history.events(PreemptionRequested, job)) == 1
+
+
+def test_an_undrained_node_takes_work_again() -> None:
+    history = History("1x8")
+    history.drain("n0000")
+    history.cycle()
+    history.record(NodeUndrained(node_id="n0000", by="admin"))
+    job = history.submit(a_job().gpus(8))[0]
+    history.run()
+    assert history.job(job).state == "running"
+
+
+def test_suspend_checkpoints_the_running_gang_before_stopping_it() -> None:
+    history = History()
+    job = history.submit(a_job().gpus(8).tasks(2))[0]
+    history.run()
+
+    history.suspend(job)
+    history.cycle()
+    [request] = history.events(PreemptionRequested, job)
+    assert request.preemptor_job_id is None and "checkpoint" in request.reason
+    assert history.job(job).state == "preempting"
+    assert history.events(JobSuspended, job) == []
+
+    history.evict(job)  # the agents write the shards, then stop the ranks
+    history.cycle()
+    assert [e.attempt for e in history.events(JobSuspended, job)] == [1]
+    assert history.job(job).state == "suspended"
+    assert history.events(JobRequeued, job) == []
+    assert history.state.allocated_gpus == 0
+
+
+def test_a_gang_whose_ranks_never_start_is_released_at_the_launch_timeout() -> None:
+    history = History("2x8:2:1")
+    job = history.submit(a_job().gpus(8).tasks(2).retries(1))[0]
+    history.cycle()
+    gang = history.gang(job)
+    history.record(
+        TaskStarted(job_id=job, attempt=1, rank=0, node_id=gang.ranks[0].node_id)
+    )  # rank 1's agent never reports
+    history.advance(history.policy.launch_timeout_s - 1)
+    assert schedule(history.state, history.now).decisions == []
+
+    history.advance(2)
+    history.cycle()
+    [requeued] = history.events(JobRequeued, job)
+    assert requeued.code == "launch_timeout"
+    assert requeued.reason.startswith(f"rank 1 on {gang.ranks[1].node_id} did not start within")
+    assert history.state.allocated_gpus == 0
+    history.exit(job, 143, ranks=[0], reason="requeued")  # the agent stops the started rank
+
+    history.advance(history.policy.retry_backoff_cap_s)
+    history.cycle()  # the second attempt never starts either: no retries left
+    assert len(history.events(GangReserved, job)) == 2
+    history.advance(history.policy.launch_timeout_s + 1)
+    history.cycle()
+    [failed] = history.events(JobFailed, job)
+    assert "did not start within" in failed.reason and "no retries left" in failed.reason
+
+
+def test_a_gpu_goes_to_a_new_gang_only_after_the_old_ranks_exited() -> None:
+    history = History("1x8")
+    old = history.submit(a_job().gpus(8))[0]
+    history.run()
+    history.cancel(old)
+    waiting = history.submit(a_job().gpus(8))[0]
+    for _ in range(3):  # its agent has not stopped the rank yet
+        history.cycle()
+        history.advance(1)
+    # Cancelled in the log, but its rank still runs (it may take its stop timeout to die).
+    assert history.job(old).state == "cancelled"
+    assert history.events(GangReserved, waiting) == []
+
+    history.exit(old, -15, reason="cancelled")
+    history.run()
+    assert history.job(waiting).state == "running"
+    assert history.auditor.violations == []
+
+
+def test_the_gpus_of_a_lost_node_are_not_waited_for() -> None:
+    history = History("1x8")
+    job = history.submit(a_job().gpus(8))[0]
+    history.run()
+    history.lose("n0000")
+    history.run()
+    history.recover("n0000")
+    history.run(cycles=2)
+    # Nothing of the first attempt survived the loss: the second one gets the same GPUs.
+    assert (history.job(job).state, history.job(job).attempt) == ("running", 2)
+
+
+def test_a_rank_reported_started_after_its_gang_was_released_still_holds_its_gpus() -> None:
+    history = History("1x8")
+    old = history.submit(a_job().gpus(8))[0]
+    history.cycle()  # reserved; its agent is still launching the rank
+    history.cancel(old)
+    history.cycle()
+    history.start(old)  # the launch raced the release: the rank runs
+    waiting = history.submit(a_job().gpus(8))[0]
+    history.cycle()
+    assert history.events(GangReserved, waiting) == []
+
+    history.exit(old, -15, reason="cancelled")
+    history.cycle()
+    assert len(history.events(GangReserved, waiting)) == 1
+    assert history.auditor.violations == []

@@ -66,7 +66,7 @@ def test_late_reports_of_an_old_attempt_are_ignored() -> None:
     history.run()
     old = history.gang(job)
     history.exit(job, 1)
-    history.run(cycles=2)
+    history.run(cycles=2, every_s=history.policy.retry_backoff_base_s)  # past the backoff
     assert history.job(job).attempt == 2
 
     history.record(

@@ -40,6 +40,8 @@ FLEET_ENV = {
     "GANGWAY_HEARTBEAT_TIMEOUT_S": "5",
     "GANGWAY_STARTUP_GRACE_S": "20",
     "GANGWAY_STOP_TIMEOUT_S": "2",
+    # The cluster's floor under checkpoint.interval_s, low enough for a test of seconds.
+    "GANGWAY_CHECKPOINT_MIN_INTERVAL_S": "1",
 }
 
 

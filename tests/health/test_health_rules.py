@@ -5,7 +5,14 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from schemas.nodes import GpuUnhealthy, NodeDegraded, NodeDrainRequested, StragglerDetected
+from schemas.nodes import (
+    GpuRecovered,
+    GpuUnhealthy,
+    NodeDegraded,
+    NodeDrainRequested,
+    NodeUndrained,
+    StragglerDetected,
+)
 from schemas.telemetry import GpuSample, NodeHeartbeat, StepTimeSample
 from services.health.rules import HealthMonitor, HealthThresholds
 
@@ -129,3 +136,40 @@ def test_a_single_slow_step_is_no_straggler() -> None:
             slow = rank == 1 and step_no == 2
             events += monitor.observe_step_time(step(rank, 3.0 if slow else 1.0, step_no=step_no))
     assert events == []
+
+
+def test_a_gpu_healthy_for_a_streak_recovers_and_its_node_returns_to_service() -> None:
+    monitor = HealthMonitor(HealthThresholds(recovery_samples=3))
+    monitor.observe_heartbeat(heartbeat(gpu(5, xid_errors=[79]), gpu(6)))
+    healthy = heartbeat(gpu(5), gpu(6))
+    assert monitor.observe_heartbeat(healthy) == []
+    assert monitor.observe_heartbeat(healthy) == []
+    assert monitor.observe_heartbeat(healthy) == [
+        GpuRecovered(node_id="n0", gpu_index=5),
+        NodeUndrained(node_id="n0", by="health"),
+    ]
+    assert monitor.observe_heartbeat(healthy) == []
+
+
+def test_a_fault_seen_again_restarts_the_recovery_streak() -> None:
+    monitor = HealthMonitor(HealthThresholds(recovery_samples=2))
+    monitor.observe_heartbeat(heartbeat(gpu(0, ecc_uncorrected=1)))
+    monitor.observe_heartbeat(heartbeat(gpu(0)))
+    monitor.observe_heartbeat(heartbeat(gpu(0, ecc_uncorrected=1)))
+    assert monitor.observe_heartbeat(heartbeat(gpu(0))) == []
+    assert types(monitor.observe_heartbeat(heartbeat(gpu(0)))) == ["GpuRecovered"]
+
+
+def test_a_node_an_operator_drained_stays_drained_when_healthy() -> None:
+    monitor = HealthMonitor(HealthThresholds(recovery_samples=1))
+    monitor.observe_heartbeat(heartbeat(gpu(0, xid_errors=[79])))
+    monitor.note(NodeDrainRequested(node_id="n0", reason="bad cable", by="admin"))
+    assert types(monitor.observe_heartbeat(heartbeat(gpu(0)))) == ["GpuRecovered"]
+    assert monitor.observe_heartbeat(heartbeat(gpu(0))) == []
+
+
+def test_a_restarted_monitor_recovers_what_the_log_says_is_unhealthy() -> None:
+    monitor = HealthMonitor(HealthThresholds(recovery_samples=1))
+    monitor.note(GpuUnhealthy(node_id="n0", gpu_index=2, reason="XID 79"))
+    monitor.note(NodeDrainRequested(node_id="n0", reason="GPU 2: XID 79", by="health"))
+    assert types(monitor.observe_heartbeat(heartbeat(gpu(2)))) == ["GpuRecovered", "NodeUndrained"]

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from schemas.nodes import NodeUndrained
+from schemas.nodes import NodeDrainRequested, NodeUndrained
 from schemas.telemetry import GpuSample, NodeHeartbeat, StepTimeSample
 from services.health.service import HealthService
 from services.health.settings import HealthSettings
@@ -77,8 +77,54 @@ async def test_a_straggling_rank_is_recorded_on_its_node(
     for step in range(8):
         for rank, pace in ((0, 1.0), (1, 1.0), (2, 4.0)):
             await health.on_telemetry(
-                StepTimeSample(job_id="j", attempt=1, rank=rank, node_id=f"n{rank}",
-                               step=step, step_time_s=pace, at=now)
+                StepTimeSample(
+                    job_id="j",
+                    attempt=1,
+                    rank=rank,
+                    node_id=f"n{rank}",
+                    step=step,
+                    step_time_s=pace,
+                    at=now,
+                )
             )
     assert await node_types(store, "n2") == ["StragglerDetected", "NodeDegraded"]
     assert await node_types(store, "n0") == []
+
+
+def healthy(node: str = "n1") -> NodeHeartbeat:
+    return NodeHeartbeat(
+        node_id=node,
+        at=datetime.now(UTC),
+        gpus=[GpuSample(index=0, temperature_c=50), GpuSample(index=1, temperature_c=50)],
+    )
+
+
+async def test_a_node_drained_for_a_fault_returns_once_the_fault_clears_even_after_a_restart(
+    settings: Settings, store: EventStore
+) -> None:
+    await service(settings, store).on_telemetry(xid_79())
+    restarted = HealthService(
+        HealthSettings(**settings.model_dump(), recovery_samples=2, _env_file=None), store
+    )
+    await restarted.follow_log()
+    for _ in range(3):
+        await restarted.on_telemetry(healthy())
+    assert (await node_types(store))[3:] == ["GpuRecovered", "NodeUndrained"]
+    [undrained] = [e.payload for e in await store.read_stream("node-n1")][-1:]
+    assert isinstance(undrained, NodeUndrained) and undrained.by == "health"
+
+
+async def test_a_node_an_operator_drained_is_not_returned_by_health(
+    settings: Settings, store: EventStore
+) -> None:
+    health = HealthService(
+        HealthSettings(**settings.model_dump(), recovery_samples=1, _env_file=None), store
+    )
+    await health.on_telemetry(xid_79())
+    await store.append(
+        "node-n1", None, [NodeDrainRequested(node_id="n1", reason="rewiring", by="admin")]
+    )
+    await health.follow_log()
+    await health.on_telemetry(healthy())
+    await health.on_telemetry(healthy())
+    assert "NodeUndrained" not in await node_types(store)

@@ -19,6 +19,8 @@ from schemas.jobs import (
     JobFailed,
     JobSpec,
     JobSubmitted,
+    PreemptionRequested,
+    TaskExited,
     TaskStarted,
     TopologySpec,
 )
@@ -337,6 +339,22 @@ async def test_a_job_past_its_max_runtime_is_failed_by_a_timed_cycle_without_new
         assert gang is not None
         started = TaskStarted(job_id="short", attempt=1, rank=0, node_id=gang.ranks[0].node_id)
         await store.append(started.stream, None, [started])
+
+        async def asked_to_stop() -> bool:
+            history = await store.read_stream("job-short")
+            return any(isinstance(e.payload, PreemptionRequested) for e in history)
+
+        # Past the limit the gang is checkpointed and stopped first, as its agent would.
+        await wait_until(asked_to_stop, what="asked to checkpoint and stop", patience_s=30)
+        exited = TaskExited(
+            job_id="short",
+            attempt=1,
+            rank=0,
+            node_id=gang.ranks[0].node_id,
+            exit_code=0,
+            reason="preempted",
+        )
+        await store.append(exited.stream, None, [exited])
 
         async def failed() -> bool:
             history = await store.read_stream("job-short")

@@ -9,6 +9,7 @@ from schemas.base import Event
 from schemas.checkpoints import (
     CheckpointCommitted,
     CheckpointCorrupted,
+    CheckpointFailed,
     CheckpointRequested,
     CheckpointShard,
 )
@@ -154,6 +155,9 @@ EXAMPLES: dict[str, Event] = {
             shards=[CheckpointShard(rank=0, uri="file:///ckpt/j1/1200/0", bytes=1024, sha256=SHA)],
         ),
         CheckpointCorrupted(job_id="j1", checkpoint_id="ck-1", reason="shard 0 sha256 mismatch"),
+        CheckpointFailed(
+            job_id="j1", attempt=1, checkpoint_id="ck-2", reason="rank 1: no shard within 60 s"
+        ),
         LeaderElected(epoch=3, leader_id="scheduler-a"),
     )
 }

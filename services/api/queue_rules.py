@@ -1,0 +1,86 @@
+"""What a queue configuration must satisfy before it is written.
+
+The log is append-only: a quota tree with a cycle, a parent nobody configured or guarantees
+the cluster cannot honour would stay in it forever (and every audit of invariant 4 would fail),
+so the API refuses them up front. Pure: the current queues and the cluster's size come in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+MAX_DEPTH = 16
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    parent: str | None
+    guaranteed_gpus: int
+    max_gpus: int | None
+
+
+def quota_problem(
+    name: str, proposed: Quota, queues: Mapping[str, Quota], cluster_gpus: int
+) -> str | None:
+    """Why `proposed` may not become queue `name`'s configuration (None: it may).
+
+    `cluster_gpus` 0 means no node is known yet: guarantees are then not held to the cluster.
+    """
+    if proposed.max_gpus is not None and proposed.max_gpus < proposed.guaranteed_gpus:
+        return "max_gpus must be at least guaranteed_gpus"
+    after = {**queues, name: proposed}
+    parent = proposed.parent
+    if parent is not None:
+        if parent == name:
+            return f"queue {name} cannot be its own parent"
+        if parent not in queues:
+            return f"parent queue {parent} does not exist; configure it first"
+        seen = [name]
+        current: str | None = parent
+        while current is not None and len(seen) <= MAX_DEPTH:
+            if current in seen:
+                return f"parent {parent} would make a cycle: {' -> '.join([*seen, current])}"
+            seen.append(current)
+            record = after.get(current)
+            current = record.parent if record is not None else None
+        if len(seen) > MAX_DEPTH:
+            return f"queues may nest at most {MAX_DEPTH} deep"
+    for holder in (parent, name):
+        problem = _children_fit(holder, after)
+        if problem is not None:
+            return problem
+    if cluster_gpus > 0:
+        top = sum(q.guaranteed_gpus for q in after.values() if q.parent is None)
+        if top > cluster_gpus:
+            return (
+                f"the top-level queues would be guaranteed {top} GPUs; "
+                f"the cluster has {cluster_gpus}"
+            )
+    return None
+
+
+def _children_fit(holder: str | None, queues: Mapping[str, Quota]) -> str | None:
+    """The children of `holder` are guaranteed no more than it is, and none more than its max."""
+    if holder is None:
+        return None
+    record = queues.get(holder)
+    if record is None:
+        return None
+    children = sorted(n for n, q in queues.items() if q.parent == holder)
+    if not children:
+        return None
+    total = sum(queues[child].guaranteed_gpus for child in children)
+    if total > record.guaranteed_gpus:
+        return (
+            f"the children of queue {holder} ({', '.join(children)}) would be guaranteed "
+            f"{total} GPUs; {holder} itself is guaranteed {record.guaranteed_gpus}"
+        )
+    if record.max_gpus is not None:
+        for child in children:
+            if queues[child].guaranteed_gpus > record.max_gpus:
+                return (
+                    f"queue {child} would be guaranteed {queues[child].guaranteed_gpus} GPUs, "
+                    f"over the max of its parent {holder} ({record.max_gpus})"
+                )
+    return None

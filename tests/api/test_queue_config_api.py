@@ -1,0 +1,86 @@
+"""Queue configuration is checked before it is written, PATCH changes only what it names, and
+a parent queue adds up its children."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from schemas.jobs import JobAdmitted
+from services.runtime import EventStore
+from tests.api.builders import node, reserved
+from tests.api.conftest import Api
+from tests.api.test_cluster_api import eventually
+
+pytestmark = pytest.mark.integration
+
+
+async def put(api: Api, name: str, **body: Any) -> Any:
+    return await api.client.put(f"/v1/queues/{name}", json=body, headers=api.as_admin())
+
+
+async def patch(api: Api, name: str, **body: Any) -> Any:
+    return await api.client.patch(f"/v1/queues/{name}", json=body, headers=api.as_admin())
+
+
+async def test_a_parent_cycle_is_refused(api: Api) -> None:
+    assert (await put(api, "org", guaranteed_gpus=16)).status_code == 200
+    assert (await put(api, "nlp", parent="org", guaranteed_gpus=8)).status_code == 200
+    response = await put(api, "org", parent="nlp", guaranteed_gpus=16)
+    assert response.status_code == 422
+    assert "cycle" in response.json()["detail"]
+
+
+async def test_an_unknown_parent_is_refused(api: Api) -> None:
+    response = await put(api, "nlp", parent="nowhere", guaranteed_gpus=8)
+    assert response.status_code == 422
+    assert "parent queue nowhere does not exist" in response.json()["detail"]
+    team = await api.client.post(
+        "/v1/teams", json={"name": "cv", "parent": "nowhere"}, headers=api.as_admin()
+    )
+    assert team.status_code == 422
+
+
+async def test_guarantees_must_fit_the_cluster_and_the_parent(api: Api, store: EventStore) -> None:
+    await store.append("node-n1", 0, [node("n1")])  # 8 GPUs in all
+    await eventually(api, "/v1/nodes", lambda body: len(body["items"]) == 1)
+    beyond = await put(api, "org", guaranteed_gpus=1000)
+    assert beyond.status_code == 422 and "the cluster has 8" in beyond.json()["detail"]
+    assert (await put(api, "org", guaranteed_gpus=8)).status_code == 200
+    assert (await put(api, "nlp", parent="org", guaranteed_gpus=6)).status_code == 200
+    over = await put(api, "cv", parent="org", guaranteed_gpus=4)
+    assert over.status_code == 422 and "guaranteed 10 GPUs" in over.json()["detail"]
+
+
+async def test_patch_changes_only_the_fields_given(api: Api) -> None:
+    assert (await put(api, "nlp", guaranteed_gpus=8, max_gpus=32, weight=2)).status_code == 200
+    response = await patch(api, "nlp", guaranteed_gpus=16)
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["guaranteed_gpus"], body["max_gpus"], body["weight"]) == (16, 32, 2.0)
+    unlimited = (await patch(api, "nlp", max_gpus=None)).json()
+    assert (unlimited["guaranteed_gpus"], unlimited["max_gpus"]) == (16, None)
+    assert (await patch(api, "nlp", max_gpus=4)).status_code == 422
+    assert (await patch(api, "nobody", weight=3)).status_code == 404
+
+
+async def test_a_parent_queue_adds_up_its_children(api: Api, store: EventStore) -> None:
+    await store.append("node-n1", 0, [node("n1")])
+    assert (await put(api, "org", guaranteed_gpus=8)).status_code == 200
+    assert (await put(api, "nlp", parent="org", guaranteed_gpus=4)).status_code == 200
+    job_id = await api.submit(api.as_admin(), team="nlp", tasks=1, gpus_per_task=4)
+    await store.append(
+        f"job-{job_id}",
+        None,
+        [
+            JobAdmitted(job_id=job_id, queue="nlp", priority="research"),
+            reserved(job_id, [("n1", [0, 1, 2, 3])]),
+        ],
+    )
+    listed = await eventually(
+        api, "/v1/queues", lambda body: any(q["allocated_gpus"] for q in body["items"])
+    )
+    queues = {queue["name"]: queue for queue in listed["items"]}
+    assert queues["nlp"]["allocated_gpus"] == 4
+    assert (queues["org"]["allocated_gpus"], queues["org"]["running_jobs"]) == (4, 1)
