@@ -549,7 +549,7 @@ class Agent:
         shard = shard_path(directory, rank.key.rank)
         request = {"dir": str(directory), "shard": str(shard), "rank": rank.key.rank}
         # The directory exists before the signal: a rank's handler writes into it at once.
-        await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
+        await asyncio.to_thread(isolation.directory_like_parent, directory)
         (rank.workdir / "checkpoint-request.json").write_text(json.dumps(request))
         rank.signal(signal.SIGUSR1)
         deadline = time.monotonic() + budget_s

@@ -143,6 +143,17 @@ def own_directory(path: Path, user: RankUser) -> None:
     path.chmod(0o700)
 
 
+def directory_like_parent(path: Path) -> None:
+    """`path` (created if missing) belongs to whoever owns its parent, 0700 when that is a
+    rank's user: a directory the agent makes inside a job's checkpoint directory (the one a
+    rank writes its shard into on SIGUSR1) must be writable by the rank, not only by root."""
+    path.mkdir(parents=True, exist_ok=True)
+    parent = path.parent.stat()
+    if parent.st_uid != os.geteuid():
+        os.chown(path, parent.st_uid, parent.st_gid)
+        path.chmod(0o700)
+
+
 def make_traversable(path: Path) -> None:
     """Let other users pass through (not list) every ancestor of `path`, as a rank's user
     must to reach its own directory (pytest's and mktemp's directories are 0700)."""

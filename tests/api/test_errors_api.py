@@ -101,6 +101,7 @@ async def test_a_team_token_cannot_use_admin_endpoints(api: Api) -> None:
 
 
 async def test_an_env_name_no_process_can_hold_is_refused_at_submit(api: Api) -> None:
+    await api.create_team(VALID["team"])
     response = await api.client.post(
         "/v1/jobs", json={**VALID, "env": {"A=B": "c"}}, headers=api.as_admin()
     )
