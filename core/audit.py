@@ -51,6 +51,7 @@ from schemas.nodes import (
     NodeRegistered,
     NodeUndrained,
 )
+from schemas.reasons import QUOTA_CEILING
 from schemas.teams import QueueConfigured, TeamCreated
 
 # Events only the active scheduler writes: these are fenced by the leader epoch.
@@ -433,7 +434,7 @@ class Auditor:
         if queue is None or self._usage.get(job.queue, 0) + gpus > queue.guaranteed:
             job.entitled_since = None
             return
-        if event.code == "quota_ceiling":
+        if event.code == QUOTA_CEILING:
             self._flag(
                 4,
                 f"job {job_id} was held at its queue ceiling while its queue "
