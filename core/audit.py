@@ -15,13 +15,14 @@ each violation with the log positions of the events involved.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from core.policy import SchedulingPolicy
 from core.shape import ranks_per_unit
 from schemas.base import Event
 from schemas.jobs import (
-    GANG_RELEASING_EVENTS,
     GangReserved,
     JobAdmitted,
     JobCancelled,
@@ -46,11 +47,13 @@ from schemas.nodes import (
     GpuUnhealthy,
     NodeDrained,
     NodeDrainRequested,
+    NodeEvent,
     NodeLost,
     NodeRecovered,
     NodeRegistered,
     NodeUndrained,
 )
+from schemas.reasons import QUOTA_CEILING
 from schemas.teams import QueueConfigured, TeamCreated
 
 # Events only the active scheduler writes: these are fenced by the leader epoch.
@@ -149,20 +152,25 @@ class Auditor:
     def observe(self, event: Event, position: int, at: float, epoch: int | None) -> None:
         self._check_fencing(event, position, epoch)
         if isinstance(event, JobEvent):
+            # A job's events are checked as one family: any of them, of a job never
+            # submitted, is a violation, whatever its class.
             self._observe_job(event, position, at)
-        elif isinstance(event, NodeRegistered):
-            previous = self._nodes.get(event.node_id)
-            if previous is not None:
-                self._capacity -= len(previous.gpus)
-            self._nodes[event.node_id] = _Node(gpus=frozenset(g.index for g in event.gpus))
-            self._capacity += len(self._nodes[event.node_id].gpus)
-            self._check_guarantees(position)
-        elif isinstance(event, TeamCreated | QueueConfigured):
-            name = event.name
-            self._queues[name] = _Queue(event.parent, event.guaranteed_gpus, position)
-            self._check_guarantees(position)
-        else:
-            self._observe_node(event)
+            return
+        handler = _AUDIT_FOLDS.get(type(event))
+        if handler is not None:
+            handler(self, event, position)
+
+    def _on_node_registered(self, event: NodeRegistered, position: int) -> None:
+        previous = self._nodes.get(event.node_id)
+        if previous is not None:
+            self._capacity -= len(previous.gpus)
+        self._nodes[event.node_id] = _Node(gpus=frozenset(g.index for g in event.gpus))
+        self._capacity += len(self._nodes[event.node_id].gpus)
+        self._check_guarantees(position)
+
+    def _on_queue(self, event: TeamCreated | QueueConfigured, position: int) -> None:
+        self._queues[event.name] = _Queue(event.parent, event.guaranteed_gpus, position)
+        self._check_guarantees(position)
 
     # ---------------------------------------------------------------- 6
 
@@ -195,29 +203,30 @@ class Auditor:
 
     # ---------------------------------------------------------------- nodes
 
-    def _observe_node(self, event: Event) -> None:
-        node_id = getattr(event, "node_id", None)
-        node = self._nodes.get(node_id) if isinstance(node_id, str) else None
-        if node is None:
-            return
-        if isinstance(event, NodeLost):
-            node.lost = True
-            for slot, (job_id, attempt, rank, _) in list(self._running.items()):
-                if slot[0] == event.node_id:
-                    del self._running[slot]
-                    self._running_slots.pop((job_id, attempt, rank), None)
-        elif isinstance(event, NodeRecovered):
-            node.lost = False
-        elif isinstance(event, NodeDrainRequested):
-            node.draining = True
-        elif isinstance(event, NodeDrained):
-            node.drained, node.draining = True, False
-        elif isinstance(event, NodeUndrained):
-            node.drained = node.draining = False
-        elif isinstance(event, GpuUnhealthy):
-            node.unhealthy.add(event.gpu_index)
-        elif isinstance(event, GpuRecovered):
-            node.unhealthy.discard(event.gpu_index)
+    def _on_node_lost(self, node: _Node, event: NodeLost) -> None:
+        node.lost = True
+        for slot, (job_id, attempt, rank, _) in list(self._running.items()):
+            if slot[0] == event.node_id:
+                del self._running[slot]
+                self._running_slots.pop((job_id, attempt, rank), None)
+
+    def _on_node_recovered(self, node: _Node, event: NodeRecovered) -> None:
+        node.lost = False
+
+    def _on_drain_requested(self, node: _Node, event: NodeDrainRequested) -> None:
+        node.draining = True
+
+    def _on_drained(self, node: _Node, event: NodeDrained) -> None:
+        node.drained, node.draining = True, False
+
+    def _on_undrained(self, node: _Node, event: NodeUndrained) -> None:
+        node.drained = node.draining = False
+
+    def _on_gpu_unhealthy(self, node: _Node, event: GpuUnhealthy) -> None:
+        node.unhealthy.add(event.gpu_index)
+
+    def _on_gpu_recovered(self, node: _Node, event: GpuRecovered) -> None:
+        node.unhealthy.discard(event.gpu_index)
 
     # ---------------------------------------------------------------- jobs
 
@@ -244,29 +253,54 @@ class Auditor:
                     position,
                 )
             return
-        if isinstance(event, JobAdmitted):
-            job.queue = event.queue
-            job.waiting, job.explained = True, False
-        elif isinstance(event, GangReserved):
-            self._observe_gang(job, event, position, at)
-        elif isinstance(event, GANG_RELEASING_EVENTS):
-            attempt = getattr(event, "attempt", None)
-            if attempt is None or attempt == job.attempt:
-                self._release(event.job_id, job)
-            if isinstance(event, JobRequeued):
-                job.waiting, job.explained = True, False
-        elif isinstance(event, JobResumed):
-            job.waiting, job.explained = True, False
-        elif isinstance(event, JobDeferred):
-            job.explained = True
-            self._check_reclaim(event.job_id, job, event, position, at)
-        elif isinstance(event, ReservationPlanned):
-            job.explained = True
-        if isinstance(event, _TERMINAL):
-            job.terminal_at = position
-            job.waiting = False
-        elif isinstance(event, JobSuspended):
-            job.waiting = False
+        handler = _LIVE_JOB_FOLDS.get(type(event))
+        if handler is not None:
+            handler(self, job, event, position, at)
+
+    def _on_admitted(self, job: _Job, event: JobAdmitted, position: int, at: float) -> None:
+        job.queue = event.queue
+        job.waiting, job.explained = True, False
+
+    def _on_gang_reserved(self, job: _Job, event: GangReserved, position: int, at: float) -> None:
+        self._observe_gang(job, event, position, at)
+
+    def _release_gang(self, job: _Job, event: JobEvent) -> None:
+        # An event without an attempt (suspended, cancelled outside one) releases any gang.
+        attempt = getattr(event, "attempt", None)
+        if attempt is None or attempt == job.attempt:
+            self._release(event.job_id, job)
+
+    def _on_requeued(self, job: _Job, event: JobRequeued, position: int, at: float) -> None:
+        self._release_gang(job, event)
+        job.waiting, job.explained = True, False
+
+    def _on_suspended(self, job: _Job, event: JobSuspended, position: int, at: float) -> None:
+        self._release_gang(job, event)
+        job.waiting = False
+
+    def _on_ended(self, job: _Job, event: JobEvent, position: int, at: float) -> None:
+        self._release_gang(job, event)
+        self._end(job, position)
+
+    def _on_rejected(self, job: _Job, event: JobRejected, position: int, at: float) -> None:
+        self._end(job, position)
+
+    @staticmethod
+    def _end(job: _Job, position: int) -> None:
+        job.terminal_at = position
+        job.waiting = False
+
+    def _on_resumed(self, job: _Job, event: JobResumed, position: int, at: float) -> None:
+        job.waiting, job.explained = True, False
+
+    def _on_deferred(self, job: _Job, event: JobDeferred, position: int, at: float) -> None:
+        job.explained = True
+        self._check_reclaim(event.job_id, job, event, position, at)
+
+    def _on_reservation_planned(
+        self, job: _Job, event: ReservationPlanned, position: int, at: float
+    ) -> None:
+        job.explained = True
 
     def _observe_rank(self, job: _Job, event: TaskStarted | TaskExited, position: int) -> None:
         key = (event.job_id, event.attempt, event.rank)
@@ -433,7 +467,7 @@ class Auditor:
         if queue is None or self._usage.get(job.queue, 0) + gpus > queue.guaranteed:
             job.entitled_since = None
             return
-        if event.code == "quota_ceiling":
+        if event.code == QUOTA_CEILING:
             self._flag(
                 4,
                 f"job {job_id} was held at its queue ceiling while its queue "
@@ -503,3 +537,47 @@ class Auditor:
             self._flag(
                 5, f"job {job_id} waits without a recorded reason", job.submitted_at, position
             )
+
+
+def _on_known_node(
+    fold: Callable[[Auditor, _Node, Any], None],
+) -> Callable[[Auditor, Any, int], None]:
+    """`fold` applied to a registered node only: events of an unknown node change nothing."""
+
+    def folded(auditor: Auditor, event: NodeEvent, position: int) -> None:
+        node = auditor._nodes.get(event.node_id)
+        if node is not None:
+            fold(auditor, node, event)
+
+    return folded
+
+
+# The dispatch table of what is not a job's event: each class the auditor follows, and how.
+_AUDIT_FOLDS: dict[type[Event], Callable[[Auditor, Any, int], None]] = {
+    NodeRegistered: Auditor._on_node_registered,
+    TeamCreated: Auditor._on_queue,
+    QueueConfigured: Auditor._on_queue,
+    NodeLost: _on_known_node(Auditor._on_node_lost),
+    NodeRecovered: _on_known_node(Auditor._on_node_recovered),
+    NodeDrainRequested: _on_known_node(Auditor._on_drain_requested),
+    NodeDrained: _on_known_node(Auditor._on_drained),
+    NodeUndrained: _on_known_node(Auditor._on_undrained),
+    GpuUnhealthy: _on_known_node(Auditor._on_gpu_unhealthy),
+    GpuRecovered: _on_known_node(Auditor._on_gpu_recovered),
+}
+
+
+# The dispatch table of a job's events while the job has not finished.
+_LIVE_JOB_FOLDS: dict[type[Event], Callable[[Auditor, _Job, Any, int, float], None]] = {
+    JobAdmitted: Auditor._on_admitted,
+    GangReserved: Auditor._on_gang_reserved,
+    JobRequeued: Auditor._on_requeued,
+    JobSuspended: Auditor._on_suspended,
+    JobSucceeded: Auditor._on_ended,
+    JobFailed: Auditor._on_ended,
+    JobCancelled: Auditor._on_ended,
+    JobRejected: Auditor._on_rejected,
+    JobResumed: Auditor._on_resumed,
+    JobDeferred: Auditor._on_deferred,
+    ReservationPlanned: Auditor._on_reservation_planned,
+}

@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
@@ -30,7 +31,6 @@ from services.runtime.store import EventStore
 
 log = logging.getLogger(__name__)
 
-NODE_LIFE_TYPES = ("NodeRegistered", "NodeLost", "NodeRecovered")
 LIVENESS_LEADERSHIP = "inventory"
 _REGISTER_BATCH = 500
 
@@ -84,23 +84,26 @@ class Inventory:
         while True:
             batch = await self.store.read_all(self.position, 5000, types=NODE_LIFE_TYPES)
             for envelope in batch:
-                event = envelope.payload
-                if isinstance(event, NodeRegistered):
-                    self.latest[event.node_id] = event
-                    if event.node_id not in self.liveness:
-                        since = max(envelope.recorded_at, self.started_at)
-                        self.liveness.track(event.node_id, lost=False, since=since)
-                elif isinstance(event, NodeLost):
-                    self.liveness.track(event.node_id, lost=True, since=envelope.recorded_at)
-                elif isinstance(event, NodeRecovered):
-                    since = max(envelope.recorded_at, self.started_at)
-                    self.liveness.track(event.node_id, lost=False, since=since)
+                handler = _LIFE_FOLDS.get(type(envelope.payload))
+                if handler is not None:
+                    handler(self, envelope.payload, envelope.recorded_at)
                 self.position = envelope.position or self.position
             if len(batch) < 5000:
                 break
         lost = len(self.liveness.lost)
         self.nodes_gauge.labels("lost").set(lost)
         self.nodes_gauge.labels("alive").set(len(self.latest) - lost)
+
+    def _on_registered(self, event: NodeRegistered, at: datetime) -> None:
+        self.latest[event.node_id] = event
+        if event.node_id not in self.liveness:
+            self.liveness.track(event.node_id, lost=False, since=max(at, self.started_at))
+
+    def _on_lost(self, event: NodeLost, at: datetime) -> None:
+        self.liveness.track(event.node_id, lost=True, since=at)
+
+    def _on_recovered(self, event: NodeRecovered, at: datetime) -> None:
+        self.liveness.track(event.node_id, lost=False, since=max(at, self.started_at))
 
     async def register(self, discovered: Sequence[NodeRegistered]) -> int:
         """Append NodeRegistered for every discovered node not already registered identically."""
@@ -208,6 +211,15 @@ class Inventory:
                 outage.failed(error)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.settings.liveness_check_interval_s)
+
+
+# The log fold's dispatch table: each node-life event class and how liveness takes it.
+_LIFE_FOLDS: dict[type[Event], Callable[[Inventory, Any, datetime], None]] = {
+    NodeRegistered: Inventory._on_registered,
+    NodeLost: Inventory._on_lost,
+    NodeRecovered: Inventory._on_recovered,
+}
+NODE_LIFE_TYPES = tuple(event_class.type for event_class in _LIFE_FOLDS)
 
 
 class BusProbe:

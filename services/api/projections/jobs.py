@@ -7,10 +7,10 @@ TaskStarted) → preempting (PreemptionRequested) → queued (JobRequeued) … u
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from schemas.base import Event
 from schemas.jobs import (
@@ -105,92 +105,195 @@ def evolve_job(
     job: JobReadModel | None, event: Event, *, at: datetime, position: int
 ) -> JobReadModel | None:
     """The record after `event`; None while the job's JobSubmitted has not been seen."""
-    if isinstance(event, JobSubmitted):
-        return job if job is not None else new_job(event, at=at, position=position)
-    if job is None:
+    fold = _JOB_FOLDS.get(type(event))
+    return job if fold is None else fold(job, event, at, position)
+
+
+# A fold of the table: (record or None, event, recorded at, log position) -> record or None.
+_Fold = Callable[[JobReadModel | None, Any, datetime, int], JobReadModel | None]
+# A fold of a live record: the record changed by the event, or None when it changes nothing.
+_LiveFold = Callable[[JobReadModel, Any, datetime], JobReadModel | None]
+
+
+def _on_submitted(
+    job: JobReadModel | None, event: JobSubmitted, at: datetime, position: int
+) -> JobReadModel:
+    return job if job is not None else new_job(event, at=at, position=position)
+
+
+def _live(fold: _LiveFold) -> _Fold:
+    """`fold` applied to a submitted, non-terminal job only, stamping `updated_at` on a change."""
+
+    def folded(
+        job: JobReadModel | None, event: Event, at: datetime, position: int
+    ) -> JobReadModel | None:
+        if job is None:
+            return None
+        if job.terminal:
+            # A terminal job's record is final; late facts (a straggling TaskExited) change
+            # nothing.
+            return job
+        changed = fold(job, event, at)
+        return job if changed is None else replace(changed, updated_at=at)
+
+    return folded
+
+
+def _on_admitted(job: JobReadModel, event: JobAdmitted, at: datetime) -> JobReadModel | None:
+    # Admission decides once, on a pending job; a late duplicate decision changes nothing.
+    if job.state != "pending":
         return None
-    if job.terminal:
-        # A terminal job's record is final; late facts (a straggling TaskExited) change nothing.
-        return job
-    changed = _evolve_live(job, event, at)
-    return job if changed is None else replace(changed, updated_at=at)
+    return replace(
+        job,
+        state="queued",
+        queue=event.queue,
+        priority=event.priority,
+        admitted=True,
+        reason=AWAITING_SCHEDULING,
+        reason_code=None,
+    )
 
 
-def _evolve_live(job: JobReadModel, event: Event, at: datetime) -> JobReadModel | None:
-    match event:
-        # Admission decides once, on a pending job; a late duplicate decision changes nothing.
-        case JobAdmitted(queue=queue, priority=priority) if job.state == "pending":
-            return replace(
-                job,
-                state="queued",
-                queue=queue,
-                priority=priority,
-                admitted=True,
-                reason=AWAITING_SCHEDULING,
-                reason_code=None,
-            )
-        case JobRejected(code=code, reason=reason) if job.state == "pending":
-            return _finish(job, "rejected", at, reason=reason, code=code)
-        case JobDeferred(code=code, message=message):
-            return replace(job, reason=message, reason_code=code)
-        case ReservationPlanned(start_at=start_at, nodes=nodes):
-            return replace(job, estimated_start=start_at, planned_nodes=tuple(nodes))
-        # One gang per attempt: a second GangReserved while one is held would double-bind.
-        case GangReserved(attempt=attempt, ranks=ranks) if not job.holds_gpus:
-            placement: dict[str, list[int]] = {}
-            for rank in ranks:
-                placement.setdefault(rank.node_id, []).extend(rank.gpus)
-            return replace(
-                job,
-                state="reserved",
-                attempt=attempt,
-                placement={node: tuple(sorted(gpus)) for node, gpus in placement.items()},
-                gang_ranks=frozenset(rank.rank for rank in ranks),
-                started_ranks=frozenset(),
-                exited_ranks={},
-                reason=None,
-                reason_code=None,
-                estimated_start=None,
-                planned_nodes=(),
-            )
-        case TaskStarted(attempt=attempt, rank=rank) if _current(job, attempt):
-            started = job.started_ranks | {rank}
-            running = job.state == "reserved" and job.gang_ranks <= started
-            return replace(job, started_ranks=started, state="running" if running else job.state)
-        case TaskExited(attempt=attempt, rank=rank, exit_code=code) if _current(job, attempt):
-            return replace(job, exited_ranks={**job.exited_ranks, rank: code})
-        case PreemptionRequested(attempt=attempt, reason=reason) if _current(job, attempt):
-            return replace(
-                job,
-                state="preempting",
-                reason=reason,
-                reason_code="preempted",
-                preemptions=job.preemptions + 1,
-            )
-        case JobRequeued(attempt=attempt, code=code, reason=reason) if _current(job, attempt):
-            return _release(job, "queued", reason=reason, code=code)
-        case JobCancelRequested():
-            return replace(job, requests=job.requests | {"cancel"})
-        case JobSuspendRequested():
-            return replace(job, requests=(job.requests - {"resume"}) | {"suspend"})
-        case JobResumeRequested():
-            return replace(job, requests=(job.requests - {"suspend"}) | {"resume"})
-        case JobSuspended():
-            released = _release(job, "suspended", reason="suspended on request", code="suspended")
-            return replace(released, requests=released.requests - {"suspend"})
-        case JobResumed() if job.state == "suspended":
-            # A job suspended before admission goes back to waiting for admission.
-            state: JobState = "queued" if job.admitted else "pending"
-            reason = AWAITING_SCHEDULING if job.admitted else AWAITING_ADMISSION
-            resumed = replace(job, state=state, reason=reason, reason_code=None)
-            return replace(resumed, requests=resumed.requests - {"resume"})
-        case JobSucceeded():
-            return _finish(job, "succeeded", at, reason=None, code=None)
-        case JobFailed(reason=reason):
-            return _finish(job, "failed", at, reason=reason, code="failed")
-        case JobCancelled(reason=reason):
-            return _finish(job, "cancelled", at, reason=reason, code="cancelled")
-    return None
+def _on_rejected(job: JobReadModel, event: JobRejected, at: datetime) -> JobReadModel | None:
+    if job.state != "pending":
+        return None
+    return _finish(job, "rejected", at, reason=event.reason, code=event.code)
+
+
+def _on_deferred(job: JobReadModel, event: JobDeferred, at: datetime) -> JobReadModel:
+    return replace(job, reason=event.message, reason_code=event.code)
+
+
+def _on_reservation_planned(
+    job: JobReadModel, event: ReservationPlanned, at: datetime
+) -> JobReadModel:
+    return replace(job, estimated_start=event.start_at, planned_nodes=tuple(event.nodes))
+
+
+def _on_gang_reserved(job: JobReadModel, event: GangReserved, at: datetime) -> JobReadModel | None:
+    # One gang per attempt: a second GangReserved while one is held would double-bind.
+    if job.holds_gpus:
+        return None
+    placement: dict[str, list[int]] = {}
+    for rank in event.ranks:
+        placement.setdefault(rank.node_id, []).extend(rank.gpus)
+    return replace(
+        job,
+        state="reserved",
+        attempt=event.attempt,
+        placement={node: tuple(sorted(gpus)) for node, gpus in placement.items()},
+        gang_ranks=frozenset(rank.rank for rank in event.ranks),
+        started_ranks=frozenset(),
+        exited_ranks={},
+        reason=None,
+        reason_code=None,
+        estimated_start=None,
+        planned_nodes=(),
+    )
+
+
+def _on_task_started(job: JobReadModel, event: TaskStarted, at: datetime) -> JobReadModel | None:
+    if not _current(job, event.attempt):
+        return None
+    started = job.started_ranks | {event.rank}
+    running = job.state == "reserved" and job.gang_ranks <= started
+    return replace(job, started_ranks=started, state="running" if running else job.state)
+
+
+def _on_task_exited(job: JobReadModel, event: TaskExited, at: datetime) -> JobReadModel | None:
+    if not _current(job, event.attempt):
+        return None
+    return replace(job, exited_ranks={**job.exited_ranks, event.rank: event.exit_code})
+
+
+def _on_preemption_requested(
+    job: JobReadModel, event: PreemptionRequested, at: datetime
+) -> JobReadModel | None:
+    if not _current(job, event.attempt):
+        return None
+    return replace(
+        job,
+        state="preempting",
+        reason=event.reason,
+        reason_code="preempted",
+        preemptions=job.preemptions + 1,
+    )
+
+
+def _on_requeued(job: JobReadModel, event: JobRequeued, at: datetime) -> JobReadModel | None:
+    if not _current(job, event.attempt):
+        return None
+    return _release(job, "queued", reason=event.reason, code=event.code)
+
+
+def _on_cancel_requested(
+    job: JobReadModel, event: JobCancelRequested, at: datetime
+) -> JobReadModel:
+    return replace(job, requests=job.requests | {"cancel"})
+
+
+def _on_suspend_requested(
+    job: JobReadModel, event: JobSuspendRequested, at: datetime
+) -> JobReadModel:
+    return replace(job, requests=(job.requests - {"resume"}) | {"suspend"})
+
+
+def _on_resume_requested(
+    job: JobReadModel, event: JobResumeRequested, at: datetime
+) -> JobReadModel:
+    return replace(job, requests=(job.requests - {"suspend"}) | {"resume"})
+
+
+def _on_suspended(job: JobReadModel, event: JobSuspended, at: datetime) -> JobReadModel:
+    released = _release(job, "suspended", reason="suspended on request", code="suspended")
+    return replace(released, requests=released.requests - {"suspend"})
+
+
+def _on_resumed(job: JobReadModel, event: JobResumed, at: datetime) -> JobReadModel | None:
+    if job.state != "suspended":
+        return None
+    # A job suspended before admission goes back to waiting for admission.
+    state: JobState = "queued" if job.admitted else "pending"
+    reason = AWAITING_SCHEDULING if job.admitted else AWAITING_ADMISSION
+    resumed = replace(job, state=state, reason=reason, reason_code=None)
+    return replace(resumed, requests=resumed.requests - {"resume"})
+
+
+def _on_succeeded(job: JobReadModel, event: JobSucceeded, at: datetime) -> JobReadModel:
+    return _finish(job, "succeeded", at, reason=None, code=None)
+
+
+def _on_failed(job: JobReadModel, event: JobFailed, at: datetime) -> JobReadModel:
+    return _finish(job, "failed", at, reason=event.reason, code="failed")
+
+
+def _on_cancelled(job: JobReadModel, event: JobCancelled, at: datetime) -> JobReadModel:
+    return _finish(job, "cancelled", at, reason=event.reason, code="cancelled")
+
+
+# The fold's dispatch table: each event class of a job's stream the read model reads.
+_JOB_FOLDS: dict[type[Event], _Fold] = {
+    JobSubmitted: _on_submitted,
+    JobAdmitted: _live(_on_admitted),
+    JobRejected: _live(_on_rejected),
+    JobDeferred: _live(_on_deferred),
+    ReservationPlanned: _live(_on_reservation_planned),
+    GangReserved: _live(_on_gang_reserved),
+    TaskStarted: _live(_on_task_started),
+    TaskExited: _live(_on_task_exited),
+    PreemptionRequested: _live(_on_preemption_requested),
+    JobRequeued: _live(_on_requeued),
+    JobCancelRequested: _live(_on_cancel_requested),
+    JobSuspendRequested: _live(_on_suspend_requested),
+    JobResumeRequested: _live(_on_resume_requested),
+    JobSuspended: _live(_on_suspended),
+    JobResumed: _live(_on_resumed),
+    JobSucceeded: _live(_on_succeeded),
+    JobFailed: _live(_on_failed),
+    JobCancelled: _live(_on_cancelled),
+}
+# The event classes the job read model folds (the model routes only these to `evolve_job`).
+JOB_FOLD_TYPES: tuple[type[Event], ...] = tuple(_JOB_FOLDS)
 
 
 def _current(job: JobReadModel, attempt: int) -> bool:

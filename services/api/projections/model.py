@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
 from schemas.base import Event
 from schemas.envelope import EventEnvelope
 from schemas.jobs import WAITING_STATES, JobEvent
 from schemas.nodes import NodeEvent
 from schemas.teams import QueueConfigured, TeamCreated
-from services.api.projections.jobs import JobReadModel, evolve_job
-from services.api.projections.nodes import NodeRecord, evolve_node
+from services.api.projections.jobs import JOB_FOLD_TYPES, JobReadModel, evolve_job
+from services.api.projections.nodes import NODE_FOLD_TYPES, NodeRecord, evolve_node
 from services.api.projections.queues import QueueRecord, TeamRecord, evolve_queue, evolve_team
 from services.api.projections.tenancy import (
     TENANCY_EVENTS,
@@ -98,28 +100,41 @@ class ReadModels:
         return [self.apply(envelope) for envelope in envelopes]
 
     def _fold(self, event: Event, envelope: EventEnvelope, position: int) -> None:
-        at = envelope.recorded_at
-        if isinstance(event, JobEvent):
-            before = self.jobs.get(event.job_id)
-            after = evolve_job(before, event, at=at, position=position)
-            if after is not None and after is not before:
-                self.jobs[after.id] = after
-                self._reindex_job(before, after)
-        elif isinstance(event, NodeEvent):
-            node = evolve_node(self.nodes.get(event.node_id), event, at=at)
-            if node is not None:
-                self.nodes[node.id] = node
-        if isinstance(event, TENANCY_EVENTS):
-            self.tenancy.apply(event)
-        if isinstance(event, TeamCreated | QueueConfigured):
-            queue = evolve_queue(self.queues.get(event.name), event, at=at)
-            if queue is not None:
-                self.queues[queue.name] = queue
-            if isinstance(event, TeamCreated):
-                team = evolve_team(self.teams.get(event.name), event, at=at)
-                if team is not None:
-                    self.teams[team.name] = team
-                    self.team_by_token_sha256[team.token_sha256] = team.name
+        handler = _MODEL_FOLDS.get(type(event))
+        if handler is not None:
+            handler(self, event, envelope.recorded_at, position)
+
+    def _fold_job(self, event: JobEvent, at: datetime, position: int) -> None:
+        before = self.jobs.get(event.job_id)
+        after = evolve_job(before, event, at=at, position=position)
+        if after is not None and after is not before:
+            self.jobs[after.id] = after
+            self._reindex_job(before, after)
+
+    def _fold_node(self, event: NodeEvent, at: datetime, position: int) -> None:
+        node = evolve_node(self.nodes.get(event.node_id), event, at=at)
+        if node is not None:
+            self.nodes[node.id] = node
+
+    def _fold_tenancy(self, event: Event, at: datetime, position: int) -> None:
+        self.tenancy.apply(event)
+
+    def _fold_queue(self, event: TeamCreated | QueueConfigured, at: datetime) -> None:
+        queue = evolve_queue(self.queues.get(event.name), event, at=at)
+        if queue is not None:
+            self.queues[queue.name] = queue
+
+    def _fold_team_created(self, event: TeamCreated, at: datetime, position: int) -> None:
+        # A team's creation feeds three models: its tokens, its default queue, the team itself.
+        self.tenancy.apply(event)
+        self._fold_queue(event, at)
+        team = evolve_team(self.teams.get(event.name), event, at=at)
+        if team is not None:
+            self.teams[team.name] = team
+            self.team_by_token_sha256[team.token_sha256] = team.name
+
+    def _fold_queue_configured(self, event: QueueConfigured, at: datetime, position: int) -> None:
+        self._fold_queue(event, at)
 
     def _index(self, stream: str, position: int) -> None:
         """Record the position under the team it belongs to, for that team's audit reads."""
@@ -157,3 +172,14 @@ class ReadModels:
 
     def allocated_on(self, node_id: str) -> Mapping[str, tuple[int, ...]]:
         return self.allocations.get(node_id, {})
+
+
+# The dispatch table: each event class the read models read, and which of them it feeds.
+_MODEL_FOLDS: dict[type[Event], Callable[[ReadModels, Any, datetime, int], None]] = {
+    **{event_class: ReadModels._fold_job for event_class in JOB_FOLD_TYPES},
+    **{event_class: ReadModels._fold_node for event_class in NODE_FOLD_TYPES},
+    **{event_class: ReadModels._fold_tenancy for event_class in TENANCY_EVENTS},
+    # Written after the tenancy entries on purpose: a team's creation feeds more than tenancy.
+    TeamCreated: ReadModels._fold_team_created,
+    QueueConfigured: ReadModels._fold_queue_configured,
+}

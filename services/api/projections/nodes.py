@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from schemas.base import Event
 from schemas.nodes import (
@@ -69,45 +70,89 @@ class NodeRecord:
 
 def evolve_node(node: NodeRecord | None, event: Event, *, at: datetime) -> NodeRecord | None:
     """The record after `event`; None while the node's NodeRegistered has not been seen."""
-    if isinstance(event, NodeRegistered):
-        registered = NodeRecord(
-            id=event.node_id,
-            hostname=event.hostname,
-            gpu_type=event.gpu_type,
-            gpu_indices=tuple(sorted(gpu.index for gpu in event.gpus)),
-            rack=event.rack,
-            block=event.block,
-            nvlink_domain=event.nvlink_domain or event.node_id,
-            labels=tuple(sorted(event.labels.items())),
-            registered_at=node.registered_at if node else at,
-            updated_at=at,
-        )
-        # Re-registration refreshes the inventory but keeps what operators decided (drains).
-        if node is not None:
-            registered = replace(registered, draining=node.draining, drained=node.drained)
-        return registered
-    if node is None:
-        return None
-    match event:
-        case NodeLost(reason=reason):
-            return replace(node, lost=True, reason=reason, updated_at=at)
-        case NodeRecovered():
-            return replace(node, lost=False, degraded=(), reason=None, updated_at=at)
-        case NodeDegraded(signal=signal, detail=detail):
-            signals = tuple(sorted({*node.degraded, signal}))
-            return replace(node, degraded=signals, reason=detail, updated_at=at)
-        case NodeDrainRequested(reason=reason):
-            return replace(node, draining=True, reason=reason, updated_at=at)
-        case NodeDrained():
-            return replace(node, draining=False, drained=True, updated_at=at)
-        case NodeUndrained():
-            return replace(
-                node, draining=False, drained=False, degraded=(), reason=None, updated_at=at
-            )
-        case GpuUnhealthy(gpu_index=index, reason=reason):
-            return replace(
-                node, unhealthy_gpus=node.unhealthy_gpus | {index}, reason=reason, updated_at=at
-            )
-        case GpuRecovered(gpu_index=index):
-            return replace(node, unhealthy_gpus=node.unhealthy_gpus - {index}, updated_at=at)
-    return node
+    fold = _NODE_FOLDS.get(type(event))
+    return node if fold is None else fold(node, event, at)
+
+
+# A fold of the table: (record or None, event, recorded at) -> record or None.
+_Fold = Callable[[NodeRecord | None, Any, datetime], NodeRecord | None]
+# A fold of a registered node's record.
+_KnownFold = Callable[[NodeRecord, Any, datetime], NodeRecord]
+
+
+def _on_registered(node: NodeRecord | None, event: NodeRegistered, at: datetime) -> NodeRecord:
+    registered = NodeRecord(
+        id=event.node_id,
+        hostname=event.hostname,
+        gpu_type=event.gpu_type,
+        gpu_indices=tuple(sorted(gpu.index for gpu in event.gpus)),
+        rack=event.rack,
+        block=event.block,
+        nvlink_domain=event.nvlink_domain or event.node_id,
+        labels=tuple(sorted(event.labels.items())),
+        registered_at=node.registered_at if node else at,
+        updated_at=at,
+    )
+    # Re-registration refreshes the inventory but keeps what operators decided (drains).
+    if node is not None:
+        registered = replace(registered, draining=node.draining, drained=node.drained)
+    return registered
+
+
+def _known(fold: _KnownFold) -> _Fold:
+    """`fold` applied to a registered node only: before its NodeRegistered there is no record."""
+
+    def folded(node: NodeRecord | None, event: Event, at: datetime) -> NodeRecord | None:
+        return None if node is None else fold(node, event, at)
+
+    return folded
+
+
+def _on_lost(node: NodeRecord, event: NodeLost, at: datetime) -> NodeRecord:
+    return replace(node, lost=True, reason=event.reason, updated_at=at)
+
+
+def _on_recovered(node: NodeRecord, event: NodeRecovered, at: datetime) -> NodeRecord:
+    return replace(node, lost=False, degraded=(), reason=None, updated_at=at)
+
+
+def _on_degraded(node: NodeRecord, event: NodeDegraded, at: datetime) -> NodeRecord:
+    signals = tuple(sorted({*node.degraded, event.signal}))
+    return replace(node, degraded=signals, reason=event.detail, updated_at=at)
+
+
+def _on_drain_requested(node: NodeRecord, event: NodeDrainRequested, at: datetime) -> NodeRecord:
+    return replace(node, draining=True, reason=event.reason, updated_at=at)
+
+
+def _on_drained(node: NodeRecord, event: NodeDrained, at: datetime) -> NodeRecord:
+    return replace(node, draining=False, drained=True, updated_at=at)
+
+
+def _on_undrained(node: NodeRecord, event: NodeUndrained, at: datetime) -> NodeRecord:
+    return replace(node, draining=False, drained=False, degraded=(), reason=None, updated_at=at)
+
+
+def _on_gpu_unhealthy(node: NodeRecord, event: GpuUnhealthy, at: datetime) -> NodeRecord:
+    unhealthy = node.unhealthy_gpus | {event.gpu_index}
+    return replace(node, unhealthy_gpus=unhealthy, reason=event.reason, updated_at=at)
+
+
+def _on_gpu_recovered(node: NodeRecord, event: GpuRecovered, at: datetime) -> NodeRecord:
+    return replace(node, unhealthy_gpus=node.unhealthy_gpus - {event.gpu_index}, updated_at=at)
+
+
+# The fold's dispatch table: each event class of a node's stream the read model reads.
+_NODE_FOLDS: dict[type[Event], _Fold] = {
+    NodeRegistered: _on_registered,
+    NodeLost: _known(_on_lost),
+    NodeRecovered: _known(_on_recovered),
+    NodeDegraded: _known(_on_degraded),
+    NodeDrainRequested: _known(_on_drain_requested),
+    NodeDrained: _known(_on_drained),
+    NodeUndrained: _known(_on_undrained),
+    GpuUnhealthy: _known(_on_gpu_unhealthy),
+    GpuRecovered: _known(_on_gpu_recovered),
+}
+# The event classes the node read model folds (the model routes only these to `evolve_node`).
+NODE_FOLD_TYPES: tuple[type[Event], ...] = tuple(_NODE_FOLDS)

@@ -5,7 +5,9 @@ of its secrets (never their values), and which log positions belong to it (the a
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from core.admission import DEFAULT_TEAM_POLICY, TeamPolicy
 from schemas.base import Event
@@ -24,16 +26,6 @@ from schemas.teams import (
 JOB_STREAM_PREFIXES = ("job-", "checkpoint-")
 # The streams whose events belong to the team named after the prefix.
 TEAM_STREAM_PREFIXES = ("team-", "queue-", "secrets-")
-
-TENANCY_EVENTS = (
-    TeamCreated,
-    TeamPolicyConfigured,
-    TeamTokenIssued,
-    TeamTokenRevoked,
-    TeamSecretSet,
-    TeamSecretDeleted,
-    TeamKeyDeleted,
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,28 +46,48 @@ class Tenancy:
         return self.policies.get(team, DEFAULT_TEAM_POLICY)
 
     def apply(self, event: Event) -> None:
-        match event:
-            case TeamCreated():
-                token_id = token_id_of(event.token_sha256)
-                self.tokens[token_id] = TokenRecord(token_id, event.name, "default")
-            case TeamPolicyConfigured():
-                self.policies[event.team] = TeamPolicy.of(event)
-            case TeamTokenIssued():
-                self.tokens[event.token_id] = TokenRecord(event.token_id, event.team, event.name)
-            case TeamTokenRevoked():
-                token = self.tokens.get(event.token_id)
-                if token is not None and token.team == event.team:
-                    self.tokens[event.token_id] = TokenRecord(
-                        token.id, token.team, token.name, revoked=True
-                    )
-            case TeamSecretSet():
-                self.secrets.setdefault(event.team, set()).add(event.name)
-            case TeamSecretDeleted():
-                self.secrets.get(event.team, set()).discard(event.name)
-            case TeamKeyDeleted():
-                self.secrets.pop(event.team, None)
-            case _:
-                pass
+        handler = _TENANCY_FOLDS.get(type(event))
+        if handler is not None:
+            handler(self, event)
+
+    def _on_team_created(self, event: TeamCreated) -> None:
+        token_id = token_id_of(event.token_sha256)
+        self.tokens[token_id] = TokenRecord(token_id, event.name, "default")
+
+    def _on_policy_configured(self, event: TeamPolicyConfigured) -> None:
+        self.policies[event.team] = TeamPolicy.of(event)
+
+    def _on_token_issued(self, event: TeamTokenIssued) -> None:
+        self.tokens[event.token_id] = TokenRecord(event.token_id, event.team, event.name)
+
+    def _on_token_revoked(self, event: TeamTokenRevoked) -> None:
+        token = self.tokens.get(event.token_id)
+        if token is not None and token.team == event.team:
+            self.tokens[event.token_id] = TokenRecord(
+                token.id, token.team, token.name, revoked=True
+            )
+
+    def _on_secret_set(self, event: TeamSecretSet) -> None:
+        self.secrets.setdefault(event.team, set()).add(event.name)
+
+    def _on_secret_deleted(self, event: TeamSecretDeleted) -> None:
+        self.secrets.get(event.team, set()).discard(event.name)
+
+    def _on_key_deleted(self, event: TeamKeyDeleted) -> None:
+        self.secrets.pop(event.team, None)
+
+
+# The fold's dispatch table: each event class of a team's streams the tenancy model reads.
+_TENANCY_FOLDS: dict[type[Event], Callable[[Tenancy, Any], None]] = {
+    TeamCreated: Tenancy._on_team_created,
+    TeamPolicyConfigured: Tenancy._on_policy_configured,
+    TeamTokenIssued: Tenancy._on_token_issued,
+    TeamTokenRevoked: Tenancy._on_token_revoked,
+    TeamSecretSet: Tenancy._on_secret_set,
+    TeamSecretDeleted: Tenancy._on_secret_deleted,
+    TeamKeyDeleted: Tenancy._on_key_deleted,
+}
+TENANCY_EVENTS: tuple[type[Event], ...] = tuple(_TENANCY_FOLDS)
 
 
 @dataclass(slots=True)
