@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from schemas.base import Event
 from schemas.nodes import (
@@ -82,17 +84,24 @@ class HealthMonitor:
     def note(self, event: Event) -> None:
         """Learn from the log what this monitor did not see itself (a restart, an operator):
         GPUs already unhealthy, drains already requested and by whom, nodes returned."""
-        if isinstance(event, GpuUnhealthy):
-            self._nodes[event.node_id].unhealthy_gpus.add(event.gpu_index)
-        elif isinstance(event, GpuRecovered):
-            self._nodes[event.node_id].unhealthy_gpus.discard(event.gpu_index)
-        elif isinstance(event, NodeDrainRequested):
-            condition = self._nodes[event.node_id]
-            condition.drain_requested = True
-            if event.by != HEALTH_PRODUCER:
-                condition.operator_hold = True
-        elif isinstance(event, NodeUndrained):
-            self.forget_node_drain(event.node_id)
+        learn = _NOTES.get(type(event))
+        if learn is not None:
+            learn(self, event)
+
+    def _note_gpu_unhealthy(self, event: GpuUnhealthy) -> None:
+        self._nodes[event.node_id].unhealthy_gpus.add(event.gpu_index)
+
+    def _note_gpu_recovered(self, event: GpuRecovered) -> None:
+        self._nodes[event.node_id].unhealthy_gpus.discard(event.gpu_index)
+
+    def _note_drain_requested(self, event: NodeDrainRequested) -> None:
+        condition = self._nodes[event.node_id]
+        condition.drain_requested = True
+        if event.by != HEALTH_PRODUCER:
+            condition.operator_hold = True
+
+    def _note_undrained(self, event: NodeUndrained) -> None:
+        self.forget_node_drain(event.node_id)
 
     def observe_heartbeat(self, heartbeat: NodeHeartbeat) -> list[Event]:
         limits = self.thresholds
@@ -230,3 +239,12 @@ class HealthMonitor:
 
     def forget_gang(self, job_id: str, attempt: int) -> None:
         self._gangs.pop((job_id, attempt), None)
+
+
+# What the monitor learns from each recorded fact, in one table (the house's dispatch style).
+_NOTES: dict[type[Event], Callable[[HealthMonitor, Any], None]] = {
+    GpuUnhealthy: HealthMonitor._note_gpu_unhealthy,
+    GpuRecovered: HealthMonitor._note_gpu_recovered,
+    NodeDrainRequested: HealthMonitor._note_drain_requested,
+    NodeUndrained: HealthMonitor._note_undrained,
+}
