@@ -575,10 +575,15 @@ def _runs_module(pid: int, module: str) -> bool:
 
 
 def _signal_group(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
+    """Signal the service's process group (it leads one), or the process alone when it has no
+    group of its own. Never both: a service takes a second SIGTERM as "exit now", skipping
+    its graceful stop (a leader's last snapshot), and two signals sent back to back may
+    arrive as two."""
+    try:
         os.killpg(pid, sig)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, sig)
 
 
 def _http_ok(url: str) -> bool:

@@ -20,6 +20,8 @@ import time
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = float(os.environ.get("GANGWAY_SHUTDOWN_GRACE_S", "5"))
+# Signals this close to the first are one request delivered twice, not a second request.
+_SAME_REQUEST_S = 1.0
 
 
 def stop_on_signals(
@@ -29,10 +31,18 @@ def stop_on_signals(
     event = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
 
+    first_at: list[float] = []
+
     def on_signal(sig: signal.Signals) -> None:
         if event.is_set():
+            # The same request delivered twice (a supervisor or a shell signalling both the
+            # process group and the process) is not an operator asking again: only a signal
+            # some time after the first cuts the graceful stop short.
+            if first_at and time.monotonic() - first_at[0] < _SAME_REQUEST_S:
+                return
             log.warning("second %s: exiting now", sig.name)
             _exit_now()
+        first_at.append(time.monotonic())
         event.set()
         log.info("%s: stopping (at most %.0f s)", sig.name, shutdown_grace_s)
         loop.call_later(shutdown_grace_s, _overdue, shutdown_grace_s)
