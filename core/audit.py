@@ -7,6 +7,18 @@
 5. Every submitted job is terminal, or pending with a reason; none is lost.
 6. A deposed scheduler's writes are rejected (leader epoch fencing).
 
+It also checks the promises of the scheduling policy (DESIGN §3) that a log can show; those
+violations carry invariant 0 and the name of the rule (`RULES`):
+
+- topology: `require: node|rack|block` keeps the gang in one such domain; `gpu_type` is honoured;
+- cross_queue: another team never preempts a gang within its queue's guarantee;
+- idle_capacity: nobody is preempted while idle GPUs could host the preemptor;
+- borrowers_first: a gang within its guarantee (or of the preemptor's own queue) is evicted only
+  when the eligible borrowers' gangs could not make room;
+- drain: a node is reported drained only once no gang holds a GPU on it;
+- backfill: a later, lower-ordered job never lands on a reserved node when it would still run
+  at the reservation's start.
+
 It keeps its own small model of the log (it does not trust the scheduler's state) and reports
 each violation with the log positions of the events involved.
 """
@@ -16,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.policy import SchedulingPolicy
+from core.shape import Shape, shape_of
 from schemas.base import Event
 from schemas.jobs import (
     GANG_RELEASING_EVENTS,
@@ -33,7 +46,9 @@ from schemas.jobs import (
     JobSucceeded,
     JobSuspended,
     PreemptionRequested,
+    RankPlacement,
     ReservationPlanned,
+    TaskStarted,
 )
 from schemas.leadership import LeaderElected
 from schemas.nodes import (
@@ -71,16 +86,37 @@ _NOT_AFTER_END: tuple[type[Event], ...] = (
 )
 
 
+# The scheduling promises of DESIGN §3 the auditor checks (violations with invariant 0).
+RULES: dict[str, str] = {
+    "topology": "a required node, rack or block locality and the GPU type are honoured",
+    "cross_queue": "another team never preempts a gang within its queue's guarantee",
+    "idle_capacity": "no preemption while idle GPUs could serve",
+    "borrowers_first": "borrowed capacity is reclaimed before a guarantee's or one's own",
+    "drain": "a node is reported drained only when no gang holds it",
+    "backfill": "backfill never delays a planned reservation",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Violation:
     invariant: int
     message: str
     positions: tuple[int, ...]
+    # For invariant 0 (a scheduling promise of DESIGN §3): which rule of RULES.
+    rule: str = ""
+
+    @property
+    def kind(self) -> str:
+        """'invariant 3' or 'rule topology': what a report groups violations by."""
+        return f"rule {self.rule}" if self.invariant == 0 else f"invariant {self.invariant}"
 
 
 @dataclass(slots=True)
 class _Node:
     gpus: frozenset[int]
+    rack: str = ""
+    block: str = ""
+    gpu_type: str = ""
     lost: bool = False
     draining: bool = False
     drained: bool = False
@@ -101,6 +137,17 @@ class _Job:
     # Whether a reason (JobDeferred, ReservationPlanned) was recorded since it began waiting.
     explained: bool = False
     entitled_since: float | None = None
+    priority: str = ""
+    # When every rank of the current attempt had started (the core's start of min runtime).
+    started_at: float | None = None
+    started_ranks: set[int] = field(default_factory=set)
+    preempting: bool = False
+    last_preempted_at: float | None = None
+    # Since when the job waits (admission, requeue, resume) and whether it ever preempted.
+    waiting_since: float = 0.0
+    preemptor: bool = False
+    # The head's latest recorded reservation: (start, nodes, position of the record).
+    reservation: tuple[float, frozenset[str], int] | None = None
 
 
 @dataclass(slots=True)
@@ -131,11 +178,29 @@ class Auditor:
         # GPUs of every registered node, kept as nodes register: summing them on each
         # registration made registering a 12,500-node cluster quadratic.
         self._capacity = 0
+        # The preemption plan being recorded: (preemptor, time) and its victims so far. The
+        # core credits an earlier plan's victims back to their queues within its cycle.
+        self._plan: tuple[str, float] | None = None
+        self._plan_victims: list[str] = []
+        self._credit: dict[str, int] = {}
+        # Per queue, the least usage seen at the current instant (a cycle orders its jobs by
+        # guarantee before it binds any of them).
+        self._instant: float | None = None
+        self._least_usage: dict[str, int] = {}
+        self._ranks: dict[str, int] = {}
 
     def _flag(self, invariant: int, message: str, *positions: int) -> None:
         self.violations.append(Violation(invariant, message, tuple(positions)))
 
+    def _broken(self, rule: str, message: str, *positions: int) -> None:
+        """A scheduling promise of DESIGN §3 (one of RULES) was broken."""
+        self.violations.append(Violation(0, message, tuple(positions), rule))
+
     def observe(self, event: Event, position: int, at: float, epoch: int | None) -> None:
+        if at != self._instant:
+            self._instant = at
+            self._least_usage = dict(self._usage)
+            self._plan, self._plan_victims, self._credit = None, [], {}
         self._check_fencing(event, position, epoch)
         if isinstance(event, JobEvent):
             self._observe_job(event, position, at)
@@ -143,7 +208,12 @@ class Auditor:
             previous = self._nodes.get(event.node_id)
             if previous is not None:
                 self._capacity -= len(previous.gpus)
-            self._nodes[event.node_id] = _Node(gpus=frozenset(g.index for g in event.gpus))
+            self._nodes[event.node_id] = _Node(
+                gpus=frozenset(g.index for g in event.gpus),
+                rack=event.rack,
+                block=event.block,
+                gpu_type=event.gpu_type,
+            )
             self._capacity += len(self._nodes[event.node_id].gpus)
             self._check_guarantees(position)
         elif isinstance(event, TeamCreated | QueueConfigured):
@@ -151,7 +221,7 @@ class Auditor:
             self._queues[name] = _Queue(event.parent, event.guaranteed_gpus, position)
             self._check_guarantees(position)
         else:
-            self._observe_node(event)
+            self._observe_node(event, position)
 
     # ---------------------------------------------------------------- 6
 
@@ -184,11 +254,22 @@ class Auditor:
 
     # ---------------------------------------------------------------- nodes
 
-    def _observe_node(self, event: Event) -> None:
+    def _observe_node(self, event: Event, position: int) -> None:
         node_id = getattr(event, "node_id", None)
         node = self._nodes.get(node_id) if isinstance(node_id, str) else None
         if node is None:
             return
+        if isinstance(event, NodeDrained):
+            holders = sorted(
+                {job for (node_key, _), (job, _) in self._bound.items() if node_key == node_id}
+            )
+            if holders:
+                self._broken(
+                    "drain",
+                    f"node {node_id} reported drained while job {holders[0]} still holds "
+                    "GPUs on it",
+                    position,
+                )
         if isinstance(event, NodeLost):
             node.lost = True
         elif isinstance(event, NodeRecovered):
@@ -210,7 +291,9 @@ class Auditor:
         if isinstance(event, JobSubmitted):
             if event.job_id not in self._jobs:
                 spec = event.spec
-                self._jobs[event.job_id] = _Job(spec, position, spec.queue or spec.team)
+                self._jobs[event.job_id] = _Job(
+                    spec, position, spec.queue or spec.team, priority=spec.priority
+                )
             return
         job = self._jobs.get(event.job_id)
         if job is None:
@@ -229,8 +312,11 @@ class Auditor:
             return
         if isinstance(event, JobAdmitted):
             job.queue = event.queue
+            job.priority = event.priority
             job.waiting, job.explained = True, False
+            job.waiting_since = at
         elif isinstance(event, GangReserved):
+            self._check_backfill(event.job_id, job, event, position, at)
             self._observe_gang(job, event, position, at)
         elif isinstance(event, GANG_RELEASING_EVENTS):
             attempt = getattr(event, "attempt", None)
@@ -238,13 +324,31 @@ class Auditor:
                 self._release(event.job_id, job)
             if isinstance(event, JobRequeued):
                 job.waiting, job.explained = True, False
+                job.waiting_since = at
+            job.reservation = None
         elif isinstance(event, JobResumed):
             job.waiting, job.explained = True, False
+            job.waiting_since = at
         elif isinstance(event, JobDeferred):
             job.explained = True
+            if event.code != "reserved_head":
+                job.reservation = None
             self._check_reclaim(event.job_id, job, event, position, at)
         elif isinstance(event, ReservationPlanned):
             job.explained = True
+            job.reservation = (event.start_at.timestamp(), frozenset(event.nodes), position)
+        elif isinstance(event, TaskStarted):
+            if event.attempt == job.attempt and job.gang_at is not None:
+                job.started_ranks.add(event.rank)
+                ranks = self._ranks.get(event.job_id, 0)
+                if (
+                    job.started_at is None
+                    and not job.preempting
+                    and len(job.started_ranks) >= ranks
+                ):
+                    job.started_at = at
+        elif isinstance(event, PreemptionRequested):
+            self._observe_preemption(job, event, position, at)
         if isinstance(event, _TERMINAL):
             job.terminal_at = position
             job.waiting = False
@@ -259,6 +363,10 @@ class Auditor:
             self._usage[job.queue] = self._usage.get(job.queue, 0) - len(job.gang)
         job.gang = []
         job.gang_at = None
+        job.started_at = None
+        job.started_ranks = set()
+        job.preempting = False
+        self._note_usage(job.queue)
 
     def _observe_gang(self, job: _Job, event: GangReserved, position: int, at: float) -> None:
         job_id = event.job_id
@@ -358,7 +466,235 @@ class Auditor:
         job.attempt = event.attempt
         job.waiting = False
         job.entitled_since = None
+        job.started_at = None
+        job.started_ranks = set()
+        job.preempting = False
+        job.reservation = None
+        self._ranks[job_id] = len(ranks)
         self._usage[job.queue] = self._usage.get(job.queue, 0) + len(slots)
+        self._check_topology(job_id, spec, ranks, position)
+
+    # ---------------------------------------------------------------- §3: topology
+
+    def _check_topology(
+        self, job_id: str, spec: JobSpec, ranks: list[RankPlacement], position: int
+    ) -> None:
+        nodes = [self._nodes[r.node_id] for r in ranks if r.node_id in self._nodes]
+        require = spec.topology.require
+        domains = {
+            "node": {r.node_id for r in ranks},
+            "rack": {node.rack for node in nodes},
+            "block": {node.block for node in nodes},
+        }.get(require, set())
+        if len(domains) > 1:
+            self._broken(
+                "topology",
+                f"job {job_id} requires one {require} but its gang spans "
+                f"{', '.join(sorted(domains))}",
+                position,
+            )
+        if spec.gpu_type is not None:
+            wrong = sorted({node.gpu_type for node in nodes} - {spec.gpu_type})
+            if wrong:
+                self._broken(
+                    "topology",
+                    f"job {job_id} asks for {spec.gpu_type} GPUs but got {', '.join(wrong)}",
+                    position,
+                )
+
+    # ---------------------------------------------------------------- §3: quotas
+
+    def _note_usage(self, queue: str) -> None:
+        used = self._usage.get(queue, 0)
+        if used < self._least_usage.get(queue, used + 1):
+            self._least_usage[queue] = used
+
+    def _chain(self, queue: str) -> list[str]:
+        chain: list[str] = []
+        current: str | None = queue
+        while current is not None and current not in chain and len(chain) < 16:
+            chain.append(current)
+            record = self._queues.get(current)
+            current = record.parent if record is not None else None
+        return chain
+
+    def _subtree(self, queue: str, usage: dict[str, int]) -> int:
+        """GPUs the queue and its descendants hold (as the core's quota book counts)."""
+        return sum(used for name, used in usage.items() if queue in self._chain(name))
+
+    def _guarantee(self, queue: str) -> int:
+        record = self._queues.get(queue)
+        return record.guaranteed if record is not None else 0
+
+    def _borrowing(self, queue: str) -> bool:
+        """Whether the queue holds more than its guarantee, net of this cycle's evictions."""
+        usage = {name: used - self._credit.get(name, 0) for name, used in self._usage.items()}
+        return self._subtree(queue, usage) > self._guarantee(queue)
+
+    # ---------------------------------------------------------------- §3: preemption
+
+    def _observe_preemption(
+        self, victim: _Job, event: PreemptionRequested, position: int, at: float
+    ) -> None:
+        if event.attempt != victim.attempt or victim.gang_at is None:
+            return
+        preemptor = self._jobs.get(event.preemptor_job_id or "")
+        if preemptor is not None and (self._plan != (event.preemptor_job_id, at)):
+            # A new plan: the core credits the previous plan's victims to their queues.
+            for earlier in self._plan_victims:
+                done = self._jobs[earlier]
+                self._credit[done.queue] = self._credit.get(done.queue, 0) + len(done.gang)
+            self._plan, self._plan_victims = (event.preemptor_job_id or "", at), []
+        if preemptor is not None and not self._policy.is_fifo:
+            self._check_victim(preemptor, victim, event, position, at)
+            self._plan_victims.append(event.job_id)
+            preemptor.preemptor = True
+        victim.preempting = True
+        victim.last_preempted_at = at
+
+    def _check_victim(
+        self, preemptor: _Job, victim: _Job, event: PreemptionRequested, position: int, at: float
+    ) -> None:
+        who = f"job {event.preemptor_job_id} preempted job {event.job_id}"
+        borrower = victim.queue != preemptor.queue and self._borrowing(victim.queue)
+        if victim.queue != preemptor.queue and not borrower:
+            self._broken(
+                "cross_queue",
+                f"{who}, of queue {victim.queue}, which is within its guarantee of "
+                f"{self._guarantee(victim.queue)} GPUs",
+                victim.gang_at or position,
+                position,
+            )
+        shape = shape_of(preemptor.spec)
+        if not self._plan_victims and self._fits(shape, set()):
+            self._broken(
+                "idle_capacity",
+                f"{who} while idle GPUs could host job {event.preemptor_job_id}",
+                position,
+            )
+        elif not borrower:
+            borrowers = self._eligible_borrowers(preemptor, shape, at)
+            if self._fits(shape, borrowers):
+                self._broken(
+                    "borrowers_first",
+                    f"{who} of queue {victim.queue} (not borrowing) although evicting "
+                    f"borrowers ({', '.join(sorted(borrowers)[:3])}) would have made room",
+                    position,
+                )
+
+    def _eligible_borrowers(self, preemptor: _Job, shape: Shape, at: float) -> set[str]:
+        """Gangs of other, borrowing queues the preemptor may surely evict (a subset of the
+        core's borrowers: protected gangs and overdue-reservation cases are left out)."""
+        policy = self._policy
+        pclass = policy.priority_class(preemptor.priority)
+        credited = {name: used - self._credit.get(name, 0) for name, used in self._usage.items()}
+        used = self._subtree(preemptor.queue, credited)
+        guarantee = self._guarantee(preemptor.queue)
+        reclaiming = guarantee > 0 and used + shape.min_gpus <= guarantee
+        chosen: set[str] = set()
+        for job_id, other in self._jobs.items():
+            if other is preemptor or other.gang_at is None or other.queue == preemptor.queue:
+                continue
+            if other.preempting and job_id not in self._plan_victims:
+                continue
+            if shape.gpu_type is not None and any(
+                self._nodes[node].gpu_type != shape.gpu_type for node, _ in other.gang[:1]
+            ):
+                continue
+            vclass = policy.priority_class(other.priority)
+            if not vclass.preemptible or other.spec.preemptible is False:
+                continue
+            started = other.started_at if other.started_at is not None else other.gang_since
+            if at < started + other.spec.min_runtime_s:
+                continue
+            if other.last_preempted_at is not None and (
+                at < other.last_preempted_at + policy.hysteresis_s
+            ):
+                continue
+            if not (
+                (pclass.can_preempt and vclass.rank < pclass.rank) or reclaiming
+            ) or not self._borrowing(other.queue):
+                continue
+            chosen.add(job_id)
+        return chosen
+
+    def _fits(self, shape: Shape, evicted: set[str]) -> bool:
+        """Whether the gang would fit the free GPUs plus those of the `evicted` gangs."""
+        held = {slot for slot, (job, _) in self._bound.items() if job not in evicted}
+        best = 0
+        pools: dict[str, dict[str, list[tuple[str, str, int]]]] = {}
+        for node_id, node in self._nodes.items():
+            if node.lost or node.draining or node.drained:
+                continue
+            if shape.gpu_type is not None and node.gpu_type != shape.gpu_type:
+                continue
+            free = sum(
+                1 for gpu in node.gpus if gpu not in node.unhealthy and (node_id, gpu) not in held
+            )
+            units = free // shape.unit_gpus
+            if units:
+                pools.setdefault(node.gpu_type, {}).setdefault("", []).append(
+                    (node.rack, node.block, units)
+                )
+        for pool in pools.values():
+            entries = pool[""]
+            if shape.require == "node":
+                best = max(best, max(units for _, _, units in entries))
+            elif shape.require in ("rack", "block"):
+                per: dict[str, int] = {}
+                for rack, block, units in entries:
+                    key = rack if shape.require == "rack" else block
+                    per[key] = per.get(key, 0) + units
+                best = max(best, max(per.values()))
+            else:
+                best = max(best, sum(units for _, _, units in entries))
+        return best >= shape.min_units
+
+    # ---------------------------------------------------------------- §3: backfill
+
+    def _check_backfill(
+        self, job_id: str, job: _Job, event: GangReserved, position: int, at: float
+    ) -> None:
+        """A job ordered after the head may not run on its reserved nodes past its start."""
+        policy = self._policy
+        if policy.is_fifo or not policy.backfill or job.preemptor:
+            return
+        if at - job.waiting_since >= policy.aging_max_wait_s:
+            return  # an aged job goes before the head
+        spec = job.spec
+        estimate = (
+            spec.estimated_runtime_s or spec.max_runtime_s or (policy.default_runtime_estimate_s)
+        )
+        guarantee = self._guarantee(job.queue)
+        least = self._subtree(job.queue, self._least_usage)
+        if guarantee > 0 and least + shape_of(spec).min_gpus <= guarantee:
+            return  # it may have been ordered first, within its guarantee
+        rank = policy.priority_class(job.priority).rank
+        used = {r.node_id for r in event.ranks}
+        for head_id, head in self._jobs.items():
+            planned = head.reservation
+            if planned is None or head is job or not head.waiting or head.terminal_at:
+                continue
+            start, nodes, planned_at = planned
+            # The core re-announces a reservation only when it moves by more than the threshold.
+            late = start + policy.reservation_move_threshold_s
+            if at >= start or at + estimate <= late or not used & nodes:
+                continue
+            head_rank = policy.priority_class(head.priority).rank
+            after = rank < head_rank or (
+                rank == head_rank
+                and job.queue == head.queue
+                and job.submitted_at > head.submitted_at
+            )
+            if after:
+                self._broken(
+                    "backfill",
+                    f"job {job_id} was placed on node(s) {', '.join(sorted(used & nodes))} "
+                    f"reserved for job {head_id} and would still run when its reservation "
+                    "starts",
+                    planned_at,
+                    position,
+                )
 
     # ---------------------------------------------------------------- 4
 
