@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv up up-stack up-services down down-stack down-services status test test-unit test-integration bench lint
+.PHONY: help venv up up-stack up-services down down-stack down-services status test test-unit test-integration bench lint mutation
 
 help:
 	@echo "make up | down | status | test | bench | lint | venv"
@@ -55,6 +55,11 @@ test-integration: venv up-stack
 bench: venv up-stack
 	set -a && source .gangway/env && set +a && \
 	for script in bench/bench_*.py; do echo "== $$script"; $(PY) "$$script" || exit 1; done
+
+# mutmut over the scheduling core with the core tests, bounded to 30 minutes; the last line is
+# `mutation score: K killed of M (P%)`. MUTATION_ARGS passes options (e.g. --modules ordering).
+mutation: venv
+	$(PY) scripts/mutation.py $(MUTATION_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

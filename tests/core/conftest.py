@@ -1,0 +1,34 @@
+"""Hypothesis profiles for the core's property tests.
+
+- `dev` (default): a new random seed every run, so local runs keep exploring.
+- `ci` (chosen when the CI environment variable is set): derandomized, so every CI run tests the
+  same, pinned examples; a failure there is reproducible by running with that profile.
+- `mutation` (`make mutation` sets it): derandomized and fewer examples, so that each mutant's
+  run stays short.
+
+`GANGWAY_HYPOTHESIS_PROFILE` names a profile explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+_QUIET = [HealthCheck.too_slow]
+
+settings.register_profile("dev", max_examples=150, deadline=None, suppress_health_check=_QUIET)
+settings.register_profile(
+    "ci", max_examples=150, derandomize=True, deadline=None, suppress_health_check=_QUIET
+)
+settings.register_profile(
+    "mutation",
+    max_examples=30,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=_QUIET,
+)
+settings.load_profile(
+    os.environ.get("GANGWAY_HYPOTHESIS_PROFILE") or ("ci" if os.environ.get("CI") else "dev")
+)
