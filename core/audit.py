@@ -178,11 +178,10 @@ class Auditor:
         # GPUs of every registered node, kept as nodes register: summing them on each
         # registration made registering a 12,500-node cluster quadratic.
         self._capacity = 0
-        # The preemption plan being recorded: (preemptor, time) and its victims so far. The
-        # core credits an earlier plan's victims back to their queues within its cycle.
+        # The preemption plan being recorded: (preemptor, time) and its victims so far. Gangs
+        # under eviction leave their queues' usage, but a plan's victims are judged together.
         self._plan: tuple[str, float] | None = None
         self._plan_victims: list[str] = []
-        self._credit: dict[str, int] = {}
         # Per queue, the least usage seen at the current instant (a cycle orders its jobs by
         # guarantee before it binds any of them).
         self._instant: float | None = None
@@ -200,7 +199,7 @@ class Auditor:
         if at != self._instant:
             self._instant = at
             self._least_usage = dict(self._usage)
-            self._plan, self._plan_victims, self._credit = None, [], {}
+            self._plan, self._plan_victims = None, []
         self._check_fencing(event, position, epoch)
         if isinstance(event, JobEvent):
             self._observe_job(event, position, at)
@@ -336,6 +335,9 @@ class Auditor:
             self._check_reclaim(event.job_id, job, event, position, at)
         elif isinstance(event, ReservationPlanned):
             job.explained = True
+            # One head at a time: a new head's reservation replaces any other job's.
+            for other in self._jobs.values():
+                other.reservation = None
             job.reservation = (event.start_at.timestamp(), frozenset(event.nodes), position)
         elif isinstance(event, TaskStarted):
             if event.attempt == job.attempt and job.gang_at is not None:
@@ -526,10 +528,18 @@ class Auditor:
         record = self._queues.get(queue)
         return record.guaranteed if record is not None else 0
 
+    def _staying(self) -> dict[str, int]:
+        """GPUs per queue net of the gangs already on their way out (under eviction, but not
+        the victims of the plan being recorded: the core judges a plan's victims together)."""
+        usage = dict(self._usage)
+        for job_id, job in self._jobs.items():
+            if job.preempting and job.gang_at is not None and job_id not in self._plan_victims:
+                usage[job.queue] = usage.get(job.queue, 0) - len(job.gang)
+        return usage
+
     def _borrowing(self, queue: str) -> bool:
-        """Whether the queue holds more than its guarantee, net of this cycle's evictions."""
-        usage = {name: used - self._credit.get(name, 0) for name, used in self._usage.items()}
-        return self._subtree(queue, usage) > self._guarantee(queue)
+        """Whether the queue holds more than its guarantee, net of gangs under eviction."""
+        return self._subtree(queue, self._staying()) > self._guarantee(queue)
 
     # ---------------------------------------------------------------- §3: preemption
 
@@ -540,10 +550,6 @@ class Auditor:
             return
         preemptor = self._jobs.get(event.preemptor_job_id or "")
         if preemptor is not None and (self._plan != (event.preemptor_job_id, at)):
-            # A new plan: the core credits the previous plan's victims to their queues.
-            for earlier in self._plan_victims:
-                done = self._jobs[earlier]
-                self._credit[done.queue] = self._credit.get(done.queue, 0) + len(done.gang)
             self._plan, self._plan_victims = (event.preemptor_job_id or "", at), []
         if preemptor is not None and not self._policy.is_fifo:
             self._check_victim(preemptor, victim, event, position, at)
@@ -587,8 +593,7 @@ class Auditor:
         core's borrowers: protected gangs and overdue-reservation cases are left out)."""
         policy = self._policy
         pclass = policy.priority_class(preemptor.priority)
-        credited = {name: used - self._credit.get(name, 0) for name, used in self._usage.items()}
-        used = self._subtree(preemptor.queue, credited)
+        used = self._subtree(preemptor.queue, self._staying())
         guarantee = self._guarantee(preemptor.queue)
         reclaiming = guarantee > 0 and used + shape.min_gpus <= guarantee
         chosen: set[str] = set()
@@ -735,7 +740,7 @@ class Auditor:
             return
         if self._policy.is_fifo or not self._policy.preemption:
             return  # a policy without reclaim makes no such promise (the fifo baseline)
-        reclaimable = self._reclaimable(job.queue, at)
+        reclaimable = self._reclaimable(job.queue, at, job.spec.gpu_type)
         if reclaimable < gpus:
             job.entitled_since = None
             return
@@ -752,8 +757,9 @@ class Auditor:
             )
             job.entitled_since = at
 
-    def _reclaimable(self, queue: str, at: float) -> int:
-        """Preemptible GPUs held beyond their queues' guarantees, by other queues."""
+    def _reclaimable(self, queue: str, at: float, gpu_type: str | None = None) -> int:
+        """Preemptible GPUs held beyond their queues' guarantees, by other queues (of the GPU
+        type the job asks for: borrowed GPUs of another type are no use to it)."""
         borrowed: dict[str, int] = {}
         for name, used in self._usage.items():
             record = self._queues.get(name)
@@ -763,6 +769,10 @@ class Auditor:
         total = 0
         for other in self._jobs.values():
             if other.gang_at is None or other.queue not in borrowed:
+                continue
+            if gpu_type is not None and any(
+                self._nodes[node].gpu_type != gpu_type for node, _ in other.gang[:1]
+            ):
                 continue
             spec = other.spec
             pclass = self._policy.priority_class(spec.priority)

@@ -672,6 +672,7 @@ class _Cycle:
         preemptors = 0
         attempts = 0
         pool: VictimPool | None = None
+        credited = False
         # Victims only get scarcer within a cycle: a shape that found none makes larger fail.
         failed: dict[tuple[object, ...], int] = {}
         for job in blocked:
@@ -685,6 +686,9 @@ class _Cycle:
                 if now < calm_until:
                     self.wakeups.append(calm_until)
                     continue
+            if not credited:
+                self.credit_leaving(quota)
+                credited = True
             pclass = policy.priority_class(job.priority)
             reclaiming = quota.within_guarantee(job.queue, shape.min_gpus)
             overrun_head = (
@@ -755,6 +759,16 @@ class _Cycle:
                 f"{job.need}; preempting {names}{more}; starts once they checkpoint "
                 f"(within {policy.preemption_grace_s:g} s)",
             )
+
+    def credit_leaving(self, quota: QuotaBook) -> None:
+        """Gangs already under eviction leave soon: their queues are not borrowing them.
+
+        Counting them made each later cycle take another gang of a lender already giving
+        back its borrowed GPUs, until it fell below its guarantee (invariant 4).
+        """
+        for job in self.state._holding.values():
+            if job.state == "preempting" and job.job_id not in self.released:
+                quota.charge(job.queue, -job.bound_gpus)
 
     # ------------------------------------------------------------ 7. explain
 

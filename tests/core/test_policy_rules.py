@@ -257,3 +257,21 @@ def test_a_rigid_gang_that_the_free_gpus_could_hold_only_in_part_waits_holding_n
 
     elastic_history, elastic = scenario(2)  # the same shape may run on two tasks
     assert elastic_history.bound_gpus(elastic) == 8
+
+
+def test_gangs_already_being_evicted_do_not_count_as_their_queues_borrowing() -> None:
+    """Found by the property tests: each cycle counted the lender's gangs under eviction as
+    still held, so one urgent job after another took its gangs until it had none left, below
+    its guarantee. Gangs on their way out are credited: the last one is within the guarantee."""
+    history = History("3x8:3:1")
+    history.team("lender", guaranteed=8).team("ops")
+    lent = history.submit(*(a_job().gpus(8).team("lender").priority("research") for _ in range(3)))
+    history.run()
+    for _ in range(3):
+        history.submit(a_job().gpus(1).team("ops").priority("inference-critical"))
+        history.run(agents=False)  # the evictions have not completed yet
+
+    evicted = [p.job_id for p in history.events(PreemptionRequested)]
+    assert len(evicted) == 2
+    assert [j for j in lent if j not in evicted and history.job(j).state == "running"]
+    assert history.auditor.violations == []
