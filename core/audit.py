@@ -16,8 +16,8 @@ violations carry invariant 0 and the name of the rule (`RULES`):
 - borrowers_first: a gang within its guarantee (or of the preemptor's own queue) is evicted only
   when the eligible borrowers' gangs could not make room;
 - drain: a node is reported drained only once no gang holds a GPU on it;
-- backfill: a later, lower-ordered job never lands on a reserved node when it would still run
-  at the reservation's start.
+- backfill: a later, lower-ordered job never lands on a node reserved in the same cycle when it
+  would still run at the reservation's start.
 
 It keeps its own small model of the log (it does not trust the scheduler's state) and reports
 each violation with the log positions of the events involved.
@@ -110,6 +110,11 @@ class Violation:
         """'invariant 3' or 'rule topology': what a report groups violations by."""
         return f"rule {self.rule}" if self.invariant == 0 else f"invariant {self.invariant}"
 
+    def __str__(self) -> str:
+        """One line for reports (the simulator's and `gangway audit`'s)."""
+        where = ", ".join(str(p) for p in self.positions)
+        return f"{self.kind}: {self.message} (log positions {where})"
+
 
 @dataclass(slots=True)
 class _Node:
@@ -146,8 +151,8 @@ class _Job:
     # Since when the job waits (admission, requeue, resume) and whether it ever preempted.
     waiting_since: float = 0.0
     preemptor: bool = False
-    # The head's latest recorded reservation: (start, nodes, position of the record).
-    reservation: tuple[float, frozenset[str], int] | None = None
+    # The head's latest recorded reservation: (start, nodes, position and time of the record).
+    reservation: tuple[float, frozenset[str], int, float] | None = None
 
 
 @dataclass(slots=True)
@@ -338,7 +343,7 @@ class Auditor:
             # One head at a time: a new head's reservation replaces any other job's.
             for other in self._jobs.values():
                 other.reservation = None
-            job.reservation = (event.start_at.timestamp(), frozenset(event.nodes), position)
+            job.reservation = (event.start_at.timestamp(), frozenset(event.nodes), position, at)
         elif isinstance(event, TaskStarted):
             if event.attempt == job.attempt and job.gang_at is not None:
                 job.started_ranks.add(event.rank)
@@ -680,10 +685,10 @@ class Auditor:
             planned = head.reservation
             if planned is None or head is job or not head.waiting or head.terminal_at:
                 continue
-            start, nodes, planned_at = planned
-            # The core re-announces a reservation only when it moves by more than the threshold.
-            late = start + policy.reservation_move_threshold_s
-            if at >= start or at + estimate <= late or not used & nodes:
+            start, nodes, planned_at, planned_when = planned
+            # The core re-plans the head every cycle but records it only when it moves: the
+            # recorded nodes are the reserved ones only in the cycle that recorded them.
+            if planned_when != at or at + estimate <= start or not used & nodes:
                 continue
             head_rank = policy.priority_class(head.priority).rank
             after = rank < head_rank or (
