@@ -135,3 +135,20 @@ def test_a_preemptor_is_placed_first_once_its_victims_release() -> None:
     gangs = [g.job_id for g in history.events(GangReserved)]
     assert gangs[-1] == urgent
     assert history.bound_gpus(urgent) == 8
+
+
+def test_min_runtime_counts_from_when_every_rank_started_not_from_the_reservation() -> None:
+    history = History("1x8:1:1")
+    slow = history.submit(a_job().gpus(8).min_runtime(900))[0]
+    history.run(agents=False)  # reserved now, its ranks start ten minutes later
+    history.advance(600)
+    history.start(slow)
+    history.advance(400)  # 1000 s after the reservation, 400 s after the start
+    history.submit(a_job().gpus(8).priority("inference-critical"))
+
+    history.run()
+    assert history.events(PreemptionRequested) == []
+
+    history.advance(500)
+    history.run()
+    assert [p.job_id for p in history.events(PreemptionRequested)] == [slow]
