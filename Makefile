@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv up up-stack up-services down down-stack down-services status test test-unit test-integration bench lint chaos
+.PHONY: help venv up up-stack up-services down down-stack down-services status test test-unit test-integration bench lint chaos mutation
 
 help:
 	@echo "make up | down | status | test | bench | lint | venv | chaos"
@@ -60,6 +60,11 @@ bench: venv up-stack
 # and directories under .chaos/; a few minutes, stops by itself). Not part of `make test`.
 chaos: venv
 	$(PY) -m tests.chaos
+
+# mutmut over the scheduling core with the core tests, bounded to 30 minutes; the last line is
+# `mutation score: K killed of M (P%)`. MUTATION_ARGS passes options (e.g. --modules ordering).
+mutation: venv
+	$(PY) scripts/mutation.py $(MUTATION_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check .

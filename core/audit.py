@@ -9,20 +9,31 @@
 5. Every submitted job is terminal, or pending with a reason; none is lost.
 6. A deposed scheduler's writes are rejected (leader epoch fencing).
 
+It also checks the promises of the scheduling policy (DESIGN §3) that a log can show; those
+violations carry invariant 0 and the name of the rule (`RULES`):
+
+- topology: `require: node|rack|block` keeps the gang in one such domain; `gpu_type` is honoured;
+- cross_queue: another team never preempts a gang within its queue's guarantee;
+- idle_capacity: nobody is preempted while idle GPUs could host the preemptor;
+- borrowers_first: a gang within its guarantee (or of the preemptor's own queue) is evicted only
+  when the eligible borrowers' gangs could not make room;
+- drain: a node is reported drained only once no gang holds a GPU on it;
+- backfill: a later, lower-ordered job never lands on a node reserved in the same cycle when it
+  would still run at the reservation's start.
+
 It keeps its own small model of the log (it does not trust the scheduler's state) and reports
 each violation with the log positions of the events involved.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from core.policy import SchedulingPolicy
-from core.shape import ranks_per_unit
+from core.shape import Shape, ranks_per_unit, shape_of
 from schemas.base import Event
 from schemas.jobs import (
+    GANG_RELEASING_EVENTS,
     GangReserved,
     JobAdmitted,
     JobCancelled,
@@ -37,6 +48,7 @@ from schemas.jobs import (
     JobSucceeded,
     JobSuspended,
     PreemptionRequested,
+    RankPlacement,
     ReservationPlanned,
     TaskExited,
     TaskStarted,
@@ -47,13 +59,12 @@ from schemas.nodes import (
     GpuUnhealthy,
     NodeDrained,
     NodeDrainRequested,
-    NodeEvent,
     NodeLost,
     NodeRecovered,
     NodeRegistered,
     NodeUndrained,
 )
-from schemas.reasons import QUOTA_CEILING
+from schemas.reasons import QUOTA_CEILING, RESERVED_HEAD
 from schemas.teams import QueueConfigured, TeamCreated
 
 # Events only the active scheduler writes: these are fenced by the leader epoch.
@@ -79,16 +90,42 @@ _NOT_AFTER_END: tuple[type[Event], ...] = (
 )
 
 
+# The scheduling promises of DESIGN §3 the auditor checks (violations with invariant 0).
+RULES: dict[str, str] = {
+    "topology": "a required node, rack or block locality and the GPU type are honoured",
+    "cross_queue": "another team never preempts a gang within its queue's guarantee",
+    "idle_capacity": "no preemption while idle GPUs could serve",
+    "borrowers_first": "borrowed capacity is reclaimed before a guarantee's or one's own",
+    "drain": "a node is reported drained only when no gang holds it",
+    "backfill": "backfill never delays a planned reservation",
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Violation:
     invariant: int
     message: str
     positions: tuple[int, ...]
+    # For invariant 0 (a scheduling promise of DESIGN §3): which rule of RULES.
+    rule: str = ""
+
+    @property
+    def kind(self) -> str:
+        """'invariant 3' or 'rule topology': what a report groups violations by."""
+        return f"rule {self.rule}" if self.invariant == 0 else f"invariant {self.invariant}"
+
+    def __str__(self) -> str:
+        """One line for reports (the simulator's and `gangway audit`'s)."""
+        where = ", ".join(str(p) for p in self.positions)
+        return f"{self.kind}: {self.message} (log positions {where})"
 
 
 @dataclass(slots=True)
 class _Node:
     gpus: frozenset[int]
+    rack: str = ""
+    block: str = ""
+    gpu_type: str = ""
     lost: bool = False
     draining: bool = False
     drained: bool = False
@@ -111,6 +148,17 @@ class _Job:
     # Whether a reason (JobDeferred, ReservationPlanned) was recorded since it began waiting.
     explained: bool = False
     entitled_since: float | None = None
+    priority: str = ""
+    # When every rank of the current attempt had started (the core's start of min runtime).
+    started_at: float | None = None
+    started_ranks: set[int] = field(default_factory=set)
+    preempting: bool = False
+    last_preempted_at: float | None = None
+    # Since when the job waits (admission, requeue, resume) and whether it ever preempted.
+    waiting_since: float = 0.0
+    preemptor: bool = False
+    # The head's latest recorded reservation: (start, nodes, position and time of the record).
+    reservation: tuple[float, frozenset[str], int, float] | None = None
 
 
 @dataclass(slots=True)
@@ -145,32 +193,49 @@ class Auditor:
         # GPUs of every registered node, kept as nodes register: summing them on each
         # registration made registering a 12,500-node cluster quadratic.
         self._capacity = 0
+        # The preemption plan being recorded: (preemptor, time) and its victims so far. Gangs
+        # under eviction leave their queues' usage, but a plan's victims are judged together.
+        self._plan: tuple[str, float] | None = None
+        self._plan_victims: list[str] = []
+        # Per queue, the least usage seen at the current instant (a cycle orders its jobs by
+        # guarantee before it binds any of them).
+        self._instant: float | None = None
+        self._least_usage: dict[str, int] = {}
+        self._ranks: dict[str, int] = {}
 
     def _flag(self, invariant: int, message: str, *positions: int) -> None:
         self.violations.append(Violation(invariant, message, tuple(positions)))
 
+    def _broken(self, rule: str, message: str, *positions: int) -> None:
+        """A scheduling promise of DESIGN §3 (one of RULES) was broken."""
+        self.violations.append(Violation(0, message, tuple(positions), rule))
+
     def observe(self, event: Event, position: int, at: float, epoch: int | None) -> None:
+        if at != self._instant:
+            self._instant = at
+            self._least_usage = dict(self._usage)
+            self._plan, self._plan_victims = None, []
         self._check_fencing(event, position, epoch)
         if isinstance(event, JobEvent):
-            # A job's events are checked as one family: any of them, of a job never
-            # submitted, is a violation, whatever its class.
             self._observe_job(event, position, at)
-            return
-        handler = _AUDIT_FOLDS.get(type(event))
-        if handler is not None:
-            handler(self, event, position)
-
-    def _on_node_registered(self, event: NodeRegistered, position: int) -> None:
-        previous = self._nodes.get(event.node_id)
-        if previous is not None:
-            self._capacity -= len(previous.gpus)
-        self._nodes[event.node_id] = _Node(gpus=frozenset(g.index for g in event.gpus))
-        self._capacity += len(self._nodes[event.node_id].gpus)
-        self._check_guarantees(position)
-
-    def _on_queue(self, event: TeamCreated | QueueConfigured, position: int) -> None:
-        self._queues[event.name] = _Queue(event.parent, event.guaranteed_gpus, position)
-        self._check_guarantees(position)
+        elif isinstance(event, NodeRegistered):
+            previous = self._nodes.get(event.node_id)
+            if previous is not None:
+                self._capacity -= len(previous.gpus)
+            self._nodes[event.node_id] = _Node(
+                gpus=frozenset(g.index for g in event.gpus),
+                rack=event.rack,
+                block=event.block,
+                gpu_type=event.gpu_type,
+            )
+            self._capacity += len(self._nodes[event.node_id].gpus)
+            self._check_guarantees(position)
+        elif isinstance(event, TeamCreated | QueueConfigured):
+            name = event.name
+            self._queues[name] = _Queue(event.parent, event.guaranteed_gpus, position)
+            self._check_guarantees(position)
+        else:
+            self._observe_node(event, position)
 
     # ---------------------------------------------------------------- 6
 
@@ -203,30 +268,46 @@ class Auditor:
 
     # ---------------------------------------------------------------- nodes
 
-    def _on_node_lost(self, node: _Node, event: NodeLost) -> None:
-        node.lost = True
-        for slot, (job_id, attempt, rank, _) in list(self._running.items()):
-            if slot[0] == event.node_id:
-                del self._running[slot]
-                self._running_slots.pop((job_id, attempt, rank), None)
-
-    def _on_node_recovered(self, node: _Node, event: NodeRecovered) -> None:
-        node.lost = False
-
-    def _on_drain_requested(self, node: _Node, event: NodeDrainRequested) -> None:
-        node.draining = True
-
-    def _on_drained(self, node: _Node, event: NodeDrained) -> None:
-        node.drained, node.draining = True, False
-
-    def _on_undrained(self, node: _Node, event: NodeUndrained) -> None:
-        node.drained = node.draining = False
-
-    def _on_gpu_unhealthy(self, node: _Node, event: GpuUnhealthy) -> None:
-        node.unhealthy.add(event.gpu_index)
-
-    def _on_gpu_recovered(self, node: _Node, event: GpuRecovered) -> None:
-        node.unhealthy.discard(event.gpu_index)
+    def _observe_node(self, event: Event, position: int) -> None:
+        node_id = getattr(event, "node_id", None)
+        node = self._nodes.get(node_id) if isinstance(node_id, str) else None
+        if node is None:
+            return
+        if isinstance(event, NodeLost | GpuUnhealthy | NodeDrainRequested):
+            # The core plans again when a reserved node loses capacity (several cycles may
+            # share one instant, so the reservation's time alone cannot tell it is stale).
+            for job in self._jobs.values():
+                if job.reservation is not None and node_id in job.reservation[1]:
+                    job.reservation = None
+        if isinstance(event, NodeDrained):
+            holders = sorted(
+                {job for (node_key, _), (job, _) in self._bound.items() if node_key == node_id}
+            )
+            if holders:
+                self._broken(
+                    "drain",
+                    f"node {node_id} reported drained while job {holders[0]} still holds "
+                    "GPUs on it",
+                    position,
+                )
+        if isinstance(event, NodeLost):
+            node.lost = True
+            for slot, (job_id, attempt, rank, _) in list(self._running.items()):
+                if slot[0] == event.node_id:
+                    del self._running[slot]
+                    self._running_slots.pop((job_id, attempt, rank), None)
+        elif isinstance(event, NodeRecovered):
+            node.lost = False
+        elif isinstance(event, NodeDrainRequested):
+            node.draining = True
+        elif isinstance(event, NodeDrained):
+            node.drained, node.draining = True, False
+        elif isinstance(event, NodeUndrained):
+            node.drained = node.draining = False
+        elif isinstance(event, GpuUnhealthy):
+            node.unhealthy.add(event.gpu_index)
+        elif isinstance(event, GpuRecovered):
+            node.unhealthy.discard(event.gpu_index)
 
     # ---------------------------------------------------------------- jobs
 
@@ -234,7 +315,9 @@ class Auditor:
         if isinstance(event, JobSubmitted):
             if event.job_id not in self._jobs:
                 spec = event.spec
-                self._jobs[event.job_id] = _Job(spec, position, spec.queue or spec.team)
+                self._jobs[event.job_id] = _Job(
+                    spec, position, spec.queue or spec.team, priority=spec.priority
+                )
             return
         job = self._jobs.get(event.job_id)
         if job is None:
@@ -253,54 +336,53 @@ class Auditor:
                     position,
                 )
             return
-        handler = _LIVE_JOB_FOLDS.get(type(event))
-        if handler is not None:
-            handler(self, job, event, position, at)
-
-    def _on_admitted(self, job: _Job, event: JobAdmitted, position: int, at: float) -> None:
-        job.queue = event.queue
-        job.waiting, job.explained = True, False
-
-    def _on_gang_reserved(self, job: _Job, event: GangReserved, position: int, at: float) -> None:
-        self._observe_gang(job, event, position, at)
-
-    def _release_gang(self, job: _Job, event: JobEvent) -> None:
-        # An event without an attempt (suspended, cancelled outside one) releases any gang.
-        attempt = getattr(event, "attempt", None)
-        if attempt is None or attempt == job.attempt:
-            self._release(event.job_id, job)
-
-    def _on_requeued(self, job: _Job, event: JobRequeued, position: int, at: float) -> None:
-        self._release_gang(job, event)
-        job.waiting, job.explained = True, False
-
-    def _on_suspended(self, job: _Job, event: JobSuspended, position: int, at: float) -> None:
-        self._release_gang(job, event)
-        job.waiting = False
-
-    def _on_ended(self, job: _Job, event: JobEvent, position: int, at: float) -> None:
-        self._release_gang(job, event)
-        self._end(job, position)
-
-    def _on_rejected(self, job: _Job, event: JobRejected, position: int, at: float) -> None:
-        self._end(job, position)
-
-    @staticmethod
-    def _end(job: _Job, position: int) -> None:
-        job.terminal_at = position
-        job.waiting = False
-
-    def _on_resumed(self, job: _Job, event: JobResumed, position: int, at: float) -> None:
-        job.waiting, job.explained = True, False
-
-    def _on_deferred(self, job: _Job, event: JobDeferred, position: int, at: float) -> None:
-        job.explained = True
-        self._check_reclaim(event.job_id, job, event, position, at)
-
-    def _on_reservation_planned(
-        self, job: _Job, event: ReservationPlanned, position: int, at: float
-    ) -> None:
-        job.explained = True
+        if isinstance(event, JobAdmitted):
+            job.queue = event.queue
+            job.priority = event.priority
+            job.waiting, job.explained = True, False
+            job.waiting_since = at
+        elif isinstance(event, GangReserved):
+            self._check_backfill(event.job_id, job, event, position, at)
+            self._observe_gang(job, event, position, at)
+        elif isinstance(event, GANG_RELEASING_EVENTS):
+            attempt = getattr(event, "attempt", None)
+            if attempt is None or attempt == job.attempt:
+                self._release(event.job_id, job)
+            if isinstance(event, JobRequeued):
+                job.waiting, job.explained = True, False
+                job.waiting_since = at
+            job.reservation = None
+        elif isinstance(event, JobResumed):
+            job.waiting, job.explained = True, False
+            job.waiting_since = at
+        elif isinstance(event, JobDeferred):
+            job.explained = True
+            if event.code != RESERVED_HEAD:
+                job.reservation = None
+            self._check_reclaim(event.job_id, job, event, position, at)
+        elif isinstance(event, ReservationPlanned):
+            job.explained = True
+            # One head at a time: a new head's reservation replaces any other job's.
+            for other in self._jobs.values():
+                other.reservation = None
+            job.reservation = (event.start_at.timestamp(), frozenset(event.nodes), position, at)
+        elif isinstance(event, TaskStarted):
+            if event.attempt == job.attempt and job.gang_at is not None:
+                job.started_ranks.add(event.rank)
+                ranks = self._ranks.get(event.job_id, 0)
+                if (
+                    job.started_at is None
+                    and not job.preempting
+                    and len(job.started_ranks) >= ranks
+                ):
+                    job.started_at = at
+        elif isinstance(event, PreemptionRequested):
+            self._observe_preemption(job, event, position, at)
+        if isinstance(event, _TERMINAL):
+            job.terminal_at = position
+            job.waiting = False
+        elif isinstance(event, JobSuspended):
+            job.waiting = False
 
     def _observe_rank(self, job: _Job, event: TaskStarted | TaskExited, position: int) -> None:
         key = (event.job_id, event.attempt, event.rank)
@@ -327,6 +409,10 @@ class Auditor:
             self._usage[job.queue] = self._usage.get(job.queue, 0) - len(job.gang)
         job.gang = []
         job.gang_at = None
+        job.started_at = None
+        job.started_ranks = set()
+        job.preempting = False
+        self._note_usage(job.queue)
 
     def _observe_gang(self, job: _Job, event: GangReserved, position: int, at: float) -> None:
         job_id = event.job_id
@@ -436,7 +522,243 @@ class Auditor:
         job.attempt = event.attempt
         job.waiting = False
         job.entitled_since = None
+        job.started_at = None
+        job.started_ranks = set()
+        job.preempting = False
+        job.reservation = None
+        self._ranks[job_id] = len(ranks)
         self._usage[job.queue] = self._usage.get(job.queue, 0) + len(slots)
+        self._check_topology(job_id, spec, ranks, position)
+
+    # ---------------------------------------------------------------- §3: topology
+
+    def _check_topology(
+        self, job_id: str, spec: JobSpec, ranks: list[RankPlacement], position: int
+    ) -> None:
+        nodes = [self._nodes[r.node_id] for r in ranks if r.node_id in self._nodes]
+        require = spec.topology.require
+        domains = {
+            "node": {r.node_id for r in ranks},
+            "rack": {node.rack for node in nodes},
+            "block": {node.block for node in nodes},
+        }.get(require, set())
+        if len(domains) > 1:
+            self._broken(
+                "topology",
+                f"job {job_id} requires one {require} but its gang spans "
+                f"{', '.join(sorted(domains))}",
+                position,
+            )
+        if spec.gpu_type is not None:
+            wrong = sorted({node.gpu_type for node in nodes} - {spec.gpu_type})
+            if wrong:
+                self._broken(
+                    "topology",
+                    f"job {job_id} asks for {spec.gpu_type} GPUs but got {', '.join(wrong)}",
+                    position,
+                )
+
+    # ---------------------------------------------------------------- §3: quotas
+
+    def _note_usage(self, queue: str) -> None:
+        used = self._usage.get(queue, 0)
+        if used < self._least_usage.get(queue, used + 1):
+            self._least_usage[queue] = used
+
+    def _chain(self, queue: str) -> list[str]:
+        chain: list[str] = []
+        current: str | None = queue
+        while current is not None and current not in chain and len(chain) < 16:
+            chain.append(current)
+            record = self._queues.get(current)
+            current = record.parent if record is not None else None
+        return chain
+
+    def _subtree(self, queue: str, usage: dict[str, int]) -> int:
+        """GPUs the queue and its descendants hold (as the core's quota book counts)."""
+        return sum(used for name, used in usage.items() if queue in self._chain(name))
+
+    def _guarantee(self, queue: str) -> int:
+        record = self._queues.get(queue)
+        return record.guaranteed if record is not None else 0
+
+    def _staying(self) -> dict[str, int]:
+        """GPUs per queue net of the gangs already on their way out (under eviction, but not
+        the victims of the plan being recorded: the core judges a plan's victims together)."""
+        usage = dict(self._usage)
+        for job_id, job in self._jobs.items():
+            if job.preempting and job.gang_at is not None and job_id not in self._plan_victims:
+                usage[job.queue] = usage.get(job.queue, 0) - len(job.gang)
+        return usage
+
+    def _borrowing(self, queue: str) -> bool:
+        """Whether the queue holds more than its guarantee, net of gangs under eviction."""
+        return self._subtree(queue, self._staying()) > self._guarantee(queue)
+
+    # ---------------------------------------------------------------- §3: preemption
+
+    def _observe_preemption(
+        self, victim: _Job, event: PreemptionRequested, position: int, at: float
+    ) -> None:
+        if event.attempt != victim.attempt or victim.gang_at is None:
+            return
+        preemptor = self._jobs.get(event.preemptor_job_id or "")
+        if preemptor is not None and (self._plan != (event.preemptor_job_id, at)):
+            self._plan, self._plan_victims = (event.preemptor_job_id or "", at), []
+        # The §3 promises are Gangway's policy's; a caller's baseline order (the simulator's
+        # oracles) preempts by its own rule.
+        if preemptor is not None and not self._policy.is_fifo and self._policy.order_key is None:
+            self._check_victim(preemptor, victim, event, position, at)
+            self._plan_victims.append(event.job_id)
+            preemptor.preemptor = True
+        victim.preempting = True
+        victim.last_preempted_at = at
+
+    def _check_victim(
+        self, preemptor: _Job, victim: _Job, event: PreemptionRequested, position: int, at: float
+    ) -> None:
+        who = f"job {event.preemptor_job_id} preempted job {event.job_id}"
+        borrower = victim.queue != preemptor.queue and self._borrowing(victim.queue)
+        if victim.queue != preemptor.queue and not borrower:
+            self._broken(
+                "cross_queue",
+                f"{who}, of queue {victim.queue}, which is within its guarantee of "
+                f"{self._guarantee(victim.queue)} GPUs",
+                victim.gang_at or position,
+                position,
+            )
+        shape = shape_of(preemptor.spec)
+        if not self._plan_victims and self._fits(shape, set()):
+            self._broken(
+                "idle_capacity",
+                f"{who} while idle GPUs could host job {event.preemptor_job_id}",
+                position,
+            )
+        elif not borrower:
+            borrowers = self._eligible_borrowers(preemptor, shape, at)
+            if self._fits(shape, borrowers):
+                self._broken(
+                    "borrowers_first",
+                    f"{who} of queue {victim.queue} (not borrowing) although evicting "
+                    f"borrowers ({', '.join(sorted(borrowers)[:3])}) would have made room",
+                    position,
+                )
+
+    def _eligible_borrowers(self, preemptor: _Job, shape: Shape, at: float) -> set[str]:
+        """Gangs of other, borrowing queues the preemptor may surely evict (a subset of the
+        core's borrowers: protected gangs and overdue-reservation cases are left out)."""
+        policy = self._policy
+        pclass = policy.priority_class(preemptor.priority)
+        used = self._subtree(preemptor.queue, self._staying())
+        guarantee = self._guarantee(preemptor.queue)
+        reclaiming = guarantee > 0 and used + shape.min_gpus <= guarantee
+        chosen: set[str] = set()
+        for job_id, other in self._jobs.items():
+            if other is preemptor or other.gang_at is None or other.queue == preemptor.queue:
+                continue
+            if other.preempting and job_id not in self._plan_victims:
+                continue
+            if shape.gpu_type is not None and any(
+                self._nodes[node].gpu_type != shape.gpu_type for node, _ in other.gang[:1]
+            ):
+                continue
+            vclass = policy.priority_class(other.priority)
+            if not vclass.preemptible or other.spec.preemptible is False:
+                continue
+            started = other.started_at if other.started_at is not None else other.gang_since
+            if at < started + other.spec.min_runtime_s:
+                continue
+            if other.last_preempted_at is not None and (
+                at < other.last_preempted_at + policy.hysteresis_s
+            ):
+                continue
+            if not (
+                (pclass.can_preempt and vclass.rank < pclass.rank) or reclaiming
+            ) or not self._borrowing(other.queue):
+                continue
+            chosen.add(job_id)
+        return chosen
+
+    def _fits(self, shape: Shape, evicted: set[str]) -> bool:
+        """Whether the gang would fit the free GPUs plus those of the `evicted` gangs."""
+        held = {slot for slot, (job, _) in self._bound.items() if job not in evicted}
+        # A GPU stays held while a rank of a released gang still runs on it (invariant 1 on
+        # the hardware): the core places nothing there until that rank exits.
+        held |= {slot for slot, (job, *_) in self._running.items() if job not in evicted}
+        best = 0
+        pools: dict[str, dict[str, list[tuple[str, str, int]]]] = {}
+        for node_id, node in self._nodes.items():
+            if node.lost or node.draining or node.drained:
+                continue
+            if shape.gpu_type is not None and node.gpu_type != shape.gpu_type:
+                continue
+            free = sum(
+                1 for gpu in node.gpus if gpu not in node.unhealthy and (node_id, gpu) not in held
+            )
+            units = free // shape.unit_gpus
+            if units:
+                pools.setdefault(node.gpu_type, {}).setdefault("", []).append(
+                    (node.rack, node.block, units)
+                )
+        for pool in pools.values():
+            entries = pool[""]
+            if shape.require == "node":
+                best = max(best, max(units for _, _, units in entries))
+            elif shape.require in ("rack", "block"):
+                per: dict[str, int] = {}
+                for rack, block, units in entries:
+                    key = rack if shape.require == "rack" else block
+                    per[key] = per.get(key, 0) + units
+                best = max(best, max(per.values()))
+            else:
+                best = max(best, sum(units for _, _, units in entries))
+        return best >= shape.min_units
+
+    # ---------------------------------------------------------------- §3: backfill
+
+    def _check_backfill(
+        self, job_id: str, job: _Job, event: GangReserved, position: int, at: float
+    ) -> None:
+        """A job ordered after the head may not run on its reserved nodes past its start."""
+        policy = self._policy
+        if policy.is_fifo or not policy.backfill or job.preemptor:
+            return
+        if at - job.waiting_since >= policy.aging_max_wait_s:
+            return  # an aged job goes before the head
+        spec = job.spec
+        estimate = (
+            spec.estimated_runtime_s or spec.max_runtime_s or (policy.default_runtime_estimate_s)
+        )
+        guarantee = self._guarantee(job.queue)
+        least = self._subtree(job.queue, self._least_usage)
+        if guarantee > 0 and least + shape_of(spec).min_gpus <= guarantee:
+            return  # it may have been ordered first, within its guarantee
+        rank = policy.priority_class(job.priority).rank
+        used = {r.node_id for r in event.ranks}
+        for head_id, head in self._jobs.items():
+            planned = head.reservation
+            if planned is None or head is job or not head.waiting or head.terminal_at:
+                continue
+            start, nodes, planned_at, planned_when = planned
+            # The core re-plans the head every cycle but records it only when it moves: the
+            # recorded nodes are the reserved ones only in the cycle that recorded them.
+            if planned_when != at or at + estimate <= start or not used & nodes:
+                continue
+            head_rank = policy.priority_class(head.priority).rank
+            after = rank < head_rank or (
+                rank == head_rank
+                and job.queue == head.queue
+                and job.submitted_at > head.submitted_at
+            )
+            if after:
+                self._broken(
+                    "backfill",
+                    f"job {job_id} was placed on node(s) {', '.join(sorted(used & nodes))} "
+                    f"reserved for job {head_id} and would still run when its reservation "
+                    "starts",
+                    planned_at,
+                    position,
+                )
 
     # ---------------------------------------------------------------- 4
 
@@ -477,7 +799,7 @@ class Auditor:
             return
         if self._policy.is_fifo or not self._policy.preemption:
             return  # a policy without reclaim makes no such promise (the fifo baseline)
-        reclaimable = self._reclaimable(job.queue, at)
+        reclaimable = self._reclaimable(job.queue, at, job.spec.gpu_type)
         if reclaimable < gpus:
             job.entitled_since = None
             return
@@ -494,8 +816,9 @@ class Auditor:
             )
             job.entitled_since = at
 
-    def _reclaimable(self, queue: str, at: float) -> int:
-        """Preemptible GPUs held beyond their queues' guarantees, by other queues."""
+    def _reclaimable(self, queue: str, at: float, gpu_type: str | None = None) -> int:
+        """Preemptible GPUs held beyond their queues' guarantees, by other queues (of the GPU
+        type the job asks for: borrowed GPUs of another type are no use to it)."""
         borrowed: dict[str, int] = {}
         for name, used in self._usage.items():
             record = self._queues.get(name)
@@ -505,6 +828,10 @@ class Auditor:
         total = 0
         for other in self._jobs.values():
             if other.gang_at is None or other.queue not in borrowed:
+                continue
+            if gpu_type is not None and any(
+                self._nodes[node].gpu_type != gpu_type for node, _ in other.gang[:1]
+            ):
                 continue
             spec = other.spec
             pclass = self._policy.priority_class(spec.priority)
@@ -537,47 +864,3 @@ class Auditor:
             self._flag(
                 5, f"job {job_id} waits without a recorded reason", job.submitted_at, position
             )
-
-
-def _on_known_node(
-    fold: Callable[[Auditor, _Node, Any], None],
-) -> Callable[[Auditor, Any, int], None]:
-    """`fold` applied to a registered node only: events of an unknown node change nothing."""
-
-    def folded(auditor: Auditor, event: NodeEvent, position: int) -> None:
-        node = auditor._nodes.get(event.node_id)
-        if node is not None:
-            fold(auditor, node, event)
-
-    return folded
-
-
-# The dispatch table of what is not a job's event: each class the auditor follows, and how.
-_AUDIT_FOLDS: dict[type[Event], Callable[[Auditor, Any, int], None]] = {
-    NodeRegistered: Auditor._on_node_registered,
-    TeamCreated: Auditor._on_queue,
-    QueueConfigured: Auditor._on_queue,
-    NodeLost: _on_known_node(Auditor._on_node_lost),
-    NodeRecovered: _on_known_node(Auditor._on_node_recovered),
-    NodeDrainRequested: _on_known_node(Auditor._on_drain_requested),
-    NodeDrained: _on_known_node(Auditor._on_drained),
-    NodeUndrained: _on_known_node(Auditor._on_undrained),
-    GpuUnhealthy: _on_known_node(Auditor._on_gpu_unhealthy),
-    GpuRecovered: _on_known_node(Auditor._on_gpu_recovered),
-}
-
-
-# The dispatch table of a job's events while the job has not finished.
-_LIVE_JOB_FOLDS: dict[type[Event], Callable[[Auditor, _Job, Any, int, float], None]] = {
-    JobAdmitted: Auditor._on_admitted,
-    GangReserved: Auditor._on_gang_reserved,
-    JobRequeued: Auditor._on_requeued,
-    JobSuspended: Auditor._on_suspended,
-    JobSucceeded: Auditor._on_ended,
-    JobFailed: Auditor._on_ended,
-    JobCancelled: Auditor._on_ended,
-    JobRejected: Auditor._on_rejected,
-    JobResumed: Auditor._on_resumed,
-    JobDeferred: Auditor._on_deferred,
-    ReservationPlanned: Auditor._on_reservation_planned,
-}

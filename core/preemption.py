@@ -22,6 +22,17 @@ MAX_PREEMPTORS_PER_CYCLE = 8
 MAX_PREEMPTION_ATTEMPTS = 16
 
 
+def credit_leaving(ctx: CycleContext, quota: QuotaBook) -> None:
+    """Gangs already under eviction leave soon: their queues are not borrowing them.
+
+    Counting them made each later cycle take another gang of a lender already giving back its
+    borrowed GPUs, until it fell below its guarantee (invariant 4).
+    """
+    for job in ctx.state.holding_jobs.values():
+        if job.state == "preempting" and job.job_id not in ctx.released:
+            quota.charge(job.queue, -job.bound_gpus)
+
+
 def preempt(ctx: CycleContext, snap: Snapshot, blocked: list[CoreJob], quota: QuotaBook) -> None:
     """Phase 6 of the cycle: checkpoint-then-evict whole gangs for jobs entitled to them."""
     policy, now = ctx.policy, ctx.now
@@ -31,6 +42,7 @@ def preempt(ctx: CycleContext, snap: Snapshot, blocked: list[CoreJob], quota: Qu
     pool: VictimPool | None = None
     # Victims only get scarcer within a cycle: a shape that found none makes larger fail.
     failed: dict[tuple[object, ...], int] = {}
+    credited = False
     for job in blocked:
         if preemptors >= MAX_PREEMPTORS_PER_CYCLE or attempts >= MAX_PREEMPTION_ATTEMPTS:
             break
@@ -42,6 +54,9 @@ def preempt(ctx: CycleContext, snap: Snapshot, blocked: list[CoreJob], quota: Qu
             if now < calm_until:
                 ctx.wakeups.append(calm_until)
                 continue
+        if not credited:
+            credit_leaving(ctx, quota)
+            credited = True
         pclass = policy.priority_class(job.priority)
         reclaiming = quota.within_guarantee(job.queue, shape.min_gpus)
         overrun_head = (

@@ -9,10 +9,11 @@ import time
 from rich.table import Table
 
 from core import Auditor, SchedulingPolicy, Violation
+from core.audit import RULES
 from gangway.commands._common import console, one_line_errors
 from gangway.commands._log import open_log
 
-HELP = "check the invariants over the whole event log"
+HELP = "check the invariants and scheduling promises over the whole event log"
 
 INVARIANTS = {
     1: "a GPU is bound to at most one gang",
@@ -22,6 +23,14 @@ INVARIANTS = {
     5: "every job is terminal, or pending with a reason",
     6: "a deposed scheduler's writes are rejected",
 }
+
+
+def describe(violation: Violation) -> tuple[str, str]:
+    """The (kind, what it promises) of a violation: an invariant of DESIGN §4 by number, or a
+    scheduling rule of §3 by name."""
+    if violation.invariant == 0:
+        return violation.rule, RULES.get(violation.rule, "")
+    return str(violation.invariant), INVARIANTS.get(violation.invariant, "")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,9 +65,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     table = Table("#", "INVARIANT", "VIOLATION", "POSITIONS")
     for violation in violations[: args.limit]:
+        kind, promise = describe(violation)
         table.add_row(
-            str(violation.invariant),
-            INVARIANTS.get(violation.invariant, ""),
+            kind,
+            promise,
             violation.message,
             ", ".join(str(p) for p in violation.positions),
         )

@@ -31,6 +31,7 @@ from schemas.jobs import (
     JobSpec,
     JobSubmitted,
     JobSuspendRequested,
+    RankPlacement,
     TaskExited,
     TaskStarted,
     TopologySpec,
@@ -259,6 +260,30 @@ class History:
                 )
 
     # ------------------------------------------------------------ node agents and hardware
+
+    def occupy(self, node_id: str, gpus: int, builder: JobBuilder | None = None) -> str:
+        """A running gang of `gpus` GPUs on `node_id`, bound as a scheduler would record it.
+
+        A fixture for scenarios where the layout of the busy GPUs is the point: the job is
+        submitted and admitted, and its GangReserved names the node's lowest free GPUs.
+        """
+        builder = (builder or a_job().preemptible(False).estimate(86400.0)).gpus(gpus)
+        job_id = self.submit(builder)[0]
+        view = self.state.node(node_id)
+        assert view is not None, f"no node {node_id}"
+        held = {g for job in self.state.jobs() for g in job.placement.get(node_id, [])}
+        free = [g for g in range(view.gpus) if g not in held and g not in view.unhealthy_gpus]
+        assert len(free) >= gpus, f"node {node_id} has only {len(free)} free GPUs"
+        attempt = self.job(job_id).attempt + 1
+        self.record(
+            GangReserved(
+                job_id=job_id,
+                attempt=attempt,
+                ranks=[RankPlacement(rank=0, node_id=node_id, gpus=free[:gpus])],
+            )
+        )
+        self.start(job_id)
+        return job_id
 
     def gang(self, job_id: str) -> GangReserved:
         return self.events(GangReserved, job_id)[-1]

@@ -32,10 +32,13 @@ def test_inference_critical_preempts_the_smallest_sufficient_lower_priority_gang
 
 
 def test_borrowers_are_preempted_before_gangs_within_their_guarantee() -> None:
+    """The gang within its guarantee is the preemptor's own team's (so no cross-team protection
+    covers it), the oldest and of the lowest class (so class order picks it first): only the
+    borrowers-first rule sends the eviction to a borrower instead."""
     history = History("4x8:4:1")
-    history.team("alpha", guaranteed=16).team("beta", guaranteed=8).team("ops")
-    within = history.submit(a_job().gpus(8).team("alpha").priority("best-effort"))[0]
-    history.run()  # alpha's gang is the oldest and the lowest class: first victim by priority
+    history.team("ops", guaranteed=16).team("beta", guaranteed=8)
+    within = history.submit(a_job().gpus(8).team("ops").priority("best-effort"))[0]
+    history.run()
     borrowed = history.submit(*(a_job().gpus(8).team("beta") for _ in range(3)))
     history.run()
     urgent = history.submit(a_job().gpus(8).team("ops").priority("inference-critical"))[0]
@@ -47,6 +50,7 @@ def test_borrowers_are_preempted_before_gangs_within_their_guarantee() -> None:
     assert preemptions[0].job_id in borrowed
     assert preemptions[0].preemptor_job_id == urgent
     assert history.job(within).state == "running"
+    assert history.auditor.violations == []
 
 
 def test_a_gang_younger_than_its_min_runtime_is_never_preempted() -> None:
@@ -57,7 +61,8 @@ def test_a_gang_younger_than_its_min_runtime_is_never_preempted() -> None:
 
     history.run(cycles=3, every_s=60)
     assert history.events(PreemptionRequested) == []
-    assert history.job(urgent).reason_code is not None
+    assert history.job(urgent).reason_code == "reserved_head"
+    assert history.job(young).state == "running"
 
     history.advance(3600)
     history.run()
@@ -130,3 +135,20 @@ def test_a_preemptor_is_placed_first_once_its_victims_release() -> None:
     gangs = [g.job_id for g in history.events(GangReserved)]
     assert gangs[-1] == urgent
     assert history.bound_gpus(urgent) == 8
+
+
+def test_min_runtime_counts_from_when_every_rank_started_not_from_the_reservation() -> None:
+    history = History("1x8:1:1")
+    slow = history.submit(a_job().gpus(8).min_runtime(900))[0]
+    history.run(agents=False)  # reserved now, its ranks start ten minutes later
+    history.advance(600)
+    history.start(slow)
+    history.advance(400)  # 1000 s after the reservation, 400 s after the start
+    history.submit(a_job().gpus(8).priority("inference-critical"))
+
+    history.run()
+    assert history.events(PreemptionRequested) == []
+
+    history.advance(500)
+    history.run()
+    assert [p.job_id for p in history.events(PreemptionRequested)] == [slow]

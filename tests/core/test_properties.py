@@ -1,19 +1,29 @@
-"""Properties over random clusters, job streams and failures: the invariants hold after every
-cycle, and the same input always gives the same decisions."""
+"""Properties over random clusters, queue trees, job streams and failures: after every cycle the
+invariants of DESIGN §4 and the scheduling promises of §3 the auditor checks hold, and the same
+input always gives the same decisions.
+
+The generators use every spec field the core reads (gpu type, tp groups, require and prefer,
+elastic minimums, estimates, minimum and maximum runtimes, non-preemptible jobs, retries) and
+every cluster feature (GPU types, racks and blocks of several sizes, parent queues with
+guarantees, ceilings and weights, lost nodes, drains, broken GPUs). The number of examples and
+the seed come from the hypothesis profile (tests/core/conftest.py): derandomized under CI.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core import SchedulingPolicy, schedule
 from schemas.base import Event
-from tests.core.builders import History, a_job
+from schemas.nodes import NodeUndrained
+from tests.core.builders import History, JobBuilder, a_job
 
-TEAMS = ("alpha", "beta", "gamma")
-PRIORITIES = ("inference-critical", "production", "research", "best-effort")
+_LAST: list[History] = []
+TEAMS = ("alpha", "beta", "gamma", "delta")
+PRIORITIES = ("inference-critical", "production", "research", "research", "best-effort")
 
 
 @dataclass(frozen=True)
@@ -24,8 +34,14 @@ class Submit:
     tp: bool
     team: str
     priority: str
-    estimate: float
+    estimate: float | None
+    max_runtime: float | None
+    min_runtime: float
+    preemptible: bool | None
+    retries: int
+    gpu_type: str | None
     require: str
+    prefer: str
     count: int
 
 
@@ -52,40 +68,88 @@ class Wait:
     seconds: float
 
 
+@dataclass(frozen=True)
+class Tree:
+    """Guarantees, ceilings, weights and parents of the teams' queues."""
+
+    guarantees: tuple[int, int, int, int]
+    ceilings: tuple[int | None, int | None, int | None, int | None]
+    weights: tuple[float, float, float, float]
+    parented: tuple[bool, bool, bool, bool]
+    org_max: int | None
+
+
 submits = st.builds(
     Submit,
     gpus=st.sampled_from([1, 2, 4, 8]),
-    tasks=st.integers(1, 4),
-    min_tasks=st.none() | st.just(1),
+    tasks=st.integers(1, 6),
+    min_tasks=st.none() | st.just(1) | st.just(2),
     tp=st.booleans(),
     team=st.sampled_from(TEAMS),
     priority=st.sampled_from(PRIORITIES),
-    estimate=st.sampled_from([60.0, 600.0, 3600.0]),
-    require=st.sampled_from(["none", "none", "rack", "node"]),
-    count=st.integers(1, 5),
+    estimate=st.none() | st.sampled_from([60.0, 600.0, 3600.0, 20000.0]),
+    max_runtime=st.none() | st.sampled_from([900.0, 7200.0]),
+    min_runtime=st.sampled_from([0.0, 0.0, 300.0, 5000.0]),
+    preemptible=st.sampled_from([None, None, True, False]),
+    retries=st.integers(0, 2),
+    gpu_type=st.sampled_from([None, None, "H100", "A100"]),
+    require=st.sampled_from(["none", "none", "node", "rack", "block"]),
+    prefer=st.sampled_from(["none", "rack", "block"]),
+    count=st.integers(1, 4),
 )
 operations = st.lists(
     st.one_of(
         submits,
         submits,
+        submits,
         st.builds(Exit, pick=st.integers(0, 50), code=st.sampled_from([0, 0, 0, 1])),
         st.builds(
             Hardware,
-            kind=st.sampled_from(["lose", "recover", "drain", "gpu"]),
+            kind=st.sampled_from(["lose", "recover", "drain", "undrain", "gpu"]),
             pick=st.integers(0, 50),
         ),
         st.builds(
             Request, kind=st.sampled_from(["cancel", "suspend", "resume"]), pick=st.integers(0, 50)
         ),
-        st.builds(Wait, seconds=st.sampled_from([1.0, 30.0, 200.0, 4000.0])),
+        st.builds(Wait, seconds=st.sampled_from([1.0, 30.0, 200.0, 1000.0, 4000.0])),
     ),
-    min_size=1,
-    max_size=40,
+    min_size=12,
+    max_size=60,
 )
-clusters = st.sampled_from(["2x8:2:1", "4x8:2:2", "6x4:3:1", "8x8:4:2", "3x8:1:3"])
+trees = st.builds(
+    Tree,
+    guarantees=st.tuples(*(st.sampled_from([0, 0, 4, 8, 16]) for _ in TEAMS)),
+    ceilings=st.tuples(*(st.sampled_from([None, None, 16, 32]) for _ in TEAMS)),
+    weights=st.tuples(*(st.sampled_from([1.0, 1.0, 2.0, 4.0]) for _ in TEAMS)),
+    parented=st.tuples(*(st.booleans() for _ in TEAMS)),
+    # No ceiling on the org: a parent's ceiling filled by one child's borrowing holds a sibling
+    # within its guarantee at that ceiling (a known bug: the strict xfail in test_quota.py).
+    org_max=st.none(),
+)
+_MIXED = (
+    "groups:\n"
+    "- {{count: {h}, gpus: 8, gpu_type: H100, rack_size: {rack}, racks_per_block: 2}}\n"
+    "- {{count: {a}, gpus: {agpus}, gpu_type: A100, rack_size: {rack}, racks_per_block: 2}}\n"
+)
+clusters = st.sampled_from(
+    [
+        "2x8:2:1",
+        "4x8:2:2",
+        "6x4:3:1",
+        "8x8:4:2",
+        "3x8:1:3",
+        "12x8:2:3",
+        "16x8:4:2",
+        _MIXED.format(h=4, a=4, agpus=8, rack=2),
+        _MIXED.format(h=6, a=3, agpus=4, rack=3),
+        _MIXED.format(h=8, a=4, agpus=8, rack=4),
+    ]
+)
 policies = st.sampled_from(
     [
         SchedulingPolicy(),
+        SchedulingPolicy(),
+        SchedulingPolicy(aging_max_wait_s=1800.0, hysteresis_s=120.0),
         SchedulingPolicy(name="fifo"),
         SchedulingPolicy(backfill=False),
         SchedulingPolicy(preemption=False),
@@ -93,31 +157,33 @@ policies = st.sampled_from(
 )
 
 
-def play(cluster: str, policy: SchedulingPolicy, ops: list[object]) -> History:
+def configure(history: History, tree: Tree) -> None:
+    """Teams under an optional org; guarantees that fit the cluster (else invariant 4 is moot)."""
+    capacity = history.state.allocated_gpus + history.state.free_gpus
+    history.queue("org", guaranteed=0, max_gpus=tree.org_max)
+    promised = 0
+    for team, guarantee, ceiling, weight, parented in zip(
+        TEAMS, tree.guarantees, tree.ceilings, tree.weights, tree.parented, strict=True
+    ):
+        guarantee = guarantee if promised + guarantee <= capacity else 0
+        promised += guarantee
+        ceiling = max(ceiling, guarantee) if ceiling is not None else None
+        history.team(team, guarantee, ceiling, "org" if parented else None)
+        if weight != 1.0:
+            history.queue(team, guarantee, ceiling, "org" if parented else None, weight)
+
+
+def play(cluster: str, policy: SchedulingPolicy, tree: Tree, ops: list[object]) -> History:
     """Run the scenario, checking the invariants after every settled cycle."""
     history = History(cluster, policy=policy)
-    history.team("alpha", guaranteed=8, max_gpus=None)
-    history.team("beta", guaranteed=8, max_gpus=24)
-    history.team("gamma", guaranteed=0)
+    _LAST.append(history)
+    configure(history, tree)
     nodes = [view.node_id for view in history.state.nodes()]
     for number, op in enumerate(ops):
         jobs = [view.job_id for view in history.state.jobs()]
         if isinstance(op, Submit):
             for copy in range(op.count):  # a burst: several jobs placed in one cycle
-                builder = (
-                    a_job(f"p{number:03d}-{copy}")
-                    .gpus(op.gpus)
-                    .tasks(op.tasks)
-                    .team(op.team)
-                    .priority(op.priority)
-                    .estimate(op.estimate)
-                    .require(op.require)
-                )
-                if op.min_tasks is not None:
-                    builder.min_tasks(op.min_tasks)
-                if op.tp and op.gpus * 2 <= 8 and op.tasks % 2 == 0:
-                    builder.tp(op.gpus * 2)
-                history.submit(builder)
+                history.submit(job_of(op, f"p{number:03d}-{copy}"))
         elif isinstance(op, Exit):
             running = [v.job_id for v in history.state.jobs() if v.state == "running"]
             if running:
@@ -130,6 +196,8 @@ def play(cluster: str, policy: SchedulingPolicy, ops: list[object]) -> History:
                 history.recover(node)
             elif op.kind == "drain":
                 history.drain(node)
+            elif op.kind == "undrain":
+                history.record(NodeUndrained(node_id=node, by="test"))
             else:
                 history.break_gpu(node, op.pick % 4)
         elif isinstance(op, Request) and jobs:
@@ -147,6 +215,33 @@ def play(cluster: str, policy: SchedulingPolicy, ops: list[object]) -> History:
             history.advance(remaining)
         settle(history)
     return history
+
+
+def job_of(op: Submit, job_id: str) -> JobBuilder:
+    builder = (
+        a_job(job_id)
+        .gpus(op.gpus)
+        .tasks(op.tasks)
+        .team(op.team)
+        .priority(op.priority)
+        .require(op.require)
+        .prefer(op.prefer)
+        .min_runtime(op.min_runtime)
+        .retries(op.retries)
+    )
+    if op.min_tasks is not None and op.min_tasks <= op.tasks:
+        builder.min_tasks(op.min_tasks)
+    if op.tp and op.gpus * 2 <= 8 and op.tasks % 2 == 0:
+        builder.tp(op.gpus * 2)
+    if op.max_runtime is not None:
+        builder.max_runtime(op.max_runtime)
+    if op.estimate is not None and (op.max_runtime is None or op.estimate <= op.max_runtime):
+        builder.estimate(op.estimate)
+    if op.preemptible is not None:
+        builder.preemptible(op.preemptible)
+    if op.gpu_type is not None:
+        builder.gpu_type(op.gpu_type)
+    return builder
 
 
 def settle(history: History) -> None:
@@ -167,21 +262,27 @@ def settle(history: History) -> None:
     assert bound == history.state.allocated_gpus
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cluster=clusters, policy=policies, ops=operations)
-def test_invariants_hold_after_every_cycle(
-    cluster: str, policy: SchedulingPolicy, ops: list[object]
+def _examples(share: float) -> settings:
+    """A fraction of the profile's examples (the determinism and replay tests play twice)."""
+    profile = settings.default
+    examples = profile.max_examples if profile is not None else 100
+    return settings(max_examples=max(10, int(examples * share)))
+
+
+@given(cluster=clusters, policy=policies, tree=trees, ops=operations)
+def test_invariants_and_policy_promises_hold_after_every_cycle(
+    cluster: str, policy: SchedulingPolicy, tree: Tree, ops: list[object]
 ) -> None:
-    play(cluster, policy, ops)
+    play(cluster, policy, tree, ops)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cluster=clusters, policy=policies, ops=operations)
+@_examples(0.25)
+@given(cluster=clusters, policy=policies, tree=trees, ops=operations)
 def test_the_same_input_gives_the_same_decisions(
-    cluster: str, policy: SchedulingPolicy, ops: list[object]
+    cluster: str, policy: SchedulingPolicy, tree: Tree, ops: list[object]
 ) -> None:
-    first = play(cluster, policy, ops)
-    second = play(cluster, policy, ops)
+    first = play(cluster, policy, tree, ops)
+    second = play(cluster, policy, tree, ops)
 
     def decisions(history: History) -> list[Event]:
         return [d for cycle in history.cycles for d in cycle.decisions]
@@ -189,10 +290,10 @@ def test_the_same_input_gives_the_same_decisions(
     assert decisions(first) == decisions(second)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cluster=clusters, ops=operations)
-def test_a_replayed_state_equals_the_live_one(cluster: str, ops: list[object]) -> None:
-    history = play(cluster, SchedulingPolicy(), ops)
+@_examples(0.25)
+@given(cluster=clusters, tree=trees, ops=operations)
+def test_a_replayed_state_equals_the_live_one(cluster: str, tree: Tree, ops: list[object]) -> None:
+    history = play(cluster, SchedulingPolicy(), tree, ops)
 
     replayed = history.replayed()
 
@@ -200,12 +301,14 @@ def test_a_replayed_state_equals_the_live_one(cluster: str, ops: list[object]) -
     assert list(replayed.nodes()) == list(history.state.nodes())
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cluster=clusters, ops=operations)
-def test_a_replayed_state_decides_as_the_live_one(cluster: str, ops: list[object]) -> None:
+@_examples(0.25)
+@given(cluster=clusters, tree=trees, ops=operations)
+def test_a_replayed_state_decides_as_the_live_one(
+    cluster: str, tree: Tree, ops: list[object]
+) -> None:
     # The live state's placement index has a history of its own (kept between cycles); the
     # replayed one is built fresh. Both must decide the next cycle alike.
-    history = play(cluster, SchedulingPolicy(), ops)
+    history = play(cluster, SchedulingPolicy(), tree, ops)
     history.submit(*(a_job().gpus(gpus) for gpus in (1, 2, 4, 8)))
 
     replayed = history.replayed()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.core.builders import History, a_job
+from tests.core.builders import History, JobBuilder, a_job
 
 
 def test_a_tp8_group_never_spans_nodes_even_when_enough_gpus_are_free_in_pieces() -> None:
@@ -16,7 +16,8 @@ def test_a_tp8_group_never_spans_nodes_even_when_enough_gpus_are_free_in_pieces(
 
     assert history.state.free_gpus == 12
     assert history.job(tp_job).placement == {}
-    assert history.job(tp_job).reason_code is not None
+    assert history.job(tp_job).reason_code == "reserved_head"
+    assert "tp groups of 8 GPUs each on one node" in (history.job(tp_job).reason or "")
 
 
 def test_tp_groups_of_consecutive_ranks_share_a_node() -> None:
@@ -56,19 +57,62 @@ def test_a_gang_that_fits_one_rack_is_placed_in_one_rack() -> None:
     assert len(racks) == 1
 
 
-def test_require_rack_waits_rather_than_spanning_racks() -> None:
-    history = History("8x8:4:2")
-    history.submit(a_job().gpus(8).tasks(1), a_job().gpus(8).tasks(1))
+def _required(cluster: str, busy: list[str], gang: JobBuilder) -> tuple[History, str]:
+    """The gang submitted on a cluster whose `busy` nodes are taken whole."""
+    history = History(cluster)
+    for node in busy:
+        history.occupy(node, 8)
+    job = history.submit(gang)[0]
     history.run()
-    # Each rack has 3 whole nodes left; the job needs 4 in one rack.
-    placed = history.state.jobs()
-    racks_used = {history.state.node(n).rack for v in placed for n in v.placement}  # type: ignore[union-attr]
-    assert len(racks_used) in (1, 2)
-    strict = history.submit(a_job().gpus(8).tasks(7).require("rack"))[0]
+    return history, job
+
+
+def test_require_node_waits_rather_than_spanning_nodes() -> None:
+    """Two nodes have 4 free GPUs each: the 4-task gang fits them together, not one of them."""
+    history = History("2x8:2:1")
+    history.occupy("n0000", 4)
+    history.occupy("n0001", 4)
+    strict = history.submit(a_job().gpus(1).tasks(6).require("node"))[0]
 
     history.run()
 
+    assert history.state.free_gpus == 8
     assert history.job(strict).placement == {}
+    assert "in one NVLink domain" in (history.job(strict).reason or "")
+    assert history.auditor.violations == []
+
+    loose = History("2x8:2:1")
+    loose.occupy("n0000", 4)
+    loose.occupy("n0001", 4)
+    spread = loose.submit(a_job().gpus(1).tasks(6))[0]
+    loose.run()
+    assert len(loose.job(spread).placement) == 2  # without `require` it spans both nodes
+
+
+def test_require_rack_waits_rather_than_spanning_racks() -> None:
+    """Racks r000 and r001 each keep one whole free node: two nodes are free, never in one rack."""
+    cluster, busy = "4x8:2:2", ["n0000", "n0002"]
+    strict_history, strict = _required(cluster, busy, a_job().gpus(8).tasks(2).require("rack"))
+    loose_history, loose = _required(cluster, busy, a_job().gpus(8).tasks(2))
+
+    assert strict_history.job(strict).placement == {}
+    assert "in one rack" in (strict_history.job(strict).reason or "")
+    assert strict_history.auditor.violations == []
+    racks = {loose_history.state.node(n).rack for n in loose_history.job(loose).placement}  # type: ignore[union-attr]
+    assert racks == {"r000", "r001"}
+
+
+def test_require_block_waits_rather_than_spanning_blocks() -> None:
+    """Each block keeps two whole free nodes: a 3-node gang fits only across blocks."""
+    cluster, busy = "8x8:2:2", ["n0000", "n0002", "n0004", "n0006"]
+    strict_history, strict = _required(cluster, busy, a_job().gpus(8).tasks(3).require("block"))
+    loose_history, loose = _required(cluster, busy, a_job().gpus(8).tasks(3))
+
+    assert strict_history.job(strict).placement == {}
+    assert "in one block" in (strict_history.job(strict).reason or "")
+    assert strict_history.auditor.violations == []
+    blocks = {loose_history.state.node(n).block for n in loose_history.job(loose).placement}  # type: ignore[union-attr]
+    assert len(blocks) == 2
 
 
 def test_a_gpu_type_filter_places_only_on_that_type() -> None:

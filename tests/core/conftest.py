@@ -1,0 +1,36 @@
+"""Hypothesis profiles for the core's property tests.
+
+- `ci` (the default, and whenever the CI environment variable is set): derandomized, so every
+  run tests the same, pinned examples; a failure is reproducible.
+- `dev` (`GANGWAY_HYPOTHESIS_PROFILE=dev`): a new random seed every run, to explore. It has
+  found an invariant-4 report still open (docs/testing.md), so it is not the default until
+  that is settled.
+- `mutation` (`make mutation` sets it): derandomized and fewer examples, so that each mutant's
+  run stays short.
+
+`GANGWAY_HYPOTHESIS_PROFILE` names a profile explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hypothesis import HealthCheck, settings
+
+_QUIET = [HealthCheck.too_slow]
+
+settings.register_profile("dev", max_examples=150, deadline=None, suppress_health_check=_QUIET)
+settings.register_profile(
+    "ci", max_examples=150, derandomize=True, deadline=None, suppress_health_check=_QUIET
+)
+settings.register_profile(
+    "mutation",
+    max_examples=30,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=_QUIET,
+)
+settings.load_profile(
+    os.environ.get("GANGWAY_HYPOTHESIS_PROFILE") or "ci"
+)

@@ -1,0 +1,400 @@
+"""The auditor checks the scheduling promises of DESIGN §3 a log can show: each rule is fed a
+history that breaks it (built by hand) and one the real scheduler wrote that keeps it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from core import Auditor, Violation, parse_cluster_spec
+from core.audit import RULES
+from schemas.base import Event
+from schemas.jobs import (
+    GangReserved,
+    JobAdmitted,
+    JobRequeued,
+    JobSpec,
+    JobSubmitted,
+    PreemptionRequested,
+    RankPlacement,
+    ReservationPlanned,
+    TaskStarted,
+)
+from schemas.nodes import NodeDrained, NodeDrainRequested
+from schemas.teams import TeamCreated
+from tests.core.builders import History, a_job
+
+T = 1_700_000_000.0
+WHOLE = list(range(8))
+
+
+def audit(events: Sequence[Event], one_cycle_from: int | None = None) -> list[Violation]:
+    """Each event a second after the last; from `one_cycle_from` on, all in one cycle."""
+    auditor = Auditor()
+    for position, event in enumerate(events):
+        at = T + position
+        if one_cycle_from is not None and position >= one_cycle_from:
+            at = T + one_cycle_from
+        auditor.observe(event, position, at, None)
+    return auditor.violations
+
+
+def rules(violations: Sequence[Violation]) -> set[str]:
+    return {v.rule for v in violations}
+
+
+def team(name: str, guaranteed: int = 0) -> TeamCreated:
+    return TeamCreated(name=name, guaranteed_gpus=guaranteed, token_sha256="0" * 64)
+
+
+def job(job_id: str, team: str = "t", priority: str = "research", **spec: object) -> list[Event]:
+    fields: dict[str, object] = {"name": job_id, "team": team, "gpus_per_task": 8, **spec}
+    return [
+        JobSubmitted(job_id=job_id, spec=JobSpec.model_validate(fields), submitted_by="u"),
+        JobAdmitted(job_id=job_id, queue=team, priority=priority),
+    ]
+
+
+def gang(job_id: str, *ranks: tuple[str, list[int]], attempt: int = 1) -> GangReserved:
+    return GangReserved(
+        job_id=job_id,
+        attempt=attempt,
+        ranks=[RankPlacement(rank=i, node_id=n, gpus=g) for i, (n, g) in enumerate(ranks)],
+    )
+
+
+def running(job_id: str, *ranks: tuple[str, list[int]]) -> list[Event]:
+    started = [
+        TaskStarted(job_id=job_id, attempt=1, rank=i, node_id=node)
+        for i, (node, _) in enumerate(ranks)
+    ]
+    return [gang(job_id, *ranks), *started]
+
+
+def preempt(victim: str, preemptor: str | None) -> PreemptionRequested:
+    return PreemptionRequested(
+        job_id=victim, attempt=1, preemptor_job_id=preemptor, reason="r", grace_s=120
+    )
+
+
+def test_every_rule_is_named_for_reports() -> None:
+    assert set(RULES) == {
+        "topology",
+        "cross_queue",
+        "idle_capacity",
+        "borrowers_first",
+        "drain",
+        "backfill",
+    }
+    violation = Violation(0, "m", (1,), "drain")
+    assert violation.kind == "rule drain"
+    assert Violation(3, "m", (1,)).kind == "invariant 3"
+
+
+# ---------------------------------------------------------------- topology
+
+
+def test_a_gang_that_requires_one_rack_but_spans_two_breaks_the_topology_rule() -> None:
+    cluster = list(parse_cluster_spec("4x8:2:2"))  # racks r000 (n0, n1) and r001 (n2, n3)
+    spanning = [
+        *cluster,
+        *job("a", tasks=2, topology={"require": "rack"}),
+        gang("a", ("n0001", WHOLE), ("n0002", WHOLE)),
+    ]
+    inside = [
+        *cluster,
+        *job("a", tasks=2, topology={"require": "rack"}),
+        gang("a", ("n0002", WHOLE), ("n0003", WHOLE)),
+    ]
+
+    violations = audit(spanning)
+    assert rules(violations) == {"topology"}
+    assert "requires one rack" in violations[0].message
+    assert audit(inside) == []
+
+
+def test_a_gang_that_requires_one_node_or_block_and_spans_more_breaks_the_rule() -> None:
+    cluster = list(parse_cluster_spec("4x8:1:2"))  # one node per rack, two racks per block
+    node = [
+        *cluster,
+        *job("a", gpus_per_task=2, tasks=2, topology={"require": "node"}),
+        gang("a", ("n0000", [0, 1]), ("n0001", [0, 1])),
+    ]
+    block = [
+        *cluster,
+        *job("b", tasks=2, topology={"require": "block"}),
+        gang("b", ("n0001", WHOLE), ("n0002", WHOLE)),
+    ]
+    block_ok = [
+        *cluster,
+        *job("b", tasks=2, topology={"require": "block"}),
+        gang("b", ("n0000", WHOLE), ("n0001", WHOLE)),
+    ]
+
+    assert rules(audit(node)) == {"topology"}
+    assert rules(audit(block)) == {"topology"}
+    assert audit(block_ok) == []
+
+
+def test_a_gang_on_gpus_of_another_type_breaks_the_topology_rule() -> None:
+    spec = "groups:\n- {count: 1, gpus: 8, gpu_type: A100}\n- {count: 1, gpus: 8, gpu_type: H100}\n"
+    cluster = list(parse_cluster_spec(spec))
+    wrong = [*cluster, *job("a", gpu_type="H100"), gang("a", ("n0000", WHOLE))]
+    right = [*cluster, *job("a", gpu_type="H100"), gang("a", ("n0001", WHOLE))]
+
+    assert rules(audit(wrong)) == {"topology"}
+    assert audit(right) == []
+
+
+def test_the_scheduler_keeps_required_localities() -> None:
+    history = History("8x8:2:2")
+    history.submit(a_job().gpus(8).tasks(3))
+    history.submit(
+        a_job().gpus(8).tasks(2).require("rack"),
+        a_job().gpus(2).tasks(3).require("node"),
+        a_job().gpus(8).tasks(3).require("block"),
+    )
+    history.run(cycles=2)
+
+    assert history.auditor.violations == []
+
+
+# ---------------------------------------------------------------- drain
+
+
+def test_a_node_reported_drained_while_a_gang_holds_it_breaks_the_drain_rule() -> None:
+    early = [
+        *parse_cluster_spec("2x8:2:1"),
+        *job("a"),
+        gang("a", ("n0000", WHOLE)),
+        NodeDrainRequested(node_id="n0000", reason="ecc", by="health"),
+        NodeDrained(node_id="n0000"),
+    ]
+    emptied = [
+        *early[:-1],
+        JobRequeued(job_id="a", attempt=1, code="node_drained", reason="r"),
+        NodeDrained(node_id="n0000"),
+    ]
+
+    violations = audit(early)
+    assert rules(violations) == {"drain"}
+    assert "job a still holds" in violations[0].message
+    assert audit(emptied) == []
+
+
+# ---------------------------------------------------------------- preemption
+
+
+def test_preempting_a_gang_within_its_queues_guarantee_for_another_team_is_flagged() -> None:
+    events = [
+        *parse_cluster_spec("2x8:2:1"),
+        team("owner", guaranteed=8),
+        team("other", guaranteed=8),
+        *job("held", team="owner"),
+        *running("held", ("n0000", WHOLE)),
+        *job("mine", team="other"),
+        *running("mine", ("n0001", WHOLE)),
+        *job("urgent", team="other", priority="production"),
+        preempt("held", "urgent"),
+    ]
+
+    violations = audit(events)
+
+    assert rules(violations) == {"cross_queue"}
+    assert "within its guarantee of 8 GPUs" in violations[0].message
+
+
+def test_preempting_a_borrower_of_another_team_keeps_the_rules() -> None:
+    events = [
+        *parse_cluster_spec("2x8:2:1"),
+        team("owner", guaranteed=8),
+        team("lender"),
+        *job("b1", team="lender"),
+        *running("b1", ("n0000", WHOLE)),
+        *job("b2", team="lender"),
+        *running("b2", ("n0001", WHOLE)),
+        *job("o", team="owner"),
+        preempt("b2", "o"),
+    ]
+
+    assert audit(events) == []
+
+
+def test_the_second_plan_of_a_cycle_sees_the_first_plans_victims_credited() -> None:
+    """Two preemptors in one cycle: the lender's usage drops by the first victim, so taking its
+    last gang (now within its guarantee) for the second preemptor is flagged."""
+    events: list[Event] = [
+        *parse_cluster_spec("3x8:3:1"),
+        team("lender", guaranteed=8),
+        team("owner", guaranteed=16),
+        *job("b1", team="lender"),
+        *running("b1", ("n0000", WHOLE)),
+        *job("b2", team="lender"),
+        *running("b2", ("n0001", WHOLE)),
+        *job("x", team="owner"),
+        *running("x", ("n0002", WHOLE)),
+        *job("o1", team="owner"),
+        *job("o2", team="owner"),
+    ]
+    auditor = Auditor()
+    for position, event in enumerate(events):
+        auditor.observe(event, position, T, None)
+    cycle = T + 1000
+    auditor.observe(preempt("b1", "o1"), 100, cycle, None)
+    assert auditor.violations == []
+    auditor.observe(preempt("b2", "o2"), 101, cycle, None)
+
+    assert rules(auditor.violations) == {"cross_queue"}
+
+
+def test_preempting_while_idle_gpus_could_serve_is_flagged() -> None:
+    events = [
+        *parse_cluster_spec("2x8:2:1"),
+        *job("low", priority="best-effort"),
+        *running("low", ("n0000", WHOLE)),
+        *job("urgent", priority="production"),
+        preempt("low", "urgent"),
+    ]
+    full = [
+        *events[:-1],
+        *job("other", priority="production"),
+        *running("other", ("n0001", WHOLE)),
+        preempt("low", "urgent"),
+    ]
+
+    violations = audit(events)
+    assert rules(violations) == {"idle_capacity"}
+    assert "idle GPUs could host job urgent" in violations[0].message
+    assert audit(full) == []
+
+
+def test_idle_gpus_scattered_in_pieces_too_small_for_a_unit_do_not_count() -> None:
+    events = [
+        *parse_cluster_spec("2x8:2:1"),
+        *job("low", priority="best-effort"),
+        *running("low", ("n0000", WHOLE)),
+        *job("half", gpus_per_task=4, priority="production"),
+        *running("half", ("n0001", [0, 1, 2, 3])),
+        *job("urgent", priority="production"),  # 8 GPUs in one node; n0001 has 4 free
+        preempt("low", "urgent"),
+    ]
+
+    assert audit(events) == []
+
+
+def test_evicting_ones_own_gang_while_a_borrower_would_serve_is_flagged() -> None:
+    lender_first = [
+        *parse_cluster_spec("2x8:2:1"),
+        team("ops"),
+        team("lender"),
+        *job("mine", team="ops", priority="best-effort"),
+        *running("mine", ("n0000", WHOLE)),
+        *job("borrowed", team="lender", priority="research"),
+        *running("borrowed", ("n0001", WHOLE)),
+        *job("urgent", team="ops", priority="production"),
+        preempt("mine", "urgent"),
+    ]
+    borrower_first = [*lender_first[:-1], preempt("borrowed", "urgent")]
+
+    violations = audit(lender_first)
+    assert rules(violations) == {"borrowers_first"}
+    assert "borrowed" in violations[0].message
+    assert audit(borrower_first) == []
+
+
+def test_a_protected_borrower_does_not_count_against_evicting_ones_own_gang() -> None:
+    events = [
+        *parse_cluster_spec("2x8:2:1"),
+        team("ops"),
+        team("lender"),
+        *job("mine", team="ops", priority="best-effort"),
+        *running("mine", ("n0000", WHOLE)),
+        *job("young", team="lender", priority="research", min_runtime_s=3600),
+        *running("young", ("n0001", WHOLE)),
+        *job("urgent", team="ops", priority="production"),
+        preempt("mine", "urgent"),
+    ]
+
+    assert audit(events) == []
+
+
+def test_the_scheduler_reclaims_from_borrowers_and_keeps_the_preemption_rules() -> None:
+    history = History("4x8:4:1")
+    history.team("alpha", guaranteed=16).team("beta", guaranteed=16)
+    history.submit(*(a_job().gpus(8).team("beta") for _ in range(4)))
+    history.run()
+    history.submit(a_job().gpus(8).team("alpha"), a_job().gpus(8).team("alpha"))
+
+    history.run(cycles=3)
+
+    assert len(history.events(PreemptionRequested)) == 2
+    assert history.auditor.violations == []
+
+
+# ---------------------------------------------------------------- backfill
+
+
+def _reserved_head() -> list[Event]:
+    return [
+        *parse_cluster_spec("2x8:2:1"),
+        *job("blocker"),
+        *running("blocker", ("n0000", WHOLE)),
+        *job("head", tasks=2),
+        ReservationPlanned(
+            job_id="head",
+            start_at=datetime.fromtimestamp(T + 3600, UTC),
+            nodes=["n0000", "n0001"],
+        ),
+    ]
+
+
+def test_a_later_job_on_a_reserved_node_past_the_reservations_start_breaks_backfill() -> None:
+    head = _reserved_head()
+    events = [*head, *job("long", estimated_runtime_s=7200), gang("long", ("n0001", WHOLE))]
+
+    violations = audit(events, one_cycle_from=len(head) - 1)
+
+    assert rules(violations) == {"backfill"}
+    assert "reserved for job head" in violations[0].message
+
+
+def test_a_reservation_recorded_in_an_earlier_cycle_is_not_held_against_later_placements() -> None:
+    """The core re-plans the head each cycle and records it only when it moves: the nodes of
+    an earlier record may no longer be the reserved ones."""
+    events = [*_reserved_head(), *job("long", estimated_runtime_s=7200)]
+    events.append(gang("long", ("n0001", WHOLE)))
+
+    assert audit(events) == []
+
+
+def test_a_later_job_that_ends_before_the_reservation_may_backfill() -> None:
+    events = [
+        *_reserved_head(),
+        *job("short", estimated_runtime_s=600),
+        gang("short", ("n0001", WHOLE)),
+    ]
+
+    assert audit(events, one_cycle_from=len(events) - 4) == []
+
+
+def test_a_higher_class_job_may_take_reserved_nodes() -> None:
+    events = [
+        *_reserved_head(),
+        *job("urgent", priority="production", estimated_runtime_s=7200),
+        gang("urgent", ("n0001", WHOLE)),
+    ]
+
+    assert audit(events, one_cycle_from=len(events) - 4) == []
+
+
+def test_the_scheduler_backfills_without_delaying_the_head() -> None:
+    history = History("2x8:2:1")
+    history.submit(a_job().gpus(4).estimate(3600))
+    history.run()
+    history.submit(a_job().gpus(8).tasks(2).estimate(600))
+    history.run()
+    history.submit(a_job().gpus(4).estimate(600), a_job().gpus(4).estimate(10 * 3600))
+
+    history.run(cycles=3)
+
+    assert history.auditor.violations == []
