@@ -117,6 +117,9 @@ async def _consume(consumer: TelemetryConsumer, stop: asyncio.Event) -> None:
     outage = Outage(log, "inventory: the telemetry bus")
     while not stop.is_set():
         try:
+            # Running again: whether the bus answers is the consumer loop's own readiness
+            # (its Outage), so this one must not hold /readyz down while the loop runs.
+            outage.recovered()
             await consumer.run(stop)
             return
         except (KafkaError, OSError, TimeoutError) as error:

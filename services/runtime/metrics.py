@@ -64,12 +64,34 @@ def unfollow_readiness(follower: Follower) -> None:
     _FOLLOWERS.discard(follower)
 
 
+class Dependency(Protocol):
+    """What /readyz asks of a dependency this process retries (runtime/retry.py's Outage)."""
+
+    @property
+    def what(self) -> str: ...
+
+    @property
+    def down(self) -> bool: ...
+
+
+# The dependencies this process reaches (the event log, the bus), each registered by the
+# Outage that retries it: /readyz is not-ready while one of them is away, so a service riding
+# out a database or broker outage says so instead of only logging it.
+_DEPENDENCIES: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def watch_dependency(dependency: Dependency) -> None:
+    _DEPENDENCIES.add(dependency)
+
+
 def readiness(followers: Iterable[Follower] | None = None) -> tuple[bool, dict[str, Any]]:
-    """Whether every follower of this process is within its lag threshold, and each one's lag."""
+    """Whether every follower of this process is within its lag threshold and no dependency
+    is away; each follower's lag and the dependencies that are."""
     chosen = list(_FOLLOWERS if followers is None else followers)
     lags = {f.name: int(f.lag) for f in chosen}
     behind = {f.name: int(f.lag) for f in chosen if f.lag > f.max_lag}
-    return not behind, {"lag": lags, "behind": behind}
+    away = sorted(d.what for d in list(_DEPENDENCIES) if d.down)
+    return not behind and not away, {"lag": lags, "behind": behind, "unavailable": away}
 
 
 def _app(registry: CollectorRegistry, ready: Callable[[], tuple[bool, dict[str, Any]]]) -> Any:

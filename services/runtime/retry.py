@@ -15,6 +15,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from services.runtime.metrics import watch_dependency
+
 T = TypeVar("T")
 
 
@@ -60,6 +62,7 @@ class Outage:
         self.attempts = 0
         self.outages = 0
         self._summary_at = 0.0
+        watch_dependency(self)
 
     @property
     def down(self) -> bool:

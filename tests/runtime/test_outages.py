@@ -117,3 +117,16 @@ def test_a_sigterm_delivered_twice_at_once_still_stops_gracefully() -> None:
     process.send_signal(signal.SIGTERM)
     out, _ = process.communicate(timeout=30)
     assert "stopped gracefully" in out
+
+
+def test_readyz_is_not_ready_while_a_dependency_is_away() -> None:
+    """A service riding out an outage stays up and says it is not ready, then ready again."""
+    from services.runtime.metrics import readiness
+
+    database = Outage(logging.getLogger("test"), "test: the event log")
+    assert readiness([])[0]
+    database.failed(ConnectionRefusedError("refused"))
+    ready, detail = readiness([])
+    assert not ready and detail["unavailable"] == ["test: the event log"]
+    database.recovered()
+    assert readiness([])[0]
