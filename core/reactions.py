@@ -182,6 +182,12 @@ def launch_overdue(ctx: CycleContext, job: CoreJob) -> bool:
         f"rank{'s' if len(missing) != 1 else ''} {shown} on {', '.join(where[:4])} "
         f"did not start within {timeout:g} s of the reservation"
     )
+    requeue_or_fail(ctx, job, LAUNCH_TIMEOUT, what)
+    return True
+
+
+def requeue_or_fail(ctx: CycleContext, job: CoreJob, code: RequeueCode, what: str) -> None:
+    """The attempt ended badly: the gang waits again while retries are left, else it fails."""
     retries = job.spec.max_retries if job.spec is not None else 0
     if job.failures + 1 <= retries:
         ctx.release(
@@ -189,7 +195,7 @@ def launch_overdue(ctx: CycleContext, job: CoreJob) -> bool:
             JobRequeued(
                 job_id=job.job_id,
                 attempt=job.attempt,
-                code=LAUNCH_TIMEOUT,
+                code=code,
                 reason=f"{what}; retry {job.failures + 1} of {retries}",
             ),
         )
@@ -202,13 +208,11 @@ def launch_overdue(ctx: CycleContext, job: CoreJob) -> bool:
                 reason=f"{what}; no retries left (max_retries={retries})",
             ),
         )
-    return True
 
 
 def react_to_failure(ctx: CycleContext, job: CoreJob, rank: int) -> None:
     """A rank failed: the gang restarts whole while retries are left, unless retrying
     cannot help; else it fails."""
-    retries = job.spec.max_retries if job.spec is not None else 0
     said = job.exit_reasons.get(rank)
     what = f"rank {rank} exited with code {job.exit_codes[rank]}"
     if said is not None:
@@ -223,25 +227,8 @@ def react_to_failure(ctx: CycleContext, job: CoreJob, rank: int) -> None:
                 reason=f"{what}; not retried: it would fail the same way",
             ),
         )
-    elif job.failures + 1 <= retries:
-        ctx.release(
-            job,
-            JobRequeued(
-                job_id=job.job_id,
-                attempt=job.attempt,
-                code=TASK_FAILED,
-                reason=f"{what}; retry {job.failures + 1} of {retries}",
-            ),
-        )
     else:
-        ctx.release(
-            job,
-            JobFailed(
-                job_id=job.job_id,
-                attempt=job.attempt,
-                reason=f"{what}; no retries left (max_retries={retries})",
-            ),
-        )
+        requeue_or_fail(ctx, job, TASK_FAILED, what)
 
 
 def past_max_runtime(ctx: CycleContext, job: CoreJob) -> bool:
