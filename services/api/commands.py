@@ -11,6 +11,7 @@ import hashlib
 from typing import Final
 from uuid import uuid4
 
+from core.queue_rules import Quota, quota_problem
 from schemas.base import Event
 from schemas.jobs import (
     JobCancelRequested,
@@ -39,7 +40,6 @@ from services.api.projections.jobs import JobReadModel, Request, request_allowed
 from services.api.projections.nodes import NodeRecord
 from services.api.projections.queues import QueueRecord
 from services.api.projections.tenancy import TokenRecord
-from services.api.queue_rules import Quota, quota_problem
 from services.api.ratelimit import SubmissionLimiter, retry_after
 from services.api.validation import PRIORITY_CLASSES, check_submission, invalid
 from services.runtime import vault

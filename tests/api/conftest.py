@@ -5,7 +5,6 @@ The stack and the per-test database come from the integration tier's fixtures.
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -17,6 +16,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
+from gangway.launcher import free_port
 from services.api.app import create_app
 from services.api.settings import ApiSettings
 from services.runtime import Settings
@@ -89,12 +89,6 @@ async def api(
         yield Api(client, app, configured)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture
 def api_url(
     settings: Settings,  # noqa: F811
@@ -106,7 +100,7 @@ def api_url(
     points at it with the admin token. A test module's `API_OVERRIDES` (ApiSettings fields)
     configure it."""
     api_overrides: dict[str, object] = getattr(request.module, "API_OVERRIDES", {})
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     app = create_app(api_settings(settings, tmp_path, api_url=url, **api_overrides), use_bus=False)
     server = uvicorn.Server(
