@@ -1,0 +1,103 @@
+"""Who goes first, rule by rule (DESIGN §3 "Order within a class", "Aging bounds the wait").
+
+Fair share is a queue's time-decayed GPU usage over its entitlement (its guarantee, else one GPU)
+times its weight; aging counts from when a job last began waiting; the order's tiers are: a
+preemptor whose victims are gone, then aged jobs oldest first, then jobs within their queue's
+guarantee before borrowers, then class, fair share and age.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from core import SchedulingPolicy
+from core.ordering import fair_share, gangway_key, is_aged
+from core.state import CoreJob, QueueRecord
+from tests.core.builders import T0, History, a_job
+
+HALF_LIFE = 86400.0
+POLICY = SchedulingPolicy(fair_share_half_life_s=HALF_LIFE, aging_max_wait_s=600.0)
+
+
+def _waiting(seq: int, submitted_at: float, queued_at: float | None) -> CoreJob:
+    return CoreJob(
+        job_id=f"job-{seq}",
+        seq=seq,
+        spec=None,
+        state="queued",
+        shape=None,
+        submitted_at=submitted_at,
+        queued_at=queued_at,
+    )
+
+
+def test_fair_share_is_decayed_average_gpus_over_guarantee_times_weight() -> None:
+    # 8 GPUs held for one half-life, from no earlier usage: the decayed average is 4 GPUs;
+    # over a guarantee of 2 GPUs at weight 2 the share is exactly 1.
+    queue = QueueRecord(
+        name="vision", guaranteed_gpus=2, weight=2.0, allocated=8, usage_at=T0 - HALF_LIFE
+    )
+
+    assert fair_share(queue, T0, POLICY) == pytest.approx(1.0)
+
+
+def test_fair_share_of_a_queue_without_guarantee_is_counted_against_one_gpu() -> None:
+    # Usage recorded just now, nothing held: the share is the decayed average (3 GPUs) over an
+    # entitlement of one GPU.
+    usage = 3.0 * HALF_LIFE / math.log(2)
+    queue = QueueRecord(name="adhoc", decayed_usage=usage, usage_at=T0)
+
+    assert fair_share(queue, T0, POLICY) == pytest.approx(3.0)
+
+
+def test_past_usage_halves_every_half_life_so_old_usage_is_not_punished_forever() -> None:
+    usage = 4.0 * HALF_LIFE / math.log(2)
+    queue = QueueRecord(name="adhoc", decayed_usage=usage, usage_at=T0)
+
+    assert fair_share(queue, T0 + HALF_LIFE, POLICY) == pytest.approx(2.0)
+    assert fair_share(queue, T0 + 2 * HALF_LIFE, POLICY) == pytest.approx(1.0)
+
+
+def test_a_queue_with_no_record_has_used_nothing() -> None:
+    assert fair_share(None, T0, POLICY) == 0.0
+
+
+def test_a_job_is_aged_exactly_when_it_has_waited_the_policys_maximum_since_it_last_queued() -> (
+    None
+):
+    requeued = _waiting(1, submitted_at=T0, queued_at=T0 + 100.0)
+
+    assert not is_aged(requeued, T0 + 699.0, POLICY)
+    assert is_aged(requeued, T0 + 700.0, POLICY)
+
+
+def test_a_preemptor_whose_victims_are_gone_goes_first_higher_class_first() -> None:
+    low = gangway_key(_waiting(1, T0, T0), -10, 0.0, False, True, False)
+    high = gangway_key(_waiting(2, T0, T0), 300, 0.0, False, True, False)
+    aged = gangway_key(_waiting(3, T0, T0), 300, 0.0, True, False, True)
+
+    assert sorted([aged, low, high]) == [high, low, aged]
+
+
+def test_aged_jobs_go_before_any_class_oldest_wait_first_not_first_arrived() -> None:
+    # Job 1 arrived first but was requeued later: it has waited less than job 2.
+    requeued = gangway_key(_waiting(1, T0, T0 + 500.0), 0, 0.0, True, False, False)
+    patient = gangway_key(_waiting(2, T0 + 10.0, T0 + 10.0), 0, 0.0, True, False, False)
+    critical = gangway_key(_waiting(3, T0 + 20.0, T0 + 20.0), 300, 0.0, False, False, True)
+
+    assert sorted([critical, requeued, patient]) == [patient, requeued, critical]
+
+
+def test_the_cycle_wakes_when_the_first_waiting_job_will_have_aged() -> None:
+    # Nothing runs and the one job can never fit: the only moment the next cycle could decide
+    # something new is when that job becomes aged (and its wait is bounded).
+    history = History("1x8:1:1", policy=SchedulingPolicy(aging_max_wait_s=600.0))
+    history.submit(a_job().gpus(8).tasks(2))
+    history.advance(30)
+
+    history.cycle()
+
+    assert history.cycles[-1].next_wakeup == T0 + 600.0
+    assert history.cycles[-1].considered == 1

@@ -1,0 +1,113 @@
+"""When a running gang frees its GPUs, and so when the head's reservation starts (DESIGN §3
+"Backfill with reservations": plan the head's earliest start on concrete nodes from runtime
+estimates).
+
+A gang holds its GPUs from its start (else its binding) for its runtime estimate; one being
+preempted leaves by its grace deadline; one past its estimate may end any moment, so it is
+planned to end `overrun_grace_s` after now and counts as overrunning only once past it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from core import SchedulingPolicy
+from core.reservation import estimated_end, has_overrun, runtime_estimate
+from core.state import CoreJob, JobStateName
+from schemas.jobs import ReservationPlanned
+from tests.core.builders import T0, History, JobBuilder, a_job
+
+HOUR = 3600.0
+POLICY = SchedulingPolicy(default_runtime_estimate_s=4 * HOUR, overrun_grace_s=300.0)
+
+
+def _holding(
+    builder: JobBuilder,
+    state: JobStateName = "running",
+    reserved_at: float | None = T0,
+    started_at: float | None = None,
+) -> CoreJob:
+    return CoreJob(
+        job_id=builder.job_id,
+        seq=1,
+        spec=builder.spec(),
+        state=state,
+        shape=None,
+        submitted_at=T0,
+        reserved_at=reserved_at,
+        started_at=started_at,
+    )
+
+
+@pytest.mark.parametrize(
+    ("builder", "seconds"),
+    [
+        (a_job().estimate(HOUR).max_runtime(2 * HOUR), HOUR),  # the estimate, within the limit
+        (a_job().estimate(HOUR), HOUR),
+        (a_job().max_runtime(2 * HOUR), 2 * HOUR),  # only a limit: the gang holds until it
+        (a_job(), 4 * HOUR),  # neither: the policy's default
+    ],
+)
+def test_the_runtime_estimate_is_the_users_estimate_else_the_limit_else_the_default(
+    builder: JobBuilder, seconds: float
+) -> None:
+    assert runtime_estimate(_holding(builder), POLICY) == seconds
+
+
+def test_a_gang_ends_its_estimate_after_it_started_not_after_it_was_bound() -> None:
+    job = _holding(a_job().estimate(HOUR), reserved_at=T0, started_at=T0 + 60)
+
+    assert estimated_end(job, T0 + 600, POLICY) == T0 + 60 + HOUR
+
+
+def test_a_bound_gang_whose_ranks_have_not_started_ends_its_estimate_after_its_binding() -> None:
+    job = _holding(a_job().estimate(HOUR), state="reserved", reserved_at=T0 + 30)
+
+    assert estimated_end(job, T0 + 600, POLICY) == T0 + 30 + HOUR
+
+
+def test_a_gang_at_or_past_its_estimate_is_planned_to_end_the_overrun_grace_after_now() -> None:
+    job = _holding(a_job().estimate(HOUR), started_at=T0)
+
+    assert estimated_end(job, T0 + HOUR - 1, POLICY) == T0 + HOUR
+    assert estimated_end(job, T0 + HOUR, POLICY) == T0 + HOUR + 300
+    assert estimated_end(job, T0 + 2 * HOUR, POLICY) == T0 + 2 * HOUR + 300
+
+
+def test_a_gang_being_preempted_ends_by_its_grace_deadline_whatever_its_estimate() -> None:
+    job = _holding(a_job().estimate(10 * HOUR), state="preempting", started_at=T0)
+    job.preempt_requested_at = T0 + HOUR
+    job.preempt_grace_s = 120.0
+
+    assert estimated_end(job, T0 + HOUR + 10, POLICY) == T0 + HOUR + 120
+    # Past its deadline it is leaving now (the agents are stopping it), not in the past.
+    assert estimated_end(job, T0 + HOUR + 500, POLICY) == T0 + HOUR + 500
+
+
+def test_a_gang_overruns_only_once_strictly_past_its_estimate() -> None:
+    job = _holding(a_job().estimate(HOUR), started_at=T0)
+    waiting = _holding(a_job().estimate(HOUR), state="queued", reserved_at=None)
+
+    assert not has_overrun(job, T0 + HOUR, POLICY)
+    assert has_overrun(job, T0 + HOUR + 1, POLICY)
+    assert not has_overrun(waiting, T0 + 10 * HOUR, POLICY)
+
+
+def test_the_heads_reservation_counts_a_gang_bound_this_cycle_until_its_estimate_ends() -> None:
+    # Node n0 runs a 1 h gang; in one cycle a 2 h gang is placed on the free node n1 and the
+    # 16-GPU head, behind it, must be planned when the later of the two ends (2 h), not
+    # when the first one does.
+    history = History("2x8:2:1")
+    history.submit(a_job().gpus(8).estimate(HOUR).priority("production"))
+    history.run()
+    history.submit(
+        a_job().gpus(8).estimate(2 * HOUR).priority("production"),
+        a_job().gpus(8).tasks(2).estimate(600).priority("research"),
+    )
+    now = history.now
+
+    history.run()
+
+    head = history.events(ReservationPlanned)
+    assert len(head) == 1
+    assert head[0].start_at.timestamp() == now + 2 * HOUR

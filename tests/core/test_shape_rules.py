@@ -1,0 +1,100 @@
+"""A gang's shape and the words `why` opens with (DESIGN §3 Gang, Topology, Explanations).
+
+A job is `tasks` ranks of `gpus_per_task` GPUs; a tensor-parallel group of `tp_size` GPUs never
+spans NVLink domains, so when tp is a multiple of gpus_per_task, tp/g consecutive ranks form one
+unit that lands on one node; `min_tasks` rounds up to whole units. Every explanation begins with
+the need worded from the shape ("needs 8 GPUs in one NVLink domain; earliest at …").
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from core.shape import Shape, describe_need, shape_of
+from tests.core.builders import JobBuilder, a_job
+
+
+@pytest.mark.parametrize(
+    ("builder", "need"),
+    [
+        (a_job().gpus(1), "needs 1 GPU"),
+        (a_job().gpus(2), "needs 2 GPUs in one NVLink domain"),
+        (a_job().gpus(8), "needs 8 GPUs in one NVLink domain"),
+        (a_job().gpus(2).tasks(2), "needs 4 GPUs (2 tasks x 2)"),
+        (
+            a_job().gpus(1).tasks(4).require("node"),
+            "needs 4 GPUs (4 tasks x 1) in one NVLink domain",
+        ),
+        (
+            a_job().gpus(8).tasks(8).gpu_type("h100").require("rack"),
+            "needs 64 GPUs (8 tasks x 8) of type h100 in one rack",
+        ),
+        (a_job().gpus(4).tasks(4).require("block"), "needs 16 GPUs (4 tasks x 4) in one block"),
+        (a_job().gpus(4).tasks(2).prefer("rack"), "needs 8 GPUs (2 tasks x 4)"),
+        (
+            a_job().gpus(2).tasks(8).tp(8),
+            "needs 16 GPUs (8 tasks x 2), tp groups of 8 GPUs each on one node",
+        ),
+        (
+            a_job().gpus(2).tasks(4).tp(8),
+            "needs 8 GPUs (4 tasks x 2) in one NVLink domain, tp groups of 8 GPUs each on one node",
+        ),
+        (a_job().gpus(1).tasks(8).min_tasks(3), "needs 8 GPUs (8 tasks x 1) (at least 3 tasks)"),
+        (
+            a_job().gpus(2).tasks(8).tp(4).min_tasks(3),
+            "needs 16 GPUs (8 tasks x 2), tp groups of 4 GPUs each on one node (at least 4 tasks)",
+        ),
+    ],
+)
+def test_every_explanation_opens_with_the_need_worded_from_the_gangs_shape(
+    builder: JobBuilder, need: str
+) -> None:
+    assert describe_need(shape_of(builder.spec())) == need
+
+
+def test_ranks_of_one_tensor_parallel_group_form_one_unit_on_one_node() -> None:
+    # tp 8 over 2-GPU tasks: 4 consecutive ranks share a node; 8 tasks are 2 such units, and a
+    # min_tasks of 3 rounds up to one whole unit (a partial tp group is no use); with tp 4 the
+    # units are 2 tasks, and 3 tasks round up to 2 units.
+    assert shape_of(a_job().gpus(2).tasks(8).tp(8).min_tasks(3).spec()) == Shape(
+        gpu_type=None,
+        unit_gpus=8,
+        tasks_per_unit=4,
+        gpus_per_task=2,
+        units=2,
+        min_units=1,
+        require="none",
+    )
+    assert shape_of(a_job().gpus(2).tasks(8).tp(4).min_tasks(3).spec()).min_units == 2
+
+
+@pytest.mark.parametrize(
+    ("builder", "unit_gpus"),
+    [
+        (a_job().gpus(4).tasks(2).tp(4), 4),  # tp equal to the task's GPUs: one task is a unit
+        (a_job().gpus(4).tasks(2).tp(2), 4),  # tp dividing the task's GPUs fits in one task
+        (a_job().gpus(4).tasks(2), 4),  # no tp: every task is its own unit
+    ],
+)
+def test_a_tp_group_no_larger_than_a_task_keeps_each_task_its_own_unit(
+    builder: JobBuilder, unit_gpus: int
+) -> None:
+    shape = shape_of(builder.spec())
+
+    assert (shape.tasks_per_unit, shape.unit_gpus, shape.units) == (1, unit_gpus, 2)
+
+
+def test_a_gang_without_min_tasks_must_be_placed_whole_and_min_tasks_one_is_one_unit() -> None:
+    whole = shape_of(a_job().gpus(2).tasks(4).require("rack").gpu_type("a100").spec())
+    elastic = shape_of(a_job().gpus(2).tasks(4).min_tasks(1).spec())
+
+    assert whole == Shape(
+        gpu_type="a100",
+        unit_gpus=2,
+        tasks_per_unit=1,
+        gpus_per_task=2,
+        units=4,
+        min_units=4,
+        require="rack",
+    )
+    assert (elastic.min_units, elastic.min_gpus, elastic.gpus) == (1, 2, 8)
