@@ -93,6 +93,13 @@ def test_a_gang_overruns_only_once_strictly_past_its_estimate() -> None:
     assert not has_overrun(waiting, T0 + 10 * HOUR, POLICY)
 
 
+def test_a_gang_without_estimate_or_limit_overruns_past_the_policys_default_estimate() -> None:
+    job = _holding(a_job(), started_at=T0)
+
+    assert not has_overrun(job, T0 + 4 * HOUR, POLICY)
+    assert has_overrun(job, T0 + 4 * HOUR + 1, POLICY)
+
+
 def test_the_heads_reservation_counts_a_gang_bound_this_cycle_until_its_estimate_ends() -> None:
     # Node n0 runs a 1 h gang; in one cycle a 2 h gang is placed on the free node n1 and the
     # 16-GPU head, behind it, must be planned when the later of the two ends (2 h), not

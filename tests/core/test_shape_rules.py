@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.shape import Shape, describe_need, shape_of
+from core.shape import Shape, describe_need, shape_of, unit_gpus
 from tests.core.builders import JobBuilder, a_job
 
 
@@ -98,3 +98,18 @@ def test_a_gang_without_min_tasks_must_be_placed_whole_and_min_tasks_one_is_one_
         require="rack",
     )
     assert (elastic.min_units, elastic.min_gpus, elastic.gpus) == (1, 2, 8)
+
+
+@pytest.mark.parametrize(
+    ("builder", "gpus"),
+    [
+        (a_job().gpus(2).tasks(8).tp(8), 8),  # 4 ranks of 2 GPUs share one NVLink domain
+        (a_job().gpus(4).tasks(2).tp(2), 4),  # the tp group fits inside one task
+        (a_job().gpus(3).tasks(2), 3),
+    ],
+)
+def test_the_gpus_one_unit_needs_in_one_nvlink_domain_count_a_whole_tp_group(
+    builder: JobBuilder, gpus: int
+) -> None:
+    # Admission refuses a job whose unit exceeds the largest node: the unit never spans nodes.
+    assert unit_gpus(builder.spec()) == gpus
