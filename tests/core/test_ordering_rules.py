@@ -9,6 +9,8 @@ guarantee before borrowers, then class, fair share and age.
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -101,3 +103,30 @@ def test_the_cycle_wakes_when_the_first_waiting_job_will_have_aged() -> None:
 
     assert history.cycles[-1].next_wakeup == T0 + 600.0
     assert history.cycles[-1].considered == 1
+
+
+@pytest.fixture
+def tokyo_host(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A scheduler host whose local time zone is not UTC."""
+    monkeypatch.setenv("TZ", "Asia/Tokyo")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.usefixtures("tokyo_host")
+def test_a_job_in_its_retry_backoff_says_until_when_in_utc_whatever_the_hosts_zone() -> None:
+    policy = SchedulingPolicy(retry_backoff_base_s=30, retry_backoff_cap_s=600)
+    history = History("1x8:1:1", policy=policy)
+    job = history.submit(a_job("job-backoff").gpus(8).retries(3))[0]
+    history.run()
+    history.exit(job, 1)
+
+    history.run(cycles=2)
+
+    # The jittered backoff of job-backoff's first failure ends 24.9 s after it (T0 + 24.9 s).
+    assert history.job(job).reason == (
+        "needs 8 GPUs in one NVLink domain; attempt 1 failed; "
+        "the next attempt may start at 2023-11-14 22:13:44 UTC (retry backoff)"
+    )
