@@ -118,3 +118,65 @@ def test_the_heads_reservation_counts_a_gang_bound_this_cycle_until_its_estimate
     head = history.events(ReservationPlanned)
     assert len(head) == 1
     assert head[0].start_at.timestamp() == now + 2 * HOUR
+
+
+# ------------------------------------------------- the planner's bounded cost (EAGER_TRIES)
+
+
+def _one_gpu_gangs(history: History, layout: list[str]) -> None:
+    """The k-th gang (from 1) on node layout[k-1], started now, estimated to end k*100 s later."""
+    for k, node in enumerate(layout, start=1):
+        history.occupy(node, 1, a_job().preemptible(False).estimate(k * 100.0))
+
+
+def test_the_head_is_planned_where_one_node_frees_whole_not_when_enough_gpus_free_anywhere() -> (
+    None
+):
+    # n0 and n1 each run two 4-GPU gangs. 8 GPUs are free (4 + 4) once the 2 h gang ends, but
+    # the head's single 8-GPU task needs one NVLink domain: n0 is whole at 3 h, the head's start.
+    history = History("2x8:2:1")
+    for node, hours in (("n0000", 1), ("n0001", 2), ("n0000", 3), ("n0001", 10)):
+        history.occupy(node, 4, a_job().preemptible(False).estimate(hours * HOUR))
+    history.submit(a_job().gpus(8))
+
+    history.run()
+
+    [planned] = history.events(ReservationPlanned)
+    assert (planned.start_at.timestamp(), planned.nodes) == (T0 + 3 * HOUR, ["n0000"])
+
+
+def test_after_sixteen_failed_tries_the_planner_looks_again_only_once_a_unit_more_is_free() -> (
+    None
+):
+    # 32 one-GPU gangs ending every 100 s round-robin over 4 nodes; an 8-GPU head needs a whole
+    # node, first whole at 2,900 s (n0's last gang). 8 GPUs are free from 800 s: the planner
+    # tries at each end up to 2,300 s (16 tries), then only when 8 more GPUs have been freed
+    # since its last try: at 3,100 s, where the head fits. The cost stays bounded; the start is
+    # late by less than the time to free one more unit.
+    history = History("4x8:4:1")
+    _one_gpu_gangs(history, [f"n000{k % 4}" for k in range(32)])
+    history.submit(a_job().gpus(8))
+
+    history.run()
+
+    [planned] = history.events(ReservationPlanned)
+    assert planned.start_at.timestamp() == T0 + 3100
+
+
+def test_a_head_that_fits_only_after_the_last_untried_end_is_planned_at_that_end() -> None:
+    # Three nodes have a broken GPU (7 usable each): only n0003 can ever hold the 8-GPU head,
+    # and it is whole only when its last gang ends, the 29th and last end (2,900 s). The 16
+    # tries (800 s to 2,300 s) fail and the 6 GPUs freed after them are less than one unit,
+    # so the loop tries no more; the final look at the fully released plan finds the start.
+    history = History("4x8:4:1")
+    for node in ("n0000", "n0001", "n0002"):
+        history.break_gpu(node, 7)
+    others = iter(["n0000", "n0001", "n0002"] * 7)
+    layout = ["n0003" if k % 4 == 1 else next(others) for k in range(1, 30)]
+    _one_gpu_gangs(history, layout)
+    history.submit(a_job().gpus(8))
+
+    history.run()
+
+    [planned] = history.events(ReservationPlanned)
+    assert (planned.start_at.timestamp(), planned.nodes) == (T0 + 2900, ["n0003"])
