@@ -129,9 +129,7 @@ def _one_gpu_gangs(history: History, layout: list[str]) -> None:
         history.occupy(node, 1, a_job().preemptible(False).estimate(k * 100.0))
 
 
-def test_the_head_is_planned_where_one_node_frees_whole_not_when_enough_gpus_free_anywhere() -> (
-    None
-):
+def test_the_head_is_planned_when_one_node_is_whole_not_when_enough_gpus_are_free() -> None:
     # n0 and n1 each run two 4-GPU gangs. 8 GPUs are free (4 + 4) once the 2 h gang ends, but
     # the head's single 8-GPU task needs one NVLink domain: n0 is whole at 3 h, the head's start.
     history = History("2x8:2:1")
@@ -145,9 +143,7 @@ def test_the_head_is_planned_where_one_node_frees_whole_not_when_enough_gpus_fre
     assert (planned.start_at.timestamp(), planned.nodes) == (T0 + 3 * HOUR, ["n0000"])
 
 
-def test_after_sixteen_failed_tries_the_planner_looks_again_only_once_a_unit_more_is_free() -> (
-    None
-):
+def test_past_sixteen_failed_tries_the_planner_retries_once_a_unit_more_is_free() -> None:
     # 32 one-GPU gangs ending every 100 s round-robin over 4 nodes; an 8-GPU head needs a whole
     # node, first whole at 2,900 s (n0's last gang). 8 GPUs are free from 800 s: the planner
     # tries at each end up to 2,300 s (16 tries), then only when 8 more GPUs have been freed
