@@ -17,6 +17,7 @@ import pytest
 from core import SchedulingPolicy
 from core.ordering import fair_share, gangway_key, is_aged
 from core.state import CoreJob, QueueRecord
+from schemas.jobs import GangReserved
 from tests.core.builders import T0, History, a_job
 
 HALF_LIFE = 86400.0
@@ -130,3 +131,28 @@ def test_a_job_in_its_retry_backoff_says_until_when_in_utc_whatever_the_hosts_zo
         "needs 8 GPUs in one NVLink domain; attempt 1 failed; "
         "the next attempt may start at 2023-11-14 22:13:44 UTC (retry backoff)"
     )
+
+
+def test_a_caller_given_order_replaces_class_fair_share_and_aging_ties_by_arrival() -> None:
+    # The simulator's baselines order jobs by a key of their ids (SchedulingPolicy.order_key).
+    rank = {"key-a": (2.0,), "key-b": (1.0,), "key-c": (1.0,)}
+    policy = SchedulingPolicy(order_key=lambda job_id: rank[job_id], aging_max_wait_s=1.0)
+    history = History("1x8:1:1", policy=policy)
+    rank[history.occupy("n0000", 8, a_job("key-0").preemptible(False).estimate(60))] = (0.0,)
+    history.submit(
+        a_job("key-a").gpus(8).priority("production"),
+        a_job("key-b").gpus(8).priority("best-effort"),
+        a_job("key-c").gpus(8),
+    )
+    for _ in range(3):
+        running = next(v.job_id for v in history.state.jobs() if v.state == "running")
+        history.advance(60)
+        history.exit(running, 0)
+        history.run()
+
+    assert [g.job_id for g in history.events(GangReserved)] == [
+        "key-0",
+        "key-b",
+        "key-c",
+        "key-a",
+    ]
