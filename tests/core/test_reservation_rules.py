@@ -120,6 +120,22 @@ def test_the_heads_reservation_counts_a_gang_bound_this_cycle_until_its_estimate
     assert head[0].start_at.timestamp() == now + 2 * HOUR
 
 
+def test_a_typed_heads_plan_counts_only_the_gangs_on_nodes_of_its_gpu_type() -> None:
+    # The A100 gang ends first, but its GPUs are no use to an H100 head: the head starts when
+    # the second H100 node frees (3 h), on the two H100 nodes.
+    history = History(
+        "groups:\n- {count: 1, gpus: 8, gpu_type: A100}\n- {count: 2, gpus: 8, gpu_type: H100}\n"
+    )
+    for node, hours in (("n0000", 1), ("n0001", 2), ("n0002", 3)):
+        history.occupy(node, 8, a_job().preemptible(False).estimate(hours * HOUR))
+    history.submit(a_job().gpus(8).tasks(2).gpu_type("H100"))
+
+    history.run()
+
+    [planned] = history.events(ReservationPlanned)
+    assert (planned.start_at.timestamp(), planned.nodes) == (T0 + 3 * HOUR, ["n0001", "n0002"])
+
+
 # ------------------------------------------------- the planner's bounded cost (EAGER_TRIES)
 
 
