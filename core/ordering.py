@@ -14,7 +14,9 @@ from core.quota import QuotaBook
 from core.state import CoreJob, QueueRecord, decayed_usage
 from schemas.reasons import RETRY_BACKOFF
 
-OrderKey = tuple[int, int, int, float, float, int]
+# Smaller sorts first. The first element is the tier; keys of one tier have one shape, and
+# keys of different tiers are told apart by it.
+OrderKey = tuple[float, ...]
 
 
 def fair_share(queue: QueueRecord | None, now: float, policy: SchedulingPolicy) -> float:
@@ -33,8 +35,9 @@ def fair_share(queue: QueueRecord | None, now: float, policy: SchedulingPolicy) 
 
 
 def is_aged(job: CoreJob, now: float, policy: SchedulingPolicy) -> bool:
-    waited_since = job.queued_at if job.queued_at is not None else job.submitted_at
-    return waited_since is not None and now - waited_since >= policy.aging_max_wait_s
+    """Waited the policy's maximum since it last began waiting (admission, requeue, resume:
+    every waiting job has `queued_at`)."""
+    return job.queued_at is not None and now - job.queued_at >= policy.aging_max_wait_s
 
 
 def gangway_key(
@@ -53,16 +56,10 @@ def gangway_key(
     reclaim a moment later); then class rank, fair share, age.
     """
     if victims_released:
-        return (0, 0, -rank, 0.0, 0.0, job.seq)
+        return (0, -rank, job.seq)
     if aged:
-        waited = job.queued_at if job.queued_at is not None else 0.0
-        return (1, 0, 0, waited, 0.0, job.seq)
+        return (1, job.queued_at or 0.0, job.seq)
     return (2, 0 if within_guarantee else 1, -rank, share, job.submitted_at or 0.0, job.seq)
-
-
-def fifo_key(job: CoreJob) -> OrderKey:
-    """Strict arrival order across all jobs."""
-    return (0, 0, 0, 0.0, 0.0, job.seq)
 
 
 def order(ctx: CycleContext, quota: QuotaBook) -> list[CoreJob]:
@@ -75,7 +72,7 @@ def order(ctx: CycleContext, quota: QuotaBook) -> list[CoreJob]:
         candidates.sort(key=lambda job: (order_key(job.job_id), job.seq))
         return candidates
     if policy.is_fifo:
-        candidates.sort(key=fifo_key)
+        candidates.sort(key=lambda job: job.seq)  # strict arrival order
         return candidates
     queues = state.queue_records
     shares: dict[str, float] = {}
