@@ -156,3 +156,21 @@ def test_a_caller_given_order_replaces_class_fair_share_and_aging_ties_by_arriva
         "key-c",
         "key-a",
     ]
+
+
+def test_a_preemptor_whose_victims_are_gone_takes_their_gpus_before_a_higher_class() -> None:
+    # The production job paid for the node by evicting the best-effort gang; an
+    # inference-critical job that arrived during the eviction does not take the node from it.
+    history = History("1x8:1:1")
+    victim = history.submit(a_job().gpus(8).priority("best-effort"))[0]
+    history.run()
+    preemptor = history.submit(a_job().gpus(8).priority("production"))[0]
+    history.run()
+    assert history.job(victim).state == "preempting"
+    critical = history.submit(a_job().gpus(8).priority("inference-critical"))[0]
+    history.evict(victim)
+
+    history.run()
+
+    assert history.job(preemptor).state == "running"
+    assert history.job(critical).state == "queued"
