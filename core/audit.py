@@ -166,6 +166,7 @@ class _Queue:
     parent: str | None
     guaranteed: int
     at: int
+    max_gpus: int | None = None
 
 
 class Auditor:
@@ -232,7 +233,9 @@ class Auditor:
             self._check_guarantees(position)
         elif isinstance(event, TeamCreated | QueueConfigured):
             name = event.name
-            self._queues[name] = _Queue(event.parent, event.guaranteed_gpus, position)
+            self._queues[name] = _Queue(
+                event.parent, event.guaranteed_gpus, position, event.max_gpus
+            )
             self._check_guarantees(position)
         else:
             self._observe_node(event, position)
@@ -591,6 +594,19 @@ class Auditor:
                 usage[job.queue] = usage.get(job.queue, 0) - len(job.gang)
         return usage
 
+    def _excess(self, queue: str, gpus: int, usage: dict[str, int]) -> dict[str, int]:
+        """The queues on the chain whose max `gpus` more would exceed, and by how much: idle
+        GPUs do not serve a job its quota holds back (a parent's ceiling a sibling filled)."""
+        over: dict[str, int] = {}
+        for name in self._chain(queue):
+            record = self._queues.get(name)
+            if record is None or record.max_gpus is None:
+                continue
+            beyond = self._subtree(name, usage) + gpus - record.max_gpus
+            if beyond > 0:
+                over[name] = beyond
+        return over
+
     def _borrowing(self, queue: str) -> bool:
         """Whether the queue holds more than its guarantee, net of gangs under eviction."""
         return self._subtree(queue, self._staying()) > self._guarantee(queue)
@@ -628,7 +644,11 @@ class Auditor:
                 position,
             )
         shape = shape_of(preemptor.spec)
-        if not self._plan_victims and self._fits(shape, set()):
+        if (
+            not self._plan_victims
+            and self._fits(shape, set())
+            and not self._excess(preemptor.queue, shape.min_gpus, self._staying())
+        ):
             self._broken(
                 "idle_capacity",
                 f"{who} while idle GPUs could host job {event.preemptor_job_id}",
@@ -783,24 +803,27 @@ class Auditor:
     def _check_reclaim(
         self, job_id: str, job: _Job, event: JobDeferred, position: int, at: float
     ) -> None:
-        """A job within its queue's guarantee must not wait long while borrowers could yield."""
+        """A job within its queue's guarantee must not wait long while borrowers could yield:
+        borrowed GPUs that could host it, or, held at a parent's ceiling, those borrowed under
+        that ceiling."""
         queue = self._queues.get(job.queue)
         gpus = job.spec.gang_min_tasks * job.spec.gpus_per_task
         if queue is None or self._usage.get(job.queue, 0) + gpus > queue.guaranteed:
             job.entitled_since = None
             return
-        if event.code == QUOTA_CEILING:
-            self._flag(
-                4,
-                f"job {job_id} was held at its queue ceiling while its queue "
-                f"{job.queue} is within its guarantee",
-                position,
-            )
-            return
         if self._policy.is_fifo or not self._policy.preemption:
             return  # a policy without reclaim makes no such promise (the fifo baseline)
-        reclaimable = self._reclaimable(job.queue, at, job.spec.gpu_type)
-        if reclaimable < gpus:
+        if event.code == QUOTA_CEILING:
+            over = self._excess(job.queue, gpus, self._usage)
+            room = {name: self._reclaimable(job.queue, at, under=name) for name in over}
+            reclaimable = min(room.values(), default=0)
+            enough = bool(over) and all(room[name] >= beyond for name, beyond in over.items())
+            where = f" at the ceiling of queue {', '.join(over)}"
+        else:
+            reclaimable = self._reclaimable(job.queue, at, job.spec.gpu_type)
+            enough = reclaimable >= gpus
+            where = ""
+        if not enough:
             job.entitled_since = None
             return
         if job.entitled_since is None:
@@ -809,20 +832,25 @@ class Auditor:
             self._flag(
                 4,
                 f"job {job_id} waited {at - job.entitled_since:.0f} s within the "
-                f"guarantee of queue {job.queue} while {reclaimable} borrowed GPUs "
+                f"guarantee of queue {job.queue}{where} while {reclaimable} borrowed GPUs "
                 "could have been reclaimed",
                 job.submitted_at,
                 position,
             )
             job.entitled_since = at
 
-    def _reclaimable(self, queue: str, at: float, gpu_type: str | None = None) -> int:
+    def _reclaimable(
+        self, queue: str, at: float, gpu_type: str | None = None, under: str | None = None
+    ) -> int:
         """Preemptible GPUs held beyond their queues' guarantees, by other queues (of the GPU
-        type the job asks for: borrowed GPUs of another type are no use to it)."""
+        type the job asks for: borrowed GPUs of another type are no use to it; and under the
+        queue `under`, when room under its ceiling is what the job lacks)."""
         borrowed: dict[str, int] = {}
         for name, used in self._usage.items():
             record = self._queues.get(name)
             guarantee = record.guaranteed if record is not None else 0
+            if under is not None and under not in self._chain(name):
+                continue
             if name != queue and used > guarantee:
                 borrowed[name] = used - guarantee
         total = 0

@@ -84,10 +84,14 @@ def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: Quot
             hit = quota.ceiling_hit(job.queue, shape.min_gpus)
             if hit is not None:
                 name, ceiling = hit
-                outcomes[job.job_id] = Outcome(
-                    "quota_ceiling",
-                    f"{job.need}; queue {name} would exceed its ceiling of {ceiling} GPUs",
-                )
+                message = f"{job.need}; queue {name} would exceed its ceiling of {ceiling} GPUs"
+                if quota.within_guarantee(job.queue, shape.min_gpus):
+                    # A parent's ceiling filled by a sibling's borrowing is no bar to a queue
+                    # within its guarantee: the preemption phase reclaims what is borrowed
+                    # under that ceiling (invariant 4).
+                    message += f"; queue {job.queue} is within its guarantee and reclaims it"
+                    blocked.append(job)
+                outcomes[job.job_id] = Outcome("quota_ceiling", message)
                 continue
         if head is not None and not policy.backfill:
             outcomes[job.job_id] = Outcome("behind_head", f"{job.need}; {_BEHIND_NO_BACKFILL}")
