@@ -90,6 +90,19 @@ _NOT_AFTER_END: tuple[type[Event], ...] = (
 )
 
 
+# What one scheduling cycle writes (core/cycle.py). Any other event lies between two cycles;
+# so does a JobDeferred: the cycle records those last (its explain phase).
+_CYCLE_WRITES: tuple[type[Event], ...] = (
+    *SCHEDULER_DECISIONS,
+    JobSucceeded,
+    JobFailed,
+    JobCancelled,
+    JobSuspended,
+    JobResumed,
+    NodeDrained,
+)
+
+
 # The scheduling promises of DESIGN §3 the auditor checks (violations with invariant 0).
 RULES: dict[str, str] = {
     "topology": "a required node, rack or block locality and the GPU type are honoured",
@@ -203,6 +216,11 @@ class Auditor:
         self._instant: float | None = None
         self._least_usage: dict[str, int] = {}
         self._ranks: dict[str, int] = {}
+        # Whether the cycle that recorded the head's reservation may still be writing: the
+        # core re-plans the head every cycle but records it only when it moves, so the
+        # recorded nodes are the reserved ones only in that cycle (several cycles may share
+        # one instant).
+        self._reservation_cycle = False
 
     def _flag(self, invariant: int, message: str, *positions: int) -> None:
         self.violations.append(Violation(invariant, message, tuple(positions)))
@@ -217,6 +235,8 @@ class Auditor:
             self._least_usage = dict(self._usage)
             self._plan, self._plan_victims = None, []
         self._check_fencing(event, position, epoch)
+        if isinstance(event, JobDeferred) or not isinstance(event, _CYCLE_WRITES):
+            self._reservation_cycle = False
         if isinstance(event, JobEvent):
             self._observe_job(event, position, at)
         elif isinstance(event, NodeRegistered):
@@ -369,6 +389,7 @@ class Auditor:
             for other in self._jobs.values():
                 other.reservation = None
             job.reservation = (event.start_at.timestamp(), frozenset(event.nodes), position, at)
+            self._reservation_cycle = True
         elif isinstance(event, TaskStarted):
             if event.attempt == job.attempt and job.gang_at is not None:
                 job.started_ranks.add(event.rank)
@@ -741,7 +762,7 @@ class Auditor:
     ) -> None:
         """A job ordered after the head may not run on its reserved nodes past its start."""
         policy = self._policy
-        if policy.is_fifo or not policy.backfill or job.preemptor:
+        if policy.is_fifo or not policy.backfill or job.preemptor or not self._reservation_cycle:
             return
         if at - job.waiting_since >= policy.aging_max_wait_s:
             return  # an aged job goes before the head
@@ -760,8 +781,6 @@ class Auditor:
             if planned is None or head is job or not head.waiting or head.terminal_at:
                 continue
             start, nodes, planned_at, planned_when = planned
-            # The core re-plans the head every cycle but records it only when it moves: the
-            # recorded nodes are the reserved ones only in the cycle that recorded them.
             if planned_when != at or at + estimate <= start or not used & nodes:
                 continue
             head_rank = policy.priority_class(head.priority).rank
