@@ -823,25 +823,32 @@ class Auditor:
         self, job_id: str, job: _Job, event: JobDeferred, position: int, at: float
     ) -> None:
         """A job within its queue's guarantee must not wait long while borrowers could yield:
-        borrowed GPUs that could host it, or, held at a parent's ceiling, those borrowed under
-        that ceiling."""
+        borrowed gangs whose GPUs, with the idle ones, could host its gang (its shape, type and
+        topology: GPUs scattered where it cannot land are no use to it) and, held at a parent's
+        ceiling, enough of them borrowed under that ceiling to give it room there."""
         queue = self._queues.get(job.queue)
-        gpus = job.spec.gang_min_tasks * job.spec.gpus_per_task
+        shape = shape_of(job.spec)
+        gpus = shape.min_gpus
         if queue is None or self._usage.get(job.queue, 0) + gpus > queue.guaranteed:
             job.entitled_since = None
             return
         if self._policy.is_fifo or not self._policy.preemption:
             return  # a policy without reclaim makes no such promise (the fifo baseline)
+        if job.priority == self._policy.idle_only_priority:
+            return  # it runs on idle capacity only: it reclaims nothing (DESIGN §3)
+        reclaimable, gangs = self._reclaimable(job.queue, at, shape.gpu_type)
+        enough = reclaimable >= gpus and self._fits(shape, gangs)
+        where = ""
         if event.code == QUOTA_CEILING:
             over = self._excess(job.queue, gpus, self._usage)
-            room = {name: self._reclaimable(job.queue, at, under=name) for name in over}
+            room = {name: self._reclaimable(job.queue, at, under=name)[0] for name in over}
+            enough = (
+                bool(over)
+                and all(room[name] >= beyond for name, beyond in over.items())
+                and self._fits(shape, self._reclaimable(job.queue, at)[1])
+            )
             reclaimable = min(room.values(), default=0)
-            enough = bool(over) and all(room[name] >= beyond for name, beyond in over.items())
             where = f" at the ceiling of queue {', '.join(over)}"
-        else:
-            reclaimable = self._reclaimable(job.queue, at, job.spec.gpu_type)
-            enough = reclaimable >= gpus
-            where = ""
         if not enough:
             job.entitled_since = None
             return
@@ -860,10 +867,10 @@ class Auditor:
 
     def _reclaimable(
         self, queue: str, at: float, gpu_type: str | None = None, under: str | None = None
-    ) -> int:
-        """Preemptible GPUs held beyond their queues' guarantees, by other queues (of the GPU
-        type the job asks for: borrowed GPUs of another type are no use to it; and under the
-        queue `under`, when room under its ceiling is what the job lacks)."""
+    ) -> tuple[int, set[str]]:
+        """Preemptible GPUs held beyond their queues' guarantees by other queues, and their
+        gangs (of the GPU type the job asks for: borrowed GPUs of another type are no use to
+        it; and under the queue `under`, when room under its ceiling is what the job lacks)."""
         borrowed: dict[str, int] = {}
         for name, used in self._usage.items():
             record = self._queues.get(name)
@@ -873,7 +880,8 @@ class Auditor:
             if name != queue and used > guarantee:
                 borrowed[name] = used - guarantee
         total = 0
-        for other in self._jobs.values():
+        gangs: set[str] = set()
+        for other_id, other in self._jobs.items():
             if other.gang_at is None or other.queue not in borrowed:
                 continue
             if gpu_type is not None and any(
@@ -887,7 +895,8 @@ class Auditor:
             if at - other.gang_since < spec.min_runtime_s:
                 continue
             total += len(other.gang)
-        return min(total, sum(borrowed.values()))
+            gangs.add(other_id)
+        return min(total, sum(borrowed.values())), gangs
 
     # ---------------------------------------------------------------- 5
 

@@ -19,6 +19,7 @@ from schemas.jobs import (
     TaskStarted,
 )
 from schemas.teams import QueueConfigured, TeamCreated
+from tests.core.builders import History, a_job
 
 T = 1_700_000_000.0
 WHOLE = list(range(8))
@@ -108,3 +109,61 @@ def test_a_reclaim_that_makes_room_under_a_full_ceiling_is_no_idle_capacity_pree
 
     assert audit([*world(), reclaim]) == []
     assert audit([*world(org_max=None), reclaim]) == ["idle_capacity"]
+
+
+def test_borrowed_gpus_where_the_waiting_gang_cannot_land_do_not_count() -> None:
+    """The random property tests' invariant-4 report (docs/testing.md), made small: gamma's
+    job needs a whole node within its guarantee; alpha borrows 14 preemptible GPUs, but a
+    non-preemptible gang of alpha's sits on each node, so no eviction frees a node. The core
+    rightly waits; the auditor counts only borrowed gangs whose eviction would let the gang
+    land. Once a node can be freed, gamma reclaims it at once."""
+    history = History("2x8:2:1")
+    history.team("alpha").team("gamma", guaranteed=8)
+    pinned = [
+        history.occupy(node, 1, a_job().team("alpha").priority("inference-critical"))
+        for node in ("n0000", "n0001")
+    ]
+    borrowed = [history.occupy(node, 7, a_job().team("alpha")) for node in ("n0000", "n0001")]
+    owner = history.submit(a_job().gpus(8).team("gamma"))[0]
+
+    history.run(cycles=8, every_s=600)  # 4800 s: past the auditor's bound of 3600 s
+
+    assert history.events(PreemptionRequested) == []
+    assert history.job(owner).state == "queued"
+    assert history.auditor.violations == []
+
+    history.exit(pinned[0])
+    history.run()
+
+    assert [p.job_id for p in history.events(PreemptionRequested)] == [borrowed[0]]
+    assert history.auditor.violations == []
+
+
+def test_a_best_effort_job_within_its_guarantee_is_promised_idle_capacity_only() -> None:
+    """Best-effort work runs on idle capacity (DESIGN §3): the core never reclaims for it,
+    and its wait beside borrowers breaks no promise; a research job's does."""
+
+    def waited(priority: str) -> list[Violation]:
+        events: list[Event] = [
+            *parse_cluster_spec("2x8:2:1"),
+            team("alpha"),
+            team("gamma", 8),
+            *running("a1", "alpha", "n0000"),
+            *running("a2", "alpha", "n0001"),
+            JobSubmitted(
+                job_id="owner",
+                spec=JobSpec(name="o", team="gamma", gpus_per_task=8, priority=priority),
+                submitted_by="u",
+            ),
+            JobAdmitted(job_id="owner", queue="gamma", priority=priority),
+        ]
+        auditor = Auditor(reclaim_within_s=600)
+        for position, event in enumerate(events):
+            auditor.observe(event, position, T, None)
+        for offset, wait in enumerate((0, 601)):
+            deferral = JobDeferred(job_id="owner", code="no_capacity", message=f"m{offset}")
+            auditor.observe(deferral, len(events) + offset, T + wait, None)
+        return auditor.violations
+
+    assert waited("best-effort") == []
+    assert [v.invariant for v in waited("research")] == [4]
