@@ -108,13 +108,16 @@ def test_a_preempted_gang_may_be_preempted_again_the_moment_its_hysteresis_is_ov
 
 
 def test_a_node_with_free_gpus_is_cleared_with_the_fewest_evicted_gpus() -> None:
-    """No single gang suffices. Node n0000 has 4 GPUs free and two 2-GPU gangs; node n0001
-    eight 1-GPU gangs, the smallest (so first in victim order). The free GPUs count: the two
-    2-GPU gangs clear a node, where eight gangs would clear the other."""
-    history = History("2x8:2:1")
-    pair = [history.occupy("n0000", 2, a_job().priority("research")) for _ in range(2)]
+    """No single gang suffices. Node n0000 runs eight 1-GPU gangs (the smallest, so first in
+    victim order); n0001 has 4 GPUs free and two 2-GPU gangs; on n0002 a 1-GPU gang sits
+    beside a gang of the preemptor's class, so evicting it frees no node. The free GPUs
+    count: the two 2-GPU gangs clear n0001, where eight gangs would clear n0000."""
+    history = History("3x8:3:1")
     for _ in range(8):
-        history.occupy("n0001", 1, a_job().priority("research"))
+        history.occupy("n0000", 1, a_job().priority("research"))
+    pair = [history.occupy("n0001", 2, a_job().priority("research")) for _ in range(2)]
+    history.occupy("n0002", 7, a_job().priority("production"))
+    history.occupy("n0002", 1, a_job().priority("research"))
 
     history.submit(a_job().gpus(8).priority("production"))
     history.run()
