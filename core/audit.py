@@ -90,6 +90,19 @@ _NOT_AFTER_END: tuple[type[Event], ...] = (
 )
 
 
+# What one scheduling cycle writes (core/cycle.py). Any other event lies between two cycles;
+# so does a JobDeferred: the cycle records those last (its explain phase).
+_CYCLE_WRITES: tuple[type[Event], ...] = (
+    *SCHEDULER_DECISIONS,
+    JobSucceeded,
+    JobFailed,
+    JobCancelled,
+    JobSuspended,
+    JobResumed,
+    NodeDrained,
+)
+
+
 # The scheduling promises of DESIGN §3 the auditor checks (violations with invariant 0).
 RULES: dict[str, str] = {
     "topology": "a required node, rack or block locality and the GPU type are honoured",
@@ -166,6 +179,7 @@ class _Queue:
     parent: str | None
     guaranteed: int
     at: int
+    max_gpus: int | None = None
 
 
 class Auditor:
@@ -202,6 +216,11 @@ class Auditor:
         self._instant: float | None = None
         self._least_usage: dict[str, int] = {}
         self._ranks: dict[str, int] = {}
+        # Whether the cycle that recorded the head's reservation may still be writing: the
+        # core re-plans the head every cycle but records it only when it moves, so the
+        # recorded nodes are the reserved ones only in that cycle (several cycles may share
+        # one instant).
+        self._reservation_cycle = False
 
     def _flag(self, invariant: int, message: str, *positions: int) -> None:
         self.violations.append(Violation(invariant, message, tuple(positions)))
@@ -216,6 +235,8 @@ class Auditor:
             self._least_usage = dict(self._usage)
             self._plan, self._plan_victims = None, []
         self._check_fencing(event, position, epoch)
+        if isinstance(event, JobDeferred) or not isinstance(event, _CYCLE_WRITES):
+            self._reservation_cycle = False
         if isinstance(event, JobEvent):
             self._observe_job(event, position, at)
         elif isinstance(event, NodeRegistered):
@@ -232,7 +253,9 @@ class Auditor:
             self._check_guarantees(position)
         elif isinstance(event, TeamCreated | QueueConfigured):
             name = event.name
-            self._queues[name] = _Queue(event.parent, event.guaranteed_gpus, position)
+            self._queues[name] = _Queue(
+                event.parent, event.guaranteed_gpus, position, event.max_gpus
+            )
             self._check_guarantees(position)
         else:
             self._observe_node(event, position)
@@ -366,6 +389,7 @@ class Auditor:
             for other in self._jobs.values():
                 other.reservation = None
             job.reservation = (event.start_at.timestamp(), frozenset(event.nodes), position, at)
+            self._reservation_cycle = True
         elif isinstance(event, TaskStarted):
             if event.attempt == job.attempt and job.gang_at is not None:
                 job.started_ranks.add(event.rank)
@@ -591,6 +615,19 @@ class Auditor:
                 usage[job.queue] = usage.get(job.queue, 0) - len(job.gang)
         return usage
 
+    def _excess(self, queue: str, gpus: int, usage: dict[str, int]) -> dict[str, int]:
+        """The queues on the chain whose max `gpus` more would exceed, and by how much: idle
+        GPUs do not serve a job its quota holds back (a parent's ceiling a sibling filled)."""
+        over: dict[str, int] = {}
+        for name in self._chain(queue):
+            record = self._queues.get(name)
+            if record is None or record.max_gpus is None:
+                continue
+            beyond = self._subtree(name, usage) + gpus - record.max_gpus
+            if beyond > 0:
+                over[name] = beyond
+        return over
+
     def _borrowing(self, queue: str) -> bool:
         """Whether the queue holds more than its guarantee, net of gangs under eviction."""
         return self._subtree(queue, self._staying()) > self._guarantee(queue)
@@ -628,7 +665,11 @@ class Auditor:
                 position,
             )
         shape = shape_of(preemptor.spec)
-        if not self._plan_victims and self._fits(shape, set()):
+        if (
+            not self._plan_victims
+            and self._fits(shape, set())
+            and not self._excess(preemptor.queue, shape.min_gpus, self._staying())
+        ):
             self._broken(
                 "idle_capacity",
                 f"{who} while idle GPUs could host job {event.preemptor_job_id}",
@@ -721,7 +762,7 @@ class Auditor:
     ) -> None:
         """A job ordered after the head may not run on its reserved nodes past its start."""
         policy = self._policy
-        if policy.is_fifo or not policy.backfill or job.preemptor:
+        if policy.is_fifo or not policy.backfill or job.preemptor or not self._reservation_cycle:
             return
         if at - job.waiting_since >= policy.aging_max_wait_s:
             return  # an aged job goes before the head
@@ -740,8 +781,6 @@ class Auditor:
             if planned is None or head is job or not head.waiting or head.terminal_at:
                 continue
             start, nodes, planned_at, planned_when = planned
-            # The core re-plans the head every cycle but records it only when it moves: the
-            # recorded nodes are the reserved ones only in the cycle that recorded them.
             if planned_when != at or at + estimate <= start or not used & nodes:
                 continue
             head_rank = policy.priority_class(head.priority).rank
@@ -783,24 +822,34 @@ class Auditor:
     def _check_reclaim(
         self, job_id: str, job: _Job, event: JobDeferred, position: int, at: float
     ) -> None:
-        """A job within its queue's guarantee must not wait long while borrowers could yield."""
+        """A job within its queue's guarantee must not wait long while borrowers could yield:
+        borrowed gangs whose GPUs, with the idle ones, could host its gang (its shape, type and
+        topology: GPUs scattered where it cannot land are no use to it) and, held at a parent's
+        ceiling, enough of them borrowed under that ceiling to give it room there."""
         queue = self._queues.get(job.queue)
-        gpus = job.spec.gang_min_tasks * job.spec.gpus_per_task
+        shape = shape_of(job.spec)
+        gpus = shape.min_gpus
         if queue is None or self._usage.get(job.queue, 0) + gpus > queue.guaranteed:
             job.entitled_since = None
             return
-        if event.code == QUOTA_CEILING:
-            self._flag(
-                4,
-                f"job {job_id} was held at its queue ceiling while its queue "
-                f"{job.queue} is within its guarantee",
-                position,
-            )
-            return
         if self._policy.is_fifo or not self._policy.preemption:
             return  # a policy without reclaim makes no such promise (the fifo baseline)
-        reclaimable = self._reclaimable(job.queue, at, job.spec.gpu_type)
-        if reclaimable < gpus:
+        if job.priority == self._policy.idle_only_priority:
+            return  # it runs on idle capacity only: it reclaims nothing (DESIGN §3)
+        reclaimable, gangs = self._reclaimable(job.queue, at, shape.gpu_type)
+        enough = reclaimable >= gpus and self._fits(shape, gangs)
+        where = ""
+        if event.code == QUOTA_CEILING:
+            over = self._excess(job.queue, gpus, self._usage)
+            room = {name: self._reclaimable(job.queue, at, under=name)[0] for name in over}
+            enough = (
+                bool(over)
+                and all(room[name] >= beyond for name, beyond in over.items())
+                and self._fits(shape, self._reclaimable(job.queue, at)[1])
+            )
+            reclaimable = min(room.values(), default=0)
+            where = f" at the ceiling of queue {', '.join(over)}"
+        if not enough:
             job.entitled_since = None
             return
         if job.entitled_since is None:
@@ -809,24 +858,30 @@ class Auditor:
             self._flag(
                 4,
                 f"job {job_id} waited {at - job.entitled_since:.0f} s within the "
-                f"guarantee of queue {job.queue} while {reclaimable} borrowed GPUs "
+                f"guarantee of queue {job.queue}{where} while {reclaimable} borrowed GPUs "
                 "could have been reclaimed",
                 job.submitted_at,
                 position,
             )
             job.entitled_since = at
 
-    def _reclaimable(self, queue: str, at: float, gpu_type: str | None = None) -> int:
-        """Preemptible GPUs held beyond their queues' guarantees, by other queues (of the GPU
-        type the job asks for: borrowed GPUs of another type are no use to it)."""
+    def _reclaimable(
+        self, queue: str, at: float, gpu_type: str | None = None, under: str | None = None
+    ) -> tuple[int, set[str]]:
+        """Preemptible GPUs held beyond their queues' guarantees by other queues, and their
+        gangs (of the GPU type the job asks for: borrowed GPUs of another type are no use to
+        it; and under the queue `under`, when room under its ceiling is what the job lacks)."""
         borrowed: dict[str, int] = {}
         for name, used in self._usage.items():
             record = self._queues.get(name)
             guarantee = record.guaranteed if record is not None else 0
+            if under is not None and under not in self._chain(name):
+                continue
             if name != queue and used > guarantee:
                 borrowed[name] = used - guarantee
         total = 0
-        for other in self._jobs.values():
+        gangs: set[str] = set()
+        for other_id, other in self._jobs.items():
             if other.gang_at is None or other.queue not in borrowed:
                 continue
             if gpu_type is not None and any(
@@ -840,7 +895,8 @@ class Auditor:
             if at - other.gang_since < spec.min_runtime_s:
                 continue
             total += len(other.gang)
-        return min(total, sum(borrowed.values()))
+            gangs.add(other_id)
+        return min(total, sum(borrowed.values())), gangs
 
     # ---------------------------------------------------------------- 5
 

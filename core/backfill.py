@@ -33,6 +33,9 @@ _STILL_TRUE_WHEN_FULL: frozenset[DeferCode] = frozenset(
 )
 
 FailureKey = tuple[str | None, int, str, bool]
+# Jobs in line whose reservation cannot be planned at all, passed over for the head in one
+# cycle before the next such job stays the head without one (each costs a plan).
+MAX_UNPLANNED_HEADS = 4
 
 
 @dataclass(slots=True)
@@ -54,6 +57,7 @@ def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: Quot
     head: CoreJob | None = None
     head_start: float | None = None
     budget = policy.max_placements_per_cycle
+    unplanned = 0
     for job in waiting:
         shape = job.shape
         if shape is None:
@@ -84,10 +88,14 @@ def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: Quot
             hit = quota.ceiling_hit(job.queue, shape.min_gpus)
             if hit is not None:
                 name, ceiling = hit
-                outcomes[job.job_id] = Outcome(
-                    "quota_ceiling",
-                    f"{job.need}; queue {name} would exceed its ceiling of {ceiling} GPUs",
-                )
+                message = f"{job.need}; queue {name} would exceed its ceiling of {ceiling} GPUs"
+                if quota.within_guarantee(job.queue, shape.min_gpus):
+                    # A parent's ceiling filled by a sibling's borrowing is no bar to a queue
+                    # within its guarantee: the preemption phase reclaims what is borrowed
+                    # under that ceiling (invariant 4).
+                    message += f"; queue {job.queue} is within its guarantee and reclaims it"
+                    blocked.append(job)
+                outcomes[job.job_id] = Outcome("quota_ceiling", message)
                 continue
         if head is not None and not policy.backfill:
             outcomes[job.job_id] = Outcome("behind_head", f"{job.need}; {_BEHIND_NO_BACKFILL}")
@@ -117,6 +125,14 @@ def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: Quot
                 outcomes[job.job_id] = Outcome("no_capacity", f"{job.need}; {_NO_CAPACITY}")
                 continue
             head_start = reserve(ctx, snap, job, shape)
+            if head_start is None and unplanned < MAX_UNPLANNED_HEADS:
+                # It fits nowhere even once the running gangs end (ranks of released gangs
+                # still run): holding no reservation, it must not keep the next job in line
+                # from holding one, or backfill would run past that gang unchecked.
+                unplanned += 1
+                head = None
+                ctx.result.head_job_id = None
+                continue
             failed = {key: k for key, k in failed.items() if not key[3]}
             continue
         if avoid and head is not None and _fits_unreserved(snap, shape, failed, fits_unreserved):

@@ -198,7 +198,11 @@ def plan_preemption(
     shape, preemptor, pclass = request.shape, request.preemptor, request.pclass
     reclaiming, overrun_head, excluded = request.reclaiming, request.overrun_head, request.excluded
     now, policy = request.now, request.policy
-    if find_placement(snap, shape, False) is not None:
+    # Queues on the preemptor's chain the gang would take past their max: evictions under
+    # them must make that room too (a sibling's borrowing may fill a parent's ceiling).
+    excess = quota.excess(preemptor.queue, shape.min_gpus)
+    idle_serves = find_placement(snap, shape, False) is not None
+    if idle_serves and not excess:
         return None  # idle capacity serves (only a reservation held it back): never preempt
     borrowers: list[CoreJob] = []
     everyone: list[CoreJob] = []
@@ -230,11 +234,22 @@ def plan_preemption(
     # Borrowers first: within the everyone tier, too, a borrower outranks a lender.
     borrowing = {v.job_id for v in borrowers}
     everyone.sort(key=lambda v: 0 if v.job_id in borrowing else 1)
+    if idle_serves:
+        # Only quota is short: the fewest gangs that give the ceilings back their room.
+        for victims in (borrowers, everyone):
+            chosen = _quota_room(quota, excess, victims, [])
+            if chosen is not None:
+                return chosen
+        return None
     if snap.total_free + sum(v.bound_gpus for v in everyone) < shape.min_gpus:
         return None
+    tiers = [borrowers, everyone]
+    if excess:
+        # Gangs under the full ceilings first: their GPUs make room in both senses.
+        tiers = [subset for tier in tiers for subset in (_under(quota, excess, tier), tier)]
     with snap.trial() as planning:
         planning.reserved = frozenset()
-        for victims in (borrowers, everyone):
+        for victims in tiers:
             if not victims:
                 continue
             chosen = (
@@ -242,9 +257,52 @@ def plan_preemption(
                 or _by_node(planning, shape, victims)
                 or _greedy(planning, shape, victims)
             )
+            if chosen is not None and excess:
+                chosen = _quota_room(quota, excess, victims, chosen)
             if chosen is not None:
                 return chosen
         return None
+
+
+def _under(quota: QuotaBook, excess: dict[str, int], victims: list[CoreJob]) -> list[CoreJob]:
+    """The victims whose eviction gives room under a queue of `excess`."""
+    return [v for v in victims if any(queue in excess for queue in quota.chain(v.queue))]
+
+
+def _quota_room(
+    quota: QuotaBook, excess: dict[str, int], victims: list[CoreJob], chosen: list[CoreJob]
+) -> list[CoreJob] | None:
+    """`chosen` and the fewest more victims under the queues in `excess` whose eviction brings
+    each back within its max, or None: the first that alone suffices, else victims in order,
+    less those the later ones made unnecessary."""
+
+    def short(taken: list[CoreJob]) -> bool:
+        freed = dict.fromkeys(excess, 0)
+        for victim in taken:
+            for queue in quota.chain(victim.queue):
+                if queue in freed:
+                    freed[queue] += victim.bound_gpus
+        return any(freed[queue] < over for queue, over in excess.items())
+
+    if not short(chosen):
+        return chosen
+    taken = {victim.job_id for victim in chosen}
+    others = [victim for victim in _under(quota, excess, victims) if victim.job_id not in taken]
+    for victim in others:
+        if not short([*chosen, victim]):
+            return [*chosen, victim]
+    added: list[CoreJob] = []
+    for victim in others:
+        added.append(victim)
+        if not short([*chosen, *added]):
+            break
+    else:
+        return None
+    for victim in list(added):
+        rest = [other for other in added if other is not victim]
+        if not short([*chosen, *rest]):
+            added = rest
+    return [*chosen, *added]
 
 
 def _release(planning: Snapshot, victims: list[CoreJob]) -> dict[int, int]:

@@ -49,6 +49,22 @@ class QuotaBook:
                 return queue, record.max_gpus
         return None
 
+    def excess(self, name: str, gpus: int) -> dict[str, int]:
+        """Each queue on the chain whose max the gang would exceed: by how many GPUs.
+
+        Evicting gangs of a queue's subtree gives it room again (the preemption planner uses
+        this to reclaim a guarantee under a parent's ceiling that a sibling's borrowing filled).
+        """
+        over: dict[str, int] = {}
+        for queue in self.chain(name):
+            record = self._queues.get(queue)
+            if record is None or record.max_gpus is None:
+                continue
+            beyond = self.usage.get(queue, 0) + gpus - record.max_gpus
+            if beyond > 0:
+                over[queue] = beyond
+        return over
+
     def guarantee(self, name: str) -> int:
         record = self._queues.get(name)
         return record.guaranteed_gpus if record is not None and record.configured else 0

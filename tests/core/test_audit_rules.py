@@ -12,6 +12,7 @@ from schemas.base import Event
 from schemas.jobs import (
     GangReserved,
     JobAdmitted,
+    JobDeferred,
     JobRequeued,
     JobSpec,
     JobSubmitted,
@@ -334,12 +335,15 @@ def test_the_scheduler_reclaims_from_borrowers_and_keeps_the_preemption_rules() 
 # ---------------------------------------------------------------- backfill
 
 
-def _reserved_head() -> list[Event]:
+def _reserved_head(*waiting: Event) -> list[Event]:
+    """A head reserved behind a blocker, the `waiting` jobs submitted before the cycle that
+    records its reservation (last)."""
     return [
         *parse_cluster_spec("2x8:2:1"),
         *job("blocker"),
         *running("blocker", ("n0000", WHOLE)),
         *job("head", tasks=2),
+        *waiting,
         ReservationPlanned(
             job_id="head",
             start_at=datetime.fromtimestamp(T + 3600, UTC),
@@ -349,8 +353,8 @@ def _reserved_head() -> list[Event]:
 
 
 def test_a_later_job_on_a_reserved_node_past_the_reservations_start_breaks_backfill() -> None:
-    head = _reserved_head()
-    events = [*head, *job("long", estimated_runtime_s=7200), gang("long", ("n0001", WHOLE))]
+    head = _reserved_head(*job("long", estimated_runtime_s=7200))
+    events = [*head, gang("long", ("n0001", WHOLE))]
 
     violations = audit(events, one_cycle_from=len(head) - 1)
 
@@ -358,10 +362,22 @@ def test_a_later_job_on_a_reserved_node_past_the_reservations_start_breaks_backf
     assert "reserved for job head" in violations[0].message
 
 
+def test_a_reservation_recorded_in_an_earlier_cycle_of_the_same_instant_is_not_held() -> None:
+    """Several cycles may share one instant: after the recording cycle's reasons (or any
+    event between cycles) the recorded nodes may no longer be the reserved ones."""
+    head = _reserved_head(*job("long", estimated_runtime_s=7200))
+    deferred = JobDeferred(job_id="head", code="reserved_head", message="m")
+    later = [*head, deferred, gang("long", ("n0001", WHOLE))]
+    submitted = [*head, *job("other"), gang("long", ("n0001", WHOLE))]
+
+    assert audit(later, one_cycle_from=len(head) - 1) == []
+    assert audit(submitted, one_cycle_from=len(head) - 1) == []
+
+
 def test_a_reservation_recorded_in_an_earlier_cycle_is_not_held_against_later_placements() -> None:
     """The core re-plans the head each cycle and records it only when it moves: the nodes of
     an earlier record may no longer be the reserved ones."""
-    events = [*_reserved_head(), *job("long", estimated_runtime_s=7200)]
+    events = [*_reserved_head(*job("long", estimated_runtime_s=7200))]
     events.append(gang("long", ("n0001", WHOLE)))
 
     assert audit(events) == []
@@ -369,22 +385,20 @@ def test_a_reservation_recorded_in_an_earlier_cycle_is_not_held_against_later_pl
 
 def test_a_later_job_that_ends_before_the_reservation_may_backfill() -> None:
     events = [
-        *_reserved_head(),
-        *job("short", estimated_runtime_s=600),
+        *_reserved_head(*job("short", estimated_runtime_s=600)),
         gang("short", ("n0001", WHOLE)),
     ]
 
-    assert audit(events, one_cycle_from=len(events) - 4) == []
+    assert audit(events, one_cycle_from=len(events) - 2) == []
 
 
 def test_a_higher_class_job_may_take_reserved_nodes() -> None:
     events = [
-        *_reserved_head(),
-        *job("urgent", priority="production", estimated_runtime_s=7200),
+        *_reserved_head(*job("urgent", priority="production", estimated_runtime_s=7200)),
         gang("urgent", ("n0001", WHOLE)),
     ]
 
-    assert audit(events, one_cycle_from=len(events) - 4) == []
+    assert audit(events, one_cycle_from=len(events) - 2) == []
 
 
 def test_the_scheduler_backfills_without_delaying_the_head() -> None:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from schemas.jobs import PreemptionRequested
 from tests.core.builders import History, a_job
 
@@ -135,21 +133,99 @@ def test_a_team_reclaims_a_whole_node_from_small_borrowers_scattered_over_the_cl
     assert history.job(owner).state == "running"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known bug (found by the property tests, not fixed here): a parent's ceiling filled "
-    "by one child's borrowing holds a sibling within its guarantee at that ceiling; the "
-    "ceiling check comes before any reclaim, and preemption only makes room in GPUs",
-)
 def test_a_child_within_its_guarantee_reclaims_under_a_parent_ceiling_filled_by_a_sibling() -> None:
+    """Found by the property tests: the org's ceiling, filled by gamma's borrowing, held alpha
+    (within its guarantee) for good. Alpha reclaims: one of gamma's gangs is evicted, exactly
+    the one that makes the org's room, although idle GPUs would host alpha's job."""
     history = History("8x8:4:2")  # 64 GPUs; the org may use 48
     history.queue("org", max_gpus=48)
     history.team("alpha", guaranteed=4, parent="org").team("gamma", parent="org")
-    history.submit(*(a_job().gpus(8).tasks(3).team("gamma") for _ in range(2)))
+    borrowed = history.submit(*(a_job().gpus(8).tasks(3).team("gamma") for _ in range(2)))
+    history.run()
+    assert history.state.allocated_gpus == 48
+    owner = history.submit(a_job().gpus(1).team("alpha"))[0]
+
+    history.run(cycles=2)
+
+    victims = [p.job_id for p in history.events(PreemptionRequested)]
+    assert len(victims) == 1 and victims[0] in borrowed
+    assert {p.preemptor_job_id for p in history.events(PreemptionRequested)} == {owner}
+    assert history.job(owner).reason_code == "awaiting_preemption"
+    history.evict(victims[0])
+    history.run(cycles=2)
+    assert history.job(owner).state == "running"
+    # The evicted gang waits at the org's ceiling: 25 GPUs used, 24 more would make 49.
+    assert history.job(victims[0]).reason_code == "quota_ceiling"
+    assert history.state.allocated_gpus == 25
+    assert history.auditor.violations == []
+
+
+def test_a_child_within_its_guarantee_waits_at_the_parent_ceiling_until_borrowers_may_go() -> None:
+    """The sibling's gangs are younger than their minimum runtime: the owner waits, saying
+    so, and reclaims the moment one of them may be preempted."""
+    history = History("8x8:4:2")
+    history.queue("org", max_gpus=48)
+    history.team("alpha", guaranteed=4, parent="org").team("gamma", parent="org")
+    gamma = a_job().gpus(8).tasks(3).team("gamma").min_runtime(600)
+    history.submit(gamma, a_job().gpus(8).tasks(3).team("gamma").min_runtime(900))
     history.run()
     owner = history.submit(a_job().gpus(1).team("alpha"))[0]
 
-    history.run(cycles=3, every_s=60)
+    history.run(cycles=5, every_s=100)
 
-    assert history.job(owner).reason_code != "quota_ceiling"
+    assert history.events(PreemptionRequested) == []
+    assert history.job(owner).reason_code == "quota_ceiling"
+    assert history.job(owner).reason == (
+        "needs 1 GPU; queue org would exceed its ceiling of 48 GPUs; "
+        "queue alpha is within its guarantee and reclaims it"
+    )
+
+    history.run(cycles=2, every_s=100)  # 600 s after gamma's first gang started
+
+    assert [p.job_id for p in history.events(PreemptionRequested)] == [gamma.job_id]
+    assert history.auditor.violations == []
+
+
+def test_a_reclaim_under_a_full_parent_ceiling_evicts_a_gang_under_that_ceiling() -> None:
+    """The cluster and the org are both full. Beta's younger borrowed gang would free GPUs,
+    but no room under the org's ceiling: one of gamma's gangs makes both, alone."""
+    history = History("2x8:2:1")  # 16 GPUs; the org may use 12
+    history.queue("org", max_gpus=12)
+    history.team("alpha", guaranteed=4, parent="org").team("gamma", parent="org").team("beta")
+    gamma = history.submit(*(a_job().gpus(4).team("gamma") for _ in range(3)))
+    history.run()
+    history.advance(60)
+    history.submit(a_job().gpus(4).team("beta"))
+    history.run()
+    assert history.state.free_gpus == 0
+    owner = history.submit(a_job().gpus(4).team("alpha"))[0]
+
+    history.run()
+
+    victims = [p.job_id for p in history.events(PreemptionRequested)]
+    assert len(victims) == 1 and victims[0] in gamma
+    history.evict(victims[0])
+    history.run(cycles=2)
+    assert history.job(owner).state == "running"
+    assert history.auditor.violations == []
+
+
+def test_a_reclaim_under_a_ceiling_takes_no_gang_more_than_the_room_needs() -> None:
+    """The org is 5 GPUs over for the owner's 6, and no gang under it holds 5 alone. Taken in
+    victim order (smallest first) three 1-GPU gangs and the 4-GPU one would go; two of them
+    suffice: the 4-GPU gang and one 1-GPU gang."""
+    history = History("4x8:2:2")  # 32 GPUs; the org may use 8
+    history.queue("org", max_gpus=8)
+    history.team("alpha", guaranteed=6, parent="org").team("gamma", parent="org")
+    ones = history.submit(*(a_job().gpus(1).team("gamma") for _ in range(3)))
+    four = history.submit(a_job().gpus(4).team("gamma"))[0]
+    history.run()
+    owner = history.submit(a_job().gpus(6).team("alpha"))[0]
+
+    history.run()
+
+    victims = sorted(p.job_id for p in history.events(PreemptionRequested))
+    assert len(victims) == 2
+    assert four in victims and len(set(victims) & set(ones)) == 1
+    assert history.job(owner).reason_code == "preempting"
     assert history.auditor.violations == []

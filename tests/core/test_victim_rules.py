@@ -1,0 +1,143 @@
+"""Who is evicted, and when (DESIGN §3, preemption): borrowers first, then the lowest class,
+then the smallest set that suffices, the smallest and youngest gang first among equals; whole
+gangs only; never younger than the minimum runtime, nor again within the hysteresis window;
+and the scheduler wakes exactly when such a protection ends."""
+
+from __future__ import annotations
+
+from schemas.jobs import PreemptionRequested
+from tests.core.builders import History, a_job
+
+
+def victims(history: History) -> list[str]:
+    return [p.job_id for p in history.events(PreemptionRequested)]
+
+
+def test_the_lowest_class_goes_first_among_gangs_that_would_each_suffice() -> None:
+    history = History("2x8:2:1")
+    research = history.submit(a_job().gpus(8).priority("research"))[0]
+    best_effort = history.submit(a_job().gpus(8).priority("best-effort"))[0]
+    history.run()
+
+    history.submit(a_job().gpus(8).priority("production"))
+    history.run()
+
+    assert victims(history) == [best_effort]
+    assert history.job(research).state == "running"
+
+
+def test_the_smallest_gang_that_suffices_goes_first() -> None:
+    history = History("1x8:1:1")
+    four = history.occupy("n0000", 4, a_job().priority("research"))
+    two = history.occupy("n0000", 2, a_job().priority("research"))
+    history.occupy("n0000", 2, a_job().priority("production"))
+
+    history.submit(a_job().gpus(2).priority("production"))
+    history.run()
+
+    assert victims(history) == [two]
+    assert history.job(four).state == "running"
+
+
+def test_the_youngest_of_equal_gangs_goes_first() -> None:
+    history = History("2x8:2:1")
+    old = history.submit(a_job().gpus(8))[0]
+    history.run()
+    history.advance(600)
+    young = history.submit(a_job().gpus(8))[0]
+    history.run()
+    history.advance(600)
+
+    history.submit(a_job().gpus(8).priority("production"))
+    history.run()
+
+    assert victims(history) == [young]
+    assert history.job(old).state == "running"
+
+
+def test_a_gang_bound_but_not_yet_started_may_be_preempted() -> None:
+    history = History("1x8:1:1")
+    bound = history.submit(a_job().gpus(8))[0]
+    history.run(agents=False)
+    assert history.job(bound).state == "reserved"
+
+    history.submit(a_job().gpus(8).priority("production"))
+    history.run(agents=False)
+
+    assert victims(history) == [bound]
+
+
+def test_a_gang_may_be_preempted_the_moment_its_minimum_runtime_is_over() -> None:
+    history = History("1x8:1:1")
+    young = history.submit(a_job().gpus(8).min_runtime(900))[0]
+    history.run(every_s=0)
+    started = history.now
+    history.advance(300)
+    history.submit(a_job().gpus(8).priority("production"))
+
+    history.cycle()
+    assert victims(history) == []
+    assert history.cycles[-1].next_wakeup == started + 900  # it wakes when that protection ends
+
+    history.advance(600)  # exactly 900 s after the start
+    history.cycle()
+    assert victims(history) == [young]
+
+
+def test_a_preempted_gang_may_be_preempted_again_the_moment_its_hysteresis_is_over() -> None:
+    history = History("1x8:1:1")
+    victim = history.submit(a_job().gpus(8).priority("best-effort"))[0]
+    history.run(every_s=0)
+    first = history.submit(a_job().gpus(8).priority("production").estimate(60))[0]
+    history.cycle()
+    preempted_at = history.now
+    history.evict(victim)
+    history.run(every_s=0)
+    history.exit(first, 0)
+    history.run(cycles=2, every_s=0)
+    assert history.job(victim).state == "running"
+    history.submit(a_job().gpus(8).priority("production"))
+
+    history.cycle()
+    assert victims(history) == [victim]
+    assert history.cycles[-1].next_wakeup == preempted_at + 600
+
+    history.advance(preempted_at + 600 - history.now)  # the policy's hysteresis_s
+    history.cycle()
+    assert victims(history) == [victim, victim]
+
+
+def test_a_node_with_free_gpus_is_cleared_with_the_fewest_evicted_gpus() -> None:
+    """No single gang suffices. Node n0000 runs eight 1-GPU gangs (the smallest, so first in
+    victim order); n0001 has 4 GPUs free and two 2-GPU gangs; on n0002 a 1-GPU gang sits
+    beside a gang of the preemptor's class, so evicting it frees no node. The free GPUs
+    count: the two 2-GPU gangs clear n0001, where eight gangs would clear n0000."""
+    history = History("3x8:3:1")
+    for _ in range(8):
+        history.occupy("n0000", 1, a_job().priority("research"))
+    pair = [history.occupy("n0001", 2, a_job().priority("research")) for _ in range(2)]
+    history.occupy("n0002", 7, a_job().priority("production"))
+    history.occupy("n0002", 1, a_job().priority("research"))
+
+    history.submit(a_job().gpus(8).priority("production"))
+    history.run()
+
+    assert sorted(victims(history)) == sorted(pair)
+
+
+def test_a_gang_that_requires_one_rack_evicts_within_one_rack_only_what_it_lands_on() -> None:
+    """Racks r000 (n0000, n0001) and r001 (n0002, n0003); n0001 runs a gang of the
+    preemptor's class. The youngest victim is on n0000: taking victims in order, it would go
+    with one on r001 before a rack fits; the preemptor lands on r001, so only the two there
+    are evicted."""
+    history = History("4x8:2:2")
+    history.occupy("n0001", 8, a_job().priority("production"))
+    on_r001 = [history.occupy(node, 8, a_job().priority("research")) for node in ("n0002", "n0003")]
+    history.advance(600)
+    youngest = history.occupy("n0000", 8, a_job().priority("research"))
+
+    history.submit(a_job().gpus(8).tasks(2).require("rack").priority("production"))
+    history.run()
+
+    assert sorted(victims(history)) == sorted(on_r001)
+    assert history.job(youngest).state == "running"
