@@ -219,14 +219,12 @@ def react_to_failure(ctx: CycleContext, job: CoreJob, rank: int) -> None:
         # A rank that never started says so itself ("launch failed on n0001 rank 0: …").
         what = said if said.startswith("launch failed") else f"{what} ({said})"
     if job.permanent_failure:
-        ctx.release(
-            job,
-            JobFailed(
-                job_id=job.job_id,
-                attempt=job.attempt,
-                reason=f"{what}; not retried: it would fail the same way",
-            ),
+        reason = (
+            f"{what}; not retried: it would fail the same way"
+            if job.permanent_reason is None
+            else f"{what}; {job.permanent_reason}"
         )
+        ctx.release(job, JobFailed(job_id=job.job_id, attempt=job.attempt, reason=reason))
     else:
         requeue_or_fail(ctx, job, TASK_FAILED, what)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from core.policy import SchedulingPolicy
-from core.retry import retry_delay_s
+from core.retry import attempt_size, repeated_oom, retry_delay_s
 from core.shape import Shape, describe_need, shape_of
 from schemas.base import Event
 from schemas.jobs import (
@@ -203,6 +203,11 @@ class CoreJob:
     # The last released gang of this attempt: where a rank reported started late still runs.
     released_ranks: list[tuple[int, int]] = field(default_factory=list)
     permanent_failure: bool = False
+    # Why retrying cannot help, when the core judged it (an out-of-memory exit repeated at the
+    # same size); None when the failing rank's own reason says it (a launch that cannot work).
+    permanent_reason: str | None = None
+    # The attempts that ran out of memory, by their size (core/retry.py: attempt_size).
+    oom_attempts: dict[str, set[int]] = field(default_factory=dict)
     # When the job last began waiting for a gang (admission, requeue, resume): aging runs from here.
     queued_at: float | None = None
     reserved_at: float | None = None
@@ -637,6 +642,7 @@ class SchedulerState:
         job.evicted_ranks = set()
         job.exit_reasons = {}
         job.permanent_failure = False
+        job.permanent_reason = None
         job.reserved_at = at
         job.started_at = None
         job.preempt_requested_at = None
@@ -688,9 +694,23 @@ class SchedulerState:
         if event.exit_code != 0 and event.reason:
             job.exit_reasons[event.rank] = event.reason
             job.permanent_failure = job.permanent_failure or event.permanent
+        if event.out_of_memory and event.exit_code != 0:
+            self._ran_out_of_memory(job, event.attempt)
         if event.reason == PREEMPTED_EXIT_REASON:
             job.evicted_ranks.add(event.rank)
         self._attention.add(job.job_id)
+
+    def _ran_out_of_memory(self, job: CoreJob, attempt: int) -> None:
+        """Count the attempt against its size; out of memory again at that size is permanent."""
+        if job.spec is None:
+            return
+        size = attempt_size(job.spec, len(job.ranks))
+        attempts = job.oom_attempts.setdefault(size, set())
+        attempts.add(attempt)
+        verdict = repeated_oom(size, attempts)
+        if verdict is not None:
+            job.permanent_failure = True
+            job.permanent_reason = verdict
 
     def _on_preemption_requested(self, event: PreemptionRequested, at: float) -> None:
         job = self._jobs.get(event.job_id)
