@@ -270,9 +270,10 @@ def note_estimated_end(ctx: CycleContext, job: CoreJob) -> None:
 
 def lost_hardware(ctx: CycleContext, job: CoreJob) -> tuple[RequeueCode, str] | None:
     nodes = ctx.state.node_records
-    for node_index, mask in job.ranks:
+    for rank, (node_index, mask) in enumerate(job.ranks):
         node = nodes[node_index]
-        if node.lost:
+        # A node lost and back before this cycle took the rank's process with it all the same.
+        if node.lost or rank in job.lost_ranks:
             return "node_lost", f"node {node.node_id} was lost; the gang restarts whole"
         bad = mask & node.unhealthy_mask
         if bad:

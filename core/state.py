@@ -200,6 +200,8 @@ class CoreJob:
     evicted_ranks: set[int] = field(default_factory=set)
     # What the ranks that failed said about their end, and whether retrying cannot help.
     exit_reasons: dict[int, str] = field(default_factory=dict)
+    # Started ranks whose node was lost since: gone with it, whatever their gang's fate.
+    lost_ranks: set[int] = field(default_factory=set)
     # The last released gang of this attempt: where a rank reported started late still runs.
     released_ranks: list[tuple[int, int]] = field(default_factory=list)
     permanent_failure: bool = False
@@ -232,6 +234,15 @@ class CoreJob:
     @property
     def gpus(self) -> int:
         return self.spec.total_gpus if self.spec is not None else 0
+
+    def still_runs(self, rank: int) -> bool:
+        """Whether the rank may still run on its GPUs: started, neither exited nor lost with
+        its node. Its GPUs go to no other gang until it is gone."""
+        return (
+            rank in self.started_ranks
+            and rank not in self.exit_codes
+            and rank not in self.lost_ranks
+        )
 
     @property
     def held_since(self) -> float | None:
@@ -641,6 +652,7 @@ class SchedulerState:
         job.exit_codes = {}
         job.evicted_ranks = set()
         job.exit_reasons = {}
+        job.lost_ranks = set()
         job.permanent_failure = False
         job.permanent_reason = None
         job.reserved_at = at
@@ -758,6 +770,7 @@ class SchedulerState:
         job.exit_codes = {}
         job.evicted_ranks = set()
         job.exit_reasons = {}
+        job.lost_ranks = set()
         job.preempt_requested_at = None
 
     def _keep_running_ranks(self, job: CoreJob) -> None:
@@ -765,7 +778,7 @@ class SchedulerState:
         (a rank may take its stop timeout to die): they stay out of placement until their
         TaskExited, so that two attempts never share a GPU on the hardware."""
         for rank, (node_index, mask) in enumerate(job.ranks):
-            if rank in job.started_ranks and rank not in job.exit_codes:
+            if job.still_runs(rank):
                 node = self._node_list[node_index]
                 if not node.lost:
                     node.lingering[(job.job_id, job.attempt, rank)] = mask
@@ -938,9 +951,15 @@ class SchedulerState:
         if node is None or node.lost:
             return
         node.lost = True
-        # Whatever ran there is gone with the node.
+        # Whatever ran there is gone with the node, even if it comes back before its gangs
+        # are released: those ranks must not hold its GPUs as lingering ones then.
         node.lingering.clear()
         node.lingering_mask = 0
+        for job_id in node.gangs:
+            job = self._jobs[job_id]
+            for rank, (node_index, _) in enumerate(job.ranks):
+                if node_index == node.index and rank in job.started_ranks:
+                    job.lost_ranks.add(rank)
         self._lost_gpus += node.gpu_count
         self._refresh(node, topology_changed=True)
         self._flag_gangs(node)

@@ -407,3 +407,32 @@ def test_gangs_a_drain_moves_in_this_cycle_do_not_make_their_team_a_borrower() -
     assert history.job(kept).state == "running"
     assert history.job(waiting).state == "queued"
     assert history.auditor.violations == []
+
+
+def test_a_node_lost_and_back_before_the_next_cycle_still_restarts_its_gangs_whole() -> None:
+    history = History("2x8:2:1")
+    job = history.submit(a_job().gpus(8))[0]
+    history.run()
+    [node] = history.job(job).placement
+    history.lose(node)
+    history.recover(node)  # back before any cycle ran: its ranks died with it all the same
+    history.run(cycles=2)
+    [requeued] = history.events(JobRequeued, job)
+    assert requeued.code == "node_lost"
+    assert history.job(job).state == "running" and history.job(job).attempt == 2
+
+
+def test_ranks_lost_with_their_node_hold_no_gpus_once_their_gang_is_released() -> None:
+    """Cancelled after its node was lost and came back: the ranks are gone with the node, so
+    its GPUs are free at once (no TaskExited will ever come for them)."""
+    history = History("1x8")
+    job = history.submit(a_job().gpus(8))[0]
+    history.run()
+    history.lose("n0000")
+    history.recover("n0000")
+    history.cancel(job)
+    history.cycle()
+    assert history.state.node("n0000").free_gpus == 8  # type: ignore[union-attr]
+    waiting = history.submit(a_job().gpus(8))[0]
+    history.run()
+    assert history.job(waiting).state == "running"
