@@ -122,7 +122,7 @@ def _release_into(ctx: CycleContext, snap: Snapshot) -> None:
     for job_id in sorted(ctx.released):
         job = jobs[job_id]
         for rank, (node_index, mask) in enumerate(job.ranks):
-            if rank in job.started_ranks and rank not in job.exit_codes:
+            if job.still_runs(rank):
                 continue
             snap.release(node_index, mask)
 

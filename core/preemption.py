@@ -26,10 +26,14 @@ def credit_leaving(ctx: CycleContext, quota: QuotaBook) -> None:
     """Gangs already under eviction leave soon: their queues are not borrowing them.
 
     Counting them made each later cycle take another gang of a lender already giving back its
-    borrowed GPUs, until it fell below its guarantee (invariant 4).
+    borrowed GPUs, until it fell below its guarantee (invariant 4). A gang this very cycle
+    asked to checkpoint and stop (a drain, a suspend, its max runtime: decided, not released)
+    leaves as surely: counted, its team looked like a borrower, and a gang of the same team
+    within its guarantee was taken for another team.
     """
     for job in ctx.state.holding_jobs.values():
-        if job.state == "preempting" and job.job_id not in ctx.released:
+        leaving = job.state == "preempting" or job.job_id in ctx.handled
+        if leaving and job.job_id not in ctx.released:
             quota.charge(job.queue, -job.bound_gpus)
 
 

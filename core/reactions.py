@@ -219,14 +219,12 @@ def react_to_failure(ctx: CycleContext, job: CoreJob, rank: int) -> None:
         # A rank that never started says so itself ("launch failed on n0001 rank 0: …").
         what = said if said.startswith("launch failed") else f"{what} ({said})"
     if job.permanent_failure:
-        ctx.release(
-            job,
-            JobFailed(
-                job_id=job.job_id,
-                attempt=job.attempt,
-                reason=f"{what}; not retried: it would fail the same way",
-            ),
+        reason = (
+            f"{what}; not retried: it would fail the same way"
+            if job.permanent_reason is None
+            else f"{what}; {job.permanent_reason}"
         )
+        ctx.release(job, JobFailed(job_id=job.job_id, attempt=job.attempt, reason=reason))
     else:
         requeue_or_fail(ctx, job, TASK_FAILED, what)
 
@@ -272,9 +270,10 @@ def note_estimated_end(ctx: CycleContext, job: CoreJob) -> None:
 
 def lost_hardware(ctx: CycleContext, job: CoreJob) -> tuple[RequeueCode, str] | None:
     nodes = ctx.state.node_records
-    for node_index, mask in job.ranks:
+    for rank, (node_index, mask) in enumerate(job.ranks):
         node = nodes[node_index]
-        if node.lost:
+        # A node lost and back before this cycle took the rank's process with it all the same.
+        if node.lost or rank in job.lost_ranks:
             return "node_lost", f"node {node.node_id} was lost; the gang restarts whole"
         bad = mask & node.unhealthy_mask
         if bad:

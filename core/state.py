@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from core.policy import SchedulingPolicy
-from core.retry import retry_delay_s
+from core.retry import attempt_size, repeated_oom, retry_delay_s
 from core.shape import Shape, describe_need, shape_of
 from schemas.base import Event
 from schemas.jobs import (
@@ -200,9 +200,16 @@ class CoreJob:
     evicted_ranks: set[int] = field(default_factory=set)
     # What the ranks that failed said about their end, and whether retrying cannot help.
     exit_reasons: dict[int, str] = field(default_factory=dict)
+    # Started ranks whose node was lost since: gone with it, whatever their gang's fate.
+    lost_ranks: set[int] = field(default_factory=set)
     # The last released gang of this attempt: where a rank reported started late still runs.
     released_ranks: list[tuple[int, int]] = field(default_factory=list)
     permanent_failure: bool = False
+    # Why retrying cannot help, when the core judged it (an out-of-memory exit repeated at the
+    # same size); None when the failing rank's own reason says it (a launch that cannot work).
+    permanent_reason: str | None = None
+    # The attempts that ran out of memory, by their size (core/retry.py: attempt_size).
+    oom_attempts: dict[str, set[int]] = field(default_factory=dict)
     # When the job last began waiting for a gang (admission, requeue, resume): aging runs from here.
     queued_at: float | None = None
     reserved_at: float | None = None
@@ -227,6 +234,15 @@ class CoreJob:
     @property
     def gpus(self) -> int:
         return self.spec.total_gpus if self.spec is not None else 0
+
+    def still_runs(self, rank: int) -> bool:
+        """Whether the rank may still run on its GPUs: started, neither exited nor lost with
+        its node. Its GPUs go to no other gang until it is gone."""
+        return (
+            rank in self.started_ranks
+            and rank not in self.exit_codes
+            and rank not in self.lost_ranks
+        )
 
     @property
     def held_since(self) -> float | None:
@@ -636,7 +652,9 @@ class SchedulerState:
         job.exit_codes = {}
         job.evicted_ranks = set()
         job.exit_reasons = {}
+        job.lost_ranks = set()
         job.permanent_failure = False
+        job.permanent_reason = None
         job.reserved_at = at
         job.started_at = None
         job.preempt_requested_at = None
@@ -688,9 +706,23 @@ class SchedulerState:
         if event.exit_code != 0 and event.reason:
             job.exit_reasons[event.rank] = event.reason
             job.permanent_failure = job.permanent_failure or event.permanent
+        if event.out_of_memory and event.exit_code != 0:
+            self._ran_out_of_memory(job, event.attempt)
         if event.reason == PREEMPTED_EXIT_REASON:
             job.evicted_ranks.add(event.rank)
         self._attention.add(job.job_id)
+
+    def _ran_out_of_memory(self, job: CoreJob, attempt: int) -> None:
+        """Count the attempt against its size; out of memory again at that size is permanent."""
+        if job.spec is None:
+            return
+        size = attempt_size(job.spec, len(job.ranks))
+        attempts = job.oom_attempts.setdefault(size, set())
+        attempts.add(attempt)
+        verdict = repeated_oom(size, attempts)
+        if verdict is not None:
+            job.permanent_failure = True
+            job.permanent_reason = verdict
 
     def _on_preemption_requested(self, event: PreemptionRequested, at: float) -> None:
         job = self._jobs.get(event.job_id)
@@ -738,6 +770,7 @@ class SchedulerState:
         job.exit_codes = {}
         job.evicted_ranks = set()
         job.exit_reasons = {}
+        job.lost_ranks = set()
         job.preempt_requested_at = None
 
     def _keep_running_ranks(self, job: CoreJob) -> None:
@@ -745,7 +778,7 @@ class SchedulerState:
         (a rank may take its stop timeout to die): they stay out of placement until their
         TaskExited, so that two attempts never share a GPU on the hardware."""
         for rank, (node_index, mask) in enumerate(job.ranks):
-            if rank in job.started_ranks and rank not in job.exit_codes:
+            if job.still_runs(rank):
                 node = self._node_list[node_index]
                 if not node.lost:
                     node.lingering[(job.job_id, job.attempt, rank)] = mask
@@ -918,9 +951,15 @@ class SchedulerState:
         if node is None or node.lost:
             return
         node.lost = True
-        # Whatever ran there is gone with the node.
+        # Whatever ran there is gone with the node, even if it comes back before its gangs
+        # are released: those ranks must not hold its GPUs as lingering ones then.
         node.lingering.clear()
         node.lingering_mask = 0
+        for job_id in node.gangs:
+            job = self._jobs[job_id]
+            for rank, (node_index, _) in enumerate(job.ranks):
+                if node_index == node.index and rank in job.started_ranks:
+                    job.lost_ranks.add(rank)
         self._lost_gpus += node.gpu_count
         self._refresh(node, topology_changed=True)
         self._flag_gangs(node)

@@ -205,6 +205,10 @@ class TaskExited(JobEvent):
     # The rank never started, and trying again would fail the same way (a bad spec, a missing
     # program): the retry policy fails the job at once instead of crash-looping it.
     permanent: bool = False
+    # The kernel's OOM killer ended the rank (its agent saw the OOM-kill count of the rank's
+    # memory cgroup, or of the host without one, rise as it died of SIGKILL): the retry policy
+    # fails a job that runs out of memory twice at the same size (core/retry.py).
+    out_of_memory: bool = False
 
 
 class PreemptionRequested(JobEvent):

@@ -44,6 +44,7 @@ from schemas.jobs import (
 from schemas.nodes import NodeRegistered
 from schemas.telemetry import StepTimeSample
 from services.agent import isolation
+from services.agent.exits import OOM_REASON, killed_for_memory, oom_kill_count
 from services.agent.faults import HEALTHY, Fault, FaultReader
 from services.agent.heartbeats import NvmlSampler, synthetic_heartbeat
 from services.agent.plan import (
@@ -99,6 +100,8 @@ class Agent:
         self.launched: set[tuple[str, int, int]] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._cgroups: dict[RankKey, str] = {}
+        # The kernel's OOM-kill count (the rank's cgroup's, else the host's) at each launch.
+        self._oom_kills: dict[RankKey, int] = {}
         self.root_dir = settings.checkpoint_root.resolve()
         self.work_dir = settings.work_dir.resolve()
         self.isolating = isolation.isolating(settings.rank_isolation)
@@ -282,6 +285,9 @@ class Agent:
                 sandbox = await asyncio.to_thread(
                     self._sandbox, view.spec, list(view.spec.command), env, workdir, cgroup_name
                 )
+                cgroup = cgroup_name if sandbox is not None and sandbox.cgroup_procs else None
+                # Counted before the start, so an OOM kill at the very start is seen too.
+                oom_kills = await asyncio.to_thread(oom_kill_count, cgroup)
                 rank = await launch(
                     key, placement, world_size, list(view.spec.command), env, workdir, sandbox
                 )
@@ -303,8 +309,9 @@ class Agent:
                 await self.store.append(reserved.stream, None, [started, exited], meta)
                 continue
             rank.checkpoints_itself = CHECKPOINT_SIGNAL_ENV in view.spec.env
-            if sandbox is not None and sandbox.cgroup_procs:
-                self._cgroups[key] = cgroup_name
+            if cgroup is not None:
+                self._cgroups[key] = cgroup
+            self._oom_kills[key] = oom_kills
             # Recorded before the exit watcher starts, so TaskStarted always precedes
             # TaskExited in the log.
             await self._record(started, meta)
@@ -391,6 +398,11 @@ class Agent:
     async def _watch(self, rank: RankProcess, meta: Metadata) -> None:
         code = await rank.process.wait()
         cgroup = self._cgroups.pop(rank.key, None)
+        oom_kills = self._oom_kills.pop(rank.key, None)
+        # A rank the agent stopped ended for that reason, whatever else was killed meanwhile.
+        out_of_memory = rank.stop_reason is None and killed_for_memory(
+            code, oom_kills, await asyncio.to_thread(oom_kill_count, cgroup)
+        )
         if cgroup is not None:
             isolation.remove_cgroup(cgroup)
         self.ranks_running.dec()
@@ -400,7 +412,8 @@ class Agent:
             rank=rank.key.rank,
             node_id=rank.placement.node_id,
             exit_code=code,
-            reason=rank.stop_reason,
+            reason=OOM_REASON if out_of_memory else rank.stop_reason,
+            out_of_memory=out_of_memory,
         )
         log.info("%s exited with %d (%s)", rank.key, code, rank.stop_reason or "on its own")
         await self._record(event, meta)

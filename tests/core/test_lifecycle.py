@@ -384,3 +384,55 @@ def test_a_rank_reported_started_after_its_gang_was_released_still_holds_its_gpu
     history.cycle()
     assert len(history.events(GangReserved, waiting)) == 1
     assert history.auditor.violations == []
+
+
+def test_gangs_a_drain_moves_in_this_cycle_do_not_make_their_team_a_borrower() -> None:
+    """Found by the lifecycle model: alpha runs 10 GPUs against a guarantee of 8, six of them
+    on a node that starts draining. Once those leave, alpha holds 4, within its guarantee, so
+    beta's waiting job must not take alpha's other gang in the cycle that moves them."""
+    history = History("2x8:2:1")
+    history.team("alpha", guaranteed=8).team("beta", guaranteed=4)
+    moved = [
+        history.occupy("n0000", 2, a_job().team("alpha").priority("inference-critical"))
+        for _ in range(3)
+    ]
+    kept = history.occupy("n0001", 4, a_job().team("alpha").priority("production"))
+    waiting = history.submit(
+        a_job().gpus(4).tasks(2).team("beta").priority("inference-critical")
+    )[0]
+    history.record(NodeDrainRequested(node_id="n0000", reason="maintenance", by="admin"))
+    history.cycle()
+    asked = {e.job_id: e.preemptor_job_id for e in history.events(PreemptionRequested)}
+    assert asked == dict.fromkeys(moved)  # the drain moves them; nobody preempts `kept`
+    assert history.job(kept).state == "running"
+    assert history.job(waiting).state == "queued"
+    assert history.auditor.violations == []
+
+
+def test_a_node_lost_and_back_before_the_next_cycle_still_restarts_its_gangs_whole() -> None:
+    history = History("2x8:2:1")
+    job = history.submit(a_job().gpus(8))[0]
+    history.run()
+    [node] = history.job(job).placement
+    history.lose(node)
+    history.recover(node)  # back before any cycle ran: its ranks died with it all the same
+    history.run(cycles=2)
+    [requeued] = history.events(JobRequeued, job)
+    assert requeued.code == "node_lost"
+    assert history.job(job).state == "running" and history.job(job).attempt == 2
+
+
+def test_ranks_lost_with_their_node_hold_no_gpus_once_their_gang_is_released() -> None:
+    """Cancelled after its node was lost and came back: the ranks are gone with the node, so
+    its GPUs are free at once (no TaskExited will ever come for them)."""
+    history = History("1x8")
+    job = history.submit(a_job().gpus(8))[0]
+    history.run()
+    history.lose("n0000")
+    history.recover("n0000")
+    history.cancel(job)
+    history.cycle()
+    assert history.state.node("n0000").free_gpus == 8  # type: ignore[union-attr]
+    waiting = history.submit(a_job().gpus(8))[0]
+    history.run()
+    assert history.job(waiting).state == "running"

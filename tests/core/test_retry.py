@@ -1,11 +1,14 @@
-"""Retries back off: a crashing gang is not placed again at once, and `why` says until when."""
+"""Retries back off: a crashing gang is not placed again at once, and `why` says until when;
+a failure that would repeat (out of memory again at the same size) is not retried at all."""
 
 from __future__ import annotations
 
 from core import SchedulingPolicy
-from core.retry import retry_delay_s
-from schemas.jobs import GangReserved, JobDeferred, JobFailed, JobRequeued
+from core.retry import attempt_size, repeated_oom, retry_delay_s
+from schemas.jobs import GangReserved, JobDeferred, JobFailed, JobRequeued, TaskExited
 from tests.core.builders import History, a_job
+
+OOM_EXIT_REASON = "out of memory: killed by the kernel's OOM killer"
 
 
 def test_the_wait_doubles_with_each_failure_up_to_the_cap_with_jitter() -> None:
@@ -48,3 +51,86 @@ def test_a_hardware_requeue_is_not_held_back() -> None:
     history.run(cycles=2)
     assert history.job(job).state == "running"
     assert history.events(JobFailed, job) == []
+
+
+def ran_out_of_memory(history: History, job_id: str, rank: int = 0) -> None:
+    """The job's agent saw the rank die of SIGKILL while its memory cgroup counted an OOM kill."""
+    gang = history.gang(job_id)
+    placement = gang.ranks[rank]
+    history.record(
+        TaskExited(
+            job_id=job_id,
+            attempt=gang.attempt,
+            rank=rank,
+            node_id=placement.node_id,
+            exit_code=137,
+            reason=OOM_EXIT_REASON,
+            out_of_memory=True,
+        )
+    )
+
+
+def test_the_first_out_of_memory_exit_is_retried() -> None:
+    history = History(policy=SchedulingPolicy(retry_backoff_base_s=0))
+    job = history.submit(a_job().gpus(8).tasks(2).retries(5))[0]
+    history.run(cycles=2)
+    ran_out_of_memory(history, job)
+    history.run(cycles=2)
+    [requeued] = history.events(JobRequeued, job)
+    assert requeued.code == "task_failed" and OOM_EXIT_REASON in requeued.reason
+    assert history.job(job).state == "running" and history.job(job).attempt == 2
+
+
+def test_out_of_memory_twice_at_the_same_size_fails_the_job_at_once_with_the_reason() -> None:
+    history = History(policy=SchedulingPolicy(retry_backoff_base_s=0))
+    job = history.submit(a_job().gpus(8).tasks(2).retries(5))[0]
+    history.run(cycles=2)
+    ran_out_of_memory(history, job, rank=1)
+    history.run(cycles=2)
+    ran_out_of_memory(history, job, rank=0)
+    history.run(cycles=2)
+    [failed] = history.events(JobFailed, job)
+    assert history.job(job).state == "failed"
+    assert len(history.events(JobRequeued, job)) == 1  # retries were left: not used
+    assert "ran out of memory again at the same size (2 ranks of gpus_per_task=8)" in failed.reason
+    assert "attempts 1 and 2" in failed.reason and "give each task more memory" in failed.reason
+    # A restarted scheduler folding the same log decides the same.
+    assert history.replayed().job(job) == history.job(job)
+
+
+def test_a_crash_between_two_out_of_memory_exits_does_not_hide_the_repeat() -> None:
+    history = History(policy=SchedulingPolicy(retry_backoff_base_s=0))
+    job = history.submit(a_job().gpus(4).retries(5))[0]
+    history.run(cycles=2)
+    ran_out_of_memory(history, job)
+    history.run(cycles=2)
+    history.exit(job, 1)  # an ordinary crash: counts as a failure, not as memory
+    history.run(cycles=2)
+    assert history.job(job).state == "running"
+    ran_out_of_memory(history, job)
+    history.run(cycles=2)
+    [failed] = history.events(JobFailed, job)
+    assert "attempts 1 and 3" in failed.reason
+
+
+def test_an_out_of_memory_exit_at_another_size_is_retried() -> None:
+    """An elastic gang placed with fewer ranks is another size: each rank holds another share."""
+    history = History("2x8:2:1", SchedulingPolicy(retry_backoff_base_s=0))
+    job = history.submit(a_job().gpus(8).tasks(2).min_tasks(1).retries(5))[0]
+    history.run(cycles=2)
+    assert len(history.gang(job).ranks) == 2
+    ran_out_of_memory(history, job)
+    history.lose("n0001")
+    history.run(cycles=2)
+    assert len(history.gang(job).ranks) == 1
+    ran_out_of_memory(history, job)
+    history.run(cycles=2)
+    assert history.events(JobFailed, job) == []
+    assert history.job(job).state == "running"
+
+
+def test_the_size_names_what_each_task_was_given() -> None:
+    spec = a_job().gpus(8).tasks(4).gpu_type("h100").spec()
+    assert attempt_size(spec, 4) == "4 ranks of gpu_type=h100, gpus_per_task=8"
+    assert repeated_oom("1 rank of gpus_per_task=1", {3}) is None
+    assert repeated_oom("1 rank of gpus_per_task=1", {1, 4}) is not None
