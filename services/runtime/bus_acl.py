@@ -8,7 +8,7 @@ literal topic names):
 
 | principal | may |
 |---|---|
-| `gangway_relay`   | write the log's topics and the dead letters |
+| `gangway_relay`   | write the log's topics and the dead letters, see the prefix's topics |
 | `gangway_service` | read the prefix's topics, use its consumer groups, write dead letters |
 | `gangway_agent`   | what a service may, and write the telemetry topic (heartbeats, steps) |
 
@@ -66,6 +66,7 @@ class _Operation(IntEnum):
     ANY = 1
     READ = 3
     WRITE = 4
+    DESCRIBE = 8
 
 
 _ALLOW = 3
@@ -84,10 +85,11 @@ def prefix_acls(topics: Topics) -> list[Acl]:
     """The rights of each role on the topics and consumer groups of one prefix."""
     every_topic = f"{topics.prefix}."
     acls = [
-        Acl(_Resource.TOPIC, t, _Pattern.LITERAL, RELAY, _Operation.WRITE)
-        for t in topics.log_topics
+        Acl(_Resource.TOPIC, topic, _Pattern.LITERAL, RELAY, _Operation.WRITE)
+        for topic in (*topics.log_topics, topics.deadletter)
     ]
-    acls.append(Acl(_Resource.TOPIC, topics.deadletter, _Pattern.LITERAL, RELAY, _Operation.WRITE))
+    # Seeing every topic of the prefix: the relay checks that they all exist before it starts.
+    acls.append(Acl(_Resource.TOPIC, every_topic, _Pattern.PREFIXED, RELAY, _Operation.DESCRIBE))
     for consumer in (SERVICE, AGENT):
         acls += [
             Acl(_Resource.TOPIC, every_topic, _Pattern.PREFIXED, consumer, _Operation.READ),
