@@ -27,6 +27,7 @@ from scratch import scratch_settings
 from schemas import EventEnvelope
 from schemas.jobs import JobDeferred
 from services.runtime import EventConsumer, EventStore, Settings, StreamAppend, Topics
+from services.runtime.kafka import client_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -52,7 +53,7 @@ async def spawn_relay(settings: Settings) -> asyncio.subprocess.Process:
         **os.environ,
         "GANGWAY_PG_DSN": settings.pg_dsn,
         "GANGWAY_PG_OWNER_DSN": settings.migration_dsn,
-        "GANGWAY_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        **client_environment(settings),
         "GANGWAY_TOPIC_PREFIX": settings.topic_prefix,
         "GANGWAY_SERVICE_NAME": "bench-relay",
     }

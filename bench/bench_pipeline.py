@@ -50,6 +50,7 @@ from services.runtime import (
     StreamAppend,
     migrate_settings,
 )
+from services.runtime.kafka import client_environment
 from services.runtime.scratch import scratch_database, with_database
 
 # 10,000 GPUs: room for every 1-GPU job of the throughput run without any finishing.
@@ -92,7 +93,7 @@ async def _running(
         env={
             "GANGWAY_PG_DSN": settings.pg_dsn,
             "GANGWAY_PG_OWNER_DSN": settings.migration_dsn,
-            "GANGWAY_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+            **client_environment(settings),
             "GANGWAY_TOPIC_PREFIX": settings.topic_prefix,
             "GANGWAY_API_URL": api_url,
             "GANGWAY_ADMIN_TOKEN_FILE": str(token_file),

@@ -27,4 +27,4 @@ async def scratch_settings(**overrides: object) -> AsyncIterator[Settings]:
         settings = Settings.model_validate(values)
         await migrate_settings(settings)
         yield settings
-    await delete_topics(settings.kafka_bootstrap, settings.topic_prefix)
+    await delete_topics(settings)

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import httpx
 
+from services.runtime.bus_acl import ROLES, password_variable
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_STATE_DIR = REPO_ROOT / ".gangway"
 DEFAULT_CLUSTER = "16x8:4:2"
@@ -57,6 +59,8 @@ class ServiceSpec:
     ready_url: str | None = None
     ready_log: str | None = None
     settle_s: float = 1.0
+    # Its principal on an authenticating broker (services/runtime/bus_acl.py ROLES).
+    bus_role: str = "service"
 
     def argv(self, python: str) -> list[str]:
         return [python, "-m", self.module, *self.args]
@@ -101,7 +105,7 @@ def default_services(
     for index, name in enumerate(names):
         env = {"GANGWAY_SERVICE_NAME": name.split("-")[0], **metrics(index)}
         if name == "relay":
-            specs.append(ServiceSpec(name, "services.runtime.relay", env=env))
+            specs.append(ServiceSpec(name, "services.runtime.relay", env=env, bus_role="relay"))
         elif name.startswith("scheduler"):
             # Every replica runs the same code; the one holding the leader lock acts, the
             # others wait on it (see services/runtime/leadership.py).
@@ -117,6 +121,7 @@ def default_services(
                     args=("--cluster", cluster),
                     env=env,
                     ready_log=r"\bagent ready\b",
+                    bus_role="agent",
                 )
             )
         elif name == "inventory":
@@ -230,7 +235,7 @@ class Launcher:
     # ------------------------------------------------------------------ start
 
     def child_env(self, spec: ServiceSpec) -> dict[str, str]:
-        env = {**os.environ, **self.env, **spec.env}
+        env = bus_credentials({**os.environ, **self.env, **spec.env}, spec.bus_role)
         env.setdefault("PYTHONUNBUFFERED", "1")
         return env
 
@@ -369,6 +374,22 @@ class Launcher:
 # ---------------------------------------------------------------------- make up / make down
 
 
+def bus_credentials(env: dict[str, str], role: str) -> dict[str, str]:
+    """`env` with the broker principal of `role` as the process's own: a service gets its
+    role's name and password (GANGWAY_KAFKA_USERNAME/PASSWORD) in place of the admin's, and
+    none of the other roles' passwords. Unchanged where no role password is given (a broker
+    without authentication, or one external principal for all)."""
+    passwords = {r: env.pop(password_variable(r), None) for r in ROLES}
+    if not any(passwords.values()):
+        return env
+    password = passwords.get(role)
+    if password is None:
+        raise LauncherError(f"no broker password for the role {role!r} ({password_variable(role)})")
+    env["GANGWAY_KAFKA_USERNAME"] = ROLES[role]
+    env["GANGWAY_KAFKA_PASSWORD"] = password
+    return env
+
+
 def ensure_admin_token(path: Path, given: str | None = None) -> str:
     """The admin token in `path` (mode 0600): `given` (GANGWAY_ADMIN_TOKEN) when set, so the
     file and the API agree; else the file's, generated (256 random bits) when absent."""
@@ -461,6 +482,7 @@ def service_order(specs: Sequence[ServiceSpec]) -> list[str]:
 def cmd_up(launcher: Launcher) -> int:
     from services.runtime.migrate import migrate_settings
     from services.runtime.settings import Settings
+    from services.runtime.topics import ensure_topics
 
     env_file = launcher.state_dir / "env"
     settings = Settings()
@@ -489,6 +511,14 @@ def cmd_up(launcher: Launcher) -> int:
         ensure_admin_token(launcher.state_dir / "bus.key", os.environ.get("GANGWAY_BUS_KEY")),
     )
     launcher.env.setdefault("GANGWAY_CLUSTER", cluster)
+    # Each service's broker principal (scripts/stack.sh wrote the roles' passwords there).
+    for role in ROLES:
+        variable = password_variable(role)
+        value = os.environ.get(variable) or read_env_file(env_file).get(variable)
+        if value:
+            launcher.env.setdefault(variable, value)
+    # The topics and the roles' rights on them, made as the admin: services may do neither.
+    asyncio.run(ensure_topics(settings))
     try:
         for started in launcher.up(specs, skip_missing=True):
             state = "already running" if started.already_running else "started"

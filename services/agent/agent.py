@@ -68,7 +68,7 @@ from services.runtime.checkpoint_store import (
     verify_committed,
     write_shard,
 )
-from services.runtime.consumer import EventConsumer, EventHandler
+from services.runtime.consumer import EventConsumer, EventHandler, telemetry_record
 from services.runtime.errors import DomainError
 from services.runtime.kafka import make_producer
 from services.runtime.metrics import new_registry
@@ -177,20 +177,18 @@ class Agent:
                 heartbeat = self.sampler.heartbeat(node_id, now, fault)
             else:
                 heartbeat = synthetic_heartbeat(node, now, fault, busy.get(node_id))
+            value, headers = telemetry_record(heartbeat, self.settings.bus_signing_key)
             pending.append(
                 await producer.send(
-                    self.topics.telemetry,
-                    heartbeat.model_dump_json().encode(),
-                    key=node_id.encode(),
+                    self.topics.telemetry, value, key=node_id.encode(), headers=headers
                 )
             )
         heartbeats = len(pending)
         for sample in await asyncio.to_thread(self.collect_steps, now, faults):
+            value, headers = telemetry_record(sample, self.settings.bus_signing_key)
             pending.append(
                 await producer.send(
-                    self.topics.telemetry,
-                    sample.model_dump_json().encode(),
-                    key=sample.node_id.encode(),
+                    self.topics.telemetry, value, key=sample.node_id.encode(), headers=headers
                 )
             )
         await asyncio.gather(*pending)

@@ -23,6 +23,7 @@ from schemas.telemetry import NodeHeartbeat, StepTimeSample
 from services.inventory.liveness import Liveness, Sight, Transition
 from services.inventory.settings import InventorySettings
 from services.runtime.errors import DATABASE_UNAVAILABLE, StaleLeader
+from services.runtime.kafka import make_admin
 from services.runtime.leadership import Leadership
 from services.runtime.metrics import new_registry
 from services.runtime.records import StreamAppend
@@ -234,8 +235,8 @@ class BusProbe:
         timeout = self.settings.bus_probe_timeout_s
         try:
             if self._admin is None:
-                admin = AIOKafkaAdminClient(
-                    bootstrap_servers=self.settings.kafka_bootstrap,
+                admin = make_admin(
+                    self.settings,
                     client_id=f"{self.settings.service_name}-probe",
                     request_timeout_ms=int(timeout * 1000),
                 )

@@ -31,7 +31,7 @@ from services.runtime.metrics import follow_readiness, unfollow_readiness
 from services.runtime.retry import Outage
 from services.runtime.settings import Settings
 from services.runtime.signals import sleep_unless
-from services.runtime.signing import verify
+from services.runtime.signing import signed, verify
 from services.runtime.topics import Topics, ensure_topics
 
 log = logging.getLogger(__name__)
@@ -448,6 +448,11 @@ class TelemetryConsumer(ConsumerLoop):
     async def process(self, record: ConsumerRecord[bytes, bytes]) -> Outcome:
         if record.value is None:
             raise Unprocessable("message has no value")
+        # An agent's, or nobody's: a forged heartbeat must not keep a dead node alive, nor a
+        # forged XID drain a healthy one.
+        forged = verify(record.headers, record.value, self.settings.bus_signing_key)
+        if forged is not None:
+            raise Unprocessable(f"telemetry refused: {forged}")
         try:
             message = TELEMETRY.validate_json(record.value)
         except ValidationError as error:
@@ -456,12 +461,23 @@ class TelemetryConsumer(ConsumerLoop):
         return Outcome.APPLIED
 
 
+def telemetry_record(
+    message: TelemetryMessage, key: bytes
+) -> tuple[bytes, list[tuple[str, bytes]]]:
+    """A heartbeat's or sample's value and headers, signed with the services' key (the
+    telemetry consumers act on nothing else)."""
+    value = message.model_dump_json().encode()
+    return value, signed([], value, key)
+
+
 async def publish_telemetry(
-    producer: AIOKafkaProducer, topics: Topics, message: TelemetryMessage
+    producer: AIOKafkaProducer, topics: Topics, message: TelemetryMessage, *, key: bytes
 ) -> None:
-    """Send a heartbeat or sample, keyed by node so that each node's samples stay in order."""
+    """Send a heartbeat or sample, signed, keyed by node so that each node's samples stay in
+    order."""
+    value, headers = telemetry_record(message, key)
     await producer.send_and_wait(
-        topics.telemetry, message.model_dump_json().encode(), key=message.node_id.encode()
+        topics.telemetry, value, key=message.node_id.encode(), headers=headers
     )
 
 

@@ -2,16 +2,34 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka.admin import AIOKafkaAdminClient
 
 from services.runtime.limits import MAX_FETCH_BYTES, MAX_MESSAGE_BYTES
 from services.runtime.settings import Settings
 
 
+def connection_options(settings: Settings) -> dict[str, Any]:
+    """Where the broker is and who this process is to it: every client of the bus (producer,
+    consumer, admin, the tests' own) is built with these."""
+    options: dict[str, Any] = {"bootstrap_servers": settings.kafka_bootstrap}
+    if settings.kafka_username is not None:
+        password = settings.kafka_password
+        options.update(
+            security_protocol="SASL_PLAINTEXT",
+            sasl_mechanism=settings.kafka_sasl_mechanism,
+            sasl_plain_username=settings.kafka_username,
+            sasl_plain_password=password.get_secret_value() if password is not None else "",
+        )
+    return options
+
+
 def make_producer(settings: Settings, *, client_id: str | None = None) -> AIOKafkaProducer:
     """An idempotent producer (acks=all): a retried send is never written twice by the broker."""
     return AIOKafkaProducer(
-        bootstrap_servers=settings.kafka_bootstrap,
+        **connection_options(settings),
         client_id=client_id or settings.service_name,
         enable_idempotence=True,
         acks="all",
@@ -29,7 +47,7 @@ def make_consumer(
     """A group consumer that commits only by hand, after the effects are durable."""
     return AIOKafkaConsumer(
         *topics,
-        bootstrap_servers=settings.kafka_bootstrap,
+        **connection_options(settings),
         client_id=client_id or settings.service_name,
         group_id=group_id,
         enable_auto_commit=False,
@@ -40,3 +58,28 @@ def make_consumer(
         max_partition_fetch_bytes=MAX_FETCH_BYTES,
         fetch_max_bytes=max(52_428_800, MAX_FETCH_BYTES),
     )
+
+
+def make_admin(
+    settings: Settings, *, client_id: str | None = None, **options: Any
+) -> AIOKafkaAdminClient:
+    """An admin client (topics, ACLs, metadata) as this process's principal."""
+    return AIOKafkaAdminClient(
+        **connection_options(settings),
+        client_id=client_id or f"{settings.service_name}-admin",
+        **options,
+    )
+
+
+def client_environment(settings: Settings) -> dict[str, str]:
+    """The GANGWAY_KAFKA_* variables that make a child process the same client of the same
+    broker as `settings` (tests and benchmarks start services as processes)."""
+    env = {"GANGWAY_KAFKA_BOOTSTRAP": settings.kafka_bootstrap}
+    if settings.kafka_username is not None:
+        password = settings.kafka_password
+        env.update(
+            GANGWAY_KAFKA_USERNAME=settings.kafka_username,
+            GANGWAY_KAFKA_PASSWORD=password.get_secret_value() if password is not None else "",
+            GANGWAY_KAFKA_SASL_MECHANISM=settings.kafka_sasl_mechanism,
+        )
+    return env

@@ -12,7 +12,9 @@ from collections.abc import AsyncIterator
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
-from aiokafka.admin import AIOKafkaAdminClient
+
+from services.runtime.kafka import make_admin
+from services.runtime.settings import Settings
 
 
 def with_database(dsn: str, database: str) -> str:
@@ -49,9 +51,14 @@ async def drop_database(owner_dsn: str, database: str) -> None:
         await owner.close()
 
 
-async def delete_topics(bootstrap: str, prefix: str) -> None:
-    """Delete the topics named `prefix.*`: every partition left behind slows the broker."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+async def delete_topics(settings: Settings) -> None:
+    """Delete the topics named `<settings.topic_prefix>.*`, and the ACLs granted on them: every
+    partition left behind slows the broker."""
+    from services.runtime import bus_acl
+    from services.runtime.topics import Topics
+
+    prefix = settings.topic_prefix
+    admin = make_admin(settings)
     await admin.start()
     try:
         ours = [t for t in await admin.list_topics() if t.startswith(f"{prefix}.")]
@@ -59,3 +66,5 @@ async def delete_topics(bootstrap: str, prefix: str) -> None:
             await admin.delete_topics(ours)
     finally:
         await admin.close()
+    if bus_acl.is_admin(settings):
+        await bus_acl.revoke_prefix(settings, Topics(prefix))

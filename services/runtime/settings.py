@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -28,6 +30,12 @@ class Settings(BaseSettings):
     pg_pool_max: int = Field(default=10, ge=1)
 
     kafka_bootstrap: str = "127.0.0.1:29092"
+    # The broker's credentials (SASL over plaintext; scripts/stack.sh's broker accepts nothing
+    # else). None: a broker without authentication (docker-compose, an external one). The
+    # launcher gives each service its own role's principal (services/runtime/bus_acl.py).
+    kafka_username: str | None = None
+    kafka_password: SecretStr | None = None
+    kafka_sasl_mechanism: Literal["SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN"] = "SCRAM-SHA-256"
     # Every topic name starts with it; the tests isolate themselves with a unique prefix.
     topic_prefix: str = "gangway"
     topic_partitions: int = Field(default=3, ge=1)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin import NewTopic
 
+from services.runtime.kafka import make_admin
 from services.runtime.limits import MAX_MESSAGE_BYTES
 from services.runtime.settings import Settings
 
@@ -89,13 +90,25 @@ class Topics:
 
 
 async def ensure_topics(settings: Settings, topics: Topics | None = None) -> None:
-    """Create every Gangway topic that does not exist yet (idempotent)."""
-    names = (topics or Topics.from_settings(settings)).all
-    admin = AIOKafkaAdminClient(
-        bootstrap_servers=settings.kafka_bootstrap, client_id=f"{settings.service_name}-admin"
-    )
+    """Create every Gangway topic that does not exist yet (idempotent); as the broker's admin,
+    also grant the roles their rights on the prefix (services/runtime/bus_acl.py).
+
+    A service, which may not create topics, finds them made: the launcher (and each test's
+    fixture) runs this as the admin before starting any.
+    """
+    from services.runtime import bus_acl  # it builds on this module's Topics
+
+    topics = topics or Topics.from_settings(settings)
+    await _create_missing(settings, topics.all)
+    if bus_acl.is_admin(settings):
+        await bus_acl.grant_prefix(settings, topics)
+
+
+async def _create_missing(settings: Settings, names: tuple[str, ...]) -> None:
+    admin = make_admin(settings)
     await admin.start()
     try:
+        # A principal lists only the topics it may see: with its rights granted, all of ours.
         existing = set(await admin.list_topics())
         missing = [n for n in names if n not in existing]
         if not missing:

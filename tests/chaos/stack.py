@@ -10,7 +10,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.integration.conftest import Stack
+from tests.integration.conftest import Stack, kafka_auth
 
 ROOT = Path(__file__).resolve().parents[2]
 STACK_SCRIPT = ROOT / "scripts" / "stack.sh"
@@ -57,7 +57,9 @@ class ChaosStack:
         env = {
             key: value
             for key, value in os.environ.items()
-            if key not in ("GANGWAY_PG_DSN", "GANGWAY_PG_OWNER_DSN", "GANGWAY_KAFKA_BOOTSTRAP")
+            # Another stack's servers and credentials are not this one's.
+            if key not in ("GANGWAY_PG_DSN", "GANGWAY_PG_OWNER_DSN")
+            and not key.startswith("GANGWAY_KAFKA_")
         }
         env.update(
             GANGWAY_STACK_DIR=str(self.directory / "stack"),
@@ -98,4 +100,5 @@ class ChaosStack:
             pg_owner_dsn=settings["GANGWAY_PG_OWNER_DSN"],
             kafka_bootstrap=settings["GANGWAY_KAFKA_BOOTSTRAP"],
             kafka_is_local=True,
+            kafka_auth=kafka_auth(settings),
         )

@@ -27,6 +27,7 @@ from gangway.launcher import (
 from schemas.leadership import LeaderElected
 from services.runtime import EventStore, Settings, migrate_settings
 from services.runtime.scratch import delete_topics, scratch_database, with_database
+from services.runtime.topics import ensure_topics
 from tests.integration.conftest import Stack
 
 # A bound for things that take milliseconds to seconds; reaching it means something is broken.
@@ -100,12 +101,15 @@ async def running_system(
             pg_dsn=with_database(stack.pg_dsn, database),
             pg_owner_dsn=with_database(stack.pg_owner_dsn, database),
             kafka_bootstrap=stack.kafka_bootstrap,
+            **stack.kafka_settings(),
             topic_prefix=f"e2e-{tag}",
             api_url=api_url,
             service_name="e2e-tests",
             _env_file=None,
         )
         await migrate_settings(settings)
+        # Topics and the roles' rights on them, as the admin, as `make up` does.
+        await ensure_topics(settings)
         token_file = state_dir / "admin.token"
         launcher = Launcher(
             state_dir=state_dir,
@@ -114,6 +118,8 @@ async def running_system(
                 "GANGWAY_PG_DSN": settings.pg_dsn,
                 "GANGWAY_PG_OWNER_DSN": settings.migration_dsn,
                 "GANGWAY_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+                # The admin's and the roles' credentials: each service is given its role's.
+                **stack.kafka_auth,
                 "GANGWAY_TOPIC_PREFIX": settings.topic_prefix,
                 "GANGWAY_API_URL": api_url,
                 "GANGWAY_ADMIN_TOKEN_FILE": str(token_file),
@@ -149,7 +155,7 @@ async def running_system(
             launcher.down(service_order(specs))
             await store.close()
             with contextlib.suppress(Exception):
-                await delete_topics(settings.kafka_bootstrap, settings.topic_prefix)
+                await delete_topics(settings)
 
 
 def _spec_text(cluster: str) -> str:

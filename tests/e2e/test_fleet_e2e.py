@@ -25,7 +25,7 @@ from schemas.nodes import (
     StragglerDetected,
 )
 from services.agent.faults import heal, inject
-from services.runtime.kafka import make_producer
+from services.runtime.kafka import connection_options, make_producer
 from services.runtime.topics import Topics
 from tests.e2e.system import System, eventually, running_system
 from tests.integration.conftest import Stack
@@ -292,12 +292,13 @@ async def test_malformed_telemetry_is_dead_lettered_and_the_services_go_on(
 
     consumer = AIOKafkaConsumer(
         topics.deadletter,
-        bootstrap_servers=system.settings.kafka_bootstrap,
+        **connection_options(system.settings),
         auto_offset_reset="earliest",
         enable_auto_commit=False,
     )
     await consumer.start()
     try:
+
         async def dead_letters_by() -> set[str]:
             found = set()
             batches = await consumer.getmany(timeout_ms=200)

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 
 from schemas.jobs import JobSpec
 from schemas.teams import TeamSecretSet
 from services.agent.secrets import SecretUnavailable, resolve_secret_env
 from services.runtime import Settings
+from services.runtime.kafka import connection_options, make_admin
 from services.runtime.vault import key_by_id
 from tests.e2e.system import System, eventually, running_system
 from tests.integration.conftest import Stack
@@ -35,7 +35,7 @@ async def system(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Asyn
 
 async def kafka_bytes(settings: Settings) -> list[bytes]:
     """Every record's key, value and headers on every topic of this system, from the start."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    admin = make_admin(settings)
     await admin.start()
     try:
         ours = [t for t in await admin.list_topics() if t.startswith(f"{settings.topic_prefix}.")]
@@ -47,9 +47,7 @@ async def kafka_bytes(settings: Settings) -> list[bytes]:
         for topic in described
         for partition in topic["partitions"]
     ]
-    consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap, enable_auto_commit=False
-    )
+    consumer = AIOKafkaConsumer(**connection_options(settings), enable_auto_commit=False)
     await consumer.start()
     try:
         consumer.assign(partitions)

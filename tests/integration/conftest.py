@@ -10,9 +10,10 @@ from __future__ import annotations
 import os
 import subprocess
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +31,18 @@ class Stack:
     kafka_bootstrap: str
     # Whether the broker is the local one scripts/stack.sh can restart.
     kafka_is_local: bool
+    # The broker's credentials, as .gangway/env gives them (GANGWAY_KAFKA_USERNAME/PASSWORD:
+    # the admin's; GANGWAY_KAFKA_<ROLE>_PASSWORD: each role's); empty: no authentication.
+    kafka_auth: Mapping[str, str] = field(default_factory=dict)
+
+    def kafka_settings(self) -> dict[str, Any]:
+        """The Settings fields that make a client the admin of this stack's broker."""
+        fields = {
+            "GANGWAY_KAFKA_USERNAME": "kafka_username",
+            "GANGWAY_KAFKA_PASSWORD": "kafka_password",
+            "GANGWAY_KAFKA_SASL_MECHANISM": "kafka_sasl_mechanism",
+        }
+        return {fields[k]: v for k, v in self.kafka_auth.items() if k in fields}
 
     def restart_kafka(self) -> None:
         subprocess.run([str(STACK_SCRIPT), "restart-kafka"], check=True, cwd=ROOT)
@@ -38,6 +51,15 @@ class Stack:
 def _parse_env(text: str) -> dict[str, str]:
     pairs = (line.split("=", 1) for line in text.splitlines() if "=" in line)
     return {key.strip(): value.strip() for key, value in pairs}
+
+
+def kafka_auth(env: Mapping[str, str]) -> dict[str, str]:
+    """The broker credentials among KEY=value settings (all GANGWAY_KAFKA_* but the address)."""
+    return {
+        key: value
+        for key, value in env.items()
+        if key.startswith("GANGWAY_KAFKA_") and key != "GANGWAY_KAFKA_BOOTSTRAP"
+    }
 
 
 @pytest.fixture(scope="session")
@@ -60,11 +82,14 @@ def stack() -> Stack:
             env={k: v for k, v in os.environ.items() if k != "GANGWAY_KAFKA_BOOTSTRAP"},
         ).stdout
     )["GANGWAY_KAFKA_BOOTSTRAP"]
+    # A broker given by the environment comes with the environment's credentials (or none).
+    auth = kafka_auth(os.environ) if external_kafka else kafka_auth(env)
     return Stack(
         pg_dsn=env["GANGWAY_PG_DSN"],
         pg_owner_dsn=env["GANGWAY_PG_OWNER_DSN"],
         kafka_bootstrap=env["GANGWAY_KAFKA_BOOTSTRAP"],
         kafka_is_local=env["GANGWAY_KAFKA_BOOTSTRAP"] == local_bootstrap,
+        kafka_auth=auth,
     )
 
 
@@ -77,6 +102,7 @@ async def settings(stack: Stack, request: pytest.FixtureRequest) -> AsyncIterato
             pg_dsn=with_database(stack.pg_dsn, database),
             pg_owner_dsn=with_database(stack.pg_owner_dsn, database),
             kafka_bootstrap=stack.kafka_bootstrap,
+            **stack.kafka_settings(),
             topic_prefix=f"test-{tag}",
             service_name=f"test-{request.node.name[:40]}",
             relay_poll_interval_s=0.2,
@@ -84,7 +110,7 @@ async def settings(stack: Stack, request: pytest.FixtureRequest) -> AsyncIterato
         )
         await migrate_settings(test_settings)
         yield test_settings
-    await delete_topics(test_settings.kafka_bootstrap, test_settings.topic_prefix)
+    await delete_topics(test_settings)
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from schemas import EventEnvelope
 from schemas.jobs import JobDeferred
 from services.runtime import ConsumerLoop, EventStore, Settings
+from services.runtime.kafka import connection_options
 from services.runtime.migrate import dsn_user
 
 # A generous bound for things that take milliseconds; reaching it means the behaviour is broken.
@@ -44,7 +45,7 @@ async def read_topics(
 ) -> list[ConsumerRecord[bytes, bytes]]:
     """The first `count` messages on `topics`, from the beginning, without a consumer group."""
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap,
+        **connection_options(settings),
         enable_auto_commit=False,
         auto_offset_reset="earliest",
     )

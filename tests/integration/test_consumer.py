@@ -249,8 +249,15 @@ async def test_telemetry_reaches_its_handler_and_malformed_samples_are_dead_lett
     beat = NodeHeartbeat(node_id="n1", at=datetime(2026, 1, 1, tzinfo=UTC))
 
     async with running(consumer):
-        await producer.send_and_wait(topics.telemetry, b'{"kind": "heartbeat"}', key=b"n1")
-        await publish_telemetry(producer, topics, beat)
+        # Signed by an agent (the telemetry consumer reads nothing else), yet not telemetry.
+        malformed = b'{"kind": "heartbeat"}'
+        await producer.send_and_wait(
+            topics.telemetry,
+            malformed,
+            key=b"n1",
+            headers=signed([], malformed, settings.bus_signing_key),
+        )
+        await publish_telemetry(producer, topics, beat, key=settings.bus_signing_key)
 
         async def heartbeat_handled() -> bool:
             return received == ["n1"]

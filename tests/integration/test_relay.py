@@ -13,6 +13,7 @@ import pytest
 
 from schemas import EventEnvelope
 from services.runtime import EventConsumer, EventStore, OutboxRelay, Outcome, Settings, Topics
+from services.runtime.kafka import client_environment
 from tests.integration.conftest import ROOT
 from tests.integration.support import (
     appends_waiting,
@@ -97,7 +98,7 @@ async def _spawn_relay(settings: Settings) -> asyncio.subprocess.Process:
         **os.environ,
         "GANGWAY_PG_DSN": settings.pg_dsn,
         "GANGWAY_PG_OWNER_DSN": settings.migration_dsn,
-        "GANGWAY_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        **client_environment(settings),
         "GANGWAY_TOPIC_PREFIX": settings.topic_prefix,
         "GANGWAY_SERVICE_NAME": "relay-under-test",
         # Small batches: the relay stores its position many times while it catches up.

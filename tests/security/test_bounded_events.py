@@ -10,12 +10,12 @@ import re
 from typing import Any
 
 import pytest
-from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
 from schemas.jobs import JobAdmitted, JobSpec, JobSubmitted
 from services.runtime import EventConsumer, EventStore, OutboxRelay, Settings, Topics
 from services.runtime.errors import EventTooLarge
+from services.runtime.kafka import make_admin
 from services.runtime.limits import (
     MAX_EVENT_BYTES,
     MAX_FETCH_BYTES,
@@ -116,7 +116,7 @@ async def _shrink_topic(settings: Settings, topic: str, max_bytes: int) -> None:
     """Make the broker refuse the topic's records over `max_bytes` (a bus that was configured
     by someone else, or a bug: what the relay must survive)."""
     resource = ConfigResource(ConfigResourceType.TOPIC, topic)
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap)
+    admin = make_admin(settings)
     await admin.start()
     try:
 
