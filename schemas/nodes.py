@@ -47,7 +47,7 @@ class NodeRegistered(NodeEvent):
     nvlink_domain: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     discovered_by: Literal["nvml", "spec"]
-    # Node resources (None: not declared; a task that asks CPUs or memory then cannot land).
+    # Node resources (None: not declared, and then not limited).
     cpus: int | None = Field(default=None, ge=1)
     memory_mb: int | None = Field(default=None, ge=1)
     # The GPU model with its MIG profile table (`H100-80GB`); gpu_type is the short name.
