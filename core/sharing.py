@@ -28,6 +28,7 @@ from __future__ import annotations
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Literal
 
 from core.mig import Geometry, MigInstance, MigModel, geometry_problems, mig_model, pack
@@ -425,22 +426,12 @@ class SharingLedger:
             lost += node_fragmentation(node, mix, now)
         return 0.0 if free == 0 else lost / free
 
-    def allocated_thousandths(self) -> int:
-        """GPU capacity held by tasks, in exact thousandths (a 1g slice of 7: 142)."""
-        total = 0
-        for node in self.nodes.values():
-            for gpu in node.gpus:
-                if gpu.whole is not None:
-                    total += FULL
-                elif gpu.slices and node.model is not None:
-                    held = sum(
-                        node.model.profiles[i.profile].compute_slices
-                        for i in gpu.geometry
-                        if i.start in gpu.slices
-                    )
-                    total += held * FULL // 7
-                else:
-                    total += gpu.shared_thousandths
+    def allocated_gpus(self) -> Fraction:
+        """GPU capacity held by tasks, exactly: a whole GPU 1, a 1g slice of an H100 1/7, a
+        quarter share 1/4 (what quotas, fair share and showback count)."""
+        total = Fraction(0)
+        for ask, spot in self.holders.values():
+            total += held_gpus(self.nodes[spot.node_id], ask, spot)
         return total
 
     def capacity_thousandths(self) -> int:
@@ -489,12 +480,22 @@ def _gpu_problems(node: NodeLedger, gpu: GpuLedger) -> list[str]:
     return found
 
 
-def slice_fraction(model: MigModel, profile: str) -> tuple[float, float]:
-    """(compute, memory) one slice counts of its GPU: a 1g.10gb of an H100 is (1/7, 10/80)."""
+def held_gpus(node: NodeLedger, ask: TaskAsk, spot: Spot) -> Fraction:
+    """What one placed task counts of GPUs, exactly."""
+    if spot.mig is not None and node.model is not None:
+        return Fraction(node.model.profiles[spot.mig.profile].compute_slices, 7)
+    if ask.kind == "share":
+        return Fraction(ask.thousandths, FULL)
+    return Fraction(len(spot.gpus)) if ask.kind == "whole" else Fraction(0)
+
+
+def slice_fraction(model: MigModel, profile: str) -> tuple[Fraction, Fraction]:
+    """(compute, memory) one slice counts of its GPU, exactly: a 1g.10gb of an H100 counts
+    1/7 of its compute and 10/80 of its memory (the profile's nominal GB over the model's)."""
     entry = model.profiles[profile]
     nominal_gb = int(profile.split("g.")[1].split("gb")[0])
-    total_gb = round(model.memory_mb / 1024)
-    return entry.compute_slices / 7, nominal_gb / max(total_gb, 1)
+    total_gb = int(model.name.rsplit("-", 1)[1].removesuffix("GB"))
+    return Fraction(entry.compute_slices, 7), Fraction(nominal_gb, total_gb)
 
 
 def mix_of(asks: Iterable[TaskAsk]) -> list[tuple[TaskAsk, float]]:

@@ -33,7 +33,7 @@ def test_seven_1g_10gb_inference_replicas_of_different_teams_share_one_h100() ->
     assert len({team for _, team in gpu.slices.values()}) == 7
     assert book.problems() == []
     # 7 slices of one compute slice each: the whole GPU's compute, counted exactly.
-    assert book.allocated_thousandths() == 1000
+    assert book.allocated_gpus() == 1
 
 
 def test_an_mps_gpu_is_shared_by_four_jobs_of_one_team_and_refused_to_another() -> None:
