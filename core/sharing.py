@@ -449,11 +449,11 @@ class SharingLedger:
             if node.memory_mb is not None and node.memory_used > node.memory_mb:
                 found.append(f"{where}: {node.memory_used} MB in use of {node.memory_mb}")
             for gpu in node.gpus:
-                found.extend(_gpu_problems(node, gpu))
+                found.extend(gpu_problems(node, gpu))
         return found
 
 
-def _gpu_problems(node: NodeLedger, gpu: GpuLedger) -> list[str]:
+def gpu_problems(node: NodeLedger, gpu: GpuLedger) -> list[str]:
     where = f"{node.node_id} GPU {gpu.index}"
     found: list[str] = []
     modes = sum((gpu.whole is not None, bool(gpu.slices), bool(gpu.shares)))
