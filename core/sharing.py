@@ -37,6 +37,7 @@ from schemas.nodes import MigMode, NodeRegistered
 
 FULL = 1000  # a whole GPU, in thousandths
 TaskKind = Literal["whole", "mig", "share", "cpu"]
+Packing = Literal["fgd", "best-fit"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,23 +352,48 @@ class SharingLedger:
             yield from gpu_spots(node, ask, now)
 
     def place(
-        self, ask: TaskAsk, now: float, mix: Sequence[tuple[TaskAsk, float]] = ()
+        self,
+        ask: TaskAsk,
+        now: float,
+        mix: Sequence[tuple[TaskAsk, float]] = (),
+        *,
+        packing: Packing = "fgd",
     ) -> Spot | None:
-        """Where the task grows fragmentation least (FGD), or None if it fits nowhere now."""
+        """Where the task goes now, or None if it fits nowhere.
+
+        `fgd`: where the fragmentation of the mix grows least (ties: the fullest fitting GPU,
+        then the node with the fewest idle GPUs). `best-fit`: the fullest fitting GPU, then the
+        fullest node (the baseline the FGD paper compares with)."""
         weights = list(mix) or [(ask.mix_key(), 1.0)]
         best: tuple[tuple[float, int, int, str, tuple[int, ...], int], Spot] | None = None
         before: dict[str, float] = {}
+        seen: set[tuple[object, ...]] = set()
         for spot in self.spots(ask, now):
             node = self.nodes[spot.node_id]
-            if spot.node_id not in before:
-                before[spot.node_id] = node_fragmentation(node, weights, now)
-            self._take(node, ask, spot, "?")
-            after = node_fragmentation(node, weights, now)
-            gpu_free = free_thousandths(node, node.gpus[spot.gpus[0]], now) if spot.gpus else FULL
-            idle = sum(1 for gpu in node.gpus if gpu.idle)
-            self._give_back(node, ask, spot, "?")
+            gpu = node.gpus[spot.gpus[0]] if spot.gpus else None
+            # GPUs of one node in the same state score the same: the lowest stands for them.
+            alike = (
+                spot.node_id,
+                spot.mig,
+                None if gpu is None else (gpu.geometry, frozenset(gpu.slices)),
+                None if gpu is None else (gpu.shared_thousandths, gpu.shared_memory_mb),
+            )
+            if ask.kind in ("mig", "share"):
+                if alike in seen:
+                    continue
+                seen.add(alike)
+            gpu_free = free_thousandths(node, gpu, now) if gpu is not None else FULL
+            idle = sum(1 for g in node.gpus if g.idle)
+            if packing == "fgd":
+                if spot.node_id not in before:
+                    before[spot.node_id] = node_fragmentation(node, weights, now)
+                self._take(node, ask, spot, "?")
+                growth = node_fragmentation(node, weights, now) - before[spot.node_id]
+                self._give_back(node, ask, spot, "?")
+            else:
+                growth = 0.0
             start = spot.mig.start if spot.mig is not None else 0
-            key = (after - before[spot.node_id], gpu_free, idle, spot.node_id, spot.gpus, start)
+            key = (growth, gpu_free, idle, spot.node_id, spot.gpus, start)
             if best is None or key < best[0]:
                 best = (key, spot)
         return None if best is None else best[1]
