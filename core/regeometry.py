@@ -71,9 +71,7 @@ def plan_regeometry(
     """The re-partitions worth starting now for the waiting tasks (in order of arrival)."""
     decisions: list[GeometryDecision] = []
     taken: set[tuple[str, int]] = set()
-    unplaced_slices = [
-        ask for ask in waiting if ask.kind == "mig" and ledger.place(ask, now) is None
-    ]
+    unplaced_slices = _without_an_instance(ledger, [a for a in waiting if a.kind == "mig"])
     while unplaced_slices:
         found = _geometry_for_slices(ledger, unplaced_slices, now, hold_s, taken)
         if found is None:
@@ -89,6 +87,40 @@ def plan_regeometry(
         if decision_whole is not None:
             decisions.append(decision_whole)
     return decisions
+
+
+def _without_an_instance(ledger: SharingLedger, asks: Sequence[TaskAsk]) -> list[TaskAsk]:
+    """The slices no free instance will serve: instances free now and those of GPUs still
+    being re-partitioned count alike, so that a slice waiting for a GPU that is being cut for
+    it does not get another GPU cut."""
+    free: Counter[tuple[str, str]] = Counter()
+    for node in ledger.nodes.values():
+        if not node.schedulable:
+            continue
+        for gpu in node.gpus:
+            if not gpu.healthy or gpu.whole is not None:
+                continue
+            for instance in gpu.geometry:
+                if instance.start not in gpu.slices:
+                    free[(node.node_id, instance.profile)] += 1
+    left: list[TaskAsk] = []
+    for ask in asks:
+        where = next(
+            (
+                key
+                for key, count in free.items()
+                if count > 0
+                and key[1] == ask.mig_profile
+                and ledger.nodes[key[0]].of_type(ask)
+                and ledger.nodes[key[0]].fits_host(ask)
+            ),
+            None,
+        )
+        if where is None:
+            left.append(ask)
+        else:
+            free[where] -= 1
+    return left
 
 
 def _geometry_for_slices(

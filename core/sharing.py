@@ -358,44 +358,54 @@ class SharingLedger:
         mix: Sequence[tuple[TaskAsk, float]] = (),
         *,
         packing: Packing = "fgd",
+        shortlist: int = 64,
     ) -> Spot | None:
         """Where the task goes now, or None if it fits nowhere.
 
-        `fgd`: where the fragmentation of the mix grows least (ties: the fullest fitting GPU,
-        then the node with the fewest idle GPUs). `best-fit`: the fullest fitting GPU, then the
-        fullest node (the baseline the FGD paper compares with)."""
+        `best-fit`: the fullest fitting GPU, then the node with the fewest idle GPUs (the
+        baseline the FGD paper compares with). `fgd`: among the `shortlist` best-fit spots,
+        where the fragmentation of the mix grows least (ties: best-fit order)."""
         weights = list(mix) or [(ask.mix_key(), 1.0)]
-        best: tuple[tuple[float, int, int, str, tuple[int, ...], int], Spot] | None = None
-        before: dict[str, float] = {}
+        # A cheap best-fit key for every distinct spot; FGD then scores the `shortlist` best
+        # (the measure costs a pass over a node's GPUs per task type of the mix).
+        cheap: list[tuple[tuple[int, int, str, tuple[int, ...], int], Spot]] = []
         seen: set[tuple[object, ...]] = set()
         for spot in self.spots(ask, now):
             node = self.nodes[spot.node_id]
             gpu = node.gpus[spot.gpus[0]] if spot.gpus else None
-            # GPUs of one node in the same state score the same: the lowest stands for them.
-            alike = (
-                spot.node_id,
-                spot.mig,
-                None if gpu is None else (gpu.geometry, frozenset(gpu.slices)),
-                None if gpu is None else (gpu.shared_thousandths, gpu.shared_memory_mb),
-            )
-            if ask.kind in ("mig", "share"):
+            if ask.kind in ("mig", "share") and gpu is not None:
+                # GPUs of one node in the same state score the same: the lowest stands for them.
+                alike = (
+                    spot.node_id,
+                    spot.mig,
+                    gpu.geometry,
+                    frozenset(gpu.slices),
+                    gpu.shared_thousandths,
+                    gpu.shared_memory_mb,
+                )
                 if alike in seen:
                     continue
                 seen.add(alike)
             gpu_free = free_thousandths(node, gpu, now) if gpu is not None else FULL
             idle = sum(1 for g in node.gpus if g.idle)
-            if packing == "fgd":
-                if spot.node_id not in before:
-                    before[spot.node_id] = node_fragmentation(node, weights, now)
-                self._take(node, ask, spot, "?")
-                growth = node_fragmentation(node, weights, now) - before[spot.node_id]
-                self._give_back(node, ask, spot, "?")
-            else:
-                growth = 0.0
             start = spot.mig.start if spot.mig is not None else 0
-            key = (growth, gpu_free, idle, spot.node_id, spot.gpus, start)
-            if best is None or key < best[0]:
-                best = (key, spot)
+            cheap.append(((gpu_free, idle, spot.node_id, spot.gpus, start), spot))
+        if not cheap:
+            return None
+        cheap.sort(key=lambda item: item[0])
+        if packing != "fgd":
+            return cheap[0][1]
+        best: tuple[tuple[float, int], Spot] | None = None
+        before: dict[str, float] = {}
+        for order, (_, spot) in enumerate(cheap[:shortlist]):
+            node = self.nodes[spot.node_id]
+            if spot.node_id not in before:
+                before[spot.node_id] = node_fragmentation(node, weights, now)
+            self._take(node, ask, spot, "?")
+            growth = node_fragmentation(node, weights, now) - before[spot.node_id]
+            self._give_back(node, ask, spot, "?")
+            if best is None or (growth, order) < best[0]:
+                best = ((growth, order), spot)
         return None if best is None else best[1]
 
     def bind(self, holder: str, ask: TaskAsk, spot: Spot) -> None:
