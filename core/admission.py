@@ -218,6 +218,12 @@ def admit(
     if not types:
         return reject("no_nodes", "no node is registered in the cluster")
 
+    if spec.gpus_per_task == 0:
+        # The spec is valid (DESIGN §8) but the whole-GPU placement has nothing to place: the
+        # node CPU and memory ledger (core/sharing.py) is not wired into the cycle yet.
+        return reject(
+            "cpu_only_unsupported", "CPU-only tasks are not scheduled by this scheduler yet"
+        )
     needed_gpus = spec.gang_min_tasks * spec.gpus_per_task
     for limits in chain:
         if limits.max_gpus is not None and needed_gpus > limits.max_gpus:

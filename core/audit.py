@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from core.audit_sharing import SharingAudit
 from core.policy import SchedulingPolicy
 from core.shape import Shape, ranks_per_unit, shape_of
 from schemas.base import Event
@@ -221,6 +222,8 @@ class Auditor:
         # recorded nodes are the reserved ones only in that cycle (several cycles may share
         # one instant).
         self._reservation_cycle = False
+        # Invariant 1 for slices and shares (core/audit_sharing.py).
+        self._sharing = SharingAudit()
 
     def _flag(self, invariant: int, message: str, *positions: int) -> None:
         self.violations.append(Violation(invariant, message, tuple(positions)))
@@ -237,6 +240,8 @@ class Auditor:
         self._check_fencing(event, position, epoch)
         if isinstance(event, JobDeferred) or not isinstance(event, _CYCLE_WRITES):
             self._reservation_cycle = False
+        for message in self._sharing.observe(event, position, at):
+            self._flag(1, message, position)
         if isinstance(event, JobEvent):
             self._observe_job(event, position, at)
         elif isinstance(event, NodeRegistered):
@@ -510,6 +515,8 @@ class Auditor:
                         f"job {job_id} placed on unhealthy GPU {gpu} of node {placement.node_id}",
                         position,
                     )
+                if placement.mig is not None or placement.share is not None:
+                    continue  # part of a GPU: SharingAudit judges how it is shared
                 running = self._running.get(slot)
                 if running is not None and running[:2] != (job_id, event.attempt):
                     self._flag(
@@ -540,7 +547,9 @@ class Auditor:
         for slot in slots:
             self._bound.setdefault(slot, (job_id, position))
         job.gang = slots
-        job.rank_gpus = {p.rank: tuple(p.gpus) for p in ranks}
+        job.rank_gpus = {
+            p.rank: tuple(p.gpus) if p.mig is None and p.share is None else () for p in ranks
+        }
         job.gang_at = position
         job.gang_since = at
         job.attempt = event.attempt

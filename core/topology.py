@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-from schemas.nodes import GpuInfo, NodeRegistered
+from core.mig import mig_model, pack
+from schemas.nodes import DEFAULT_RECONFIGURE_S, GpuInfo, MigMode, NodeRegistered
 
 DEFAULT_GPU_TYPE = "H100"
 DEFAULT_RACK_SIZE = 16
@@ -43,6 +44,18 @@ _GROUP_KEYS = {
     "rack_size",
     "racks_per_block",
     "memory_mb",
+    "cpus",
+    "gpu_model",
+    "gpu_memory_mb",
+    "mig",
+    "reconfigure_s",
+}
+# The GPU model a short gpu_type stands for when the spec names none (its MIG profile table).
+_DEFAULT_GPU_MODEL = {
+    "H100": "H100-80GB",
+    "H200": "H200-141GB",
+    "A100": "A100-80GB",
+    "A100-40GB": "A100-40GB",
 }
 
 
@@ -60,7 +73,14 @@ class _Group:
     labels: dict[str, str]
     rack_size: int
     racks_per_block: int
-    memory_mb: int | None
+    # Node memory (host RAM), CPUs and the GPUs' memory when it differs from the model's.
+    memory_mb: int | None = None
+    cpus: int | None = None
+    gpu_model: str | None = None
+    gpu_memory_mb: int | None = None
+    mig: MigMode = "none"
+    mig_profiles: tuple[str, ...] = ()
+    reconfigure_s: float = DEFAULT_RECONFIGURE_S
 
 
 def parse_cluster_spec(text: str) -> list[NodeRegistered]:
@@ -133,7 +153,9 @@ def _groups_from_yaml(text: str) -> list[_Group]:
         gpu_type = str(raw.get("gpu_type", default_type)).strip()
         if not gpu_type:
             raise ClusterSpecError(f"{where}: gpu_type must not be empty")
-        memory = raw.get("memory_mb")
+        gpu_model = raw.get("gpu_model", _DEFAULT_GPU_MODEL.get(gpu_type))
+        gpu_model = None if gpu_model is None else str(gpu_model).strip() or None
+        mig, mig_profiles = _mig_field(raw.get("mig", "none"), gpu_model, where)
         groups.append(
             _Group(
                 count=count,
@@ -152,7 +174,13 @@ def _groups_from_yaml(text: str) -> list[_Group]:
                     f"{where} racks_per_block",
                     MAX_NODES,
                 ),
-                memory_mb=None if memory is None else _int_field(raw, "memory_mb", 0, where),
+                memory_mb=_optional_positive(raw, "memory_mb", where),
+                cpus=_optional_positive(raw, "cpus", where),
+                gpu_model=gpu_model,
+                gpu_memory_mb=_optional_positive(raw, "gpu_memory_mb", where),
+                mig=mig,
+                mig_profiles=mig_profiles,
+                reconfigure_s=_seconds_field(raw, "reconfigure_s", DEFAULT_RECONFIGURE_S, where),
             )
         )
     return groups
@@ -164,7 +192,10 @@ def _build(groups: list[_Group]) -> list[NodeRegistered]:
     nodes: list[NodeRegistered] = []
     auto_rack = 0  # racks numbered across groups, so that groups never share an auto rack
     for group in groups:
-        memory = group.memory_mb or _GPU_MEMORY_MB.get(group.gpu_type, 81_920)
+        table = mig_model(group.gpu_model)
+        memory = group.gpu_memory_mb or (
+            table.memory_mb if table is not None else _GPU_MEMORY_MB.get(group.gpu_type, 81_920)
+        )
         for offset in range(group.count):
             index = len(nodes)
             rack_number = auto_rack + offset // group.rack_size
@@ -191,11 +222,60 @@ def _build(groups: list[_Group]) -> list[NodeRegistered]:
                     nvlink_domain=node_id,
                     labels=dict(group.labels),
                     discovered_by="spec",
+                    cpus=group.cpus,
+                    memory_mb=group.memory_mb,
+                    gpu_model=group.gpu_model,
+                    mig=group.mig,
+                    mig_profiles=list(group.mig_profiles),
+                    reconfigure_s=group.reconfigure_s,
                 )
             )
         if group.rack is None:
             auto_rack += -(-group.count // group.rack_size)
     return nodes
+
+
+def _mig_field(value: object, gpu_model: str | None, where: str) -> tuple[MigMode, tuple[str, ...]]:
+    """`mig: none | dynamic | [profiles]`: a fixed list must make one valid geometry of the
+    group's GPU model (the profiles of one GPU, e.g. [3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb])."""
+    if value is None or value == "none" or value is False:
+        return "none", ()
+    table = mig_model(gpu_model)
+    if table is None:
+        raise ClusterSpecError(
+            f"{where}: mig needs a gpu_model with a MIG profile table "
+            f"(H100-80GB, H200-141GB, A100-80GB, A100-40GB), got {gpu_model!r}"
+        )
+    if value == "dynamic":
+        return "dynamic", ()
+    if not isinstance(value, list) or not value:
+        raise ClusterSpecError(f"{where}: mig must be none, dynamic or a list of profiles")
+    profiles = tuple(str(name).strip().removeprefix("MIG ") for name in value)
+    unknown = sorted({name for name in profiles if table.profile(name) is None})
+    if unknown:
+        raise ClusterSpecError(
+            f"{where}: {table.name} has no MIG profile {', '.join(unknown)} "
+            f"(it has {', '.join(sorted(table.profiles))})"
+        )
+    if pack(table, profiles) is None:
+        raise ClusterSpecError(
+            f"{where}: the profiles {', '.join(profiles)} do not fit together on one "
+            f"{table.name} (overlapping slots or more than 7 compute slices)"
+        )
+    return "fixed", profiles
+
+
+def _optional_positive(raw: Mapping[str, Any], key: str, where: str) -> int | None:
+    if raw.get(key) is None:
+        return None
+    return _positive(_int_field(raw, key, 0, where), f"{where} {key}", 1 << 40)
+
+
+def _seconds_field(raw: Mapping[str, Any], key: str, default: float, where: str) -> float:
+    value: object = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ClusterSpecError(f"{where}: {key} must be a number of seconds >= 0, got {value!r}")
+    return float(value)
 
 
 def _int_field(raw: Mapping[str, Any], key: str, default: int, where: str) -> int:

@@ -46,7 +46,7 @@ def breaking_changes(old: JsonSchema, new: JsonSchema) -> list[str]:
     for name, old_prop in old_props.items():
         if name not in new_props:
             problems.append(f"field {name!r} was removed")
-        elif _structure(old_prop) != _structure(new_props[name]):
+        elif _structure(_loosened(old_prop, new_props[name])) != _structure(new_props[name]):
             problems.append(f"field {name!r} changed its schema")
     added_required = set(new.get("required", ())) - set(old.get("required", ()))
     problems.extend(f"field {name!r} became required" for name in sorted(added_required))
@@ -60,6 +60,26 @@ def breaking_changes(old: JsonSchema, new: JsonSchema) -> list[str]:
                     for problem in breaking_changes(old["$defs"][name], new["$defs"][name])
                 )
     return problems
+
+
+# Bounds a new schema may widen: every payload the old bound let through still passes.
+_LOWER_BOUNDS = ("minimum", "exclusiveMinimum", "minLength", "minItems")
+_UPPER_BOUNDS = ("maximum", "exclusiveMaximum", "maxLength", "maxItems")
+
+
+def _loosened(old: Any, new: Any) -> Any:
+    """`old` with its numeric bounds replaced by `new`'s where `new` only widens them (a
+    minimum lowered, a maximum raised): such a change breaks no reader of old payloads."""
+    if not isinstance(old, dict) or not isinstance(new, dict):
+        return old
+    out = dict(old)
+    for key in _LOWER_BOUNDS + _UPPER_BOUNDS:
+        before, after = old.get(key), new.get(key)
+        if not isinstance(before, int | float) or not isinstance(after, int | float):
+            continue
+        if (key in _LOWER_BOUNDS and after <= before) or (key in _UPPER_BOUNDS and after >= before):
+            out[key] = after
+    return out
 
 
 def _structure(schema: Any) -> Any:

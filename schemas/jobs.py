@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import Field, field_validator, model_validator
 
@@ -17,6 +17,11 @@ MAX_GANG_TASKS = 4096
 MAX_GPUS_PER_TASK = 64
 # A variable name a rank's environment can hold (secret_env's keys).
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+
+# A MIG profile name as NVIDIA writes it without the "MIG " prefix: 1g.10gb, 3g.40gb, 1g.10gb+me.
+MIG_PROFILE_PATTERN = r"^[1-8]g\.[0-9]{1,3}gb(\+me)?$"
+MAX_CPUS_PER_TASK = 1024
+SharingMode = Literal["mps", "timeslice"]
 
 RequiredLocality = Literal["node", "rack", "block", "none"]
 PreferredLocality = Literal["rack", "block", "none"]
@@ -54,7 +59,17 @@ class JobSpec(Message):
     priority: str = Field(default="research", pattern=NAME_PATTERN)
     gpu_type: str | None = Field(default=None, min_length=1, max_length=64)
     tasks: int = Field(default=1, ge=1, le=MAX_GANG_TASKS)
-    gpus_per_task: int = Field(default=1, ge=1, le=MAX_GPUS_PER_TASK)
+    # Whole GPUs per task; 0 for a CPU-only task. A slice or share task (`mig_profile`,
+    # `gpu_fraction`) touches exactly one GPU: its gpus_per_task is 1 (given as 0 or left out).
+    gpus_per_task: int = Field(default=1, ge=0, le=MAX_GPUS_PER_TASK)
+    # One MIG slice of this profile per task (hardware isolation).
+    mig_profile: str | None = Field(default=None, pattern=MIG_PROFILE_PATTERN)
+    # A share of one GPU per task, in thousandths (soft isolation), enforced by `sharing`.
+    gpu_fraction: float | None = Field(default=None, gt=0, lt=1)
+    sharing: SharingMode | None = None
+    gpu_memory_mb: int | None = Field(default=None, ge=1, le=1_048_576)
+    cpus_per_task: float | None = Field(default=None, gt=0, le=MAX_CPUS_PER_TASK)
+    memory_mb_per_task: int | None = Field(default=None, ge=1, le=16_777_216)
     min_tasks: int | None = Field(default=None, ge=1, le=MAX_GANG_TASKS)
     topology: TopologySpec = TopologySpec()
     command: list[str] = Field(default_factory=lambda: ["true"], min_length=1, max_length=256)
@@ -86,12 +101,59 @@ class JobSpec(Message):
             raise ValueError("each command argument must be at most 4096 characters")
         return command
 
+    @model_validator(mode="before")
+    @classmethod
+    def _one_gpu_per_slice_task(cls, data: Any) -> Any:
+        """A slice or share task touches one GPU, and a share is enforced by MPS unless told
+        otherwise: both are written into the spec, so that every reader sees the same job."""
+        if not isinstance(data, dict):
+            return data
+        fractional = data.get("mig_profile") is not None or data.get("gpu_fraction") is not None
+        if not fractional:
+            return data
+        whole = data.get("gpus_per_task")
+        if whole is not None and whole != 0 and not isinstance(whole, bool):
+            raise ValueError(
+                "a job asks exactly one of whole GPUs (gpus_per_task), a MIG slice "
+                "(mig_profile) or a GPU share (gpu_fraction)"
+            )
+        data = {**data, "gpus_per_task": 1}
+        if data.get("gpu_fraction") is not None and data.get("sharing") is None:
+            data["sharing"] = "mps"
+        return data
+
+    @field_validator("gpu_fraction")
+    @classmethod
+    def _fraction_in_thousandths(cls, fraction: float | None) -> float | None:
+        if fraction is not None and abs(fraction * 1000 - round(fraction * 1000)) > 1e-6:
+            raise ValueError("gpu_fraction is given in thousandths (e.g. 0.25, 0.125)")
+        return fraction
+
+    @model_validator(mode="after")
+    def _resources_are_consistent(self) -> JobSpec:
+        if self.mig_profile is not None and self.gpu_fraction is not None:
+            raise ValueError(
+                "a job asks exactly one of whole GPUs (gpus_per_task), a MIG slice "
+                "(mig_profile) or a GPU share (gpu_fraction)"
+            )
+        if self.gpu_fraction is None and self.sharing is not None:
+            raise ValueError("sharing applies to a gpu_fraction job only")
+        if self.gpu_fraction is None and self.gpu_memory_mb is not None:
+            raise ValueError(
+                "gpu_memory_mb applies to a gpu_fraction job only (a MIG profile fixes its memory)"
+            )
+        if self.gpus_per_task == 0 and self.cpus_per_task is None:
+            raise ValueError("a CPU-only task (gpus_per_task: 0) must give cpus_per_task")
+        if self.topology.tp_size is not None and (self.fractional or self.gpus_per_task == 0):
+            raise ValueError("topology.tp_size applies to jobs of whole GPUs only")
+        return self
+
     @model_validator(mode="after")
     def _shape_is_consistent(self) -> JobSpec:
         if self.min_tasks is not None and self.min_tasks > self.tasks:
             raise ValueError("min_tasks must not exceed tasks")
         tp = self.topology.tp_size
-        if tp is not None:
+        if tp is not None and self.gpus_per_task > 0:
             if tp % self.gpus_per_task and self.gpus_per_task % tp:
                 raise ValueError("topology.tp_size must divide gpus_per_task or be a multiple")
             if (self.tasks * self.gpus_per_task) % tp:
@@ -113,6 +175,16 @@ class JobSpec(Message):
     @property
     def total_gpus(self) -> int:
         return self.tasks * self.gpus_per_task
+
+    @property
+    def fractional(self) -> bool:
+        """The job asks a MIG slice or a GPU share per task, not whole GPUs."""
+        return self.mig_profile is not None or self.gpu_fraction is not None
+
+    @property
+    def gpu_thousandths(self) -> int:
+        """A share task's fraction of its GPU in thousandths (exact; 0 for other jobs)."""
+        return 0 if self.gpu_fraction is None else round(self.gpu_fraction * 1000)
 
 
 class JobEvent(Event):
@@ -174,10 +246,28 @@ class ReservationPlanned(JobEvent):
     nodes: list[str]
 
 
+class MigSlice(Message):
+    """The MIG instance a slice task runs in, on the one GPU of its `gpus`."""
+
+    profile: str
+    start: int = Field(ge=0, le=7)
+
+
+class GpuShare(Message):
+    """A share task's part of the one GPU of its `gpus`: compute in thousandths, memory."""
+
+    thousandths: int = Field(ge=1, le=999)
+    memory_mb: int | None = Field(default=None, ge=1)
+    sharing: SharingMode
+
+
 class RankPlacement(Message):
     rank: int = Field(ge=0)
     node_id: str
     gpus: list[int]
+    # A slice or share task holds part of its one GPU (neither: the whole GPUs of `gpus`).
+    mig: MigSlice | None = None
+    share: GpuShare | None = None
 
 
 class GangReserved(JobEvent):

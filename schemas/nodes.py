@@ -9,6 +9,11 @@ from pydantic import Field
 
 from schemas.base import Event, Message
 
+# How a node's GPUs may be partitioned: never (whole GPUs and soft shares), by the scheduler
+# (`dynamic`: it decides each idle GPU's geometry), or a geometry fixed by the cluster spec.
+MigMode = Literal["none", "dynamic", "fixed"]
+DEFAULT_RECONFIGURE_S = 60.0
+
 HealthSignal = Literal["thermal", "ecc", "xid", "nic", "straggler", "heartbeat", "manual"]
 
 
@@ -42,6 +47,16 @@ class NodeRegistered(NodeEvent):
     nvlink_domain: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
     discovered_by: Literal["nvml", "spec"]
+    # Node resources (None: not declared, and then not limited).
+    cpus: int | None = Field(default=None, ge=1)
+    memory_mb: int | None = Field(default=None, ge=1)
+    # The GPU model with its MIG profile table (`H100-80GB`); gpu_type is the short name.
+    gpu_model: str | None = Field(default=None, min_length=1, max_length=64)
+    mig: MigMode = "none"
+    # `fixed`: the profiles every GPU of the node holds, in the order written.
+    mig_profiles: list[str] = Field(default_factory=list, max_length=7)
+    # How long a change of one GPU's MIG geometry takes, during which it serves nothing.
+    reconfigure_s: float = Field(default=DEFAULT_RECONFIGURE_S, ge=0)
 
 
 class NodeLost(NodeEvent):
@@ -104,6 +119,27 @@ class StragglerDetected(NodeEvent):
     median_step_time_s: float = Field(gt=0)
 
 
+class MigInstanceSpec(Message):
+    """One GPU instance of a MIG geometry: a profile at a start slot (in memory slices)."""
+
+    profile: str = Field(min_length=1, max_length=32)
+    start: int = Field(ge=0, le=7)
+
+
+class GpuGeometryChanged(NodeEvent):
+    """The scheduler re-partitioned one idle GPU of a `mig: dynamic` node.
+
+    From this event on, for `reconfigure_s`, the GPU serves nothing; then it holds `geometry`
+    (empty: MIG off, a whole GPU again). `reason` says what it was done for."""
+
+    type = "GpuGeometryChanged"
+    gpu_index: int = Field(ge=0)
+    geometry: list[MigInstanceSpec] = Field(max_length=7)
+    previous: list[MigInstanceSpec] = Field(default_factory=list, max_length=7)
+    reconfigure_s: float = Field(ge=0)
+    reason: str = Field(max_length=512)
+
+
 NODE_EVENTS: tuple[type[Event], ...] = (
     NodeRegistered,
     NodeLost,
@@ -115,4 +151,5 @@ NODE_EVENTS: tuple[type[Event], ...] = (
     GpuUnhealthy,
     GpuRecovered,
     StragglerDetected,
+    GpuGeometryChanged,
 )

@@ -51,6 +51,7 @@ RejectCode = Literal[
     "gang_too_large",
     "priority_not_allowed",  # the team's policy does not grant this priority class
     "non_preemptible_not_allowed",  # the team's policy does not allow non-preemptible jobs
+    "cpu_only_unsupported",  # a CPU-only task: the scheduler places GPU tasks only (so far)
 ]
 
 DEFER_CODES: frozenset[str] = frozenset(get_args(DeferCode))

@@ -93,6 +93,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="H",
         help="hours until a faulty GPU is back (default 1)",
     )
+    parser.add_argument(
+        "--no-departures",
+        action="store_true",
+        help="fill mode: jobs never finish; arrivals go on until the arrived GPU demand "
+        "reaches --fill-until times capacity; the JSON adds allocated_share_at_full_demand "
+        "and the fragmentation series",
+    )
+    parser.add_argument(
+        "--fill-until",
+        type=float,
+        default=1.0,
+        metavar="SHARE",
+        help="with --no-departures: stop arrivals when the arrived GPU demand reaches this "
+        "share of capacity (default 1.0)",
+    )
+    parser.add_argument(
+        "--packing",
+        choices=("fgd", "best-fit"),
+        default="fgd",
+        help="with --no-departures: fgd (least fragmentation growth, Gangway's) or the "
+        "best-fit baseline",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -188,6 +210,9 @@ def _run(args: argparse.Namespace) -> int:
         if not jobs:
             raise InputError("no job of a tenant named in --quotas")
 
+    if args.no_departures:
+        return _fill(args, jobs, nodes)
+
     # Gangway's own policy as configured by default; a baseline is the same core ordered by
     # the simulator (gangway/simulator/baselines.py).
     baseline = None if args.policy == "gangway" else args.policy
@@ -278,6 +303,53 @@ def _run(args: argparse.Namespace) -> int:
         console.print(group_table(metrics["per_tenant"], "tenant"))
     if len(metrics["per_priority"]) > 1:
         console.print(group_table(metrics["per_priority"], "priority"))
+    return 0
+
+
+def _fill(args: argparse.Namespace, jobs: list[Any], nodes: list[Any]) -> int:
+    """Fill mode (gangway/simulator/fill.py): jobs never finish; how much is allocated."""
+    from gangway.simulator.fill import run_fill
+
+    if args.fill_until <= 0:
+        raise InputError("--fill-until must be a positive share of capacity")
+    began = time.perf_counter()
+    result = run_fill(jobs, nodes, packing=args.packing, fill_until=args.fill_until)
+    metrics: dict[str, Any] = result.as_json()
+    # The keys of every run, with what they mean when nothing finishes: no job completes,
+    # so no completion or queue times; utilization is the share allocated at the end.
+    metrics.update(
+        policy=args.policy,
+        packing=args.packing,
+        cluster=args.cluster,
+        trace=str(args.trace),
+        completed=0,
+        avg_jct_s=None,
+        avg_queue_s=None,
+        p50_queue_s=None,
+        p99_queue_s=None,
+        max_queue_s=None,
+        avg_queue_gt8_s=None,
+        gpu_utilization=result.allocated_share,
+        preemptions=0,
+        lost_gpu_s=0.0,
+        per_tenant={},
+        per_priority={},
+        wall_s=time.perf_counter() - began,
+    )
+    if args.json:
+        try:
+            Path(args.json).write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+        except OSError as error:
+            raise InputError(f"cannot write output: {_one_line(error)}") from None
+    at_full = result.allocated_share_at_full_demand
+    frag = result.fragmentation[-1]["fragmentation"] if result.fragmentation else 0.0
+    print(
+        f"{args.packing} on {args.cluster}: {result.jobs:,} jobs arrived, "
+        f"{result.placed_jobs:,} placed; allocated at 100% demand: "
+        f"{'n/a' if at_full is None else f'{at_full:.1%}'}; allocated now "
+        f"{result.allocated_share:.1%}; fragmentation {frag:.1%}; "
+        f"{result.geometry_changes} re-partitions"
+    )
     return 0
 
 

@@ -2,7 +2,12 @@
 
 Columns (DESIGN §5 "Simulator"): `submit_time` (ISO time or seconds), `num_gpus`, `duration_s`;
 optional `job_id`, `tenant` (or `vc`), `priority`, `gpus_per_task`, `tp_size`,
-`estimated_runtime_s`, `preemptible`. Other columns are ignored.
+`estimated_runtime_s`, `preemptible`, and for GPU sharing (DESIGN §8) `gpu_fraction` (a share
+of one GPU per task, 0 < x < 1; 1 or empty: whole GPUs), `mig_profile` (one slice per task),
+`cpus` and `memory_mb` (per task), `gpu_type` (alternatives joined by `|`: `V100M16|V100M32`)
+and `qos` (a class mapped to a priority class, `QOS_PRIORITY`; `priority` wins). With a
+fraction or a profile, `num_gpus` is the number of tasks; `num_gpus` 0 with `cpus` is a
+CPU-only task. Other columns are ignored.
 
 Every problem is a `TraceError` whose message is one line naming the file and line, so that the
 CLI can print it and exit 2 instead of showing a traceback.
@@ -28,6 +33,16 @@ DEFAULT_PRIORITY = "research"
 _NAME = re.compile(NAME_PATTERN)
 _TRUE = {"1", "true", "yes", "y", "t"}
 _FALSE = {"0", "false", "no", "n", "f"}
+# Quality-of-service classes of GPU-sharing traces (Alibaba's: LS latency-sensitive, BE best
+# effort, Burstable, Guaranteed) and the priority classes they run at.
+QOS_PRIORITY = {
+    "lse": "inference-critical",
+    "ls": "inference-critical",
+    "guaranteed": "production",
+    "burstable": "research",
+    "be": "best-effort",
+    "best-effort": "best-effort",
+}
 
 # A row's cell by column name ("" when the column is absent).
 Cell = Callable[[str], str]
@@ -52,6 +67,9 @@ class TraceJob:
     tenant: str
     priority: str
     spec: JobSpec
+    # The GPU types the job may run on (the trace's `gpu_type`, alternatives split; the
+    # spec names the first); empty: any.
+    gpu_types: tuple[str, ...] = ()
 
 
 def parse_time(text: str, *, end_of_day: bool = False) -> float:
@@ -184,17 +202,30 @@ def _job(
     node_gpus: int,
     checkpoint_interval_s: float | None,
 ) -> TraceJob:
-    num_gpus = _whole(where, "num_gpus", cell("num_gpus"), minimum=1)
+    cpus_text, memory_text = cell("cpus"), cell("memory_mb")
+    cpus = _number(where, "cpus", cpus_text, minimum=0.0) if cpus_text else None
+    memory = _whole(where, "memory_mb", memory_text, minimum=1) if memory_text else None
+    num_gpus = _whole(where, "num_gpus", cell("num_gpus"), minimum=0 if cpus else 1)
     duration_s = _number(where, "duration_s", cell("duration_s"), minimum=0.0)
     job_id = cell("job_id") or default_id
     tenant = tenant or DEFAULT_TENANT
-    priority = cell("priority") or DEFAULT_PRIORITY
+    qos = cell("qos").lower()
+    if qos and qos not in QOS_PRIORITY:
+        raise TraceError(f"{where}: qos {cell('qos')!r} is not one of {', '.join(QOS_PRIORITY)}")
+    priority = cell("priority") or (QOS_PRIORITY[qos] if qos else DEFAULT_PRIORITY)
+    fraction_text, profile = cell("gpu_fraction"), cell("mig_profile") or None
+    fraction = _number(where, "gpu_fraction", fraction_text, minimum=0.0) if fraction_text else None
+    if fraction is not None and (fraction >= 1 or fraction == 0):
+        fraction = None  # a whole GPU (or none asked): the whole-GPU columns say how many
+    gpu_types = tuple(t.strip() for t in cell("gpu_type").split("|") if t.strip())
     for label, name in (("job_id", job_id), ("tenant", tenant), ("priority", priority)):
         if not _NAME.match(name):
             raise TraceError(f"{where}: {label} {name!r} is not a valid name")
 
     per_task_text = cell("gpus_per_task")
-    if per_task_text:
+    if fraction is not None or profile is not None or num_gpus == 0:
+        tasks, per_task = max(num_gpus, 1), 0
+    elif per_task_text:
         per_task = _whole(where, "gpus_per_task", per_task_text, minimum=1)
         if num_gpus % per_task:
             raise TraceError(
@@ -222,6 +253,11 @@ def _job(
             priority=priority,
             tasks=tasks,
             gpus_per_task=per_task,
+            mig_profile=profile,
+            gpu_fraction=None if fraction is None else round(fraction, 3),
+            cpus_per_task=cpus,
+            memory_mb_per_task=memory,
+            gpu_type=gpu_types[0] if gpu_types else None,
             topology=TopologySpec(tp_size=tp_size),
             estimated_runtime_s=max(estimate, 1.0),
             preemptible=preemptible,
@@ -238,6 +274,7 @@ def _job(
         tenant=tenant,
         priority=priority,
         spec=spec,
+        gpu_types=gpu_types,
     )
 
 

@@ -270,6 +270,7 @@ class Agent:
                 checkpoint_request=workdir / "checkpoint-request.json",
                 step_file=workdir / STEP_FILE,
                 agent_env=os.environ,
+                gpu_memory_mb={g.index: g.memory_mb for g in self.nodes[placement.node_id].gpus},
             )
             started = TaskStarted(
                 job_id=key.job_id, attempt=key.attempt, rank=key.rank, node_id=placement.node_id

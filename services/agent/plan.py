@@ -22,6 +22,7 @@ from schemas.jobs import (
     TaskExited,
     TaskStarted,
 )
+from services.agent.devices import MigUuids, device_env
 
 # The env a rank inherits from the agent, whatever the job sets: enough to find its program.
 INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "VIRTUAL_ENV")
@@ -152,6 +153,8 @@ def rank_env(
     checkpoint_request: Path,
     agent_env: Mapping[str, str],
     step_file: Path | None = None,
+    gpu_memory_mb: Mapping[int, int] | None = None,
+    mig_uuids: MigUuids | None = None,
 ) -> dict[str, str]:
     """The rank's environment: a few of the agent's variables, the job's env, then Gangway's
     (which the job cannot override: they describe the placement)."""
@@ -171,4 +174,6 @@ def rank_env(
     )
     if step_file is not None:
         env["GANGWAY_STEP_FILE"] = str(step_file)
+    # A slice's MIG device, an MPS share's limits (services/agent/devices.py).
+    env.update(device_env(spec, placement, gpu_memory_mb=gpu_memory_mb, mig_uuids=mig_uuids))
     return env

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Final
 
 from core.admission import policy_violation
+from core.mig import profile_names
 from core.policy import DEFAULT_PRIORITY_CLASSES
 from schemas.jobs import JobSpec, illegal_env_names
 from services.api.problems import ProblemError
@@ -56,6 +57,19 @@ def check_submission(spec: JobSpec, models: ReadModels) -> None:
                 "unknown-gpu-type",
                 f"no node has GPUs of type {spec.gpu_type!r} "
                 f"(known: {', '.join(sorted(types)) or 'none'})",
+            )
+    if spec.mig_profile is not None:
+        nodes = [
+            node
+            for node in models.nodes.values()
+            if spec.gpu_type is None or node.gpu_type == spec.gpu_type
+        ]
+        offered = profile_names(node.gpu_model or node.gpu_type for node in nodes)
+        if spec.mig_profile not in offered:
+            raise invalid(
+                "unknown-mig-profile",
+                f"no GPU model of the cluster has the MIG profile {spec.mig_profile!r} "
+                f"(profiles: {', '.join(sorted(offered)) or 'none'})",
             )
     for name in illegal_env_names(spec.env):
         raise invalid(

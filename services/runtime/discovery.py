@@ -13,8 +13,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from core.mig import MigModel, mig_model, pack
 from core.topology import parse_cluster_spec
-from schemas.nodes import GpuInfo, NodeRegistered
+from schemas.nodes import GpuInfo, MigMode, NodeRegistered
+from services.runtime.mig_discovery import NvmlMigGpu, host_resources, mig_managed, read_mig
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +60,7 @@ def nvml_node(
     try:
         count = int(nvml.nvmlDeviceGetCount())
         gpus = []
+        migs: list[NvmlMigGpu] = []
         for index in range(count):
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             memory = nvml.nvmlDeviceGetMemoryInfo(handle)
@@ -69,6 +72,7 @@ def nvml_node(
                     memory_mb=int(memory.total) // (1024 * 1024),
                 )
             )
+            migs.append(read_mig(nvml, handle, index))
     finally:
         try:
             nvml.nvmlShutdown()
@@ -78,6 +82,9 @@ def nvml_node(
         return None
     hostname = socket.gethostname()
     name = node_id or hostname
+    table = mig_model(gpus[0].model)
+    mig, profiles = _mig_of(migs, table)
+    cpus, memory_mb = host_resources()
     return NodeRegistered(
         node_id=name,
         hostname=hostname,
@@ -88,7 +95,26 @@ def nvml_node(
         nvlink_domain=name,
         labels=dict(labels or {}),
         discovered_by="nvml",
+        cpus=cpus,
+        memory_mb=memory_mb,
+        gpu_model=None if table is None else table.name,
+        mig=mig,
+        mig_profiles=profiles,
     )
+
+
+def _mig_of(migs: list[NvmlMigGpu], table: MigModel | None) -> tuple[MigMode, list[str]]:
+    """The node's MIG mode: dynamic where the operator lets Gangway manage MIG on capable
+    GPUs, fixed to the instances GPU 0 holds where MIG is on (and they form a geometry of
+    the model's table), none otherwise."""
+    if table is None or not migs or not all(gpu.capable for gpu in migs):
+        return "none", []
+    if mig_managed():
+        return "dynamic", []
+    profiles = [instance.profile for instance in migs[0].instances]
+    if migs[0].enabled and profiles and pack(table, profiles) is not None:
+        return "fixed", profiles
+    return "none", []
 
 
 def gpu_type_of(model: str) -> str:

@@ -38,9 +38,11 @@ from schemas.jobs import (
 )
 from schemas.leadership import LeaderElected
 from schemas.nodes import (
+    GpuGeometryChanged,
     GpuInfo,
     GpuRecovered,
     GpuUnhealthy,
+    MigInstanceSpec,
     NodeDegraded,
     NodeDrained,
     NodeDrainRequested,
@@ -124,6 +126,17 @@ EXAMPLES: dict[str, Event] = {
         NodeUndrained(node_id="n0000", by="admin"),
         GpuUnhealthy(node_id="n0000", gpu_index=3, reason="XID 79"),
         GpuRecovered(node_id="n0000", gpu_index=3),
+        GpuGeometryChanged(
+            node_id="n0000",
+            gpu_index=3,
+            geometry=[
+                MigInstanceSpec(profile="3g.40gb", start=4),
+                MigInstanceSpec(profile="2g.20gb", start=0),
+            ],
+            previous=[],
+            reconfigure_s=60.0,
+            reason="fits waiting slices: 3g.40gb, 2g.20gb",
+        ),
         StragglerDetected(
             node_id="n0000", job_id="j1", rank=2, step_time_s=1.9, median_step_time_s=1.0
         ),

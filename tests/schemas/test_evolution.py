@@ -82,5 +82,17 @@ def test_a_new_description_is_not_breaking() -> None:
     assert breaking_changes(old, new) == []
 
 
+def test_widening_a_bound_is_not_breaking() -> None:
+    old = _schema({"a": {"type": "integer", "minimum": 1, "maximum": 64}}, ["a"])
+    new = _schema({"a": {"type": "integer", "minimum": 0, "maximum": 128}}, ["a"])
+    assert breaking_changes(old, new) == []
+
+
+def test_narrowing_a_bound_is_breaking() -> None:
+    old = _schema({"a": {"type": "integer", "minimum": 0}}, ["a"])
+    new = _schema({"a": {"type": "integer", "minimum": 1}}, ["a"])
+    assert breaking_changes(old, new) == ["field 'a' changed its schema"]
+
+
 def test_the_exported_json_schemas_match_the_models() -> None:
     assert compare_with_exported() == []

@@ -43,6 +43,8 @@ class NodeRecord:
     degraded: tuple[str, ...] = ()
     unhealthy_gpus: frozenset[int] = frozenset()
     reason: str | None = None
+    # The GPU model (its MIG profile table), when the node declared one.
+    gpu_model: str | None = None
 
     @property
     def state(self) -> NodeState:
@@ -85,6 +87,7 @@ def _on_registered(node: NodeRecord | None, event: NodeRegistered, at: datetime)
         id=event.node_id,
         hostname=event.hostname,
         gpu_type=event.gpu_type,
+        gpu_model=event.gpu_model,
         gpu_indices=tuple(sorted(gpu.index for gpu in event.gpus)),
         rack=event.rack,
         block=event.block,

@@ -1,0 +1,539 @@
+"""Fractional GPUs on nodes: MIG slices, soft shares (MPS, timeslice), whole GPUs, CPUs and
+memory, and packing that fights fragmentation. Pure: plain data in, decisions out.
+
+A `SharingLedger` holds, per node, what each GPU is doing: a whole-GPU task, a MIG geometry and
+which of its instances are held, or soft shares (thousandths of compute, MB of memory) of one
+team; and the node's CPUs and memory in use. `place` picks where one task goes; `bind` and
+`release` change the ledger; `problems` lists every broken rule (the auditor's and the property
+tests' oracle).
+
+The rules (DESIGN §8):
+- a GPU is whole, MIG-partitioned or soft-shared, never two at once;
+- MIG slices only in instances of a valid geometry of the GPU's model, one task per instance;
+  slices of different teams may share a GPU (hardware isolation);
+- soft shares on one GPU sum to at most 1000 thousandths and their memory to at most the GPU's;
+  a soft-shared GPU never hosts two teams at once (no isolation between co-tenants);
+- a GPU being re-partitioned (until `busy_until`) serves nothing;
+- a node's tasks never ask more CPUs or memory than it declared (undeclared: not limited).
+
+Packing follows the fragmentation measure of the FGD paper (Weng et al., "Beware of
+Fragmentation", ATC'23): a node's fragmentation for a task type is the free GPU capacity that
+task type could not use there; for the recent mix of requests it is the mix-weighted sum. Each
+task goes where that measure grows least (ties: the fullest fitting GPU, then the node with the
+fewest idle GPUs), which keeps idle GPUs and idle nodes whole for gangs.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Literal
+
+from core.mig import Geometry, MigInstance, MigModel, geometry_problems, mig_model, pack
+from schemas.jobs import JobSpec, SharingMode
+from schemas.nodes import MigMode, NodeRegistered
+
+FULL = 1000  # a whole GPU, in thousandths
+TaskKind = Literal["whole", "mig", "share", "cpu"]
+Packing = Literal["fgd", "best-fit"]
+
+
+@dataclass(frozen=True, slots=True)
+class TaskAsk:
+    """What one task asks of one node."""
+
+    team: str
+    whole_gpus: int = 0
+    mig_profile: str | None = None
+    thousandths: int = 0
+    gpu_memory_mb: int | None = None
+    sharing: SharingMode = "mps"
+    cpus: float = 0.0
+    memory_mb: int = 0
+    # The GPU types it may run on (alternatives); empty: any.
+    gpu_types: tuple[str, ...] = ()
+
+    @property
+    def kind(self) -> TaskKind:
+        if self.mig_profile is not None:
+            return "mig"
+        if self.thousandths:
+            return "share"
+        return "whole" if self.whole_gpus else "cpu"
+
+    def mix_key(self) -> TaskAsk:
+        """The task type, without whose it is: the unit of the recent mix."""
+        return TaskAsk(
+            "",
+            self.whole_gpus,
+            self.mig_profile,
+            self.thousandths,
+            self.gpu_memory_mb,
+            self.sharing,
+            self.cpus,
+            self.memory_mb,
+            self.gpu_types,
+        )
+
+
+def ask_of(spec: JobSpec) -> TaskAsk:
+    """One task of the job, as the ledger sees it."""
+    return TaskAsk(
+        team=spec.team,
+        whole_gpus=0 if spec.fractional else spec.gpus_per_task,
+        mig_profile=spec.mig_profile,
+        thousandths=spec.gpu_thousandths,
+        gpu_memory_mb=spec.gpu_memory_mb,
+        sharing=spec.sharing or "mps",
+        cpus=spec.cpus_per_task or 0.0,
+        memory_mb=spec.memory_mb_per_task or 0,
+        gpu_types=tuple(spec.gpu_type.split("|")) if spec.gpu_type else (),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    team: str
+    thousandths: int
+    memory_mb: int
+    sharing: SharingMode
+
+
+@dataclass(slots=True)
+class GpuLedger:
+    index: int
+    memory_mb: int
+    geometry: Geometry = ()
+    # MIG instance (by start slot) → (holder, team).
+    slices: dict[int, tuple[str, str]] = field(default_factory=dict)
+    shares: dict[str, Share] = field(default_factory=dict)
+    whole: str | None = None
+    # Re-partitioned until then (simulated or recorded time): serves nothing before.
+    busy_until: float = 0.0
+    geometry_changed_at: float | None = None
+    healthy: bool = True
+
+    @property
+    def idle(self) -> bool:
+        return not self.slices and not self.shares and self.whole is None
+
+    @property
+    def share_team(self) -> str | None:
+        return next(iter(self.shares.values())).team if self.shares else None
+
+    @property
+    def shared_thousandths(self) -> int:
+        return sum(share.thousandths for share in self.shares.values())
+
+    @property
+    def shared_memory_mb(self) -> int:
+        return sum(share.memory_mb for share in self.shares.values())
+
+
+@dataclass(slots=True)
+class NodeLedger:
+    node_id: str
+    gpu_type: str
+    model: MigModel | None
+    mig: MigMode
+    reconfigure_s: float
+    cpus: float | None
+    memory_mb: int | None
+    gpus: list[GpuLedger]
+    cpus_used: float = 0.0
+    memory_used: int = 0
+    schedulable: bool = True
+
+    def fits_host(self, ask: TaskAsk) -> bool:
+        if self.cpus is not None and self.cpus_used + ask.cpus > self.cpus + 1e-9:
+            return False
+        return self.memory_mb is None or self.memory_used + ask.memory_mb <= self.memory_mb
+
+    def of_type(self, ask: TaskAsk) -> bool:
+        if not ask.gpu_types:
+            return True
+        names = {self.gpu_type, self.model.name if self.model is not None else ""}
+        return any(name in names for name in ask.gpu_types)
+
+
+@dataclass(frozen=True, slots=True)
+class Spot:
+    """Where one task goes: a node, its GPUs (none for a CPU-only task), and the MIG instance
+    or the share it takes on its one GPU."""
+
+    node_id: str
+    gpus: tuple[int, ...] = ()
+    mig: MigInstance | None = None
+    thousandths: int = 0
+    gpu_memory_mb: int = 0
+
+
+def share_memory_mb(ask: TaskAsk, gpu: GpuLedger) -> int:
+    """The GPU memory a share holds: what it asked, else its fraction of the GPU's."""
+    if ask.gpu_memory_mb is not None:
+        return ask.gpu_memory_mb
+    return ask.thousandths * gpu.memory_mb // FULL
+
+
+def free_thousandths(node: NodeLedger, gpu: GpuLedger, now: float) -> int:
+    """The GPU capacity not in use, in thousandths (a MIG GPU: compute slices not held)."""
+    if not gpu.healthy or not node.schedulable or now < gpu.busy_until:
+        return 0
+    if gpu.whole is not None:
+        return 0
+    if gpu.geometry and node.model is not None:
+        held = 0
+        for instance in gpu.geometry:
+            if instance.start in gpu.slices:
+                held += node.model.profiles[instance.profile].compute_slices
+        return (7 - held) * FULL // 7
+    return FULL - gpu.shared_thousandths
+
+
+def _whole_free(node: NodeLedger, gpu: GpuLedger, now: float) -> bool:
+    return (
+        gpu.healthy
+        and node.schedulable
+        and now >= gpu.busy_until
+        and gpu.idle
+        and not gpu.geometry
+        and node.mig != "fixed"
+    )
+
+
+def gpu_spots(node: NodeLedger, ask: TaskAsk, now: float) -> Iterator[Spot]:
+    """Every place on the node the task could go now (whole tasks: one, the lowest GPUs)."""
+    if not node.schedulable or not node.of_type(ask) or not node.fits_host(ask):
+        return
+    kind = ask.kind
+    if kind == "cpu":
+        yield Spot(node.node_id)
+        return
+    if kind == "whole":
+        free = [gpu.index for gpu in node.gpus if _whole_free(node, gpu, now)]
+        if len(free) >= ask.whole_gpus:
+            yield Spot(node.node_id, tuple(free[: ask.whole_gpus]))
+        return
+    for gpu in node.gpus:
+        if not gpu.healthy or now < gpu.busy_until or gpu.whole is not None:
+            continue
+        if kind == "mig":
+            for instance in gpu.geometry:
+                if instance.profile == ask.mig_profile and instance.start not in gpu.slices:
+                    yield Spot(node.node_id, (gpu.index,), mig=instance)
+            continue
+        # A share: a GPU outside MIG, free enough, of no other team.
+        if gpu.geometry or node.mig == "fixed":
+            continue
+        if gpu.shares and gpu.share_team != ask.team:
+            continue
+        if gpu.shared_thousandths + ask.thousandths > FULL:
+            continue
+        memory = share_memory_mb(ask, gpu)
+        if gpu.shared_memory_mb + memory > gpu.memory_mb:
+            continue
+        yield Spot(node.node_id, (gpu.index,), thousandths=ask.thousandths, gpu_memory_mb=memory)
+
+
+def _gpu_usable_by(node: NodeLedger, gpu: GpuLedger, ask: TaskAsk, now: float) -> bool:
+    """Whether the GPU's free capacity could serve the task type (teams aside: the measure
+    is about shapes)."""
+    kind = ask.kind
+    if kind == "whole":
+        return _whole_free(node, gpu, now)
+    if kind == "mig":
+        if any(i.profile == ask.mig_profile and i.start not in gpu.slices for i in gpu.geometry):
+            return True
+        # An idle GPU of a dynamic node can be re-partitioned for it.
+        return node.mig == "dynamic" and gpu.idle and now >= gpu.busy_until
+    if kind == "share":
+        return (
+            not gpu.geometry
+            and node.mig != "fixed"
+            and gpu.whole is None
+            and free_thousandths(node, gpu, now) >= ask.thousandths
+        )
+    return False
+
+
+def node_fragmentation(node: NodeLedger, mix: Sequence[tuple[TaskAsk, float]], now: float) -> float:
+    """FGD: the expected free GPU capacity (thousandths) the mix's task types cannot use."""
+    free = [free_thousandths(node, gpu, now) for gpu in node.gpus]
+    total_free = sum(free)
+    if total_free == 0 or not mix:
+        return 0.0
+    weight_sum = sum(weight for _, weight in mix)
+    expected = 0.0
+    for ask, weight in mix:
+        if ask.kind == "cpu":
+            continue  # a CPU-only task uses no GPU capacity, so leaves none unusable
+        if not node.of_type(ask) or not node.fits_host(ask):
+            lost = total_free
+        elif ask.kind == "whole":
+            whole = sum(1 for gpu in node.gpus if _whole_free(node, gpu, now))
+            lost = total_free if whole < ask.whole_gpus else total_free - whole * FULL
+        else:
+            lost = sum(
+                f
+                for gpu, f in zip(node.gpus, free, strict=True)
+                if f and not _gpu_usable_by(node, gpu, ask, now)
+            )
+        expected += weight * lost
+    return expected / weight_sum
+
+
+class RecentMix:
+    """The task types of the last `size` requests, with their frequencies: the workload FGD
+    measures fragmentation against."""
+
+    def __init__(self, size: int = 256) -> None:
+        self._window: deque[TaskAsk] = deque(maxlen=size)
+        self._counts: Counter[TaskAsk] = Counter()
+
+    def note(self, ask: TaskAsk) -> None:
+        key = ask.mix_key()
+        if len(self._window) == self._window.maxlen:
+            old = self._window[0]
+            self._counts[old] -= 1
+            if not self._counts[old]:
+                del self._counts[old]
+        self._window.append(key)
+        self._counts[key] += 1
+
+    def weights(self) -> list[tuple[TaskAsk, float]]:
+        return [(ask, float(count)) for ask, count in self._counts.items()]
+
+
+class SharingLedger:
+    """What every GPU, CPU and MB of the cluster is doing, task by task."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, NodeLedger] = {}
+        # holder → (ask, spot), to release it.
+        self.holders: dict[str, tuple[TaskAsk, Spot]] = {}
+
+    # ------------------------------------------------------------- inventory
+
+    def register(self, event: NodeRegistered) -> None:
+        model = mig_model(event.gpu_model or event.gpu_type)
+        geometry: Geometry = ()
+        if event.mig == "fixed" and model is not None:
+            geometry = pack(model, event.mig_profiles) or ()
+        self.nodes[event.node_id] = NodeLedger(
+            node_id=event.node_id,
+            gpu_type=event.gpu_type,
+            model=model,
+            mig=event.mig,
+            reconfigure_s=event.reconfigure_s,
+            cpus=event.cpus,
+            memory_mb=event.memory_mb,
+            gpus=[
+                GpuLedger(index=gpu.index, memory_mb=gpu.memory_mb, geometry=geometry)
+                for gpu in sorted(event.gpus, key=lambda g: g.index)
+            ],
+        )
+
+    def set_geometry(
+        self, node_id: str, gpu_index: int, geometry: Iterable[MigInstance], now: float
+    ) -> None:
+        """A re-partition of an idle GPU: the new geometry serves from now + reconfigure_s."""
+        node = self.nodes[node_id]
+        gpu = node.gpus[gpu_index]
+        gpu.geometry = tuple(sorted(geometry))
+        gpu.busy_until = now + node.reconfigure_s
+        gpu.geometry_changed_at = now
+
+    # ------------------------------------------------------------- placement
+
+    def spots(self, ask: TaskAsk, now: float) -> Iterator[Spot]:
+        for node in self.nodes.values():
+            yield from gpu_spots(node, ask, now)
+
+    def place(
+        self,
+        ask: TaskAsk,
+        now: float,
+        mix: Sequence[tuple[TaskAsk, float]] = (),
+        *,
+        packing: Packing = "fgd",
+        shortlist: int = 64,
+    ) -> Spot | None:
+        """Where the task goes now, or None if it fits nowhere.
+
+        `best-fit`: the fullest fitting GPU, then the node with the fewest idle GPUs (the
+        baseline the FGD paper compares with). `fgd`: among the `shortlist` best-fit spots,
+        where the fragmentation of the mix grows least (ties: best-fit order)."""
+        weights = list(mix) or [(ask.mix_key(), 1.0)]
+        # A cheap best-fit key for every distinct spot; FGD then scores the `shortlist` best
+        # (the measure costs a pass over a node's GPUs per task type of the mix).
+        cheap: list[tuple[tuple[int, int, str, tuple[int, ...], int], Spot]] = []
+        seen: set[tuple[object, ...]] = set()
+        for spot in self.spots(ask, now):
+            node = self.nodes[spot.node_id]
+            gpu = node.gpus[spot.gpus[0]] if spot.gpus else None
+            if ask.kind in ("mig", "share") and gpu is not None:
+                # GPUs of one node in the same state score the same: the lowest stands for them.
+                alike = (
+                    spot.node_id,
+                    spot.mig,
+                    gpu.geometry,
+                    frozenset(gpu.slices),
+                    gpu.shared_thousandths,
+                    gpu.shared_memory_mb,
+                )
+                if alike in seen:
+                    continue
+                seen.add(alike)
+            gpu_free = free_thousandths(node, gpu, now) if gpu is not None else FULL
+            idle = sum(1 for g in node.gpus if g.idle)
+            start = spot.mig.start if spot.mig is not None else 0
+            cheap.append(((gpu_free, idle, spot.node_id, spot.gpus, start), spot))
+        if not cheap:
+            return None
+        cheap.sort(key=lambda item: item[0])
+        if packing != "fgd":
+            return cheap[0][1]
+        best: tuple[tuple[float, int], Spot] | None = None
+        before: dict[str, float] = {}
+        for order, (_, spot) in enumerate(cheap[:shortlist]):
+            node = self.nodes[spot.node_id]
+            if spot.node_id not in before:
+                before[spot.node_id] = node_fragmentation(node, weights, now)
+            self._take(node, ask, spot, "?")
+            growth = node_fragmentation(node, weights, now) - before[spot.node_id]
+            self._give_back(node, ask, spot, "?")
+            if best is None or (growth, order) < best[0]:
+                best = ((growth, order), spot)
+        return None if best is None else best[1]
+
+    def bind(self, holder: str, ask: TaskAsk, spot: Spot) -> None:
+        if holder in self.holders:
+            raise ValueError(f"{holder} is already placed")
+        self._take(self.nodes[spot.node_id], ask, spot, holder)
+        self.holders[holder] = (ask, spot)
+
+    def release(self, holder: str) -> None:
+        """Idempotent: releasing what holds nothing changes nothing."""
+        found = self.holders.pop(holder, None)
+        if found is not None:
+            ask, spot = found
+            node = self.nodes.get(spot.node_id)
+            if node is not None:
+                self._give_back(node, ask, spot, holder)
+
+    def _take(self, node: NodeLedger, ask: TaskAsk, spot: Spot, holder: str) -> None:
+        node.cpus_used += ask.cpus
+        node.memory_used += ask.memory_mb
+        kind = ask.kind
+        for index in spot.gpus:
+            gpu = node.gpus[index]
+            if kind == "whole":
+                gpu.whole = holder
+            elif kind == "mig" and spot.mig is not None:
+                gpu.slices[spot.mig.start] = (holder, ask.team)
+            elif kind == "share":
+                gpu.shares[holder] = Share(
+                    ask.team, ask.thousandths, spot.gpu_memory_mb, ask.sharing
+                )
+
+    def _give_back(self, node: NodeLedger, ask: TaskAsk, spot: Spot, holder: str) -> None:
+        node.cpus_used -= ask.cpus
+        node.memory_used -= ask.memory_mb
+        if abs(node.cpus_used) < 1e-9:
+            node.cpus_used = 0.0
+        for index in spot.gpus:
+            gpu = node.gpus[index]
+            if gpu.whole == holder:
+                gpu.whole = None
+            if spot.mig is not None and gpu.slices.get(spot.mig.start, ("",))[0] == holder:
+                del gpu.slices[spot.mig.start]
+            gpu.shares.pop(holder, None)
+
+    # ------------------------------------------------------------- measures
+
+    def fragmentation(self, mix: Sequence[tuple[TaskAsk, float]], now: float) -> float:
+        """The cluster's fragmentation: the share of free GPU capacity the mix cannot use."""
+        free = 0
+        lost = 0.0
+        for node in self.nodes.values():
+            free += sum(free_thousandths(node, gpu, now) for gpu in node.gpus)
+            lost += node_fragmentation(node, mix, now)
+        return 0.0 if free == 0 else lost / free
+
+    def allocated_gpus(self) -> Fraction:
+        """GPU capacity held by tasks, exactly: a whole GPU 1, a 1g slice of an H100 1/7, a
+        quarter share 1/4 (what quotas, fair share and showback count)."""
+        total = Fraction(0)
+        for ask, spot in self.holders.values():
+            total += held_gpus(self.nodes[spot.node_id], ask, spot)
+        return total
+
+    def capacity_thousandths(self) -> int:
+        return FULL * sum(len(node.gpus) for node in self.nodes.values())
+
+    # ------------------------------------------------------------- invariants
+
+    def problems(self) -> list[str]:
+        """Every broken rule of the module docstring, worded for a person (empty: none)."""
+        found: list[str] = []
+        for node in self.nodes.values():
+            where = node.node_id
+            if node.cpus is not None and node.cpus_used > node.cpus + 1e-9:
+                found.append(f"{where}: {node.cpus_used} CPUs in use of {node.cpus}")
+            if node.memory_mb is not None and node.memory_used > node.memory_mb:
+                found.append(f"{where}: {node.memory_used} MB in use of {node.memory_mb}")
+            for gpu in node.gpus:
+                found.extend(gpu_problems(node, gpu))
+        return found
+
+
+def gpu_problems(node: NodeLedger, gpu: GpuLedger) -> list[str]:
+    where = f"{node.node_id} GPU {gpu.index}"
+    found: list[str] = []
+    modes = sum((gpu.whole is not None, bool(gpu.slices), bool(gpu.shares)))
+    if modes > 1:
+        found.append(f"{where}: is whole, sliced and shared at once ({modes} of them)")
+    if gpu.geometry:
+        if node.model is None:
+            found.append(f"{where}: a MIG geometry on a GPU without MIG")
+        else:
+            found.extend(f"{where}: {p}" for p in geometry_problems(node.model, gpu.geometry))
+        if gpu.shares or gpu.whole is not None:
+            found.append(f"{where}: in MIG mode, yet holds a whole task or shares")
+    starts = {instance.start for instance in gpu.geometry}
+    for start in gpu.slices:
+        if start not in starts:
+            found.append(f"{where}: a slice at slot {start} outside its geometry")
+    if gpu.shared_thousandths > FULL:
+        found.append(f"{where}: shares sum to {gpu.shared_thousandths}/1000")
+    if gpu.shared_memory_mb > gpu.memory_mb:
+        found.append(f"{where}: shares hold {gpu.shared_memory_mb} MB of {gpu.memory_mb}")
+    teams = {share.team for share in gpu.shares.values()}
+    if len(teams) > 1:
+        found.append(f"{where}: soft-shared by teams {', '.join(sorted(teams))}")
+    return found
+
+
+def held_gpus(node: NodeLedger, ask: TaskAsk, spot: Spot) -> Fraction:
+    """What one placed task counts of GPUs, exactly."""
+    if spot.mig is not None and node.model is not None:
+        return Fraction(node.model.profiles[spot.mig.profile].compute_slices, 7)
+    if ask.kind == "share":
+        return Fraction(ask.thousandths, FULL)
+    return Fraction(len(spot.gpus)) if ask.kind == "whole" else Fraction(0)
+
+
+def slice_fraction(model: MigModel, profile: str) -> tuple[Fraction, Fraction]:
+    """(compute, memory) one slice counts of its GPU, exactly: a 1g.10gb of an H100 counts
+    1/7 of its compute and 10/80 of its memory (the profile's nominal GB over the model's)."""
+    entry = model.profiles[profile]
+    nominal_gb = int(profile.split("g.")[1].split("gb")[0])
+    total_gb = int(model.name.rsplit("-", 1)[1].removesuffix("GB"))
+    return Fraction(entry.compute_slices, 7), Fraction(nominal_gb, total_gb)
+
+
+def mix_of(asks: Iterable[TaskAsk]) -> list[tuple[TaskAsk, float]]:
+    counts = Counter(ask.mix_key() for ask in asks)
+    return [(ask, float(count)) for ask, count in counts.items()]

@@ -1,0 +1,66 @@
+"""Which devices a rank sees: whole GPUs, a MIG slice's device UUID, or an MPS share's limits.
+
+- A whole-GPU rank: `CUDA_VISIBLE_DEVICES` lists its GPU indices (as before).
+- A slice rank: `CUDA_VISIBLE_DEVICES` holds the MIG device UUID (`MIG-…`) of its GPU instance.
+  On a real node the UUID is NVML's (services/runtime/mig_discovery.py); a simulated node
+  derives a stable synthetic one from (node, GPU, profile, start slot), the same on every
+  launch, so that a rank and its restarts see the same device.
+- An MPS share: its GPU, plus `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (its compute share, in whole
+  percent, rounded up so that a share is never starved to 0) and
+  `CUDA_MPS_PINNED_DEVICE_MEM_LIMIT` (`0=<MB>M`: device 0 is the one GPU the rank sees).
+  A timeslice share gets its GPU only: no isolation is what it asked for.
+
+A placement recorded without a slice or share (the scheduler reserved a whole GPU for the
+task) still gives a slice job its MIG-style device on a simulated node, at start slot 0.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Mapping
+
+from schemas.jobs import JobSpec, RankPlacement
+
+# Synthetic MIG device ids: uuid5 under this namespace, so they are stable and look real.
+_MIG_NAMESPACE = uuid.UUID("6b1f3c52-5d0e-4b53-9d1c-2f0a3a7e9c41")
+
+# Real MIG device UUIDs by (GPU index, start slot of the GPU instance).
+MigUuids = Mapping[tuple[int, int], str]
+
+
+def synthetic_mig_uuid(node_id: str, gpu: int, profile: str, start: int) -> str:
+    return f"MIG-{uuid.uuid5(_MIG_NAMESPACE, f'{node_id}/{gpu}/{profile}/{start}')}"
+
+
+def device_env(
+    spec: JobSpec,
+    placement: RankPlacement,
+    *,
+    gpu_memory_mb: Mapping[int, int] | None = None,
+    mig_uuids: MigUuids | None = None,
+) -> dict[str, str]:
+    """The rank's device variables (they override anything the job's env says)."""
+    gpus = ",".join(str(gpu) for gpu in placement.gpus)
+    env = {"CUDA_VISIBLE_DEVICES": gpus}
+    profile = placement.mig.profile if placement.mig is not None else spec.mig_profile
+    if profile is not None and placement.gpus:
+        gpu = placement.gpus[0]
+        start = placement.mig.start if placement.mig is not None else 0
+        real = (mig_uuids or {}).get((gpu, start))
+        env["CUDA_VISIBLE_DEVICES"] = real or synthetic_mig_uuid(
+            placement.node_id, gpu, profile, start
+        )
+        return env
+    share = placement.share
+    sharing = share.sharing if share is not None else spec.sharing
+    thousandths = share.thousandths if share is not None else spec.gpu_thousandths
+    if sharing != "mps" or not thousandths or not placement.gpus:
+        return env
+    memory = share.memory_mb if share is not None else spec.gpu_memory_mb
+    if memory is None and gpu_memory_mb is not None and placement.gpus[0] in gpu_memory_mb:
+        memory = thousandths * gpu_memory_mb[placement.gpus[0]] // 1000
+    env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, math.ceil(thousandths / 10)))
+    if memory is not None:
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={memory}M"
+    return env

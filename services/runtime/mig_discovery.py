@@ -1,0 +1,162 @@
+"""What NVML says about a GPU's MIG: capability, mode, profile table, instances and their
+device UUIDs. Read-only: nothing here creates, destroys or changes MIG (that is opt-in,
+`GANGWAY_MIG_MANAGE=1`, and never done by tests).
+
+`nvml` is the pynvml module or a stand-in serving the same calls (tests serve the table read
+from a real H100 80GB).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# NVML_GPU_INSTANCE_PROFILE_COUNT in the NVML headers; pynvml exports it where it knows it.
+_PROFILE_COUNT = 15
+# The profile indices of the media-extension variants (NVML_GPU_INSTANCE_PROFILE_*_REV1).
+_MEDIA_EXTENSION_PROFILES = frozenset({7, 8})
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlMigProfile:
+    name: str  # "1g.10gb"
+    profile_id: int
+    slice_count: int
+    instance_count: int
+    memory_mb: int
+    placements: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlMigInstance:
+    profile: str
+    start: int
+    uuid: str | None  # the MIG device's UUID, where a compute instance exposes one
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlMigGpu:
+    index: int
+    capable: bool
+    enabled: bool
+    profiles: tuple[NvmlMigProfile, ...] = ()
+    instances: tuple[NvmlMigInstance, ...] = ()
+
+
+def read_mig(nvml: Any, handle: Any, index: int) -> NvmlMigGpu:
+    """One GPU's MIG facts; a GPU (or driver) without MIG is `capable=False`."""
+    try:
+        current, _pending = nvml.nvmlDeviceGetMigMode(handle)
+    except Exception as error:  # NVMLError_NotSupported, or a stand-in without MIG calls
+        log.debug("GPU %d: no MIG (%s)", index, error)
+        return NvmlMigGpu(index=index, capable=False, enabled=False)
+    profiles: list[NvmlMigProfile] = []
+    by_id: dict[int, str] = {}
+    for number in range(int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", _PROFILE_COUNT))):
+        try:
+            info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, number)
+        except Exception:  # the profile does not exist on this model
+            continue
+        name = _profile_name(nvml, handle, number, info)
+        placements = tuple(
+            (int(p.start), int(p.size))
+            for p in nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, int(info.id))
+        )
+        profiles.append(
+            NvmlMigProfile(
+                name=name,
+                profile_id=int(info.id),
+                slice_count=int(info.sliceCount),
+                instance_count=int(info.instanceCount),
+                memory_mb=int(info.memorySizeMB),
+                placements=placements,
+            )
+        )
+        by_id[int(info.id)] = name
+    instances = _instances(nvml, handle, by_id) if current else ()
+    return NvmlMigGpu(
+        index=index,
+        capable=True,
+        enabled=bool(current),
+        profiles=tuple(profiles),
+        instances=instances,
+    )
+
+
+def _profile_name(nvml: Any, handle: Any, number: int, info: Any) -> str:
+    reader = getattr(nvml, "nvmlDeviceGetGpuInstanceProfileInfoV", None)
+    if reader is not None:
+        try:
+            named = reader(handle, number)
+            raw = named.name.decode() if isinstance(named.name, bytes) else str(named.name)
+            if raw:
+                return raw.removeprefix("MIG ").strip()
+        except Exception:  # older drivers: no versioned call; the name is derived instead
+            log.debug("no versioned profile info for profile %d", number, exc_info=True)
+    memory_gb = math.ceil(int(info.memorySizeMB) / 1024)
+    suffix = "+me" if number in _MEDIA_EXTENSION_PROFILES else ""
+    return f"{int(info.sliceCount)}g.{memory_gb}gb{suffix}"
+
+
+def _instances(nvml: Any, handle: Any, by_id: dict[int, str]) -> tuple[NvmlMigInstance, ...]:
+    """The GPU instances that exist, with the MIG device UUID of each (by GPU instance id)."""
+    starts: dict[int, tuple[str, int]] = {}
+    for profile_id, name in by_id.items():
+        try:
+            handles = nvml.nvmlDeviceGetGpuInstances(handle, profile_id)
+        except Exception:
+            continue
+        for instance in handles:
+            info = nvml.nvmlGpuInstanceGetInfo(instance)
+            starts[int(info.id)] = (name, int(info.placement.start))
+    uuids: dict[int, str] = {}
+    try:
+        count = int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))
+    except Exception:
+        count = 0
+    for number in range(count):
+        try:
+            device = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, number)
+        except Exception:  # an empty MIG device slot
+            continue
+        uuid = nvml.nvmlDeviceGetUUID(device)
+        uuids[int(nvml.nvmlDeviceGetGpuInstanceId(device))] = (
+            uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+        )
+    return tuple(
+        sorted(
+            (NvmlMigInstance(name, start, uuids.get(gi)) for gi, (name, start) in starts.items()),
+            key=lambda i: i.start,
+        )
+    )
+
+
+def mig_uuids(gpus: list[NvmlMigGpu]) -> dict[tuple[int, int], str]:
+    """(GPU index, instance start) → MIG device UUID: what the agent puts in a slice rank's
+    CUDA_VISIBLE_DEVICES on a real node."""
+    return {
+        (gpu.index, instance.start): instance.uuid
+        for gpu in gpus
+        for instance in gpu.instances
+        if instance.uuid is not None
+    }
+
+
+def mig_managed() -> bool:
+    """Whether the operator lets Gangway create and destroy MIG instances on this host."""
+    return os.environ.get("GANGWAY_MIG_MANAGE", "") == "1"
+
+
+def host_resources() -> tuple[int | None, int | None]:
+    """This host's CPUs and memory (MB), read from the OS; None where it does not say."""
+    cpus = os.cpu_count()
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // (1024 * 1024)
+    except (ValueError, OSError, AttributeError):
+        memory = 0
+    return cpus, memory or None

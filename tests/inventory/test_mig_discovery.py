@@ -1,0 +1,171 @@
+"""NVML discovery of MIG, against a stand-in driver serving what NVML reported on a real H100
+80GB (tests/fixtures/hardware/): capability, mode, the profile table with its placements,
+instances and their MIG device UUIDs. Read-only: nothing here changes MIG."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.mig import H100_80GB
+from services.runtime.discovery import nvml_node
+from services.runtime.mig_discovery import mig_uuids, read_mig
+
+HARDWARE = Path(__file__).parents[1] / "fixtures" / "hardware" / "h100-80gb-hbm3.nvml.json"
+
+
+@dataclass
+class Memory:
+    total: int
+
+
+@dataclass
+class ProfileInfo:
+    id: int
+    sliceCount: int  # NVML's field names
+    instanceCount: int
+    memorySizeMB: int
+    name: bytes = b""
+
+
+@dataclass
+class Placement:
+    start: int
+    size: int
+
+
+@dataclass
+class InstanceInfo:
+    id: int
+    profileId: int
+    placement: Placement
+
+
+class NvmlError(Exception):
+    pass
+
+
+class StoredH100:
+    """The NVML calls discovery makes, answered from the stored real H100 table; `instances`
+    (profile name, start) stand for GPU instances created on a MIG-enabled GPU."""
+
+    def __init__(self, instances: tuple[tuple[str, int], ...] = ()) -> None:
+        self.table = json.loads(HARDWARE.read_text())
+        self.instances = instances
+        self.mode = 1 if instances else 0
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return 1
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        return index
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Memory:
+        return Memory(total=self.table["memory_mb"] * 1024 * 1024)
+
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        if isinstance(handle, tuple):
+            return f"MIG-0000000{handle[1]}-aaaa-bbbb-cccc-dddddddddddd"
+        return "GPU-4c3d2e1f-0000-1111-2222-333344445555"
+
+    def nvmlDeviceGetName(self, handle: int) -> bytes:
+        return str(self.table["model"]).encode()
+
+    def nvmlDeviceGetMigMode(self, handle: int) -> list[int]:
+        return [self.mode, self.mode]
+
+    def _row(self, number: int) -> dict[str, Any]:
+        for row in self.table["profiles"]:
+            if row["profile"] == number:
+                return dict(row)
+        raise NvmlError("Not Supported")
+
+    def nvmlDeviceGetGpuInstanceProfileInfo(self, handle: int, number: int) -> ProfileInfo:
+        row = self._row(number)
+        return ProfileInfo(row["id"], row["slice_count"], row["instance_count"], row["memory_mb"])
+
+    def nvmlDeviceGetGpuInstanceProfileInfoV(self, handle: int, number: int) -> ProfileInfo:
+        info = self.nvmlDeviceGetGpuInstanceProfileInfo(handle, number)
+        info.name = self._row(number)["name"].encode()
+        return info
+
+    def nvmlDeviceGetGpuInstancePossiblePlacements(
+        self, handle: int, profile_id: int
+    ) -> list[Placement]:
+        for row in self.table["profiles"]:
+            if row["id"] == profile_id:
+                return [Placement(p["start"], p["size"]) for p in row["placements"]]
+        raise NvmlError("Invalid Argument")
+
+    def _id_of(self, name: str) -> int:
+        return int(next(r["id"] for r in self.table["profiles"] if r["name"] == f"MIG {name}"))
+
+    def nvmlDeviceGetGpuInstances(self, handle: int, profile_id: int) -> list[int]:
+        return [
+            gi for gi, (name, _) in enumerate(self.instances) if self._id_of(name) == profile_id
+        ]
+
+    def nvmlGpuInstanceGetInfo(self, gi: int) -> InstanceInfo:
+        name, start = self.instances[gi]
+        return InstanceInfo(gi, self._id_of(name), Placement(start, 1))
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, handle: int) -> int:
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, handle: int, number: int) -> tuple[int, int]:
+        if number >= len(self.instances):
+            raise NvmlError("Not Found")
+        return (handle, number)
+
+    def nvmlDeviceGetGpuInstanceId(self, device: tuple[int, int]) -> int:
+        return device[1]
+
+
+def test_the_profile_table_nvml_reports_is_the_core_s_h100_table() -> None:
+    gpu = read_mig(StoredH100(), 0, 0)
+    assert (gpu.capable, gpu.enabled, gpu.instances) == (True, False, ())
+    read = {
+        p.name: (p.profile_id, p.slice_count, p.instance_count, p.memory_mb, p.placements)
+        for p in gpu.profiles
+    }
+    core = {
+        name: (p.profile_id, p.compute_slices, p.instance_count, p.memory_mb, p.placements)
+        for name, p in H100_80GB.profiles.items()
+    }
+    assert read == core
+
+
+def test_existing_instances_and_their_mig_device_uuids_are_read() -> None:
+    driver = StoredH100(instances=(("3g.40gb", 4), ("2g.20gb", 0)))
+    gpu = read_mig(driver, 0, 0)
+    assert gpu.enabled
+    assert [(i.profile, i.start) for i in gpu.instances] == [("2g.20gb", 0), ("3g.40gb", 4)]
+    uuids = mig_uuids([gpu])
+    assert uuids[(0, 4)].startswith("MIG-") and uuids[(0, 0)] != uuids[(0, 4)]
+
+
+def test_a_host_node_declares_its_model_mig_mode_cpus_and_memory(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("GANGWAY_MIG_MANAGE", raising=False)
+    node = nvml_node(rack="r0", block="b0", nvml=StoredH100())
+    assert node is not None
+    assert (node.gpu_type, node.gpu_model, node.mig) == ("H100", "H100-80GB", "none")
+    assert node.cpus is not None and node.cpus >= 1
+    assert node.memory_mb is not None and node.memory_mb > 0
+    fixed = nvml_node(rack="r0", block="b0", nvml=StoredH100((("3g.40gb", 4), ("4g.40gb", 0))))
+    assert fixed is not None and fixed.mig == "fixed"
+    assert sorted(fixed.mig_profiles) == ["3g.40gb", "4g.40gb"]
+    monkeypatch.setenv("GANGWAY_MIG_MANAGE", "1")
+    managed = nvml_node(rack="r0", block="b0", nvml=StoredH100())
+    assert managed is not None and managed.mig == "dynamic"
