@@ -27,6 +27,8 @@ from schemas.jobs import (
     JobCancelRequested,
     JobDeferred,
     JobFailed,
+    JobHeld,
+    JobHoldReleased,
     JobRejected,
     JobRequeued,
     JobResumed,
@@ -37,6 +39,7 @@ from schemas.jobs import (
     JobSucceeded,
     JobSuspended,
     JobSuspendRequested,
+    JobUpdated,
     PreemptionRequested,
     ReservationPlanned,
     TaskExited,
@@ -223,6 +226,10 @@ class CoreJob:
     last_preempting_at: float | None = None
     # A preemptor that waits for its victims is placed first once they are released.
     awaiting_victims: tuple[str, ...] = ()
+    # Held by request (or submitted held): never placed until released.
+    held: bool = False
+    # The array this job is an element of (core/gating.py bounds its elements' parallelism).
+    array_id: str | None = None
 
     @property
     def gpus(self) -> int:
@@ -316,6 +323,9 @@ class SchedulerState:
             JobSucceeded: self._on_succeeded,
             JobFailed: self._on_failed,
             JobCancelled: self._on_cancelled,
+            JobHeld: self._on_held,
+            JobHoldReleased: self._on_hold_released,
+            JobUpdated: self._on_updated,
             NodeRegistered: self._on_node_registered,
             NodeLost: self._on_node_lost,
             NodeRecovered: self._on_node_recovered,
@@ -548,6 +558,8 @@ class SchedulerState:
             priority=spec.priority,
             reason_code="awaiting_admission",
             reason="waiting for admission",
+            held=spec.hold,
+            array_id=event.array_id,
         )
         self._jobs[event.job_id] = job
         self._pending += 1
@@ -557,7 +569,10 @@ class SchedulerState:
         if job is None or job.state != "pending":
             return
         job.queue = event.queue
-        job.priority = event.priority
+        # A class changed by an update before admission decided stands (admission read the
+        # submitted spec).
+        submitted = job.spec is None or job.spec.priority == event.priority
+        job.priority = event.priority if submitted else job.priority
         job.admitted = True
         job.queued_at = at
         job.reason_code = "queued"
@@ -579,6 +594,32 @@ class SchedulerState:
             return
         job.cancel_requested = True
         self._attention.add(job.job_id)
+
+    def _on_held(self, event: JobHeld, at: float) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is None or job.state in TERMINAL_STATES:
+            return
+        job.held = True
+
+    def _on_hold_released(self, event: JobHoldReleased, at: float) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is None or job.state in TERMINAL_STATES or not job.held:
+            return
+        job.held = False
+        if job.state == "queued":
+            # A held job keeps its arrival order, but its aging clock restarts: time spent
+            # held is not time spent waiting for GPUs, and must not jump it ahead of others.
+            job.queued_at = at
+
+    def _on_updated(self, event: JobUpdated, at: float) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is None or job.spec is None or job.state in TERMINAL_STATES:
+            return
+        if job.state in HOLDING_STATES:
+            return  # the API refuses changes to a job holding GPUs; a late one changes nothing
+        spec = event.changes.applied_to(job.spec)
+        job.spec = spec
+        job.priority = spec.priority
 
     def _on_suspend_requested(self, event: JobSuspendRequested, at: float) -> None:
         job = self._jobs.get(event.job_id)
