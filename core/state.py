@@ -230,6 +230,8 @@ class CoreJob:
     held: bool = False
     # The array this job is an element of (core/gating.py bounds its elements' parallelism).
     array_id: str | None = None
+    # Its priority class was changed by an update (JobUpdated): admission's does not undo it.
+    priority_changed: bool = False
 
     @property
     def gpus(self) -> int:
@@ -571,8 +573,8 @@ class SchedulerState:
         job.queue = event.queue
         # A class changed by an update before admission decided stands (admission read the
         # submitted spec).
-        submitted = job.spec is None or job.spec.priority == event.priority
-        job.priority = event.priority if submitted else job.priority
+        if not job.priority_changed:
+            job.priority = event.priority
         job.admitted = True
         job.queued_at = at
         job.reason_code = "queued"
@@ -619,7 +621,9 @@ class SchedulerState:
             return  # the API refuses changes to a job holding GPUs; a late one changes nothing
         spec = event.changes.applied_to(job.spec)
         job.spec = spec
-        job.priority = spec.priority
+        if event.changes.priority is not None:
+            job.priority = spec.priority
+            job.priority_changed = True
 
     def _on_suspend_requested(self, event: JobSuspendRequested, at: float) -> None:
         job = self._jobs.get(event.job_id)
