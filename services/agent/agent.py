@@ -270,6 +270,8 @@ class Agent:
                 step_file=workdir / STEP_FILE,
                 agent_env=os.environ,
             )
+            if view.array_index is not None:
+                env["GANGWAY_ARRAY_INDEX"] = str(view.array_index)
             started = TaskStarted(
                 job_id=key.job_id, attempt=key.attempt, rank=key.rank, node_id=placement.node_id
             )
