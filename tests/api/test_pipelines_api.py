@@ -333,3 +333,66 @@ async def test_an_update_is_validated_like_a_submission(
     assert response.status_code == status, response.text
     assert response.headers["content-type"] == "application/problem+json"
     assert await store.head() == before
+
+
+async def test_depending_on_an_array_means_every_element(api: Api, store: EventStore) -> None:
+    nlp = await api.create_team("nlp")
+    sweep = (
+        await api.client.post("/v1/jobs", json=spec("sweep", array={"count": 3}), headers=nlp)
+    ).json()
+    response = await api.client.post(
+        "/v1/jobs",
+        json=spec("pick-best", depends_on=[{"job": sweep["id"], "condition": "finished"}]),
+        headers=nlp,
+    )
+    assert response.status_code == 201, response.text
+    event = await submitted(store, response.json()["id"])
+    assert [d.job for d in event.spec.depends_on] == sweep["array"]
+    assert {d.condition for d in event.spec.depends_on} == {"finished"}
+
+
+async def test_suspend_hold_and_patch_act_on_every_element_of_an_array(
+    api: Api, store: EventStore
+) -> None:
+    nlp = await api.create_team("nlp")
+    sweep = (
+        await api.client.post("/v1/jobs", json=spec("sweep", array={"count": 2}), headers=nlp)
+    ).json()
+    held = await api.client.post(f"/v1/jobs/{sweep['id']}/hold", headers=nlp)
+    assert held.status_code == 200, held.text
+    assert [e["held"] for e in held.json()["elements"]] == [True, True]
+    patched = await api.client.patch(
+        f"/v1/jobs/{sweep['id']}", json={"max_retries": 7, "hold": False}, headers=nlp
+    )
+    assert patched.status_code == 200, patched.text
+    assert [(e["spec"]["max_retries"], e["held"]) for e in patched.json()["elements"]] == [
+        (7, False),
+        (7, False),
+    ]
+    suspended = await api.client.post(f"/v1/jobs/{sweep['id']}/suspend", headers=nlp)
+    assert suspended.status_code == 202
+    assert [e["requested"] for e in suspended.json()["elements"]] == [["suspend"], ["suspend"]]
+    for element in sweep["array"]:
+        kinds = [e.payload.type for e in await store.read_stream(f"job-{element}")]
+        assert kinds == [
+            "JobSubmitted",
+            "JobHeld",
+            "JobUpdated",
+            "JobHoldReleased",
+            "JobSuspendRequested",
+        ]
+
+
+async def test_a_batch_retried_with_its_idempotency_key_creates_nothing_new(
+    api: Api, store: EventStore
+) -> None:
+    nlp = await api.create_team("nlp")
+    body = {"jobs": [spec("a"), spec("b", depends_on=[{"job": "a"}])]}
+    headers = {**nlp, "Idempotency-Key": "pipeline-42"}
+    first = await api.client.post("/v1/jobs:batch", json=body, headers=headers)
+    assert first.status_code == 201, first.text
+    head = await store.head()
+    again = await api.client.post("/v1/jobs:batch", json=body, headers=headers)
+    assert again.status_code == 201, again.text
+    assert again.json() == first.json()
+    assert await store.head() == head
