@@ -396,3 +396,22 @@ async def test_a_batch_retried_with_its_idempotency_key_creates_nothing_new(
     assert again.status_code == 201, again.text
     assert again.json() == first.json()
     assert await store.head() == head
+
+
+async def test_one_request_creates_at_most_a_thousand_jobs(api: Api, store: EventStore) -> None:
+    nlp = await api.create_team("nlp")
+    before = await store.head()
+    too_many = await api.client.post(
+        "/v1/jobs:batch",
+        json={"jobs": [spec("big", array={"count": 1000}), spec("one-more")]},
+        headers=nlp,
+    )
+    assert too_many.status_code == 422, too_many.text
+    assert too_many.json()["type"].endswith("/too-many-jobs")
+    assert await store.head() == before
+    largest = await api.client.post(
+        "/v1/jobs", json=spec("big", array={"count": 1000, "max_parallel": 8}), headers=nlp
+    )
+    assert largest.status_code == 201, largest.text
+    assert len(largest.json()["array"]) == 1000
+    assert await store.head() == before + 1000
