@@ -34,6 +34,9 @@ def gate(ctx: CycleContext, waiting: list[CoreJob]) -> list[CoreJob]:
     room: dict[str, int] | None = None
     ready: list[CoreJob] = []
     for job in waiting:
+        if not job.gated:
+            ready.append(job)
+            continue
         spec = job.spec
         if spec is not None and spec.depends_on:
             verdict = dependency_verdict(spec.depends_on, state_of)

@@ -232,6 +232,9 @@ class CoreJob:
     array_id: str | None = None
     # Its priority class was changed by an update (JobUpdated): admission's does not undo it.
     priority_changed: bool = False
+    # Held, waiting on dependencies or bounded by its array: core/gating.py must look at it
+    # (most jobs are none of these, and the cycle passes them over at the cost of this flag).
+    gated: bool = False
 
     @property
     def gpus(self) -> int:
@@ -563,6 +566,7 @@ class SchedulerState:
             held=spec.hold,
             array_id=event.array_id,
         )
+        job.gated = _gated(job)
         self._jobs[event.job_id] = job
         self._pending += 1
 
@@ -602,12 +606,14 @@ class SchedulerState:
         if job is None or job.state in TERMINAL_STATES:
             return
         job.held = True
+        job.gated = True
 
     def _on_hold_released(self, event: JobHoldReleased, at: float) -> None:
         job = self._jobs.get(event.job_id)
         if job is None or job.state in TERMINAL_STATES or not job.held:
             return
         job.held = False
+        job.gated = _gated(job)
         if job.state == "queued":
             # A held job keeps its arrival order, but its aging clock restarts: time spent
             # held is not time spent waiting for GPUs, and must not jump it ahead of others.
@@ -621,6 +627,7 @@ class SchedulerState:
             return  # the API refuses changes to a job holding GPUs; a late one changes nothing
         spec = event.changes.applied_to(job.spec)
         job.spec = spec
+        job.gated = _gated(job)
         if event.changes.priority is not None:
             job.priority = spec.priority
             job.priority_changed = True
@@ -1067,6 +1074,14 @@ class SchedulerState:
             self.policy.fair_share_half_life_s,
         )
         queue.usage_at = max(queue.usage_at, at)
+
+
+def _gated(job: CoreJob) -> bool:
+    spec = job.spec
+    if job.held or (spec is not None and spec.depends_on):
+        return True
+    bounded = spec is not None and spec.array is not None and spec.array.max_parallel is not None
+    return job.array_id is not None and bounded
 
 
 def decayed_usage(previous: float, allocated: int, elapsed: float, half_life_s: float) -> float:
