@@ -64,7 +64,7 @@ from schemas.nodes import (
     NodeRegistered,
     NodeUndrained,
 )
-from schemas.reasons import QUOTA_CEILING, RESERVED_HEAD
+from schemas.reasons import QUOTA_CEILING, RESERVED_HEAD, USER_WAIT_CODES
 from schemas.teams import QueueConfigured, TeamCreated
 
 # Events only the active scheduler writes: these are fenced by the leader epoch.
@@ -784,6 +784,9 @@ class Auditor:
         self, job_id: str, job: _Job, event: JobDeferred, position: int, at: float
     ) -> None:
         """A job within its queue's guarantee must not wait long while borrowers could yield."""
+        if event.code in USER_WAIT_CODES:
+            job.entitled_since = None  # held or waiting on its own pipeline: not entitled now
+            return
         queue = self._queues.get(job.queue)
         gpus = job.spec.gang_min_tasks * job.spec.gpus_per_task
         if queue is None or self._usage.get(job.queue, 0) + gpus > queue.guaranteed:

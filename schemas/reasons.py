@@ -88,5 +88,8 @@ RETRY_BACKOFF: DeferCode = "retry_backoff"
 HELD: DeferCode = "held"
 DEPENDENCY: DeferCode = "dependency"
 ARRAY_LIMIT: DeferCode = "array_limit"
+# Waits the job's own team chose (a hold, its dependencies, its array's limit): not the
+# scheduler's doing, so no promise about waiting (a guarantee's reclaim) runs meanwhile.
+USER_WAIT_CODES: frozenset[DeferCode] = frozenset({HELD, DEPENDENCY, ARRAY_LIMIT})
 # Requeue codes that count as a failure of the job (retries, backoff): not hardware's fault.
 FAILURE_REQUEUE_CODES: frozenset[RequeueCode] = frozenset({TASK_FAILED, LAUNCH_TIMEOUT})

@@ -265,3 +265,27 @@ def test_an_update_before_admission_survives_the_admission() -> None:
     history.record(JobUpdated(job_id="early", by="test", changes=JobChanges(priority="production")))
     history.record(JobAdmitted(job_id="early", queue=spec.team, priority=spec.priority))
     assert history.state.job_records["early"].priority == "production"
+
+
+def test_a_job_held_for_long_within_its_guarantee_is_no_reclaim_failure_of_the_scheduler() -> None:
+    # ops is guaranteed a node; beta borrows all four. An ops job held for two hours waits
+    # by its team's choice: once released, it reclaims its guarantee, and the auditor finds
+    # nothing to say about the hours it was held.
+    history = History("4x8:4:1")
+    history.team("ops", guaranteed=8).team("beta", guaranteed=8)
+    borrowers = history.submit(*(a_step().team("beta").estimate(86400) for _ in range(4)))
+    history.run()
+    assert all(history.job(job).state == "running" for job in borrowers)
+    [held] = history.submit(a_step("held-ops").team("ops").held())
+    history.run()
+    assert history.job(held).reason_code == "held"
+    history.advance(7200)
+    history.record(JobHoldReleased(job_id=held, by="test"))
+    history.run()
+    for _ in range(3):
+        for job in borrowers:
+            if history.job(job).state == "preempting":
+                history.evict(job)
+        history.run()
+    assert history.job(held).state == "running"
+    assert history.auditor.violations == []
