@@ -276,7 +276,7 @@ def test_a_job_held_for_long_within_its_guarantee_is_no_reclaim_failure_of_the_s
     borrowers = history.submit(*(a_step().team("beta").estimate(86400) for _ in range(4)))
     history.run()
     assert all(history.job(job).state == "running" for job in borrowers)
-    [held] = history.submit(a_step("held-ops").team("ops").held())
+    [held] = history.submit(a_step("held-ops").held().team("ops"))
     history.run()
     assert history.job(held).reason_code == "held"
     history.advance(7200)
