@@ -27,6 +27,7 @@ from schemas.jobs import (
     JobSubmitted,
     JobSuspendRequested,
     JobUpdated,
+    array_element_id,
 )
 from schemas.nodes import NodeDrainRequested, NodeUndrained
 from schemas.teams import (
@@ -127,6 +128,11 @@ class Commands:
     ) -> list[PlannedJob]:
         """Several jobs (a batch, an array, a pipeline) in one append: all of them, or none."""
         models = self.feed.models
+        names = {spec.name for spec in specs} if batch else set()
+        for spec in specs:
+            for dependency in spec.depends_on:
+                if dependency.job not in names:
+                    await self._learn(dependency.job)
         for team in sorted({spec.team for spec in specs}):
             principal.require_team(team)
             count = sum(s.array.count if s.array else 1 for s in specs if s.team == team)
@@ -165,10 +171,11 @@ class Commands:
             return planned
         raise RuntimeError("could not draw unused job ids")
 
-    def targets(self, principal: Principal, job_id: str) -> list[str]:
+    async def targets(self, principal: Principal, job_id: str) -> list[str]:
         """The job, or every element of the array of that id; 404 for what the caller may
         not see."""
         models = self.feed.models
+        await self._learn(job_id)
         if job_id in models.jobs:
             principal.visible(models.jobs[job_id], job_id)
             return [job_id]
@@ -177,6 +184,23 @@ class Commands:
             raise not_found(f"job {job_id}")
         principal.visible(models.jobs[elements[0]], job_id)
         return list(elements)
+
+    async def _learn(self, job_id: str) -> None:
+        """Read a job or an array this process has not seen yet from the log (another API
+        process may have written it a moment ago)."""
+        models = self.feed.models
+        if job_id in models.jobs or job_id in models.arrays:
+            return
+        await self.feed.sync_stream(f"job-{job_id}")
+        if job_id in models.jobs:
+            return
+        first = array_element_id(job_id, 0)
+        await self.feed.sync_stream(f"job-{first}")
+        element = models.jobs.get(first)
+        if element is None or element.array_id != job_id or element.spec.array is None:
+            return
+        for index in range(1, element.spec.array.count):
+            await self.feed.sync_stream(f"job-{array_element_id(job_id, index)}")
 
     async def change(
         self,
@@ -187,7 +211,7 @@ class Commands:
         """Record what `decide` makes of the job's latest state (409 when it refuses), for
         one job or each element of an array (elements it refuses are left as they are,
         unless it refuses them all)."""
-        ids = self.targets(principal, job_id)
+        ids = await self.targets(principal, job_id)
         applied = 0
         refused: ProblemError | None = None
         for target in ids:
@@ -307,7 +331,7 @@ class Commands:
     ) -> list[JobReadModel]:
         """`request` for a job, or for each element of an array (an element whose state
         forbids it is left alone, unless every one does)."""
-        ids = self.targets(principal, job_id)
+        ids = await self.targets(principal, job_id)
         if ids == [job_id]:
             return [await self.request(principal, job_id, kind)]
         done = 0

@@ -144,7 +144,7 @@ async def list_jobs(
 async def get_job(
     job_id: JobId, caller: Caller, models: Models, context: Context
 ) -> JobView | ArrayView:
-    ids = context.commands.targets(caller, job_id)
+    ids = await context.commands.targets(caller, job_id)
     return _answer(job_id, [models.jobs[target] for target in ids])
 
 
