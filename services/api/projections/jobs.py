@@ -107,6 +107,8 @@ def new_job(event: JobSubmitted, *, at: datetime, position: int) -> JobReadModel
         queue=spec.queue or spec.team,
         priority=spec.priority,
         updated_at=at,
+        reason=HELD_REASON if spec.hold else AWAITING_ADMISSION,
+        reason_code="held" if spec.hold else None,
         held=spec.hold,
         array_id=event.array_id,
         array_index=event.array_index,
@@ -269,7 +271,9 @@ def _on_resumed(job: JobReadModel, event: JobResumed, at: datetime) -> JobReadMo
     # A job suspended before admission goes back to waiting for admission.
     state: JobState = "queued" if job.admitted else "pending"
     reason = AWAITING_SCHEDULING if job.admitted else AWAITING_ADMISSION
-    resumed = replace(job, state=state, reason=reason, reason_code=None)
+    if job.held:
+        reason = HELD_REASON
+    resumed = replace(job, state=state, reason=reason, reason_code="held" if job.held else None)
     return replace(resumed, requests=resumed.requests - {"resume"})
 
 
