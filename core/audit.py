@@ -65,7 +65,7 @@ from schemas.nodes import (
     NodeRegistered,
     NodeUndrained,
 )
-from schemas.reasons import QUOTA_CEILING, RESERVED_HEAD
+from schemas.reasons import QUOTA_CEILING, RESERVED_HEAD, USER_WAIT_CODES
 from schemas.teams import QueueConfigured, TeamCreated
 
 # Events only the active scheduler writes: these are fenced by the leader epoch.
@@ -835,6 +835,9 @@ class Auditor:
         borrowed gangs whose GPUs, with the idle ones, could host its gang (its shape, type and
         topology: GPUs scattered where it cannot land are no use to it) and, held at a parent's
         ceiling, enough of them borrowed under that ceiling to give it room there."""
+        if event.code in USER_WAIT_CODES:
+            job.entitled_since = None  # held or waiting on its own pipeline: not entitled now
+            return
         queue = self._queues.get(job.queue)
         shape = shape_of(job.spec)
         gpus = shape.min_gpus

@@ -7,7 +7,10 @@ The phases, in order (as in Kueue's scheduler):
 2. snapshot  — free GPUs after those releases, with topology aggregates (kept between
    cycles; the cycle's changes to it are undone when it ends);
 3. order     — waiting jobs by class, fair share and age (aging first), or arrival for fifo;
-               a job still in its retry backoff waits (and says until when);
+               a job still in its retry backoff waits (and says until when); a held job,
+               one waiting for its dependencies and an array element past its array's
+               max_parallel wait too, and one whose dependencies failed is cancelled
+               (core/gating.py);
 4. place     — each job in order: quota, then a topology-fit placement committed whole;
 5. backfill  — the first job that cannot start becomes the head: a reservation on concrete
                nodes is planned and later jobs may only start where they do not delay it;
@@ -32,6 +35,7 @@ import weakref
 
 from core.backfill import place
 from core.context import CycleContext, CycleResult
+from core.gating import gate
 from core.ordering import order, past_backoff
 from core.placement import FreeIndex, Snapshot
 from core.preemption import preempt
@@ -105,7 +109,7 @@ def _run(ctx: CycleContext, free_index: FreeIndex) -> CycleResult:
             job = jobs[job_id]
             quota.charge(job.queue, -job.bound_gpus)
         waiting = order(ctx, quota)
-        placed = place(ctx, snap, past_backoff(ctx, waiting), quota)
+        placed = place(ctx, snap, gate(ctx, past_backoff(ctx, waiting)), quota)
         if ctx.policy.preemption and not ctx.policy.is_fifo:
             preempt(ctx, snap, placed.blocked, quota)
     explain(ctx, waiting)

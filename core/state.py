@@ -27,6 +27,8 @@ from schemas.jobs import (
     JobCancelRequested,
     JobDeferred,
     JobFailed,
+    JobHeld,
+    JobHoldReleased,
     JobRejected,
     JobRequeued,
     JobResumed,
@@ -37,6 +39,7 @@ from schemas.jobs import (
     JobSucceeded,
     JobSuspended,
     JobSuspendRequested,
+    JobUpdated,
     PreemptionRequested,
     ReservationPlanned,
     TaskExited,
@@ -230,6 +233,15 @@ class CoreJob:
     last_preempting_at: float | None = None
     # A preemptor that waits for its victims is placed first once they are released.
     awaiting_victims: tuple[str, ...] = ()
+    # Held by request (or submitted held): never placed until released.
+    held: bool = False
+    # The array this job is an element of (core/gating.py bounds its elements' parallelism).
+    array_id: str | None = None
+    # Its priority class was changed by an update (JobUpdated): admission's does not undo it.
+    priority_changed: bool = False
+    # Held, waiting on dependencies or bounded by its array: core/gating.py must look at it
+    # (most jobs are none of these, and the cycle passes them over at the cost of this flag).
+    gated: bool = False
 
     @property
     def gpus(self) -> int:
@@ -332,6 +344,9 @@ class SchedulerState:
             JobSucceeded: self._on_succeeded,
             JobFailed: self._on_failed,
             JobCancelled: self._on_cancelled,
+            JobHeld: self._on_held,
+            JobHoldReleased: self._on_hold_released,
+            JobUpdated: self._on_updated,
             NodeRegistered: self._on_node_registered,
             NodeLost: self._on_node_lost,
             NodeRecovered: self._on_node_recovered,
@@ -564,7 +579,10 @@ class SchedulerState:
             priority=spec.priority,
             reason_code="awaiting_admission",
             reason="waiting for admission",
+            held=spec.hold,
+            array_id=event.array_id,
         )
+        job.gated = _gated(job)
         self._jobs[event.job_id] = job
         self._pending += 1
 
@@ -573,7 +591,10 @@ class SchedulerState:
         if job is None or job.state != "pending":
             return
         job.queue = event.queue
-        job.priority = event.priority
+        # A class changed by an update before admission decided stands (admission read the
+        # submitted spec).
+        if not job.priority_changed:
+            job.priority = event.priority
         job.admitted = True
         job.queued_at = at
         job.reason_code = "queued"
@@ -595,6 +616,37 @@ class SchedulerState:
             return
         job.cancel_requested = True
         self._attention.add(job.job_id)
+
+    def _on_held(self, event: JobHeld, at: float) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is None or job.state in TERMINAL_STATES:
+            return
+        job.held = True
+        job.gated = True
+
+    def _on_hold_released(self, event: JobHoldReleased, at: float) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is None or job.state in TERMINAL_STATES or not job.held:
+            return
+        job.held = False
+        job.gated = _gated(job)
+        if job.state == "queued":
+            # A held job keeps its arrival order, but its aging clock restarts: time spent
+            # held is not time spent waiting for GPUs, and must not jump it ahead of others.
+            job.queued_at = at
+
+    def _on_updated(self, event: JobUpdated, at: float) -> None:
+        job = self._jobs.get(event.job_id)
+        if job is None or job.spec is None or job.state in TERMINAL_STATES:
+            return
+        if job.state in HOLDING_STATES:
+            return  # the API refuses changes to a job holding GPUs; a late one changes nothing
+        spec = event.changes.applied_to(job.spec)
+        job.spec = spec
+        job.gated = _gated(job)
+        if event.changes.priority is not None:
+            job.priority = spec.priority
+            job.priority_changed = True
 
     def _on_suspend_requested(self, event: JobSuspendRequested, at: float) -> None:
         job = self._jobs.get(event.job_id)
@@ -1061,6 +1113,14 @@ class SchedulerState:
             self.policy.fair_share_half_life_s,
         )
         queue.usage_at = max(queue.usage_at, at)
+
+
+def _gated(job: CoreJob) -> bool:
+    spec = job.spec
+    if job.held or (spec is not None and spec.depends_on):
+        return True
+    bounded = spec is not None and spec.array is not None and spec.array.max_parallel is not None
+    return job.array_id is not None and bounded
 
 
 def decayed_usage(previous: float, allocated: int, elapsed: float, half_life_s: float) -> float:

@@ -8,7 +8,7 @@ The token: GANGWAY_TOKEN, else the admin token in GANGWAY_ADMIN_TOKEN_FILE or
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +80,13 @@ class GangwayClient:
     def submit(self, spec: Mapping[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/jobs", json=dict(spec))
 
+    def submit_batch(self, specs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Several jobs at once, all or none (a pipeline: later ones may name earlier ones)."""
+        return self._call("POST", "/v1/jobs:batch", json={"jobs": [dict(s) for s in specs]})
+
+    def update(self, job_id: str, changes: Mapping[str, Any]) -> dict[str, Any]:
+        return self._call("PATCH", f"/v1/jobs/{_segment(job_id)}", json=dict(changes))
+
     def jobs(
         self,
         *,
@@ -102,7 +109,7 @@ class GangwayClient:
         return self._call("GET", f"/v1/jobs/{_segment(job_id)}/events")
 
     def request(self, job_id: str, action: str) -> dict[str, Any]:
-        """`action`: cancel, suspend or resume."""
+        """`action`: cancel, suspend, resume, hold or release (on a job or a whole array)."""
         return self._call("POST", f"/v1/jobs/{_segment(job_id)}/{action}")
 
     # ------------------------------------------------------------------ the rest

@@ -43,6 +43,34 @@ class CheckpointSpec(Message):
     interval_s: float | None = Field(default=None, gt=0)
 
 
+# ---- pipelines and arrays (DESIGN §8 "Running jobs like people do")
+
+JOB_ID_PATTERN = r"^[A-Za-z0-9._-]{1,64}$"
+# How many jobs one array may hold, and how many dependencies one job may name: bounds that
+# keep one request from flooding the log (a team's pending cap applies on top).
+MAX_ARRAY_COUNT = 1000
+MAX_DEPENDENCIES = 64
+# Slurm's afterok / afterany / afternotok.
+DependencyCondition = Literal["succeeded", "finished", "failed"]
+
+
+class Dependency(Message):
+    """Start only once job `job` ended as `condition` says: `succeeded`, `finished` (any
+    terminal state) or `failed`. In a batch or a multi-document file, `job` may also be the
+    `name` of another job of the same request."""
+
+    job: str = Field(pattern=JOB_ID_PATTERN)
+    condition: DependencyCondition = "succeeded"
+
+
+class ArraySpec(Message):
+    """`count` jobs sharing one spec (elements `ID_0` … `ID_{count-1}`), at most
+    `max_parallel` of them holding GPUs at once (None: no limit of its own)."""
+
+    count: int = Field(ge=1, le=MAX_ARRAY_COUNT)
+    max_parallel: int | None = Field(default=None, ge=1, le=MAX_ARRAY_COUNT)
+
+
 def illegal_env_names(env: Mapping[str, str]) -> list[str]:
     """Names no process environment can hold (empty, with `=` or NUL): a spec with one can
     never launch, however often it is retried. The API refuses them at submit; the agent
@@ -83,6 +111,10 @@ class JobSpec(Message):
     # VAR -> the name of one of the team's secrets; the agent puts its value in the rank's
     # environment at launch, so that no secret value is ever part of the spec or the log.
     secret_env: dict[str, str] = Field(default_factory=dict, max_length=64)
+    depends_on: list[Dependency] = Field(default_factory=list, max_length=MAX_DEPENDENCIES)
+    array: ArraySpec | None = None
+    # Submitted held: never placed until released (POST /v1/jobs/{id}/release).
+    hold: bool = False
 
     @field_validator("secret_env")
     @classmethod
@@ -187,6 +219,11 @@ class JobSpec(Message):
         return 0 if self.gpu_fraction is None else round(self.gpu_fraction * 1000)
 
 
+def array_element_id(array_id: str, index: int) -> str:
+    """An array element's job id, named as Slurm names array tasks: `ID_3`."""
+    return f"{array_id}_{index}"
+
+
 class JobEvent(Event):
     job_id: str = Field(min_length=1, max_length=64)
 
@@ -199,6 +236,9 @@ class JobSubmitted(JobEvent):
     type = "JobSubmitted"
     spec: JobSpec
     submitted_by: str
+    # An element of an array: the array's id and this element's index (job id `ID_INDEX`).
+    array_id: str | None = Field(default=None, pattern=JOB_ID_PATTERN)
+    array_index: int | None = Field(default=None, ge=0, lt=MAX_ARRAY_COUNT)
 
 
 class JobAdmitted(JobEvent):
@@ -346,6 +386,42 @@ class JobCancelled(JobEvent):
     reason: str
 
 
+class JobHeld(JobEvent):
+    """The job is held: it stays waiting (reason `held`) and is never placed until released."""
+
+    type = "JobHeld"
+    by: str
+
+
+class JobHoldReleased(JobEvent):
+    """The hold is lifted; the job waits for a gang again (its aging clock restarts)."""
+
+    type = "JobHoldReleased"
+    by: str
+
+
+class JobChanges(Message):
+    """What may change while a job waits (PATCH /v1/jobs/{id}); null means unchanged."""
+
+    priority: str | None = Field(default=None, pattern=NAME_PATTERN)
+    estimated_runtime_s: float | None = Field(default=None, gt=0)
+    max_runtime_s: float | None = Field(default=None, gt=0)
+    max_retries: int | None = Field(default=None, ge=0, le=100)
+
+    def applied_to(self, spec: JobSpec) -> JobSpec:
+        """The spec with these changes (validated again: max ≥ estimate and the rest)."""
+        changed = {name: value for name, value in self if value is not None}
+        return JobSpec.model_validate({**spec.model_dump(), **changed})
+
+
+class JobUpdated(JobEvent):
+    """A waiting job's spec was changed by its team (validated as a submission would be)."""
+
+    type = "JobUpdated"
+    by: str
+    changes: JobChanges
+
+
 JOB_EVENTS: tuple[type[Event], ...] = (
     JobSubmitted,
     JobAdmitted,
@@ -365,6 +441,9 @@ JOB_EVENTS: tuple[type[Event], ...] = (
     JobSucceeded,
     JobFailed,
     JobCancelled,
+    JobHeld,
+    JobHoldReleased,
+    JobUpdated,
 )
 
 # The events after which the attempt's gang no longer holds any GPU.

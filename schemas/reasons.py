@@ -25,6 +25,9 @@ DeferCode = Literal[
     "reserved_head",  # the head: holds a reservation
     "preempting",  # its victims were asked to leave
     "retry_backoff",  # a failed attempt: the next may start only after its backoff
+    "held",  # held by request: never placed until released
+    "dependency",  # a job it depends on has not ended as its condition needs yet
+    "array_limit",  # its array already runs max_parallel elements
 ]
 
 # JobRequeued.code: why a gang was released and its job waits again.
@@ -83,5 +86,11 @@ QUOTA_CEILING: DeferCode = "quota_ceiling"
 TASK_FAILED: RequeueCode = "task_failed"
 LAUNCH_TIMEOUT: RequeueCode = "launch_timeout"
 RETRY_BACKOFF: DeferCode = "retry_backoff"
+HELD: DeferCode = "held"
+DEPENDENCY: DeferCode = "dependency"
+ARRAY_LIMIT: DeferCode = "array_limit"
+# Waits the job's own team chose (a hold, its dependencies, its array's limit): not the
+# scheduler's doing, so no promise about waiting (a guarantee's reclaim) runs meanwhile.
+USER_WAIT_CODES: frozenset[DeferCode] = frozenset({HELD, DEPENDENCY, ARRAY_LIMIT})
 # Requeue codes that count as a failure of the job (retries, backoff): not hardware's fault.
 FAILURE_REQUEUE_CODES: frozenset[RequeueCode] = frozenset({TASK_FAILED, LAUNCH_TIMEOUT})

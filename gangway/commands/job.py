@@ -19,6 +19,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     with client() as api:
         job = api.job(args.id)
+    if "elements" in job:  # an array: its elements, each `gangway job ID_N` alone
+        from gangway.commands.why import explain_array
+
+        print("\n".join(explain_array(job)))
+        return 0
     table = Table(show_header=False, box=None)
     for label, value in (
         ("id", job["id"]),

@@ -1,4 +1,10 @@
-"""`gangway submit FILE`: submit a job spec written in YAML or JSON ("-" reads stdin)."""
+"""`gangway submit FILE`: submit a job spec written in YAML or JSON ("-" reads stdin).
+
+A file of several YAML documents (separated by `---`), or a JSON list of specs, is a small
+pipeline submitted at once, all or nothing (`POST /v1/jobs:batch`): a document's
+`depends_on: [{job: NAME}]` may name another document of the file by its `name` (or an
+existing job by its id).
+"""
 
 from __future__ import annotations
 
@@ -12,38 +18,50 @@ import yaml
 from gangway.client import ApiError
 from gangway.commands._common import InputError, client, fail, one_line_errors
 
-HELP = "submit a job spec (YAML or JSON file)"
+HELP = "submit a job spec (YAML or JSON file; several documents: a pipeline)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("file", metavar="FILE", help="the job spec; - for stdin")
+    parser.add_argument(
+        "file", metavar="FILE", help="the job spec, or several (a pipeline); - for stdin"
+    )
 
 
-def load_spec(file: str) -> dict[str, Any]:
+def load_specs(file: str) -> list[dict[str, Any]]:
+    """The specs of the file: one per YAML document (empty documents skipped), or each item
+    of a top-level list."""
     try:
         text = sys.stdin.read() if file == "-" else Path(file).read_text()
     except OSError as error:
         raise InputError(f"cannot read {file}: {error.strerror or error}") from error
     try:
-        spec = yaml.safe_load(text)  # JSON is YAML too
+        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]  # JSON is YAML
     except yaml.YAMLError as error:
         raise InputError(f"{file} is neither YAML nor JSON: {error}".splitlines()[0]) from error
-    if not isinstance(spec, dict):
-        raise InputError(f"{file} does not hold a job spec (a mapping of fields)")
-    return spec
+    if len(documents) == 1 and isinstance(documents[0], list):
+        documents = documents[0]
+    if not documents or not all(isinstance(doc, dict) for doc in documents):
+        raise InputError(f"{file} does not hold job specs (mappings of fields)")
+    return documents
 
 
 @one_line_errors
 def run(args: argparse.Namespace) -> int:
-    spec = load_spec(args.file)
+    specs = load_specs(args.file)
     with client() as api:
         try:
-            created = api.submit(spec)
+            created = [api.submit(specs[0])] if len(specs) == 1 else api.submit_batch(specs)["jobs"]
         except ApiError as error:
             if error.status in (400, 422):
                 return fail(f"invalid job spec: {_field_errors(error)}", 2)
             raise
-    print(f"submitted job {created['id']} ({created['state']})")
+    for spec, job in zip(specs, created, strict=True):
+        named = f" {spec.get('name')}" if len(specs) > 1 else ""
+        print(f"submitted job {job['id']}{named} ({job['state']})")
+        elements = job.get("array")
+        if elements:
+            shown = ", ".join(elements[:3]) + (" …" if len(elements) > 3 else "")
+            print(f"  array of {len(elements)}: {shown}")
     return 0
 
 
@@ -52,5 +70,7 @@ def _field_errors(error: ApiError) -> str:
     parts = []
     for item in found[:5]:
         loc = [str(part) for part in item.get("loc", []) if part != "body"]
+        if loc[:1] == ["jobs"] and len(loc) > 1:
+            loc = [f"document {int(loc[1]) + 1}", *loc[2:]]
         parts.append(f"{'.'.join(loc) or 'spec'}: {item.get('msg')}")
-    return "; ".join(parts) or str(error)
+    return "; ".join(parts) or error.problem.get("detail") or str(error)

@@ -64,10 +64,27 @@ def checkpoint_line(events: list[dict[str, Any]]) -> str | None:
     return f"{head} {verdict} at {at}: {payload['reason']}{fallback}"
 
 
+def explain_array(array: dict[str, Any]) -> list[str]:
+    """An array: its elements counted by state, then each waiting or failed element's reason
+    (elements are named `ID_N`; `gangway why ID_N` tells one alone)."""
+    counts = ", ".join(f"{count} {state}" for state, count in sorted(array["states"].items()))
+    limit = array.get("max_parallel")
+    parallel = f", at most {limit} at once" if limit else ""
+    lines = [f"array {array['id']} is {array['state']}: {array['count']} jobs{parallel} ({counts})"]
+    for element in array["elements"]:
+        if element["reason"] and element["state"] not in ("succeeded",):
+            code = f" [{element['reason_code']}]" if element.get("reason_code") else ""
+            lines.append(f"  {element['id']} {element['state']}: {element['reason']}{code}")
+    return lines
+
+
 @one_line_errors
 def run(args: argparse.Namespace) -> int:
     with client() as api:
         job = api.job(args.id)
+        if "elements" in job:
+            print("\n".join(explain_array(job)))
+            return 0
         events = api.job_events(args.id)["items"]
     lines = explain(job)
     checkpoint = checkpoint_line(events)

@@ -272,6 +272,8 @@ class Agent:
                 agent_env=os.environ,
                 gpu_memory_mb={g.index: g.memory_mb for g in self.nodes[placement.node_id].gpus},
             )
+            if view.array_index is not None:
+                env["GANGWAY_ARRAY_INDEX"] = str(view.array_index)
             started = TaskStarted(
                 job_id=key.job_id, attempt=key.attempt, rank=key.rank, node_id=placement.node_id
             )

@@ -35,6 +35,8 @@ class AgentJob:
     """A job as its stream tells it to the agent."""
 
     spec: JobSpec | None = None
+    # An array element's index: its ranks get GANGWAY_ARRAY_INDEX.
+    array_index: int | None = None
     gangs: dict[int, GangReserved] = field(default_factory=dict)
     started: set[tuple[int, int]] = field(default_factory=set)  # (attempt, rank)
     exited: set[tuple[int, int]] = field(default_factory=set)
@@ -53,6 +55,7 @@ def fold_job(events: Iterable[Event]) -> AgentJob:
 
 def _on_submitted(view: AgentJob, event: JobSubmitted) -> None:
     view.spec = event.spec
+    view.array_index = event.array_index
 
 
 def _on_gang_reserved(view: AgentJob, event: GangReserved) -> None:

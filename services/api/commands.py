@@ -8,17 +8,26 @@ The appended events are applied to the read models at once, which gives read-you
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable, Sequence
 from typing import Final
 from uuid import uuid4
+
+from pydantic import ValidationError
 
 from core.queue_rules import Quota, quota_problem
 from schemas.base import Event
 from schemas.jobs import (
     JobCancelRequested,
+    JobChanges,
+    JobHeld,
+    JobHoldReleased,
     JobResumeRequested,
     JobSpec,
+    JobState,
     JobSubmitted,
     JobSuspendRequested,
+    JobUpdated,
+    array_element_id,
 )
 from schemas.nodes import NodeDrainRequested, NodeUndrained
 from schemas.teams import (
@@ -35,6 +44,7 @@ from schemas.teams import (
 from services.api.auth import Principal, new_token, token_sha256
 from services.api.feed import ReadModelFeed
 from services.api.models import DrainBody, QueueConfig, QueuePatch, TeamCreate, TeamPolicyBody
+from services.api.pipelines import PlannedJob, plan_submissions
 from services.api.problems import ProblemError, conflict, not_found
 from services.api.projections.jobs import JobReadModel, Request, request_allowed
 from services.api.projections.nodes import NodeRecord
@@ -60,6 +70,12 @@ _REQUEST_EVENTS: Final[dict[Request, RequestEvent]] = {
 }
 
 
+# A hold keeps a job from being placed: it makes sense only while the job waits.
+HOLDABLE_STATES: Final[frozenset[JobState]] = frozenset({"pending", "queued", "suspended"})
+# A PATCH changes a job that holds no GPUs and has not ended.
+UPDATABLE_STATES: Final[frozenset[JobState]] = frozenset({"pending", "queued", "suspended"})
+
+
 def new_job_id() -> str:
     return uuid4().hex[:JOB_ID_HEX]
 
@@ -82,6 +98,11 @@ class Commands:
         self, principal: Principal, spec: JobSpec, *, idempotency_key: str | None = None
     ) -> JobReadModel:
         principal.require_team(spec.team)
+        if spec.array is not None or spec.depends_on:
+            [planned] = await self.submit_many(
+                principal, [spec], batch=False, idempotency_key=idempotency_key
+            )
+            return self.feed.models.jobs[planned.events[0].job_id]
         _require_storable(spec)
         check_submission(spec, self.feed.models)
         self._within_limits(spec.team)
@@ -96,6 +117,177 @@ class Commands:
                 continue  # an id collision: draw another
             return self.feed.models.jobs[job_id]
         raise RuntimeError("could not draw an unused job id")
+
+    async def submit_many(
+        self,
+        principal: Principal,
+        specs: Sequence[JobSpec],
+        *,
+        batch: bool = True,
+        idempotency_key: str | None = None,
+    ) -> list[PlannedJob]:
+        """Several jobs (a batch, an array, a pipeline) in one append: all of them, or none."""
+        models = self.feed.models
+        names = {spec.name for spec in specs} if batch else set()
+        for spec in specs:
+            for dependency in spec.depends_on:
+                if dependency.job not in names:
+                    await self._learn(dependency.job)
+        for team in sorted({spec.team for spec in specs}):
+            principal.require_team(team)
+            count = sum(s.array.count if s.array else 1 for s in specs if s.team == team)
+            self._within_limits(team, count)
+        for _ in range(ATTEMPTS):
+            if idempotency_key is not None:
+                ids = [
+                    idempotent_job_id(principal.name, f"{idempotency_key}\0{index}")
+                    if index
+                    else idempotent_job_id(principal.name, idempotency_key)
+                    for index in range(len(specs))
+                ]
+            else:
+                ids = [new_job_id() for _ in specs]
+            planned = plan_submissions(
+                principal, specs, models, ids, batch=batch, storable=_require_storable
+            )
+            appends = [
+                StreamAppend(event.stream, 0, [event]) for job in planned for event in job.events
+            ]
+            try:
+                envelopes = await self.store.append_many(appends, _metadata())
+            except ConcurrencyConflict:
+                if idempotency_key is None:
+                    continue  # an id collision: draw others
+                for append in appends:
+                    await self.feed.sync_stream(append.stream)
+                if all(event.job_id in models.jobs for job in planned for event in job.events):
+                    return planned  # the same request, retried: what it created the first time
+                raise ProblemError(
+                    422,
+                    "idempotency-key-reused",
+                    "this Idempotency-Key was used for a different request",
+                ) from None
+            await self.feed.deliver_all(envelopes)
+            return planned
+        raise RuntimeError("could not draw unused job ids")
+
+    async def targets(self, principal: Principal, job_id: str) -> list[str]:
+        """The job, or every element of the array of that id; 404 for what the caller may
+        not see."""
+        models = self.feed.models
+        await self._learn(job_id)
+        if job_id in models.jobs:
+            principal.visible(models.jobs[job_id], job_id)
+            return [job_id]
+        elements = models.arrays.get(job_id)
+        if not elements:
+            raise not_found(f"job {job_id}")
+        principal.visible(models.jobs[elements[0]], job_id)
+        return list(elements)
+
+    async def _learn(self, job_id: str) -> None:
+        """Read a job or an array this process has not seen yet from the log (another API
+        process may have written it a moment ago)."""
+        models = self.feed.models
+        if job_id in models.jobs or job_id in models.arrays:
+            return
+        await self.feed.sync_stream(f"job-{job_id}")
+        if job_id in models.jobs:
+            return
+        first = array_element_id(job_id, 0)
+        await self.feed.sync_stream(f"job-{first}")
+        element = models.jobs.get(first)
+        if element is None or element.array_id != job_id or element.spec.array is None:
+            return
+        for index in range(1, element.spec.array.count):
+            await self.feed.sync_stream(f"job-{array_element_id(job_id, index)}")
+
+    async def change(
+        self,
+        principal: Principal,
+        job_id: str,
+        decide: Callable[[JobReadModel], list[Event]],
+    ) -> list[JobReadModel]:
+        """Record what `decide` makes of the job's latest state (409 when it refuses), for
+        one job or each element of an array (elements it refuses are left as they are,
+        unless it refuses them all)."""
+        ids = await self.targets(principal, job_id)
+        applied = 0
+        refused: ProblemError | None = None
+        for target in ids:
+            try:
+                await self._change_one(principal, target, decide)
+            except ProblemError as problem:
+                if len(ids) == 1 or problem.status != 409:
+                    raise
+                refused = problem  # this element cannot (an ended one): the others still do
+                continue
+            applied += 1
+        if applied == 0 and refused is not None:
+            raise refused
+        return [self.feed.models.jobs[target] for target in ids]
+
+    async def _change_one(
+        self, principal: Principal, job_id: str, decide: Callable[[JobReadModel], list[Event]]
+    ) -> JobReadModel:
+        stream = f"job-{job_id}"
+        for _ in range(ATTEMPTS):
+            await self.feed.sync_stream(stream)
+            job = principal.visible(self.feed.models.jobs.get(job_id), job_id)
+            events = decide(job)
+            if not events:
+                return job  # nothing to change: asking twice records nothing new
+            try:
+                await self._append(stream, self.feed.models.version_of(stream), events)
+            except ConcurrencyConflict:
+                continue
+            return self.feed.models.jobs[job_id]
+        raise conflict(f"job {job_id} is changing too fast; try again")
+
+    def hold_decision(self, principal: Principal) -> Callable[[JobReadModel], list[Event]]:
+        def decide(job: JobReadModel) -> list[Event]:
+            if job.state not in HOLDABLE_STATES:
+                raise conflict(f"job {job.id} is {job.state}; only a waiting job can be held")
+            return [] if job.held else [JobHeld(job_id=job.id, by=principal.name)]
+
+        return decide
+
+    def release_decision(self, principal: Principal) -> Callable[[JobReadModel], list[Event]]:
+        def decide(job: JobReadModel) -> list[Event]:
+            if job.terminal:
+                raise conflict(f"job {job.id} is {job.state}; there is no hold to release")
+            return [JobHoldReleased(job_id=job.id, by=principal.name)] if job.held else []
+
+        return decide
+
+    def update_decision(
+        self, principal: Principal, changes: JobChanges, hold: bool | None
+    ) -> Callable[[JobReadModel], list[Event]]:
+        """A PATCH: the changed spec is validated as a submission would be; a job that holds
+        GPUs or has ended cannot change (409)."""
+
+        def decide(job: JobReadModel) -> list[Event]:
+            if job.state not in UPDATABLE_STATES:
+                raise conflict(
+                    f"job {job.id} is {job.state}; only a pending, queued or suspended job "
+                    "can be changed"
+                )
+            try:
+                spec = changes.applied_to(job.spec)
+            except ValidationError as error:
+                raise invalid("validation-error", _first_error(error)) from None
+            check_submission(spec, self.feed.models)
+            events: list[Event] = []
+            if spec != job.spec:
+                events.append(JobUpdated(job_id=job.id, by=principal.name, changes=changes))
+            if hold is not None and hold != job.held:
+                if hold and job.state not in HOLDABLE_STATES:
+                    raise conflict(f"job {job.id} is {job.state}; only a waiting job can be held")
+                kind = JobHeld if hold else JobHoldReleased
+                events.append(kind(job_id=job.id, by=principal.name))
+            return events
+
+        return decide
 
     async def _submit_once(self, principal: Principal, spec: JobSpec, key: str) -> JobReadModel:
         """The job of (caller, key): its id is derived from them, and the log's (stream,
@@ -133,6 +325,29 @@ class Commands:
                 continue
             return self.feed.models.jobs[job_id]
         raise conflict(f"job {job_id} is changing too fast; try again")
+
+    async def request_each(
+        self, principal: Principal, job_id: str, kind: Request
+    ) -> list[JobReadModel]:
+        """`request` for a job, or for each element of an array (an element whose state
+        forbids it is left alone, unless every one does)."""
+        ids = await self.targets(principal, job_id)
+        if ids == [job_id]:
+            return [await self.request(principal, job_id, kind)]
+        done = 0
+        refused: ProblemError | None = None
+        for target in ids:
+            try:
+                await self.request(principal, target, kind)
+            except ProblemError as problem:
+                if problem.status != 409:
+                    raise
+                refused = problem
+                continue
+            done += 1
+        if done == 0 and refused is not None:
+            raise conflict(f"no element of array {job_id} can be {_past(kind)}")
+        return [self.feed.models.jobs[target] for target in ids]
 
     async def create_team(self, body: TeamCreate) -> str:
         """Record the team and its queue; return the token, which only its creator ever sees."""
@@ -178,16 +393,19 @@ class Commands:
         await self._append(event.stream, None, [event])
         return self.feed.models.queues[name]
 
-    def _within_limits(self, team: str) -> None:
-        """429 when the team is at its pending cap or past its submission rate."""
+    def _within_limits(self, team: str, count: int = 1) -> None:
+        """429 when the team is at its pending cap (or `count` more jobs would pass it) or
+        past its submission rate (a request of several jobs takes one submission's turn)."""
         models = self.feed.models
         policy = models.tenancy.policy_of(team)
         pending = models.waiting_by_team[team]
-        if policy.max_pending_jobs is not None and pending >= policy.max_pending_jobs:
+        if policy.max_pending_jobs is not None and pending + count > policy.max_pending_jobs:
+            more = f" and this request adds {count}" if count > 1 else ""
             raise ProblemError(
                 429,
                 "too-many-pending",
-                f"team {team!r} has {pending} pending jobs, its limit",
+                f"team {team!r} has {pending} pending jobs{more}; its limit is "
+                f"{policy.max_pending_jobs}",
                 headers={"Retry-After": retry_after(PENDING_RETRY_AFTER_S)},
             )
         wait = self.limiter.take(team, policy.submissions_per_second)
@@ -358,6 +576,12 @@ def _require_storable(spec: JobSpec) -> None:
         raise ProblemError(
             422, "validation-error", "the job spec must not contain NUL or unpaired surrogates"
         )
+
+
+def _first_error(error: ValidationError) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    return f"{where}: {first['msg']}" if where else str(first["msg"])
 
 
 def _metadata() -> Metadata:

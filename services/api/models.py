@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from schemas.jobs import NAME_PATTERN, JobSpec, JobState
+from schemas.jobs import MAX_ARRAY_COUNT, NAME_PATTERN, JobSpec, JobState
 
 
 class Body(BaseModel):
@@ -26,6 +26,9 @@ class View(BaseModel):
 class JobCreatedView(View):
     id: str
     state: JobState
+    array: list[str] | None = Field(
+        default=None, description="an array's element ids (`ID_0` …); null for a single job"
+    )
 
 
 class JobView(View):
@@ -51,6 +54,42 @@ class JobView(View):
     updated_at: datetime
     finished_at: datetime | None
     spec: JobSpec
+    held: bool = Field(default=False, description="held: never placed until released")
+    array_id: str | None = Field(default=None, description="the array it is an element of")
+    array_index: int | None = None
+
+
+class ArrayView(View):
+    """An array as a whole: what its id answers on GET and on cancel, suspend, resume,
+    hold and release (which act on every element)."""
+
+    id: str
+    name: str
+    team: str
+    state: JobState = Field(description="the most advanced of its elements' states")
+    count: int
+    max_parallel: int | None
+    array: list[str] = Field(description="the element ids, by index")
+    states: dict[str, int] = Field(description="how many elements are in each state")
+    elements: list[JobView]
+
+
+class BatchSubmit(Body):
+    jobs: list[JobSpec] = Field(min_length=1, max_length=MAX_ARRAY_COUNT)
+
+
+class BatchCreatedView(View):
+    jobs: list[JobCreatedView]
+
+
+class JobPatch(Body):
+    """What may change while a job waits; a field left out (or null) keeps its value."""
+
+    priority: str | None = Field(default=None, pattern=NAME_PATTERN)
+    estimated_runtime_s: float | None = Field(default=None, gt=0)
+    max_runtime_s: float | None = Field(default=None, gt=0)
+    max_retries: int | None = Field(default=None, ge=0, le=100)
+    hold: bool | None = None
 
 
 class JobPage(View):

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from uuid import UUID
 
 from schemas.envelope import EventEnvelope
+from schemas.jobs import JobState
 from services.api.auth import Principal
-from services.api.models import ClusterView, EventView, JobView, NodeView, QueueView
+from services.api.models import ArrayView, ClusterView, EventView, JobView, NodeView, QueueView
 from services.api.projections.cluster import ClusterSummary
 from services.api.projections.jobs import JobReadModel
 from services.api.projections.model import ReadModels
@@ -38,6 +40,43 @@ def job_view(job: JobReadModel) -> JobView:
         updated_at=job.updated_at,
         finished_at=job.finished_at,
         spec=job.spec,
+        held=job.held,
+        array_id=job.array_id,
+        array_index=job.array_index,
+    )
+
+
+# An array's state is that of its most advanced elements: running while any runs, waiting
+# while any waits, and ended (failed over cancelled over succeeded) once all have.
+_ARRAY_STATE_ORDER: tuple[JobState, ...] = (
+    "preempting",
+    "running",
+    "reserved",
+    "queued",
+    "pending",
+    "suspended",
+    "failed",
+    "cancelled",
+    "rejected",
+    "succeeded",
+)
+
+
+def array_view(array_id: str, jobs: list[JobReadModel]) -> ArrayView:
+    first = jobs[0]
+    states = Counter(job.state for job in jobs)
+    state = next(s for s in _ARRAY_STATE_ORDER if states[s])
+    array = first.spec.array
+    return ArrayView(
+        id=array_id,
+        name=first.spec.name,
+        team=first.spec.team,
+        state=state,
+        count=len(jobs) if array is None else array.count,
+        max_parallel=None if array is None else array.max_parallel,
+        array=[job.id for job in jobs],
+        states=dict(sorted(states.items())),
+        elements=[job_view(job) for job in jobs],
     )
 
 

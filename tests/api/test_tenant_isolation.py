@@ -90,6 +90,10 @@ ADMIN_OPERATIONS = {"createTeam", "configureQueue", "configureTeamPolicy", "dele
 # What nlp's token gets on each route when pointed at vision's resources.
 OTHER_TEAM_STATUS = {
     "submitJob": 403,
+    "submitJobBatch": 403,
+    "updateJob": 404,
+    "holdJob": 404,
+    "releaseJob": 404,
     "listJobs": 200,
     "getJob": 404,
     "listJobEvents": 404,
@@ -116,6 +120,7 @@ OTHER_TEAM_STATUS = {
 
 BODIES: dict[str, dict[str, Any]] = {
     "submitJob": {"name": "train", "tasks": 1, "gpus_per_task": 1},
+    "updateJob": {"priority": "production"},
     "createTeam": {"name": "newcomers"},
     "configureQueue": {"guaranteed_gpus": 0},
     "configureTeamPolicy": {"allowed_priority_classes": ["inference-critical"]},
@@ -171,6 +176,8 @@ def request_for(op: Operation, world: World, team: str) -> dict[str, Any]:
         body = dict(BODIES.get(op.operation_id, {}))
         if op.operation_id == "submitJob":
             body["team"] = team
+        if op.operation_id == "submitJobBatch":
+            body["jobs"] = [{**BODIES["submitJob"], "team": team}]
         request["json"] = body
     if op.operation_id == "listJobs":
         request["params"] = {"team": team}

@@ -212,3 +212,78 @@ def test_why_shows_a_failed_checkpoint_and_what_the_job_resumes_from(
     out = capsys.readouterr().out
     assert "last checkpoint: a1-two failed at" in out
     assert "rank 0: FileNotFoundError: rank-0.bin.tmp; resumes from a1-one" in out
+
+
+PIPELINE_YAML = """\
+name: preprocess
+team: nlp
+tasks: 1
+gpus_per_task: 1
+---
+name: train
+team: nlp
+tasks: 2
+gpus_per_task: 4
+depends_on: [{job: preprocess}]
+---
+name: eval
+team: nlp
+depends_on: [{job: train, condition: finished}]
+"""
+
+
+def test_a_multi_document_file_submits_a_pipeline_whose_stages_name_each_other(
+    api_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ensure_team()
+    pipeline = tmp_path / "pipeline.yaml"
+    pipeline.write_text(PIPELINE_YAML)
+    assert main(["submit", str(pipeline)]) == 0
+    found = re.findall(r"submitted job (\S+) (\S+) \(pending\)", capsys.readouterr().out)
+    assert [name for _, name in found] == ["preprocess", "train", "eval"]
+    ids = {name: job_id for job_id, name in found}
+    assert main(["job", ids["train"]]) == 0
+    capsys.readouterr()
+    job = httpx.get(
+        f"{api_url}/v1/jobs/{ids['eval']}",
+        headers={"Authorization": f"Bearer {os.environ['GANGWAY_TOKEN']}"},
+    ).json()
+    assert job["spec"]["depends_on"] == [{"job": ids["train"], "condition": "finished"}]
+
+
+def test_a_pipeline_with_one_bad_document_submits_nothing(
+    api_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ensure_team()
+    pipeline = tmp_path / "pipeline.yaml"
+    pipeline.write_text(PIPELINE_YAML.replace("tasks: 2", "tasks: 0"))
+    assert main(["submit", str(pipeline)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gangway: invalid job spec: document 2") and "tasks" in err
+    assert main(["jobs"]) == 0
+    assert "preprocess" not in capsys.readouterr().out
+
+
+def test_hold_release_and_why_on_an_array_and_one_element(
+    api_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ensure_team()
+    spec = tmp_path / "sweep.yaml"
+    spec.write_text("name: sweep\nteam: nlp\narray: {count: 3, max_parallel: 2}\n")
+    assert main(["submit", str(spec)]) == 0
+    out = capsys.readouterr().out
+    array_id = re.search(r"submitted job (\S+) \(pending\)", out)
+    assert array_id and f"array of 3: {array_id.group(1)}_0" in out
+    ident = array_id.group(1)
+    assert main(["hold", ident]) == 0
+    assert f"held job {ident}" in capsys.readouterr().out
+    assert main(["why", ident]) == 0
+    out = capsys.readouterr().out
+    assert f"array {ident} is pending: 3 jobs, at most 2 at once (3 pending)" in out
+    assert f"{ident}_2 pending: held by request" in out
+    assert main(["release", f"{ident}_1"]) == 0
+    capsys.readouterr()
+    assert main(["why", f"{ident}_1"]) == 0
+    assert "held" not in capsys.readouterr().out
+    assert main(["cancel", ident]) == 0
+    assert f"cancel requested for job {ident}" in capsys.readouterr().out

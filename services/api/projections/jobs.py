@@ -24,6 +24,8 @@ from schemas.jobs import (
     JobCancelRequested,
     JobDeferred,
     JobFailed,
+    JobHeld,
+    JobHoldReleased,
     JobRejected,
     JobRequeued,
     JobResumed,
@@ -34,6 +36,7 @@ from schemas.jobs import (
     JobSucceeded,
     JobSuspended,
     JobSuspendRequested,
+    JobUpdated,
     PreemptionRequested,
     ReservationPlanned,
     TaskExited,
@@ -73,6 +76,12 @@ class JobReadModel:
     preemptions: int = 0
     admitted: bool = False
     finished_at: datetime | None = None
+    held: bool = False
+    # Its priority class was changed by an update: admission's decision does not undo it.
+    priority_changed: bool = False
+    # An array element: its array's id and its index there.
+    array_id: str | None = None
+    array_index: int | None = None
 
     @property
     def gpus(self) -> int:
@@ -98,6 +107,11 @@ def new_job(event: JobSubmitted, *, at: datetime, position: int) -> JobReadModel
         queue=spec.queue or spec.team,
         priority=spec.priority,
         updated_at=at,
+        reason=HELD_REASON if spec.hold else AWAITING_ADMISSION,
+        reason_code="held" if spec.hold else None,
+        held=spec.hold,
+        array_id=event.array_id,
+        array_index=event.array_index,
     )
 
 
@@ -143,14 +157,16 @@ def _on_admitted(job: JobReadModel, event: JobAdmitted, at: datetime) -> JobRead
     # Admission decides once, on a pending job; a late duplicate decision changes nothing.
     if job.state != "pending":
         return None
+    held = job.held
     return replace(
         job,
         state="queued",
         queue=event.queue,
-        priority=event.priority,
+        # A class changed by an update before admission stands (as in the core).
+        priority=job.priority if job.priority_changed else event.priority,
         admitted=True,
-        reason=AWAITING_SCHEDULING,
-        reason_code=None,
+        reason=HELD_REASON if held else AWAITING_SCHEDULING,
+        reason_code="held" if held else None,
     )
 
 
@@ -255,8 +271,45 @@ def _on_resumed(job: JobReadModel, event: JobResumed, at: datetime) -> JobReadMo
     # A job suspended before admission goes back to waiting for admission.
     state: JobState = "queued" if job.admitted else "pending"
     reason = AWAITING_SCHEDULING if job.admitted else AWAITING_ADMISSION
-    resumed = replace(job, state=state, reason=reason, reason_code=None)
+    if job.held:
+        reason = HELD_REASON
+    resumed = replace(job, state=state, reason=reason, reason_code="held" if job.held else None)
     return replace(resumed, requests=resumed.requests - {"resume"})
+
+
+HELD_REASON = "held by request: it is never placed until released"
+
+
+def _on_held(job: JobReadModel, event: JobHeld, at: datetime) -> JobReadModel | None:
+    if job.held:
+        return None
+    waiting = job.state in ("pending", "queued")
+    return replace(
+        job,
+        held=True,
+        reason=HELD_REASON if waiting else job.reason,
+        reason_code="held" if waiting else job.reason_code,
+    )
+
+
+def _on_hold_released(
+    job: JobReadModel, event: JobHoldReleased, at: datetime
+) -> JobReadModel | None:
+    if not job.held:
+        return None
+    if job.state not in ("pending", "queued"):
+        return replace(job, held=False)
+    reason = AWAITING_SCHEDULING if job.admitted else AWAITING_ADMISSION
+    return replace(job, held=False, reason=reason, reason_code=None)
+
+
+def _on_updated(job: JobReadModel, event: JobUpdated, at: datetime) -> JobReadModel | None:
+    if job.holds_gpus:
+        return None  # as the core: a job holding GPUs keeps its spec
+    spec = event.changes.applied_to(job.spec)
+    if event.changes.priority is None:
+        return replace(job, spec=spec)
+    return replace(job, spec=spec, priority=spec.priority, priority_changed=True)
 
 
 def _on_succeeded(job: JobReadModel, event: JobSucceeded, at: datetime) -> JobReadModel:
@@ -291,6 +344,9 @@ _JOB_FOLDS: dict[type[Event], _Fold] = {
     JobSucceeded: _live(_on_succeeded),
     JobFailed: _live(_on_failed),
     JobCancelled: _live(_on_cancelled),
+    JobHeld: _live(_on_held),
+    JobHoldReleased: _live(_on_hold_released),
+    JobUpdated: _live(_on_updated),
 }
 # The event classes the job read model folds (the model routes only these to `evolve_job`).
 JOB_FOLD_TYPES: tuple[type[Event], ...] = tuple(_JOB_FOLDS)

@@ -71,6 +71,8 @@ class ReadModels:
     waiting_by_queue: Counter[str] = field(default_factory=Counter)
     running_by_queue: Counter[str] = field(default_factory=Counter)
     waiting_by_team: Counter[str] = field(default_factory=Counter)
+    # array id -> its elements' job ids, by index.
+    arrays: dict[str, list[str]] = field(default_factory=dict)
     tenancy: Tenancy = field(default_factory=Tenancy)
     audit: AuditIndex = field(default_factory=AuditIndex)
     stream_versions: dict[str, int] = field(default_factory=dict)
@@ -110,6 +112,8 @@ class ReadModels:
         if after is not None and after is not before:
             self.jobs[after.id] = after
             self._reindex_job(before, after)
+            if before is None and after.array_id is not None:
+                self.arrays.setdefault(after.array_id, []).append(after.id)
 
     def _fold_node(self, event: NodeEvent, at: datetime, position: int) -> None:
         node = evolve_node(self.nodes.get(event.node_id), event, at=at)

@@ -1,4 +1,10 @@
-"""/v1/jobs: submit, read, list, and ask to cancel, suspend or resume jobs."""
+"""/v1/jobs: submit (one, an array, or a batch), read, list, change a waiting job, hold and
+release it, and ask to cancel, suspend or resume jobs.
+
+An array's id (the `id` of its 201 body) stands for the whole array: GET answers an
+ArrayView, and cancel, suspend, resume, hold, release and PATCH act on every element (one
+element is `ID_3`).
+"""
 
 from __future__ import annotations
 
@@ -6,12 +12,23 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Path, Query, status
 
-from schemas.jobs import JobSpec, JobState
+from schemas.jobs import JobChanges, JobSpec, JobState
 from services.api.deps import Caller, Context, Models
-from services.api.models import EventList, JobCreatedView, JobPage, JobView
+from services.api.models import (
+    ArrayView,
+    BatchCreatedView,
+    BatchSubmit,
+    EventList,
+    JobCreatedView,
+    JobPage,
+    JobPatch,
+    JobView,
+)
+from services.api.pipelines import PlannedJob
 from services.api.problems import PROBLEM_RESPONSES
+from services.api.projections.jobs import JobReadModel, Request
 from services.api.strict import StrictJsonRoute
-from services.api.views import event_view, job_view
+from services.api.views import array_view, event_view, job_view
 
 # Ids are drawn by the API ([0-9a-f]); the pattern keeps odd bytes (NUL) away from the log.
 JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9._-]{1,64}$", description="the job's id")]
@@ -25,6 +42,7 @@ router = APIRouter(
     "",
     operation_id="submitJob",
     status_code=status.HTTP_201_CREATED,
+    response_model_exclude_none=True,
     summary="Submit a job (admission decides asynchronously)",
 )
 async def submit_job(
@@ -41,8 +59,49 @@ async def submit_job(
         ),
     ] = None,
 ) -> JobCreatedView:
+    if spec.array is not None or spec.depends_on:
+        [planned] = await context.commands.submit_many(
+            caller, [spec], batch=False, idempotency_key=idempotency_key
+        )
+        return _created(planned, context)
     job = await context.commands.submit(caller, spec, idempotency_key=idempotency_key)
     return JobCreatedView(id=job.id, state=job.state)
+
+
+@router.post(
+    ":batch",
+    operation_id="submitJobBatch",
+    status_code=status.HTTP_201_CREATED,
+    response_model_exclude_none=True,
+    summary="Submit up to 1,000 jobs at once: all of them, or none",
+    description=(
+        "Each spec is checked as `POST /v1/jobs` would check it; if any is invalid nothing is "
+        "written and the problem lists each invalid one under `errors` (loc `body.jobs.N`). "
+        "A `depends_on[].job` may name another job of the batch by its `name`."
+    ),
+)
+async def submit_job_batch(
+    body: BatchSubmit,
+    caller: Caller,
+    context: Context,
+    idempotency_key: Annotated[
+        str | None, Header(min_length=1, max_length=255, pattern=r"^[\x21-\x7e]+$")
+    ] = None,
+) -> BatchCreatedView:
+    planned = await context.commands.submit_many(caller, body.jobs, idempotency_key=idempotency_key)
+    return BatchCreatedView(jobs=[_created(job, context) for job in planned])
+
+
+def _created(planned: PlannedJob, context: Context) -> JobCreatedView:
+    first = context.models.jobs[planned.events[0].job_id]
+    return JobCreatedView(id=planned.id, state=first.state, array=planned.element_ids)
+
+
+def _answer(job_id: str, jobs: list[JobReadModel]) -> JobView | ArrayView:
+    """One job's view, or the array's when `job_id` names an array."""
+    if len(jobs) == 1 and jobs[0].id == job_id:
+        return job_view(jobs[0])
+    return array_view(job_id, jobs)
 
 
 @router.get("", operation_id="listJobs", summary="List jobs, oldest first, a page at a time")
@@ -79,9 +138,60 @@ async def list_jobs(
     )
 
 
-@router.get("/{job_id}", operation_id="getJob", summary="A job: state, placement, reason")
-async def get_job(job_id: JobId, caller: Caller, models: Models) -> JobView:
-    return job_view(caller.visible(models.jobs.get(job_id), job_id))
+@router.get(
+    "/{job_id}", operation_id="getJob", summary="A job (or an array): state, placement, reason"
+)
+async def get_job(
+    job_id: JobId, caller: Caller, models: Models, context: Context
+) -> JobView | ArrayView:
+    ids = await context.commands.targets(caller, job_id)
+    return _answer(job_id, [models.jobs[target] for target in ids])
+
+
+@router.patch(
+    "/{job_id}",
+    operation_id="updateJob",
+    summary="Change a waiting job: priority class, runtimes, retries, hold",
+    description=(
+        "Only the fields given change, validated as a submission would be (a priority class "
+        "within the team's policy); a job holding GPUs or ended answers 409."
+    ),
+)
+async def update_job(
+    job_id: JobId, body: JobPatch, caller: Caller, context: Context
+) -> JobView | ArrayView:
+    changes = JobChanges(
+        priority=body.priority,
+        estimated_runtime_s=body.estimated_runtime_s,
+        max_runtime_s=body.max_runtime_s,
+        max_retries=body.max_retries,
+    )
+    commands = context.commands
+    jobs = await commands.change(
+        caller, job_id, commands.update_decision(caller, changes, body.hold)
+    )
+    return _answer(job_id, jobs)
+
+
+@router.post(
+    "/{job_id}/hold",
+    operation_id="holdJob",
+    summary="Hold a waiting job: it is never placed until released",
+)
+async def hold_job(job_id: JobId, caller: Caller, context: Context) -> JobView | ArrayView:
+    commands = context.commands
+    return _answer(job_id, await commands.change(caller, job_id, commands.hold_decision(caller)))
+
+
+@router.post(
+    "/{job_id}/release",
+    operation_id="releaseJob",
+    summary="Release a held job: it waits for a gang again, in its place by class and age",
+)
+async def release_job(job_id: JobId, caller: Caller, context: Context) -> JobView | ArrayView:
+    commands = context.commands
+    decide = commands.release_decision(caller)
+    return _answer(job_id, await commands.change(caller, job_id, decide))
 
 
 @router.get(
@@ -105,19 +215,25 @@ ACCEPTED = status.HTTP_202_ACCEPTED
 @router.post(
     "/{job_id}/cancel", operation_id="cancelJob", summary="Ask to cancel", status_code=ACCEPTED
 )
-async def cancel_job(job_id: JobId, caller: Caller, context: Context) -> JobView:
-    return job_view(await context.commands.request(caller, job_id, "cancel"))
+async def cancel_job(job_id: JobId, caller: Caller, context: Context) -> JobView | ArrayView:
+    return await _request(job_id, caller, context, "cancel")
 
 
 @router.post(
     "/{job_id}/suspend", operation_id="suspendJob", summary="Ask to suspend", status_code=ACCEPTED
 )
-async def suspend_job(job_id: JobId, caller: Caller, context: Context) -> JobView:
-    return job_view(await context.commands.request(caller, job_id, "suspend"))
+async def suspend_job(job_id: JobId, caller: Caller, context: Context) -> JobView | ArrayView:
+    return await _request(job_id, caller, context, "suspend")
 
 
 @router.post(
     "/{job_id}/resume", operation_id="resumeJob", summary="Ask to resume", status_code=ACCEPTED
 )
-async def resume_job(job_id: JobId, caller: Caller, context: Context) -> JobView:
-    return job_view(await context.commands.request(caller, job_id, "resume"))
+async def resume_job(job_id: JobId, caller: Caller, context: Context) -> JobView | ArrayView:
+    return await _request(job_id, caller, context, "resume")
+
+
+async def _request(
+    job_id: str, caller: Caller, context: Context, kind: Request
+) -> JobView | ArrayView:
+    return _answer(job_id, await context.commands.request_each(caller, job_id, kind))

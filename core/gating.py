@@ -1,0 +1,101 @@
+"""Between ordering and placement: the waiting jobs that may not start yet, whatever is free.
+
+- a held job waits until released (reason `held`);
+- a job whose dependencies have not ended as its conditions need waits (reason `dependency`),
+  and one whose conditions can no longer hold is cancelled, with the reason (core/dependencies);
+- an array element waits while its array already holds `max_parallel` gangs (reason
+  `array_limit`). Elements go to placement only as many as the array has room for, first in
+  order first, so that one cycle cannot start more than the limit either.
+"""
+
+from __future__ import annotations
+
+from core.context import CycleContext, Outcome
+from core.dependencies import dependency_verdict
+from core.state import CoreJob
+from schemas.base import Event
+from schemas.jobs import JobCancelled, JobEvent, JobFailed, JobState, JobSucceeded
+from schemas.reasons import ARRAY_LIMIT, DEPENDENCY, HELD
+
+
+def gate(ctx: CycleContext, waiting: list[CoreJob]) -> list[CoreJob]:
+    """The jobs of `waiting` (in order) free to be placed now; the others get their reason."""
+    jobs = ctx.state.job_records
+    ended: dict[str, JobState] | None = None
+
+    def state_of(job_id: str) -> JobState | None:
+        # A job this very cycle ended counts as ended: its dependents need not wait a cycle.
+        nonlocal ended
+        if ended is None:
+            ended = _ended_this_cycle(ctx)
+        record = jobs.get(job_id)
+        return ended.get(job_id, None if record is None else record.state)
+
+    room: dict[str, int] | None = None
+    ready: list[CoreJob] = []
+    for job in waiting:
+        if not job.gated:
+            ready.append(job)
+            continue
+        spec = job.spec
+        if spec is not None and spec.depends_on:
+            verdict = dependency_verdict(spec.depends_on, state_of)
+            if verdict.kind == "broken":
+                ctx.release(
+                    job, JobCancelled(job_id=job.job_id, attempt=None, reason=verdict.message)
+                )
+                if ended is not None:
+                    ended[job.job_id] = "cancelled"
+                continue
+            if verdict.kind == "waiting":
+                ctx.outcomes[job.job_id] = Outcome(DEPENDENCY, f"{job.need}; {verdict.message}")
+                continue
+        if job.held:
+            ctx.outcomes[job.job_id] = Outcome(
+                HELD, f"{job.need}; held by request: it is never placed until released"
+            )
+            continue
+        limit = spec.array.max_parallel if spec is not None and spec.array is not None else None
+        if job.array_id is not None and limit is not None:
+            if room is None:
+                room = _array_room(ctx)
+            left = room.get(job.array_id, limit)
+            if left <= 0:
+                ctx.outcomes[job.job_id] = Outcome(
+                    ARRAY_LIMIT,
+                    f"{job.need}; array {job.array_id} already runs {limit} elements, "
+                    f"its max_parallel",
+                )
+                continue
+            room[job.array_id] = left - 1
+        ready.append(job)
+    return ready
+
+
+_ENDINGS: dict[type[Event], JobState] = {
+    JobSucceeded: "succeeded",
+    JobFailed: "failed",
+    JobCancelled: "cancelled",
+}
+
+
+def _ended_this_cycle(ctx: CycleContext) -> dict[str, JobState]:
+    ended: dict[str, JobState] = {}
+    for decision in ctx.result.decisions:
+        state = _ENDINGS.get(type(decision))
+        if state is not None and isinstance(decision, JobEvent):
+            ended[decision.job_id] = state
+    return ended
+
+
+def _array_room(ctx: CycleContext) -> dict[str, int]:
+    """Per array with a parallelism limit: how many more of its elements may hold a gang."""
+    room: dict[str, int] = {}
+    for job in ctx.state.holding_jobs.values():
+        if job.array_id is None or job.job_id in ctx.released or job.spec is None:
+            continue
+        array = job.spec.array
+        if array is None or array.max_parallel is None:
+            continue
+        room[job.array_id] = room.get(job.array_id, array.max_parallel) - 1
+    return room

@@ -1,0 +1,197 @@
+"""Turning submitted specs into JobSubmitted events: arrays, dependencies, batches.
+
+One request (a single job, an array, or a batch of either) becomes the events of all its jobs,
+checked together before anything is written, so that the append is all or nothing:
+
+- every spec is checked as a single submission would be (`check_submission`);
+- an array of `count` becomes `count` jobs `ID_0 … ID_{count-1}` sharing the spec;
+- a dependency names an existing job of the same team, an array of it (all its elements), or,
+  inside a batch, another job of the batch by its `name`; it is recorded by job id;
+- a dependency graph inside a batch must be acyclic (jobs already in the log can only name
+  older jobs, so a cycle can only be written by one batch);
+- at most `MAX_SUBMIT_JOBS` jobs per request, counting every array element.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from core.dependencies import find_cycle
+from schemas.jobs import (
+    MAX_DEPENDENCIES,
+    Dependency,
+    JobSpec,
+    JobSubmitted,
+    array_element_id,
+)
+from services.api.auth import Principal
+from services.api.problems import FieldError, ProblemError
+from services.api.projections.model import ReadModels
+from services.api.validation import check_submission
+
+# The most jobs one request may create (array elements count one each): one append stays well
+# under what the log writes in one transaction and what a scheduling cycle takes in at once.
+MAX_SUBMIT_JOBS: Final = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedJob:
+    """One submitted spec: its id (the array's, for an array) and the events it becomes."""
+
+    id: str
+    events: list[JobSubmitted]
+
+    @property
+    def element_ids(self) -> list[str] | None:
+        first = self.events[0]
+        return None if first.array_id is None else [event.job_id for event in self.events]
+
+
+def plan_submissions(
+    principal: Principal,
+    specs: Sequence[JobSpec],
+    models: ReadModels,
+    ids: Sequence[str],
+    *,
+    batch: bool,
+    storable: Callable[[JobSpec], None],
+) -> list[PlannedJob]:
+    """The events of every spec, or a ProblemError naming each invalid one (a batch), or the
+    first problem as a single submission reports it (not a batch)."""
+    total = sum(spec.array.count if spec.array is not None else 1 for spec in specs)
+    if total > MAX_SUBMIT_JOBS:
+        raise ProblemError(
+            422,
+            "too-many-jobs",
+            f"one request may create at most {MAX_SUBMIT_JOBS} jobs (array elements count "
+            f"one each); this one would create {total}",
+        )
+    for spec in specs:
+        principal.require_team(spec.team)
+    by_name: dict[str, list[int]] = {}
+    if batch:
+        for index, spec in enumerate(specs):
+            by_name.setdefault(spec.name, []).append(index)
+    errors: list[tuple[int, ProblemError]] = []
+    edges: dict[str, list[str]] = {}
+    resolved: list[JobSpec] = []
+    for index, spec in enumerate(specs):
+        try:
+            storable(spec)
+            check_submission(spec, models)
+            depends, refs = _resolve(spec, index, specs, ids, by_name, models)
+        except ProblemError as problem:
+            errors.append((index, problem))
+            resolved.append(spec)
+            continue
+        edges[str(index)] = [str(ref) for ref in refs]
+        resolved.append(spec.model_copy(update={"depends_on": depends}) if depends else spec)
+    if not errors:
+        cycle = find_cycle(sorted(edges), edges)
+        if cycle is not None:
+            names = " → ".join(specs[int(index)].name for index in cycle)
+            detail = f"the dependencies form a cycle: {names}"
+            errors.append((int(cycle[0]), ProblemError(422, "dependency-cycle", detail)))
+    if errors:
+        raise _refusal(errors, batch=batch)
+    return [_events(principal, spec, job_id) for spec, job_id in zip(resolved, ids, strict=True)]
+
+
+def _resolve(
+    spec: JobSpec,
+    index: int,
+    specs: Sequence[JobSpec],
+    ids: Sequence[str],
+    by_name: dict[str, list[int]],
+    models: ReadModels,
+) -> tuple[list[Dependency], list[int]]:
+    """The spec's dependencies by job id, and the other items of the batch it names."""
+    depends: list[Dependency] = []
+    refs: list[int] = []
+    for position, dependency in enumerate(spec.depends_on):
+        where = f"depends_on[{position}]"
+        named = by_name.get(dependency.job)
+        if named is not None:
+            if len(named) > 1:
+                raise ProblemError(
+                    422,
+                    "ambiguous-dependency",
+                    f"{where}: {len(named)} jobs of this request are named {dependency.job!r}",
+                )
+            other = named[0]
+            if other == index:
+                raise ProblemError(
+                    422, "dependency-cycle", f"{where}: job {spec.name!r} depends on itself"
+                )
+            refs.append(other)
+            targets = _ids_of(specs[other], ids[other])
+        else:
+            targets = _existing(dependency.job, spec.team, models, where)
+        depends.extend(Dependency(job=job, condition=dependency.condition) for job in targets)
+    if len(depends) > MAX_DEPENDENCIES:
+        raise ProblemError(
+            422,
+            "too-many-dependencies",
+            f"depends_on names {len(depends)} jobs (array elements count one each); "
+            f"at most {MAX_DEPENDENCIES}",
+        )
+    return depends, refs
+
+
+def _ids_of(spec: JobSpec, job_id: str) -> list[str]:
+    if spec.array is None:
+        return [job_id]
+    return [array_element_id(job_id, index) for index in range(spec.array.count)]
+
+
+def _existing(job_id: str, team: str, models: ReadModels, where: str) -> list[str]:
+    """An existing job (or array) of `team`; another team's is as unknown as a missing one,
+    so that a team learns nothing of other teams' jobs by naming them."""
+    job = models.jobs.get(job_id)
+    if job is not None and job.spec.team == team:
+        return [job_id]
+    elements = models.arrays.get(job_id)
+    if elements and models.jobs[elements[0]].spec.team == team:
+        return list(elements)
+    raise ProblemError(
+        422, "unknown-dependency", f"{where}: there is no job {job_id!r} of team {team!r}"
+    )
+
+
+def _events(principal: Principal, spec: JobSpec, job_id: str) -> PlannedJob:
+    if spec.array is None:
+        return PlannedJob(
+            job_id, [JobSubmitted(job_id=job_id, spec=spec, submitted_by=principal.name)]
+        )
+    return PlannedJob(
+        job_id,
+        [
+            JobSubmitted(
+                job_id=array_element_id(job_id, index),
+                spec=spec,
+                submitted_by=principal.name,
+                array_id=job_id,
+                array_index=index,
+            )
+            for index in range(spec.array.count)
+        ],
+    )
+
+
+def _refusal(errors: list[tuple[int, ProblemError]], *, batch: bool) -> ProblemError:
+    first_index, first = errors[0]
+    if not batch:
+        return first
+    statuses = {problem.status for _, problem in errors}
+    return ProblemError(
+        first.status if len(statuses) == 1 else 422,
+        first.slug if len(errors) == 1 else "invalid-batch",
+        f"{len(errors)} of the batch's jobs are invalid, nothing was submitted; "
+        f"jobs[{first_index}]: {first.detail}",
+        errors=[
+            FieldError(loc=["body", "jobs", index], msg=problem.detail, type=problem.slug)
+            for index, problem in errors
+        ],
+    )
