@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv up up-stack up-services down down-stack down-services status test test-unit test-integration bench lint chaos mutation
+.PHONY: help venv venv-torch up up-stack up-services down down-stack down-services status test test-unit test-integration bench lint chaos mutation
 
 help:
 	@echo "make up | down | status | test | bench | lint | venv | chaos"
@@ -20,6 +20,16 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 venv: $(STAMP)
+
+# torch for the tests only (`make up` stays light): PyPI's wheel, which on Linux brings CUDA's
+# libraries (about 5 GB installed; PyTorch's CPU-only index is not reachable from here). A venv
+# that already has torch (the CPU-only build, say) keeps it.
+TORCH_STAMP := $(VENV)/.torch-installed
+$(TORCH_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[dev,torch]'
+	@touch $(TORCH_STAMP)
+
+venv-torch: $(TORCH_STAMP)
 
 up-stack:
 	scripts/stack.sh up
@@ -43,8 +53,9 @@ down-stack:
 
 down: down-services down-stack
 
-test: venv up-stack
-	set -a && source .gangway/env && set +a && $(PY) -m pytest -q
+# GANGWAY_TEST_TORCH=required: the PyTorch test fails, never skips, when torch is missing.
+test: venv venv-torch up-stack
+	set -a && source .gangway/env && set +a && GANGWAY_TEST_TORCH=required $(PY) -m pytest -q
 
 test-unit: venv
 	$(PY) -m pytest -q -m "not integration and not e2e"

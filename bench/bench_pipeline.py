@@ -9,7 +9,9 @@ fleet would), and no agent runs, so reserved gangs simply stay reserved.
    being seen (LISTEN/NOTIFY on the log), and inside the system from JobSubmitted's to
    GangReserved's recorded time. Target: p99 < 100 ms.
 2. throughput: many jobs submitted by concurrent clients; jobs reserved per second from the
-   first POST to the last GangReserved. Target: >= 500 jobs/s.
+   first POST to the last GangReserved. Target: >= 500 jobs/s. Beside it, the CPU time each
+   service spent per job (from /proc): unlike the rates, it hardly depends on what else the
+   machine's cores are doing, so runs on a busy machine still compare.
 
 Run: `python bench/bench_pipeline.py [--jobs 3000 --clients 32 --latency-jobs 200]`.
 """
@@ -20,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -203,6 +206,32 @@ class Connection:
             self._streams = None
 
 
+def service_cpu_s(state_dir: Path) -> dict[str, float]:
+    """CPU seconds (user + system) each launched service has used so far, its children
+    included (uvicorn's workers, say), by the launcher's pid files."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parents: dict[int, int] = {}
+    used: dict[int, float] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(entry.name)] = int(fields[1])
+        used[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    totals: dict[str, float] = {}
+    for pid_file in (state_dir / "pids").glob("*.pid"):
+        root = int(pid_file.read_text().split()[0])
+        family = {root}
+        for pid in sorted(parents):
+            if parents[pid] in family:
+                family.add(pid)
+        totals[pid_file.stem] = sum(used.get(pid, 0.0) for pid in family)
+    return totals
+
+
 def job_spec(index: int) -> dict[str, Any]:
     return {"name": f"bench-{index}", "team": "bench", "tasks": 1, "gpus_per_task": 1}
 
@@ -361,12 +390,23 @@ async def main() -> None:
                     )
                 verdict = "met" if percentile(samples, 0.99) < 100 else "MISSED"
                 print(f"  target p99 < 100 ms: {verdict}")
+                cpu_before = service_cpu_s(Path(tmp))
                 submit_rate, pipeline_rate = await throughput(
                     connections, watcher, args.jobs, offset=args.latency_jobs
                 )
+                cpu_after = service_cpu_s(Path(tmp))
                 print(f"sustained submissions, {args.jobs} jobs from {args.clients} clients:")
                 print(f"  API accepted {submit_rate:,.0f} jobs/s")
                 print(f"  whole pipeline (to GangReserved): {pipeline_rate:,.0f} jobs/s")
+                per_job = {
+                    name: (cpu_after[name] - cpu_before.get(name, 0.0)) * 1000 / args.jobs
+                    for name in sorted(cpu_after)
+                }
+                print(
+                    "  CPU per job: "
+                    + ", ".join(f"{name} {ms:.2f} ms" for name, ms in per_job.items())
+                    + f" (services {sum(per_job.values()):.2f} ms)"
+                )
                 print(f"  target >= 500 jobs/s: {'met' if pipeline_rate >= 500 else 'MISSED'}")
                 append_rate, behind_api = await injected(
                     settings, watcher, args.jobs, offset=args.latency_jobs + args.jobs

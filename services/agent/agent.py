@@ -55,7 +55,16 @@ from services.agent.plan import (
     rank_env,
     ranks_to_launch,
 )
-from services.agent.ranks import RankKey, RankProcess, launch, stop_orphan
+from services.agent.ranks import (
+    MasterPorts,
+    RankKey,
+    RankProcess,
+    derived_master_port,
+    distributed_env,
+    launch,
+    node_address,
+    stop_orphan,
+)
 from services.agent.secrets import resolve_secret_env
 from services.agent.settings import AgentSettings
 from services.agent.steps import STEP_FILE, read_new_steps
@@ -102,6 +111,8 @@ class Agent:
         self._cgroups: dict[RankKey, str] = {}
         # The kernel's OOM-kill count (the rank's cgroup's, else the host's) at each launch.
         self._oom_kills: dict[RankKey, int] = {}
+        self.master_ports = MasterPorts()
+        self._addresses = {node_id: node_address(node) for node_id, node in self.nodes.items()}
         self.root_dir = settings.checkpoint_root.resolve()
         self.work_dir = settings.work_dir.resolve()
         self.isolating = isolation.isolating(settings.rank_isolation)
@@ -283,6 +294,8 @@ class Agent:
                 if bad_names:
                     raise ValueError(f"illegal environment variable name {bad_names[0]!r}")
                 env.update(await resolve_secret_env(self.store, view.spec))
+                master_addr, master_port = await self._master(reserved)
+                env.update(distributed_env(reserved.ranks, key.rank, master_addr, master_port))
                 sandbox = await asyncio.to_thread(
                     self._sandbox, view.spec, list(view.spec.command), env, workdir, cgroup_name
                 )
@@ -308,6 +321,7 @@ class Agent:
                     permanent=permanent,
                 )
                 await self.store.append(reserved.stream, None, [started, exited], meta)
+                self._release_port_if_done(key)
                 continue
             rank.checkpoints_itself = CHECKPOINT_SIGNAL_ENV in view.spec.env
             if cgroup is not None:
@@ -327,6 +341,32 @@ class Agent:
                 rank.pid,
             )
             self._spawn(self._watch(rank, meta))
+
+    async def _master(self, reserved: GangReserved) -> tuple[str, int]:
+        """MASTER_ADDR and MASTER_PORT of the attempt: rank 0's node, and the port every agent
+        derives (reserved and checked by rank 0's agent: services/agent/ranks.py)."""
+        first = min(reserved.ranks, key=lambda placement: placement.rank)
+        if first.node_id not in self.nodes:
+            port = derived_master_port(reserved.job_id, reserved.attempt)
+            return await self._address_of(first.node_id), port
+        whole_gang = all(placement.node_id in self.nodes for placement in reserved.ranks)
+        port = self.master_ports.reserve(reserved.job_id, reserved.attempt, whole_gang=whole_gang)
+        return self._addresses[first.node_id], port
+
+    async def _address_of(self, node_id: str) -> str:
+        """Another agent's node's address, as its registration in the log gives it."""
+        if node_id not in self._addresses:
+            stream = await self.store.read_stream(f"node-{node_id}")
+            registered = [e.payload for e in stream if isinstance(e.payload, NodeRegistered)]
+            if not registered:
+                raise LookupError(f"rank 0's node {node_id} never registered")
+            self._addresses[node_id] = node_address(registered[-1])
+        return self._addresses[node_id]
+
+    def _release_port_if_done(self, key: RankKey) -> None:
+        """The attempt's MASTER_PORT is free again once none of its ranks runs here."""
+        if not self._running(key.job_id, key.attempt):
+            self.master_ports.release(key.job_id, key.attempt)
 
     def _sandbox(
         self,
@@ -419,6 +459,7 @@ class Agent:
         log.info("%s exited with %d (%s)", rank.key, code, rank.stop_reason or "on its own")
         await self._record(event, meta)
         self.ranks.pop(rank.key, None)
+        self._release_port_if_done(rank.key)
 
     async def _record(self, event: TaskStarted | TaskExited, meta: Metadata) -> None:
         """Append until it is in the log: a rank's start and exit must never be lost (a lost

@@ -1,17 +1,41 @@
-"""One rank as a real subprocess: start it, signal it, stop it (SIGTERM, then SIGKILL)."""
+"""One rank as a real subprocess: start it, signal it, stop it (SIGTERM, then SIGKILL); and
+the variables PyTorch's launchers read, so that a training script runs on Gangway unchanged.
+
+MASTER_PORT: every agent that runs ranks of a gang must give them the same port, and they do
+not talk to each other. Each derives it from the job and the attempt (`derived_master_port`:
+the job's place in a range below Linux's ephemeral ports, moved on by one per attempt, so two
+attempts of a job never share it). Only rank 0's node listens on it (torch.distributed's store),
+so only rank 0's agent checks it: free on the host, and not given to another live attempt of
+its own. When that agent holds every rank of the gang (one node, or the simulated fleet, which
+is one process) nobody else has to agree, and it moves on to the next free port; when other
+agents hold ranks too it may not, and a busy port fails the attempt's launch as transient: the
+next attempt derives another port. The port stays the attempt's until its ranks have exited.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import hashlib
 import os
 import signal
+import socket
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from schemas.jobs import RankPlacement
+from schemas.nodes import NodeRegistered
 from services.agent.isolation import Sandbox
+
+# 20000-31999: clear of the well-known ports and of Linux's ephemeral range (32768-60999),
+# from which outgoing connections take theirs.
+MASTER_PORT_FIRST = 20000
+MASTER_PORT_COUNT = 12000
+# What a simulated node's ranks reach rank 0's node at: the fleet runs on the agent's host.
+SIMULATED_NODE_ADDRESS = "127.0.0.1"
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,3 +160,90 @@ def stop_orphan(workdir: Path, job_id: str) -> bool:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
     return True
+
+
+# ---------------------------------------------------------------------- distributed environment
+
+
+def node_address(node: NodeRegistered) -> str:
+    """Where other nodes' ranks reach this node: its host name for a real node (as NVML
+    discovery registered it), loopback for a node of the simulated fleet."""
+    return SIMULATED_NODE_ADDRESS if node.discovered_by == "spec" else node.hostname
+
+
+def distributed_env(
+    gang: Sequence[RankPlacement], rank: int, master_addr: str, master_port: int
+) -> dict[str, str]:
+    """The variables torchrun, torch.distributed (`init_method="env://"`) and DeepSpeed read,
+    for rank `rank` of `gang`. Nodes are numbered in the order of their lowest rank, and a
+    node's ranks in rank order, as torchrun numbers them."""
+    by_rank = sorted(gang, key=lambda placement: placement.rank)
+    nodes = list(dict.fromkeys(placement.node_id for placement in by_rank))
+    mine = next(placement for placement in by_rank if placement.rank == rank)
+    local = [placement.rank for placement in by_rank if placement.node_id == mine.node_id]
+    return {
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(len(by_rank)),
+        "LOCAL_RANK": str(local.index(rank)),
+        "LOCAL_WORLD_SIZE": str(len(local)),
+        "NODE_RANK": str(nodes.index(mine.node_id)),
+    }
+
+
+def derived_master_port(job_id: str, attempt: int) -> int:
+    """The port every agent derives for `attempt` of the job (see the module's docstring)."""
+    digest = hashlib.blake2b(job_id.encode(), digest_size=4).digest()
+    return MASTER_PORT_FIRST + (int.from_bytes(digest, "big") + attempt) % MASTER_PORT_COUNT
+
+
+def port_bindable(port: int) -> bool:
+    """Whether a server could listen on `port` on every address of this host now (as
+    torch.distributed's store does, with SO_REUSEADDR)."""
+    for family, host in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+        try:
+            probe = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue  # no IPv6 on this host
+        with probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError as error:
+                if error.errno == errno.EADDRINUSE:
+                    return False
+    return True
+
+
+class MasterPortBusy(OSError):
+    """Rank 0's port of a gang shared with other agents is taken: the launch fails, as
+    transient (the next attempt derives another port)."""
+
+
+@dataclass
+class MasterPorts:
+    """The MASTER_PORTs this agent holds for the attempts whose rank 0 runs on its nodes."""
+
+    bindable: Callable[[int], bool] = port_bindable
+    held: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def reserve(self, job_id: str, attempt: int, *, whole_gang: bool) -> int:
+        """The attempt's port (the same on every call until released). `whole_gang`: this
+        agent runs every rank, so it may move past a busy derived port."""
+        key = (job_id, attempt)
+        if key in self.held:
+            return self.held[key]
+        start = derived_master_port(job_id, attempt)
+        in_use = set(self.held.values())
+        for offset in range(MASTER_PORT_COUNT if whole_gang else 1):
+            port = MASTER_PORT_FIRST + (start - MASTER_PORT_FIRST + offset) % MASTER_PORT_COUNT
+            if port not in in_use and self.bindable(port):
+                self.held[key] = port
+                return port
+        raise MasterPortBusy(
+            errno.EADDRINUSE, f"MASTER_PORT {start} of attempt {attempt} is in use on rank 0's node"
+        )
+
+    def release(self, job_id: str, attempt: int) -> None:
+        self.held.pop((job_id, attempt), None)

@@ -85,6 +85,10 @@ class RequestMetrics:
     def __init__(self, app: ASGIApp, metrics: ApiMetrics) -> None:
         self.app = app
         self.metrics = metrics
+        # The labelled children, looked up once per label set (labels() takes a lock and
+        # builds a key on every call).
+        self._counters: dict[tuple[str, str, str], Counter] = {}
+        self._timers: dict[tuple[str, str], Histogram] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -105,5 +109,12 @@ class RequestMetrics:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
             method = str(scope.get("method", ""))
-            self.metrics.requests.labels(method, template, str(status)).inc()
-            self.metrics.latency.labels(method, template).observe(time.perf_counter() - started)
+            counted = (method, template, str(status))
+            counter = self._counters.get(counted)
+            if counter is None:
+                counter = self._counters[counted] = self.metrics.requests.labels(*counted)
+            counter.inc()
+            timer = self._timers.get(counted[:2])
+            if timer is None:
+                timer = self._timers[counted[:2]] = self.metrics.latency.labels(method, template)
+            timer.observe(time.perf_counter() - started)

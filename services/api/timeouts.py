@@ -7,7 +7,6 @@ worker's attention) forever: uvicorn has no body timeout of its own.
 from __future__ import annotations
 
 import asyncio
-import time
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -24,7 +23,8 @@ class BodyReadTimeout:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        deadline = time.monotonic() + self.timeout_s
+        # In the event loop's (monotonic) clock, for asyncio.timeout_at.
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
         body_read = False
         started = False
         answered = False
@@ -43,7 +43,9 @@ class BodyReadTimeout:
                 # Past the body, receiving only waits for the disconnect: no deadline.
                 return await receive()
             try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+                # A timeout scope, not wait_for: no task of its own per request.
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
             except TimeoutError:
                 if not started:
                     await self._request_timeout(scope, send)
