@@ -24,6 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cancel": ("gangway.commands.cancel", "ask to cancel a job"),
     "suspend": ("gangway.commands.suspend", "ask to suspend a job"),
     "resume": ("gangway.commands.resume", "ask to resume a job"),
+    "logs": ("gangway.commands.logs", "print a rank's output (-f follows it)"),
     "events": ("gangway.commands.events", "print the event log (--follow keeps printing)"),
     "nodes": ("gangway.commands.nodes", "list nodes: state, GPUs free and allocated"),
     "queues": ("gangway.commands.queues", "list queues: guarantee, ceiling, usage, borrowing"),

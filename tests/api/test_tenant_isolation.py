@@ -93,6 +93,7 @@ OTHER_TEAM_STATUS = {
     "listJobs": 200,
     "getJob": 404,
     "listJobEvents": 404,
+    "getJobLogs": 404,
     "cancelJob": 404,
     "suspendJob": 404,
     "resumeJob": 404,

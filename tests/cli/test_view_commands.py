@@ -1,0 +1,58 @@
+"""gangway logs / usage / jobs (listing) / top, against a real API server on the real log."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from gangway.cli import main
+from schemas.jobs import JobAdmitted, JobSucceeded, TaskStarted
+from services.api import logs
+from services.runtime import EventStore, Settings
+from tests.api.builders import reserved
+from tests.cli.test_api_commands import submit
+
+pytestmark = pytest.mark.integration
+
+
+def start(settings: Settings, job_id: str, *, finish: bool = False) -> None:
+    """Record what the scheduler and the agent would: admitted, reserved, both ranks started."""
+    events = [
+        JobAdmitted(job_id=job_id, queue="nlp", priority="production"),
+        reserved(job_id, [("n1", [0, 1, 2, 3]), ("n1", [4, 5, 6, 7])]),
+        TaskStarted(job_id=job_id, attempt=1, rank=0, node_id="n1"),
+        TaskStarted(job_id=job_id, attempt=1, rank=1, node_id="n1"),
+    ]
+    if finish:
+        events.append(JobSucceeded(job_id=job_id, attempt=1))
+
+    async def append() -> None:
+        store = await EventStore.connect(settings)
+        try:
+            await store.append(f"job-{job_id}", 1, events)
+        finally:
+            await store.close()
+
+    asyncio.run(append())
+
+
+def test_logs_prints_a_ranks_output_and_its_tail(
+    api_url: str, settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_id = submit(tmp_path, capsys)
+    start(settings, job_id, finish=True)
+    for rank in (0, 1):
+        path = logs.rank_log(tmp_path / "agent", job_id, 1, rank).path
+        path.parent.mkdir(parents=True)
+        path.write_text("".join(f"rank {rank} step {i}\n" for i in range(10)))
+    assert main(["logs", job_id]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "rank 0 step 9"
+    assert main(["logs", job_id, "--rank", "1", "--tail", "2"]) == 0
+    assert capsys.readouterr().out == "rank 1 step 8\nrank 1 step 9\n"
+    # Following a finished job prints what there is and ends.
+    assert main(["logs", job_id, "-f", "--tail", "1"]) == 0
+    assert capsys.readouterr().out == "rank 0 step 9\n"
+    assert main(["logs", job_id, "--attempt", "2"]) == 1
+    assert "not found" in capsys.readouterr().err
