@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "suspend": ("gangway.commands.suspend", "ask to suspend a job"),
     "resume": ("gangway.commands.resume", "ask to resume a job"),
     "logs": ("gangway.commands.logs", "print a rank's output (-f follows it)"),
+    "usage": ("gangway.commands.usage", "GPU-hours allocated and used per team (showback)"),
     "events": ("gangway.commands.events", "print the event log (--follow keeps printing)"),
     "nodes": ("gangway.commands.nodes", "list nodes: state, GPUs free and allocated"),
     "queues": ("gangway.commands.queues", "list queues: guarantee, ceiling, usage, borrowing"),

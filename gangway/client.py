@@ -141,6 +141,17 @@ class GangwayClient:
             params["type"] = ",".join(types)
         return self._call("GET", "/v1/events", params=params)
 
+    def usage(
+        self,
+        *,
+        team: str | None = None,
+        start: str | None = None,
+        end: str | None = None,
+        by: str = "day",
+    ) -> dict[str, Any]:
+        params = _params(team=team, by=by, **{"from": start, "to": end})
+        return self._call("GET", "/v1/usage", params=params)
+
     def nodes(self) -> dict[str, Any]:
         return self._call("GET", "/v1/nodes")
 

@@ -94,6 +94,7 @@ OTHER_TEAM_STATUS = {
     "getJob": 404,
     "listJobEvents": 404,
     "getJobLogs": 404,
+    "getUsage": 200,
     "cancelJob": 404,
     "suspendJob": 404,
     "resumeJob": 404,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 from pathlib import Path
 
 import pytest
@@ -56,3 +58,20 @@ def test_logs_prints_a_ranks_output_and_its_tail(
     assert capsys.readouterr().out == "rank 0 step 9\n"
     assert main(["logs", job_id, "--attempt", "2"]) == 1
     assert "not found" in capsys.readouterr().err
+
+
+def test_usage_prints_a_table_and_csv_for_finance(
+    api_url: str, settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_id = submit(tmp_path, capsys)
+    start(settings, job_id)  # running: its hours count up to now
+    assert main(["usage"]) == 0
+    out = capsys.readouterr().out
+    assert "ALLOCATED GPU-H" in out and "nlp" in out
+    assert main(["usage", "--csv", "--by", "week"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    [row] = rows
+    assert row["team"] == "nlp"
+    assert float(row["allocated_gpu_hours"]) >= float(row["used_gpu_hours"]) >= 0
+    assert main(["usage", "--from", "2026-01-02", "--to", "2026-01-01"]) == 1
+    assert "before" in capsys.readouterr().err

@@ -30,6 +30,7 @@ from services.api.projections.tenancy import (
     job_of_stream,
     team_of_stream,
 )
+from services.api.projections.usage import UsageBook
 
 
 class Outcome(enum.Enum):
@@ -73,6 +74,7 @@ class ReadModels:
     waiting_by_team: Counter[str] = field(default_factory=Counter)
     tenancy: Tenancy = field(default_factory=Tenancy)
     audit: AuditIndex = field(default_factory=AuditIndex)
+    usage: UsageBook = field(default_factory=UsageBook)
     stream_versions: dict[str, int] = field(default_factory=dict)
     watermark: Watermark = field(default_factory=Watermark)
     events_applied: int = 0
@@ -110,6 +112,11 @@ class ReadModels:
         if after is not None and after is not before:
             self.jobs[after.id] = after
             self._reindex_job(before, after)
+            self.usage.observe(before, after, at, self._gpu_type_of)
+
+    def _gpu_type_of(self, node_id: str) -> str | None:
+        node = self.nodes.get(node_id)
+        return None if node is None else node.gpu_type
 
     def _fold_node(self, event: NodeEvent, at: datetime, position: int) -> None:
         node = evolve_node(self.nodes.get(event.node_id), event, at=at)
