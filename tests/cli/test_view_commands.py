@@ -5,21 +5,25 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+import json
 from pathlib import Path
 
 import pytest
 
 from gangway.cli import main
+from gangway.commands import jobs as jobs_command
 from schemas.jobs import JobAdmitted, JobSucceeded, TaskStarted
 from services.api import logs
 from services.runtime import EventStore, Settings
-from tests.api.builders import reserved
+from tests.api.builders import node, reserved
 from tests.cli.test_api_commands import submit
 
 pytestmark = pytest.mark.integration
 
 
-def start(settings: Settings, job_id: str, *, finish: bool = False) -> None:
+def start(
+    settings: Settings, job_id: str, *, finish: bool = False, register: bool = False
+) -> None:
     """Record what the scheduler and the agent would: admitted, reserved, both ranks started."""
     events = [
         JobAdmitted(job_id=job_id, queue="nlp", priority="production"),
@@ -33,6 +37,8 @@ def start(settings: Settings, job_id: str, *, finish: bool = False) -> None:
     async def append() -> None:
         store = await EventStore.connect(settings)
         try:
+            if register:
+                await store.append("node-n1", 0, [node("n1")])
             await store.append(f"job-{job_id}", 1, events)
         finally:
             await store.close()
@@ -75,3 +81,42 @@ def test_usage_prints_a_table_and_csv_for_finance(
     assert float(row["allocated_gpu_hours"]) >= float(row["used_gpu_hours"]) >= 0
     assert main(["usage", "--from", "2026-01-02", "--to", "2026-01-01"]) == 1
     assert "before" in capsys.readouterr().err
+
+
+def test_jobs_lists_active_jobs_newest_first_and_all_with_all(
+    api_url: str,
+    settings: Settings,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first, second, third = (submit(tmp_path, capsys) for _ in range(3))
+    start(settings, first, finish=True)
+    # Pages of two: every page is read, nothing falls off the end.
+    monkeypatch.setattr(jobs_command, "PAGE", 2)
+
+    assert main(["jobs", "-o", "json"]) == 0
+    assert [job["id"] for job in json.loads(capsys.readouterr().out)] == [third, second]
+    assert main(["jobs", "--all", "-o", "json"]) == 0
+    assert [job["id"] for job in json.loads(capsys.readouterr().out)] == [third, second, first]
+    assert main(["jobs", "--state", "succeeded", "-o", "json"]) == 0
+    assert [job["id"] for job in json.loads(capsys.readouterr().out)] == [first]
+    assert main(["jobs", "--team", "vision", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+
+    assert main(["jobs", "-o", "wide"]) == 0
+    out = capsys.readouterr().out
+    assert "ATTEMPTS" in out and third in out and first not in out
+    assert out.index(third) < out.index(second)
+
+
+def test_top_draws_the_cluster_the_teams_and_the_queue(
+    api_url: str, settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    running, waiting = submit(tmp_path, capsys), submit(tmp_path, capsys)
+    start(settings, running, register=True)
+    assert main(["top", "--once"]) == 0
+    out = capsys.readouterr().out
+    assert "Top teams" in out and "nlp" in out
+    assert running in out and waiting in out
+    assert "8/8 allocated" in out  # the one node's 8 GPUs, held by the running gang
