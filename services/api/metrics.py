@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.api.feed import ReadModelFeed
+from services.api.observability import ObservabilityCollector
 from services.api.projections.cluster import summarize
 
 
@@ -35,6 +36,9 @@ class ApiMetrics:
         )
         self._feed: ReadModelFeed | None = None
         self.registry.register(_ReadModelCollector(lambda: self._feed))
+        self.registry.register(
+            ObservabilityCollector(lambda: None if self._feed is None else self._feed.models)
+        )
 
     def watch(self, feed: ReadModelFeed) -> None:
         self._feed = feed

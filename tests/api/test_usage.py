@@ -6,11 +6,15 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from uuid import uuid4
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.base import Event
+from schemas.checkpoints import CheckpointCommitted, CheckpointShard
 from schemas.envelope import EventEnvelope
 from schemas.jobs import (
     JobAdmitted,
@@ -19,6 +23,7 @@ from schemas.jobs import (
     PreemptionRequested,
     TaskStarted,
 )
+from services.api.observability import ObservabilityCollector, unusable_free_gpus
 from services.api.projections.model import ReadModels
 from services.api.projections.usage import report
 from services.runtime import EventStore
@@ -197,3 +202,77 @@ async def test_the_usage_route_shows_a_team_its_own_and_the_admin_everything(
         bad = await api.client.get("/v1/usage", headers=admin, params=params)
         assert bad.status_code == 422, (params, bad.text)
         assert bad.headers["content-type"] == "application/problem+json"
+
+
+def test_queue_waits_and_work_lost_since_the_last_checkpoint() -> None:
+    clock = Clock()
+    clock.at(0, node("n1"), submitted("j1", tasks=1, gpus_per_task=2))
+    clock.at(1, JobAdmitted(job_id="j1", queue="nlp", priority="research"))
+    clock.at(2, reserved("j1", [("n1", [0, 1])]), *started("j1", 1))  # waited 2 h
+    clock.at(
+        3,
+        CheckpointCommitted(job_id="j1", attempt=1, checkpoint_id="c1", step=10, shards=[shard()]),
+    )
+    clock.at(
+        4,
+        PreemptionRequested(job_id="j1", attempt=1, preemptor_job_id=None, reason="x", grace_s=0),
+    )
+    clock.at(5, JobRequeued(job_id="j1", attempt=1, code="preempted", reason="x"))
+    clock.at(5.5, reserved("j1", [("n1", [0, 1])], attempt=2))  # waited 30 min
+    book = clock.models.usage
+    waits = book.waits[("research", "nlp")]
+    assert (waits.count, waits.total_s) == (2, 2 * 3600 + 1800)
+    # 2 GPUs ran 2 h past the checkpoint at 03:00 before the requeue at 05:00.
+    assert book.lost_gpu_seconds == {("nlp", "preempted"): 2 * 2 * 3600}
+
+    found = samples(clock.models)
+    assert (
+        found[
+            (
+                "gangway_queue_wait_seconds_bucket",
+                ("le", "3600.0"),
+                ("priority", "research"),
+                ("team", "nlp"),
+            )
+        ]
+        == 1
+    )
+    assert (
+        found[("gangway_queue_wait_seconds_count", ("priority", "research"), ("team", "nlp"))] == 2
+    )
+    assert (
+        found[("gangway_lost_gpu_seconds_total", ("cause", "preempted"), ("team", "nlp"))] == 14400
+    )
+    assert found[("gangway_team_gpus_allocated", ("gpu_type", "H100"), ("team", "nlp"))] == 2
+    assert found[("gangway_jobs", ("state", "reserved"))] == 1
+    assert found[("gangway_preemptions_total", ("priority", "research"), ("team", "nlp"))] == 1
+
+
+def test_free_gpus_no_waiting_task_fits_are_fragmentation() -> None:
+    clock = Clock()
+    clock.at(0, node("n1"), node("n2"), submitted("small", tasks=1, gpus_per_task=6))
+    clock.at(0, JobAdmitted(job_id="small", queue="nlp", priority="research"))
+    clock.at(0, reserved("small", [("n1", list(range(6)))]))
+    assert unusable_free_gpus(clock.models) == (10, 0)  # nothing waits
+    clock.at(1, submitted("big", tasks=1, gpus_per_task=4))
+    # n1's 2 free GPUs fit no waiting task of 4; n2's 8 do.
+    assert unusable_free_gpus(clock.models) == (10, 2)
+    found = samples(clock.models)
+    assert found[("gangway_gpus_free_unusable",)] == 2
+    assert found[("gangway_gpus_free_unusable_ratio",)] == 0.2
+
+
+def samples(models: ReadModels) -> dict[tuple[Any, ...], float]:
+    """What a scrape of the collector shows: (name, sorted label pairs…) -> value."""
+    registry = CollectorRegistry()
+    registry.register(ObservabilityCollector(lambda: models))
+    text = generate_latest(registry).decode()
+    return {
+        (sample.name, *sorted(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def shard() -> CheckpointShard:
+    return CheckpointShard(rank=0, uri="file:///c1/0", sha256="0" * 64, bytes=1)

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from schemas.base import Event
+from schemas.checkpoints import CheckpointCommitted
 from schemas.envelope import EventEnvelope
 from schemas.jobs import WAITING_STATES, JobEvent
 from schemas.nodes import NodeEvent
@@ -114,6 +115,9 @@ class ReadModels:
             self._reindex_job(before, after)
             self.usage.observe(before, after, at, self._gpu_type_of)
 
+    def _fold_checkpoint(self, event: CheckpointCommitted, at: datetime, position: int) -> None:
+        self.usage.checkpointed(event.job_id, event.attempt, at)
+
     def _gpu_type_of(self, node_id: str) -> str | None:
         node = self.nodes.get(node_id)
         return None if node is None else node.gpu_type
@@ -189,4 +193,5 @@ _MODEL_FOLDS: dict[type[Event], Callable[[ReadModels, Any, datetime, int], None]
     # Written after the tenancy entries on purpose: a team's creation feeds more than tenancy.
     TeamCreated: ReadModels._fold_team_created,
     QueueConfigured: ReadModels._fold_queue_configured,
+    CheckpointCommitted: ReadModels._fold_checkpoint,
 }

@@ -8,6 +8,11 @@ book is exactly as reproducible by replay as the job records are):
 - used: while every rank of the gang runs (state `running`, and `preempting` once all had
   started): the GPUs were running the team's code.
 
+Beside them, what the metrics report (services/api/observability.py): queue waits (from the
+moment a job waits, submitted or requeued, to its gang's reservation) per priority class and
+team, and GPU-seconds of work lost when an attempt ends before its end (requeued, failed): the
+time its ranks ran since its last committed checkpoint.
+
 Raw utilization (NVML) is telemetry, never in the log; it is a Prometheus series instead
 (docs/observability.md). `report` cuts the intervals into day or week buckets (UTC, weeks from
 Monday) over a window; an interval still open counts up to `now`, which the caller passes in.
@@ -21,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
+from schemas.jobs import WAITING_STATES
 from services.api.projections.jobs import JobReadModel
 
 Bucket = Literal["day", "week"]
@@ -58,13 +64,59 @@ def _holds(job: JobReadModel | None) -> bool:
     return job is not None and job.holds_gpus
 
 
+# Queue wait histogram buckets, seconds: a minute to a week.
+WAIT_BUCKETS: tuple[float, ...] = (
+    1,
+    10,
+    30,
+    60,
+    300,
+    900,
+    1800,
+    3600,
+    4 * 3600,
+    12 * 3600,
+    86400,
+    3 * 86400,
+    7 * 86400,
+)
+
+
+@dataclass(slots=True)
+class WaitHistogram:
+    """Cumulative-ready counts per upper bound (the last is +Inf), the sum and the count."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(WAIT_BUCKETS) + 1))
+    total_s: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        index = next((i for i, b in enumerate(WAIT_BUCKETS) if seconds <= b), len(WAIT_BUCKETS))
+        self.counts[index] += 1
+        self.total_s += seconds
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+
 @dataclass(slots=True)
 class UsageBook:
     allocated: list[Interval] = field(default_factory=list)
     used: list[Interval] = field(default_factory=list)
+    # (priority class, team) -> how long jobs waited for their gang.
+    waits: dict[tuple[str, str], WaitHistogram] = field(default_factory=dict)
+    # (team, cause: the requeue code, or `failed`) -> GPU-seconds of work since the last
+    # committed checkpoint, thrown away when an attempt ended early.
+    lost_gpu_seconds: dict[tuple[str, str], float] = field(default_factory=dict)
     # job id -> its open intervals (one per GPU type of its placement).
     _open_allocated: dict[str, list[Interval]] = field(default_factory=dict)
     _open_used: dict[str, list[Interval]] = field(default_factory=dict)
+    _waiting_since: dict[str, datetime] = field(default_factory=dict)
+    # job id -> (attempt, time) of its latest committed checkpoint.
+    _checkpointed: dict[str, tuple[int, datetime]] = field(default_factory=dict)
+
+    def checkpointed(self, job_id: str, attempt: int, at: datetime) -> None:
+        self._checkpointed[job_id] = (attempt, at)
 
     def observe(
         self,
@@ -74,6 +126,9 @@ class UsageBook:
         gpu_type_of: Callable[[str], str | None],
     ) -> None:
         """Open or close the job's intervals on the transition `before` → `after` at `at`."""
+        self._account_wait(before, after, at)
+        if _uses(before) and not _holds(after):
+            self._account_loss(after, at)
         self._step(
             self.allocated,
             self._open_allocated,
@@ -84,6 +139,30 @@ class UsageBook:
             gpu_type_of,
         )
         self._step(self.used, self._open_used, _uses(before), _uses(after), after, at, gpu_type_of)
+
+    def _account_wait(self, before: JobReadModel | None, after: JobReadModel, at: datetime) -> None:
+        waited = before is not None and before.state in WAITING_STATES
+        if after.state in WAITING_STATES:
+            if not waited:
+                self._waiting_since[after.id] = at
+            return
+        since = self._waiting_since.pop(after.id, None)
+        if since is not None and _holds(after):
+            key = (after.priority, after.spec.team)
+            self.waits.setdefault(key, WaitHistogram()).observe((at - since).total_seconds())
+
+    def _account_loss(self, after: JobReadModel, at: datetime) -> None:
+        if after.state == "succeeded":
+            return
+        cause = "failed" if after.state == "failed" else (after.reason_code or after.state)
+        if after.state in ("cancelled", "suspended"):
+            return  # asked for by a person: not lost by the system
+        ran_since = min((i.start for i in self._open_used.get(after.id, [])), default=at)
+        attempt, checkpoint_at = self._checkpointed.get(after.id, (0, ran_since))
+        since = max(ran_since, checkpoint_at) if attempt == after.attempt else ran_since
+        seconds = max(0.0, (at - since).total_seconds()) * after.gpus
+        key = (after.spec.team, cause)
+        self.lost_gpu_seconds[key] = self.lost_gpu_seconds.get(key, 0.0) + seconds
 
     @staticmethod
     def _step(
