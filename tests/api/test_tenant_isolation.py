@@ -95,6 +95,7 @@ OTHER_TEAM_STATUS = {
     "listJobEvents": 404,
     "getJobLogs": 404,
     "getUsage": 200,
+    "getDashboard": 200,
     "cancelJob": 404,
     "suspendJob": 404,
     "resumeJob": 404,

@@ -115,6 +115,11 @@ class UsageBook:
     # job id -> (attempt, time) of its latest committed checkpoint.
     _checkpointed: dict[str, tuple[int, datetime]] = field(default_factory=dict)
 
+    def holding_since(self, job_id: str) -> datetime | None:
+        """When the job's current gang was reserved; None when it holds none."""
+        intervals = self._open_allocated.get(job_id)
+        return intervals[0].start if intervals else None
+
     def checkpointed(self, job_id: str, attempt: int, at: datetime) -> None:
         self._checkpointed[job_id] = (attempt, at)
 
