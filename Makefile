@@ -47,6 +47,7 @@ down: down-services down-stack
 
 test: venv up-stack
 	scripts/prometheus.sh
+	scripts/browser.sh
 	set -a && source .gangway/env && set +a && $(PY) -m pytest -q
 
 test-unit: venv
@@ -54,6 +55,7 @@ test-unit: venv
 
 test-integration: venv up-stack
 	scripts/prometheus.sh
+	scripts/browser.sh
 	set -a && source .gangway/env && set +a && $(PY) -m pytest -q -m integration
 
 bench: venv up-stack
