@@ -20,6 +20,7 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from schemas.jobs import JOB_STATES, WAITING_STATES
+from services.api.activity import GpuActivity
 from services.api.projections.model import ReadModels
 from services.api.projections.usage import WAIT_BUCKETS, Interval
 
@@ -60,8 +61,13 @@ def _gpu_seconds(intervals: list[Interval], now: datetime) -> dict[tuple[str, st
 
 
 class ObservabilityCollector(Collector):
-    def __init__(self, models: Callable[[], ReadModels | None]) -> None:
+    def __init__(
+        self,
+        models: Callable[[], ReadModels | None],
+        activity: Callable[[], GpuActivity | None] = lambda: None,
+    ) -> None:
         self._models = models
+        self._activity = activity
 
     def collect(self) -> Iterator[Metric]:
         models = self._models()
@@ -70,6 +76,9 @@ class ObservabilityCollector(Collector):
         now = datetime.now(UTC)
         yield from self._jobs(models)
         yield from self._gpus(models)
+        activity = self._activity()
+        if activity is not None:
+            yield from self._busy(models, activity, now)
         yield from self._waits(models)
         yield from self._gpu_time(models, now)
 
@@ -123,6 +132,39 @@ class ObservabilityCollector(Collector):
         )
         gauge.add_metric([], round(unusable / free, 6) if free else 0.0)
         yield gauge
+
+    @staticmethod
+    def _busy(models: ReadModels, activity: GpuActivity, now: datetime) -> Iterator[Metric]:
+        """Allocated GPUs' real use (NVML utilization), by team and GPU type: the sum of the
+        sampled GPUs' utilization, and its ratio to the GPUs sampled."""
+        busy: dict[tuple[str, str], float] = defaultdict(float)
+        sampled: Counter[tuple[str, str]] = Counter()
+        for node_id, held in models.allocations.items():
+            node = models.nodes.get(node_id)
+            gpu_type = node.gpu_type if node is not None else "unknown"
+            for job_id, gpus in held.items():
+                job = models.jobs.get(job_id)
+                key = (job.spec.team if job else "unknown", gpu_type)
+                for gpu in gpus:
+                    used = activity.utilization(node_id, gpu, now)
+                    if used is not None:
+                        busy[key] += used
+                        sampled[key] += 1
+        gauge = GaugeMetricFamily(
+            "gangway_team_gpus_busy",
+            "Allocated GPUs' NVML utilization summed (1 = one GPU fully busy), by team and type",
+            labels=["team", "gpu_type"],
+        )
+        ratio = GaugeMetricFamily(
+            "gangway_team_gpu_utilization_ratio",
+            "Used over allocated: mean NVML utilization of a team's allocated GPUs",
+            labels=["team", "gpu_type"],
+        )
+        for key, count in sorted(sampled.items()):
+            gauge.add_metric(list(key), round(busy[key], 6))
+            ratio.add_metric(list(key), round(busy[key] / count, 6))
+        yield gauge
+        yield ratio
 
     @staticmethod
     def _waits(models: ReadModels) -> Iterator[Metric]:

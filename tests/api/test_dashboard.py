@@ -6,19 +6,30 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from aiokafka import AIOKafkaProducer
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.jobs import JobAdmitted, TaskStarted
 from schemas.nodes import GpuUnhealthy
+from schemas.telemetry import GpuSample, NodeHeartbeat
+from services.api.activity import GpuActivity
+from services.api.app import create_app
 from services.api.auth import Principal
+from services.api.observability import ObservabilityCollector
 from services.api.projections.dashboard import snapshot
 from services.api.projections.model import ReadModels
-from services.runtime import EventStore
+from services.runtime import EventStore, Settings
+from services.runtime.consumer import publish_telemetry
+from services.runtime.topics import Topics, ensure_topics
 from tests.api.builders import Log, node, reserved, submitted
-from tests.api.conftest import ADMIN_TOKEN, Api
+from tests.api.conftest import ADMIN_TOKEN, Api, api_settings
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
@@ -61,7 +72,13 @@ def test_the_grid_is_blocks_racks_nodes_gpus_with_each_gpus_state() -> None:
     [block] = view["cluster"]["blocks"]
     assert block["id"] == "b1" and [r["id"] for r in block["racks"]] == ["r1", "r2"]
     gpus = gpu_states(view)
-    assert gpus[("n1", 0)] == {"index": 0, "state": "allocated", "job": "nlp-run", "team": "nlp"}
+    assert gpus[("n1", 0)] == {
+        "index": 0,
+        "state": "allocated",
+        "job": "nlp-run",
+        "team": "nlp",
+        "utilization": None,  # no telemetry given
+    }
     assert gpus[("n1", 2)]["job"] == "vision-run"
     assert gpus[("n1", 6)]["state"] == "free"
     assert gpus[("n2", 7)]["state"] == "unhealthy"
@@ -73,7 +90,13 @@ def test_a_team_sees_its_own_jobs_and_only_that_others_gpus_are_taken() -> None:
     view = snapshot(two_teams(), Principal(team="nlp"))
     gpus = gpu_states(view)
     assert gpus[("n1", 0)]["job"] == "nlp-run"
-    assert gpus[("n1", 2)] == {"index": 2, "state": "allocated", "job": None, "team": None}
+    assert gpus[("n1", 2)] == {
+        "index": 2,
+        "state": "allocated",
+        "job": None,
+        "team": None,
+        "utilization": None,
+    }
     assert [j["id"] for j in view["queue"]["running"]] == ["nlp-run"]
     assert [j["id"] for j in view["queue"]["waiting"]] == ["nlp-wait"]
     assert "vision" not in json.dumps(view)
@@ -172,6 +195,78 @@ async def test_the_stream_redraws_when_a_job_is_submitted_and_starts(
                 assert gpu_states(view)[("n1", 0)]["job"] == job_id
                 # The other team's stream shows the GPUs taken, never by what.
                 async for view in snapshots(theirs):
-                    if gpu_states(view)[("n1", 0)]["state"] == "allocated":
+                    # (The first snapshots may predate the node's registration.)
+                    if gpu_states(view).get(("n1", 0), {}).get("state") == "allocated":
                         break
                 assert job_id not in json.dumps(view)
+
+
+async def test_gpu_activity_from_telemetry_colours_the_grid_and_feeds_the_metrics() -> None:
+    models = two_teams()
+    activity = GpuActivity()
+    now = datetime(2026, 11, 21, 13, 0, tzinfo=UTC)
+    heartbeat = NodeHeartbeat(
+        node_id="n1",
+        at=now - timedelta(seconds=5),
+        gpus=[GpuSample(index=0, utilization=90), GpuSample(index=1, utilization=10)],
+    )
+    await activity.observe(heartbeat)
+    # A late redelivery of an older sample changes nothing.
+    await activity.observe(
+        heartbeat.model_copy(
+            update={"at": now - timedelta(minutes=1), "gpus": [GpuSample(index=0, utilization=0)]}
+        )
+    )
+    gpus = gpu_states(snapshot(models, Principal(team=None), now=now, activity=activity))
+    assert (gpus[("n1", 0)]["utilization"], gpus[("n1", 1)]["utilization"]) == (0.9, 0.1)
+    assert gpus[("n1", 2)]["utilization"] is None  # never reported
+    assert activity.utilization("n1", 0, now + timedelta(minutes=5)) is None  # stale
+
+    # The metrics judge freshness by the clock at scrape time: a heartbeat of just now.
+    await activity.observe(heartbeat.model_copy(update={"at": datetime.now(UTC)}))
+    registry = CollectorRegistry()
+    registry.register(ObservabilityCollector(lambda: models, lambda: activity))
+    families = {
+        (s.name, *sorted(s.labels.items())): s.value
+        for f in text_string_to_metric_families(generate_latest(registry).decode())
+        for s in f.samples
+    }
+    nlp = (("gpu_type", "H100"), ("team", "nlp"))
+    # nlp's gang holds n1's GPUs 0 and 1: 90% and 10% busy.
+    assert families[("gangway_team_gpus_busy", *nlp)] == pytest.approx(1.0)
+    assert families[("gangway_team_gpu_utilization_ratio", *nlp)] == pytest.approx(0.5)
+    # vision's GPUs sent nothing: no figure rather than a made-up 0%.
+    assert not any(
+        key[0] == "gangway_team_gpus_busy" and ("team", "vision") in key for key in families
+    )
+
+
+@pytest.mark.integration
+async def test_heartbeats_on_the_bus_reach_the_dashboard(
+    settings: Settings, store: EventStore, tmp_path: Path
+) -> None:
+    await ensure_topics(settings)
+    app = create_app(api_settings(settings, tmp_path), use_bus=True)
+    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    await producer.start()
+    try:
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://t"
+            ) as client,
+        ):
+            await store.append("node-n1", 0, [node("n1")])
+            beat = NodeHeartbeat(
+                node_id="n1", at=datetime.now(UTC), gpus=[GpuSample(index=3, utilization=75)]
+            )
+            async with asyncio.timeout(60):
+                while True:
+                    # Sent again until the API's new consumer group has joined and read it.
+                    await publish_telemetry(producer, Topics.from_settings(settings), beat)
+                    view = (await client.get("/v1/dashboard", headers=ADMIN)).json()
+                    if gpu_states(view).get(("n1", 3), {}).get("utilization") == 0.75:
+                        break
+                    await asyncio.sleep(0.2)
+    finally:
+        await producer.stop()

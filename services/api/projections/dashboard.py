@@ -15,6 +15,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from schemas.jobs import HOLDING_STATES, WAITING_STATES
+from services.api.activity import GpuActivity
 from services.api.auth import Principal
 from services.api.projections.cluster import summarize
 from services.api.projections.model import ReadModels
@@ -29,7 +30,9 @@ def _iso(moment: datetime | None) -> str | None:
     return None if moment is None else moment.isoformat()
 
 
-def _gpus(models: ReadModels, principal: Principal) -> list[dict[str, Any]]:
+def _gpus(
+    models: ReadModels, principal: Principal, activity: GpuActivity | None, now: datetime
+) -> list[dict[str, Any]]:
     """blocks → racks → nodes, each node with its GPUs' state and, where visible, job."""
     blocks: dict[str, dict[str, list[dict[str, Any]]]] = defaultdict(lambda: defaultdict(list))
     for node in sorted(models.nodes.values(), key=lambda n: n.id):
@@ -59,6 +62,10 @@ def _gpus(models: ReadModels, principal: Principal) -> list[dict[str, Any]]:
                     "state": state,
                     "job": job_id if visible else None,
                     "team": job.spec.team if visible and job is not None else None,
+                    # From telemetry (0..1), None when not reported lately.
+                    "utilization": (
+                        None if activity is None else activity.utilization(node.id, index, now)
+                    ),
                 }
             )
         blocks[node.block][node.rack].append(
@@ -157,7 +164,10 @@ def _waits(models: ReadModels, principal: Principal) -> dict[str, Any]:
 
 
 def snapshot(
-    models: ReadModels, principal: Principal, now: datetime | None = None
+    models: ReadModels,
+    principal: Principal,
+    now: datetime | None = None,
+    activity: GpuActivity | None = None,
 ) -> dict[str, Any]:
     moment = now or datetime.now(UTC)
     summary = summarize(models)
@@ -174,7 +184,7 @@ def snapshot(
             "fragmentation": summary.fragmentation,
             "pending_jobs": summary.pending_jobs,
             "running_jobs": summary.holding_jobs,
-            "blocks": _gpus(models, principal),
+            "blocks": _gpus(models, principal, activity, moment),
         },
         "queue": _queue(models, principal, moment),
         "usage": _usage(models, principal, moment),

@@ -4,10 +4,10 @@
   JavaScript and CSS, no build step, nothing fetched from elsewhere). They hold no data, so they
   need no token; the page asks for one and keeps it in the browser's local storage.
 - `GET /v1/dashboard`: one snapshot (services/api/projections/dashboard.py) for the caller.
-- `GET /v1/dashboard/stream`: server-sent events, a `snapshot` event whenever the read models
-  move (and at once), a comment every few seconds to keep the connection alive. The page reads
-  it with `fetch` (EventSource cannot send an Authorization header). Left out of the OpenAPI
-  document: it never ends, which generated-request tests cannot use.
+- `GET /v1/dashboard/stream`: server-sent events, a `snapshot` event at once, whenever the read
+  models move, and every few seconds for the GPUs' activity (telemetry is not in the log).
+  The page reads it with `fetch` (EventSource cannot send an Authorization header). Left out
+  of the OpenAPI document: it never ends, which generated-request tests cannot use.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ from services.api.projections.dashboard import snapshot
 UI = Path(__file__).resolve().parent.parent / "ui"
 # The files the page is made of, and nothing else: a request never names a path.
 UI_FILES = {"app.js": "text/javascript", "style.css": "text/css"}
-KEEPALIVE_S = 15.0
+# The stream's longest silence: a snapshot at least this often (activity, elapsed times), which
+# also keeps proxies from closing an idle connection.
+ACTIVITY_S = 5.0
 
 router = APIRouter(tags=["dashboard"], responses=PROBLEM_RESPONSES)
 
@@ -53,8 +55,8 @@ _NO_STORE = {"Cache-Control": "no-store"}
     operation_id="getDashboard",
     summary="What the dashboard shows: the GPU grid, the queue, usage, queue waits",
 )
-async def get_dashboard(caller: Caller, models: Models) -> dict[str, Any]:
-    return snapshot(models, caller)
+async def get_dashboard(caller: Caller, models: Models, context: Context) -> dict[str, Any]:
+    return snapshot(models, caller, activity=context.activity)
 
 
 @router.get("/v1/dashboard/stream", include_in_schema=False)
@@ -70,13 +72,12 @@ async def stream_dashboard(
         while not await request.is_disconnected():
             models = await context.fresh()
             position = models.watermark.position
-            if position != sent_at:
+            # GPU activity changes without events: it is redrawn at least every ACTIVITY_S.
+            if position != sent_at or idle >= ACTIVITY_S:
                 sent_at = position
                 idle = 0.0
-                yield f"event: snapshot\ndata: {json.dumps(snapshot(models, caller))}\n\n"
-            elif idle >= KEEPALIVE_S:
-                idle = 0.0
-                yield ": keepalive\n\n"
+                view = snapshot(models, caller, activity=context.activity)
+                yield f"event: snapshot\ndata: {json.dumps(view)}\n\n"
             await asyncio.sleep(interval)
             idle += interval
 

@@ -160,6 +160,7 @@ function renderLegend() {
   legend.replaceChildren(
     ...Object.entries(STATE_COLOURS).map(([state, colour]) =>
       el("span", { style: `--c: ${colour}` }, state === "mine" ? "allocated (yours)" : state)),
+    el("span", { style: "--c: var(--allocated); opacity: .35" }, "allocated, idle (telemetry)"),
   );
 }
 
@@ -181,11 +182,15 @@ function renderGrid(blocks, viewer) {
                   (gpu.job ? ` · job ${gpu.job} · team ${gpu.team}` : "") +
                   (node.state !== "ready" ? ` · node ${node.state}` : "") +
                   (node.reason ? ` · ${node.reason}` : "") +
-                  (node.degraded.length ? ` · degraded: ${node.degraded.join(", ")}` : "");
+                  (node.degraded.length ? ` · degraded: ${node.degraded.join(", ")}` : "") +
+                  (gpu.utilization != null ? ` · busy ${Math.round(100 * gpu.utilization)}%` : "");
+                // Real activity from telemetry: an allocated GPU that idles is drawn faint.
+                const faint = gpu.state === "allocated" && gpu.utilization != null;
                 return el("div", {
                   class: `gpu ${state}`,
                   "data-state": gpu.state,
                   "data-job": gpu.job || "",
+                  style: faint ? `opacity: ${(0.3 + 0.7 * gpu.utilization).toFixed(2)}` : "",
                   onmouseenter: (e) => { tip.textContent = text; tip.hidden = false; moveTip(e); },
                   onmousemove: moveTip,
                   onmouseleave: () => { tip.hidden = true; },
