@@ -20,8 +20,20 @@ COPY services ./services
 COPY gangway ./gangway
 RUN pip install --no-deps .
 
-RUN useradd --system --uid 10001 gangway
+# The code stays root-owned and read-only to the services; what they write (the API's admin
+# token, the agents' rank directories and logs, checkpoints, faults) lives under
+# /var/lib/gangway, owned by the service user (a named volume mounted there starts with it).
+RUN useradd --system --uid 10001 --home-dir /var/lib/gangway gangway \
+    && mkdir -p /var/lib/gangway/api /var/lib/gangway/agent /var/lib/gangway/checkpoints \
+        /var/lib/gangway/faults \
+    && chown -R gangway /var/lib/gangway
+ENV GANGWAY_ADMIN_TOKEN_FILE=/var/lib/gangway/api/admin.token \
+    GANGWAY_WORK_DIR=/var/lib/gangway/agent \
+    GANGWAY_LOGS_DIR=/var/lib/gangway/agent \
+    GANGWAY_CHECKPOINT_ROOT=/var/lib/gangway/checkpoints \
+    GANGWAY_FAULT_DIR=/var/lib/gangway/faults
 USER gangway
+WORKDIR /var/lib/gangway
 
 # Overridden per service in docker-compose.yml.
 CMD ["python", "-m", "services.api"]

@@ -35,8 +35,10 @@ up-stack:
 	scripts/stack.sh up
 
 # Migrations, admin token, every service and the simulated fleet (GANGWAY_CLUSTER, default
-# 16x8:4:2); prints the API URL. Idempotent: what already runs is left running.
+# 16x8:4:2) and Prometheus (unless GANGWAY_PROMETHEUS=0); prints the API URL. Idempotent:
+# what already runs is left running.
 up-services: venv up-stack
+	scripts/prometheus.sh
 	$(PY) -m gangway.launcher up
 
 up: venv up-stack up-services
@@ -55,12 +57,16 @@ down: down-services down-stack
 
 # GANGWAY_TEST_TORCH=required: the PyTorch test fails, never skips, when torch is missing.
 test: venv venv-torch up-stack
+	scripts/prometheus.sh
+	scripts/browser.sh
 	set -a && source .gangway/env && set +a && GANGWAY_TEST_TORCH=required $(PY) -m pytest -q
 
 test-unit: venv
 	$(PY) -m pytest -q -m "not integration and not e2e"
 
 test-integration: venv up-stack
+	scripts/prometheus.sh
+	scripts/browser.sh
 	set -a && source .gangway/env && set +a && $(PY) -m pytest -q -m integration
 
 bench: venv up-stack

@@ -18,7 +18,7 @@ from typing import Protocol, cast
 COMMANDS: dict[str, tuple[str, str]] = {
     "simulate": ("gangway.commands.simulate", "replay a job trace through the scheduling core"),
     "submit": ("gangway.commands.submit", "submit a job spec (YAML or JSON file)"),
-    "jobs": ("gangway.commands.jobs", "list jobs"),
+    "jobs": ("gangway.commands.jobs", "list jobs: active ones newest first (--all: finished too)"),
     "job": ("gangway.commands.job", "show one job"),
     "why": ("gangway.commands.why", "explain a job's state: the reason and the estimated start"),
     "cancel": ("gangway.commands.cancel", "ask to cancel a job"),
@@ -26,6 +26,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "resume": ("gangway.commands.resume", "ask to resume a job"),
     "hold": ("gangway.commands.hold", "hold a waiting job (or array): never placed until released"),
     "release": ("gangway.commands.release", "release a held job (or array)"),
+    "logs": ("gangway.commands.logs", "print a rank's output (-f follows it)"),
+    "usage": ("gangway.commands.usage", "GPU-hours allocated and used per team (showback)"),
+    "top": ("gangway.commands.top", "a live view of the cluster, the queue and the top teams"),
     "events": ("gangway.commands.events", "print the event log (--follow keeps printing)"),
     "nodes": ("gangway.commands.nodes", "list nodes: state, GPUs free and allocated"),
     "queues": ("gangway.commands.queues", "list queues: guarantee, ceiling, usage, borrowing"),

@@ -8,7 +8,7 @@ The token: GANGWAY_TOKEN, else the admin token in GANGWAY_ADMIN_TOKEN_FILE or
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -108,6 +108,27 @@ class GangwayClient:
     def job_events(self, job_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/jobs/{_segment(job_id)}/events")
 
+    def logs(
+        self,
+        job_id: str,
+        *,
+        rank: int | None = None,
+        attempt: int | None = None,
+        follow: bool = False,
+        tail: int | None = None,
+    ) -> Iterator[bytes]:
+        """A rank's output as it arrives (with `follow`, until the attempt ends)."""
+        params = _params(rank=rank, attempt=attempt, tail=tail, follow="true" if follow else None)
+        path = f"/v1/jobs/{_segment(job_id)}/logs"
+        try:
+            with self._http.stream("GET", path, params=params, timeout=None) as response:
+                if not response.is_success:
+                    response.read()
+                    raise _api_error(response)
+                yield from response.iter_bytes()
+        except httpx.TransportError as error:
+            raise ClientError(f"reading logs from {self.config.api_url} failed: {error}") from error
+
     def request(self, job_id: str, action: str) -> dict[str, Any]:
         """`action`: cancel, suspend, resume, hold or release (on a job or a whole array)."""
         return self._call("POST", f"/v1/jobs/{_segment(job_id)}/{action}")
@@ -126,6 +147,17 @@ class GangwayClient:
         if types:
             params["type"] = ",".join(types)
         return self._call("GET", "/v1/events", params=params)
+
+    def usage(
+        self,
+        *,
+        team: str | None = None,
+        start: str | None = None,
+        end: str | None = None,
+        by: str = "day",
+    ) -> dict[str, Any]:
+        params = _params(team=team, by=by, **{"from": start, "to": end})
+        return self._call("GET", "/v1/usage", params=params)
 
     def nodes(self) -> dict[str, Any]:
         return self._call("GET", "/v1/nodes")

@@ -492,17 +492,19 @@ def cmd_up(launcher: Launcher) -> int:
     asyncio.run(migrate_settings(settings))
     token_file = launcher.state_dir / "admin.token"
     ensure_admin_token(token_file, os.environ.get("GANGWAY_ADMIN_TOKEN") or None)
-    write_env_file(
-        env_file,
-        {
-            "GANGWAY_PG_DSN": settings.pg_dsn,
-            "GANGWAY_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
-            "GANGWAY_API_URL": api_url,
-        },
-    )
     # A second installation on one machine moves its metrics ports (GANGWAY_METRICS_PORT_BASE).
     base = int(os.environ.get("GANGWAY_METRICS_PORT_BASE") or DEFAULT_METRICS_PORT_BASE)
     specs = default_services(cluster=cluster, api_url=api_url, metrics_port_base=base)
+    connection = {
+        "GANGWAY_PG_DSN": settings.pg_dsn,
+        "GANGWAY_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
+        "GANGWAY_API_URL": api_url,
+    }
+    monitor = prometheus_service(specs, os.environ)
+    if monitor is not None:
+        specs.append(monitor)
+        connection["GANGWAY_PROMETHEUS_URL"] = f"http://{monitor.env['GANGWAY_PROMETHEUS_ADDRESS']}"
+    write_env_file(env_file, connection)
     launcher.env.setdefault("GANGWAY_ADMIN_TOKEN_FILE", str(token_file))
     # The key the relay signs the bus's records with (services/runtime/signing.py): one per
     # installation, kept across runs (running services keep checking with it), mode 0600.
@@ -530,9 +532,41 @@ def cmd_up(launcher: Launcher) -> int:
     except LauncherError as error:
         print(f"[launcher] error: {error}", file=sys.stderr)
         return 1
-    print(f"API: {api_url}")
+    print(f"API and dashboard: {api_url}")
+    if monitor is not None:
+        print(f"Prometheus: {connection['GANGWAY_PROMETHEUS_URL']}")
     print(f"admin token: {token_file}")
     return 0
+
+
+def prometheus_service(
+    specs: Sequence[ServiceSpec], environ: Mapping[str, str]
+) -> ServiceSpec | None:
+    """The local Prometheus scraping every service (gangway/prometheus.py), unless
+    GANGWAY_PROMETHEUS=0 or the distribution's package is not installed."""
+    from gangway import prometheus
+
+    if environ.get("GANGWAY_PROMETHEUS", "1") == "0":
+        return None
+    if prometheus.binary() is None:
+        print(
+            "[launcher] prometheus: not installed (apt-get install prometheus); skipped",
+            file=sys.stderr,
+        )
+        return None
+    address = environ.get("GANGWAY_PROMETHEUS_ADDRESS") or prometheus.DEFAULT_ADDRESS
+    targets = ",".join(
+        f"{spec.name}=127.0.0.1:{spec.env['GANGWAY_METRICS_PORT']}"
+        for spec in specs
+        # The API serves /metrics on its own port (scraped through GANGWAY_API_URL).
+        if spec.name != "api" and spec.env.get("GANGWAY_METRICS_PORT", "0") != "0"
+    )
+    return ServiceSpec(
+        "prometheus",
+        "gangway.prometheus",
+        env={"GANGWAY_PROMETHEUS_TARGETS": targets, "GANGWAY_PROMETHEUS_ADDRESS": address},
+        ready_url=f"http://{address}/-/ready",
+    )
 
 
 def cmd_down(launcher: Launcher) -> int:
@@ -549,6 +583,9 @@ def cmd_status(launcher: Launcher) -> int:
         print(f"{spec.name}: " + (f"running (pid {pid})" if pid else "stopped"))
     for name, pid in running.items():
         print(f"{name}: running (pid {pid})")
+    prometheus_url = read_env_file(launcher.state_dir / "env").get("GANGWAY_PROMETHEUS_URL")
+    if prometheus_url:
+        print(f"prometheus URL: {prometheus_url}")
     return 0
 
 

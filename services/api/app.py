@@ -11,7 +11,17 @@ from services.api.bootstrap import ApiBootstrap
 from services.api.limits import BodySizeLimit
 from services.api.metrics import ApiMetrics, RequestMetrics
 from services.api.problems import install_problem_handlers
-from services.api.routers import admin, events, health, inventory, jobs, teams
+from services.api.routers import (
+    admin,
+    dashboard,
+    events,
+    health,
+    inventory,
+    jobs,
+    logs,
+    teams,
+    usage,
+)
 from services.api.settings import ApiSettings
 from services.api.timeouts import BodyReadTimeout
 
@@ -51,6 +61,8 @@ def create_app(settings: ApiSettings | None = None, *, use_bus: bool = True) -> 
     app.state.bootstrap = bootstrap
     install_problem_handlers(app)
     for module in (jobs, events, inventory, admin, teams, health):
+        app.include_router(module.router)
+    for module in (logs, usage, dashboard):  # issue 13: the operators' and users' views
         app.include_router(module.router)
     # The last added is outermost: metrics see every answer, the body cap's 413 and the
     # body deadline's 408 included.

@@ -10,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from services.api.activity import GpuActivity
 from services.api.audit import AuditGate
 from services.api.auth import load_admin_token, token_sha256
 from services.api.bus import ReadModelConsumer
@@ -20,6 +21,7 @@ from services.api.feed import ReadModelFeed
 from services.api.metrics import ApiMetrics
 from services.api.projections.model import ReadModels
 from services.api.settings import ApiSettings
+from services.runtime.consumer import TelemetryConsumer
 from services.runtime.errors import DATABASE_UNAVAILABLE
 from services.runtime.migrate import migrate_settings
 from services.runtime.retry import Outage
@@ -41,6 +43,8 @@ class ApiContext:
     audit_gate: AuditGate
     # True while background tasks feed the models; otherwise reads catch up themselves.
     live: bool = False
+    # GPUs' utilization from the telemetry topic (fed while the bus is used).
+    activity: GpuActivity = field(default_factory=GpuActivity)
 
     @property
     def models(self) -> ReadModels:
@@ -83,7 +87,7 @@ class ApiBootstrap:
         rebuilt = await feed.catch_up()
         log.info("read models rebuilt from %d events (head %d)", rebuilt, feed.head)
         self.metrics.watch(feed)
-        return ApiContext(
+        context = ApiContext(
             settings,
             store,
             feed,
@@ -91,6 +95,8 @@ class ApiBootstrap:
             token_sha256(admin),
             AuditGate(settings.audit_reads_per_team),
         )
+        self.metrics.activity = context.activity
+        return context
 
     async def start(self, *, use_bus: bool = True) -> None:
         """Rebuild now, then keep the models fed: from the bus, and from the log as a backstop."""
@@ -100,6 +106,9 @@ class ApiBootstrap:
         self._tasks.append(asyncio.create_task(self._poll_log(context), name="api-log-poll"))
         if use_bus:
             self._tasks.append(asyncio.create_task(self._consume_bus(context), name="api-bus"))
+            self._tasks.append(
+                asyncio.create_task(self._consume_telemetry(context), name="api-telemetry")
+            )
         context.live = True
 
     async def _poll_log(self, context: ApiContext) -> None:
@@ -126,6 +135,21 @@ class ApiBootstrap:
                 await consumer.run(self._stop)
             except Exception:
                 log.exception("bus consumer stopped; the log poll keeps the models fed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), BUS_RETRY_S)
+
+    async def _consume_telemetry(self, context: ApiContext) -> None:
+        # One group per installation: several API replicas would split the GPUs between them
+        # (docs/observability.md).
+        group = f"{self.settings.bus_group}.telemetry"
+        while not self._stop.is_set():
+            consumer = TelemetryConsumer(
+                self.settings, name=group, handler=context.activity.observe
+            )
+            try:
+                await consumer.run(self._stop)
+            except Exception:
+                log.exception("telemetry consumer stopped; GPU activity goes stale until back")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), BUS_RETRY_S)
 

@@ -14,7 +14,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from services.api.activity import GpuActivity
 from services.api.feed import ReadModelFeed
+from services.api.observability import ObservabilityCollector
 from services.api.projections.cluster import summarize
 
 
@@ -34,7 +36,14 @@ class ApiMetrics:
             registry=self.registry,
         )
         self._feed: ReadModelFeed | None = None
+        # GPUs' utilization from telemetry, set by the bootstrap.
+        self.activity: GpuActivity | None = None
         self.registry.register(_ReadModelCollector(lambda: self._feed))
+        self.registry.register(
+            ObservabilityCollector(
+                lambda: None if self._feed is None else self._feed.models, lambda: self.activity
+            )
+        )
 
     def watch(self, feed: ReadModelFeed) -> None:
         self._feed = feed

@@ -33,6 +33,10 @@ class ApiSettings(Settings):
     catch_up_interval_s: float = Field(default=2.0, gt=0)
     # Unset: "<topic_prefix>.api", so that stacks sharing a broker never share a group.
     consumer_group: str | None = None
+    # The agents' work directory (their GANGWAY_WORK_DIR), where ranks' logs are read from
+    # (services/api/logs.py); how often a followed log is polled for more output.
+    logs_dir: Path = Path(".gangway/agent")
+    logs_poll_s: float = Field(default=0.5, gt=0)
 
     @property
     def listen_host(self) -> str:

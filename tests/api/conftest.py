@@ -65,6 +65,9 @@ def api_settings(base: Settings, tmp_path: Path, **overrides: object) -> ApiSett
             "admin_token_file": tmp_path / "admin.token",
             # Other writers' events (written by the tests as the services would) show up fast.
             "catch_up_interval_s": 0.05,
+            # Ranks' logs are read from the test's own directory (tests/api/test_logs_api.py).
+            "logs_dir": tmp_path / "agent",
+            "logs_poll_s": 0.05,
             **overrides,
         }
     )

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from schemas.base import Event
+from schemas.checkpoints import CheckpointCommitted
 from schemas.envelope import EventEnvelope
 from schemas.jobs import WAITING_STATES, JobEvent
 from schemas.nodes import NodeEvent
@@ -30,6 +31,7 @@ from services.api.projections.tenancy import (
     job_of_stream,
     team_of_stream,
 )
+from services.api.projections.usage import UsageBook
 
 
 class Outcome(enum.Enum):
@@ -75,6 +77,7 @@ class ReadModels:
     arrays: dict[str, list[str]] = field(default_factory=dict)
     tenancy: Tenancy = field(default_factory=Tenancy)
     audit: AuditIndex = field(default_factory=AuditIndex)
+    usage: UsageBook = field(default_factory=UsageBook)
     stream_versions: dict[str, int] = field(default_factory=dict)
     watermark: Watermark = field(default_factory=Watermark)
     events_applied: int = 0
@@ -114,6 +117,14 @@ class ReadModels:
             self._reindex_job(before, after)
             if before is None and after.array_id is not None:
                 self.arrays.setdefault(after.array_id, []).append(after.id)
+            self.usage.observe(before, after, at, self._gpu_type_of)
+
+    def _fold_checkpoint(self, event: CheckpointCommitted, at: datetime, position: int) -> None:
+        self.usage.checkpointed(event.job_id, event.attempt, at)
+
+    def _gpu_type_of(self, node_id: str) -> str | None:
+        node = self.nodes.get(node_id)
+        return None if node is None else node.gpu_type
 
     def _fold_node(self, event: NodeEvent, at: datetime, position: int) -> None:
         node = evolve_node(self.nodes.get(event.node_id), event, at=at)
@@ -186,4 +197,5 @@ _MODEL_FOLDS: dict[type[Event], Callable[[ReadModels, Any, datetime, int], None]
     # Written after the tenancy entries on purpose: a team's creation feeds more than tenancy.
     TeamCreated: ReadModels._fold_team_created,
     QueueConfigured: ReadModels._fold_queue_configured,
+    CheckpointCommitted: ReadModels._fold_checkpoint,
 }

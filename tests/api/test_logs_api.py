@@ -1,0 +1,163 @@
+"""GET /v1/jobs/{id}/logs: a rank's output as the agent wrote it, with the job routes' tenant
+rule, rank and attempt selection, the last lines, and following a running rank to its end.
+
+The rank output is written by the agent's own launcher (services/agent/ranks.py) into the
+directory the API reads, the layout of one machine (`make up`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from schemas.jobs import JobAdmitted, JobSucceeded, TaskStarted
+from services.agent.ranks import RankKey, launch
+from services.api import logs
+from services.runtime import EventStore, Settings
+from tests.api.builders import reserved
+from tests.api.conftest import ADMIN_TOKEN, Api, api_settings
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+pytestmark = pytest.mark.integration
+
+
+async def run_rank(root: Path, job_id: str, attempt: int, rank: int, script: str) -> None:
+    """Run a real rank process, as the agent does, to its end."""
+    workdir = logs.rank_log(root, job_id, attempt, rank).path.parent
+    placement = reserved(job_id, [("n1", [rank])]).ranks[0]
+    process = await launch(
+        RankKey(job_id, attempt, rank), placement, 2, [sys.executable, "-c", script], {}, workdir
+    )
+    assert await process.process.wait() == 0
+
+
+async def started_job(api: Api, store: EventStore, team: str = "nlp") -> str:
+    headers = api.teams.get(team) or await api.create_team(team)
+    job_id = await api.submit(headers, team=team, tasks=2, gpus_per_task=1)
+    await store.append(
+        f"job-{job_id}",
+        1,
+        [
+            JobAdmitted(job_id=job_id, queue=team, priority="research"),
+            reserved(job_id, [("n1", [0]), ("n1", [1])]),
+            TaskStarted(job_id=job_id, attempt=1, rank=0, node_id="n1"),
+            TaskStarted(job_id=job_id, attempt=1, rank=1, node_id="n1"),
+        ],
+    )
+    return job_id
+
+
+async def test_a_ranks_output_whole_by_rank_and_by_attempt(api: Api, store: EventStore) -> None:
+    job_id = await started_job(api, store)
+    root = api.settings.logs_dir
+    await run_rank(
+        root, job_id, 1, 0, "import sys; print('hi', flush=True); print('oops', file=sys.stderr)"
+    )
+    await run_rank(root, job_id, 1, 1, "print('rank one says hi')")
+    headers = api.teams["nlp"]
+
+    whole = await api.client.get(f"/v1/jobs/{job_id}/logs", headers=headers)
+    assert whole.status_code == 200, whole.text
+    assert whole.headers["content-type"].startswith("text/plain")
+    assert whole.text == "hi\noops\n"  # stdout and stderr, in the order written
+    assert (whole.headers["x-gangway-attempt"], whole.headers["x-gangway-rank"]) == ("1", "0")
+
+    one = await api.client.get(f"/v1/jobs/{job_id}/logs", params={"rank": 1}, headers=headers)
+    assert one.text == "rank one says hi\n"
+    missing = await api.client.get(
+        f"/v1/jobs/{job_id}/logs", params={"rank": 1, "attempt": 2}, headers=headers
+    )
+    assert missing.status_code == 404
+    assert missing.headers["content-type"] == "application/problem+json"
+
+    await run_rank(root, job_id, 2, 1, "print('second attempt')")
+    second = await api.client.get(
+        f"/v1/jobs/{job_id}/logs", params={"rank": 1, "attempt": 2}, headers=headers
+    )
+    assert second.text == "second attempt\n"
+
+
+async def test_the_last_lines(api: Api, store: EventStore) -> None:
+    job_id = await started_job(api, store)
+    await run_rank(api.settings.logs_dir, job_id, 1, 0, "for i in range(5000): print(f'line {i}')")
+    url = f"/v1/jobs/{job_id}/logs"
+    last = await api.client.get(url, params={"tail": 3}, headers=api.as_admin())
+    assert last.text == "line 4997\nline 4998\nline 4999\n"
+    none = await api.client.get(url, params={"tail": 0}, headers=api.as_admin())
+    assert none.text == ""
+    more = await api.client.get(url, params={"tail": 100_000}, headers=api.as_admin())
+    assert more.text.count("\n") == 5000
+
+
+async def test_another_team_gets_404_and_bad_selections_get_422(
+    api: Api, store: EventStore
+) -> None:
+    job_id = await started_job(api, store, team="nlp")
+    await run_rank(api.settings.logs_dir, job_id, 1, 0, "print('private to nlp')")
+    vision = await api.create_team("vision")
+    other = await api.client.get(f"/v1/jobs/{job_id}/logs", headers=vision)
+    assert other.status_code == 404
+    assert "private" not in other.text
+    nobody = await api.client.get(f"/v1/jobs/{job_id}/logs")
+    assert nobody.status_code == 401
+    for params in ({"rank": -1}, {"attempt": 0}, {"tail": "x"}):
+        bad = await api.client.get(f"/v1/jobs/{job_id}/logs", params=params, headers=vision)
+        assert bad.status_code == 422, params
+    ghost = await api.client.get("/v1/jobs/nope/logs", headers=api.as_admin())
+    assert ghost.status_code == 404
+
+
+async def test_a_job_that_has_not_started_has_no_output_yet(api: Api) -> None:
+    headers = await api.create_team("nlp")
+    job_id = await api.submit(headers, tasks=1, gpus_per_task=1)
+    response = await api.client.get(f"/v1/jobs/{job_id}/logs", headers=headers)
+    assert response.status_code == 404
+    assert "not started" in response.json()["detail"]
+
+
+async def test_follow_streams_what_the_rank_writes_until_the_job_ends(
+    api_url: str, store: EventStore, tmp_path: Path
+) -> None:
+    # A real server: an ASGI transport would hand over the body only once it is complete.
+    async with httpx.AsyncClient(base_url=api_url, headers=ADMIN) as client:
+        job_id = await started_job(
+            Api(client, FastAPI(), api_settings(Settings(), tmp_path)), store
+        )
+        path = logs.rank_log(tmp_path / "agent", job_id, 1, 0).path
+        path.parent.mkdir(parents=True)
+        path.write_text("before\n")
+        received: list[str] = []
+        arrived = asyncio.Event()
+
+        async def until(text: str) -> None:
+            while "".join(received) != text:
+                arrived.clear()
+                await arrived.wait()
+
+        async def follow() -> None:
+            async with client.stream(
+                "GET", f"/v1/jobs/{job_id}/logs", params={"follow": "true"}
+            ) as response:
+                assert response.status_code == 200
+                async for text in response.aiter_text():
+                    received.append(text)
+                    arrived.set()
+
+        reader = asyncio.create_task(follow())
+        async with asyncio.timeout(30):
+            await until("before\n")
+            with path.open("a") as handle:
+                handle.write("after\n")
+            await until("before\nafter\n")
+            assert not reader.done()  # still running: the stream stays open
+            with path.open("a") as handle:
+                handle.write("last words\n")
+            await store.append(f"job-{job_id}", 5, [JobSucceeded(job_id=job_id, attempt=1)])
+            await reader  # the job's end ends the stream, after everything it wrote
+        assert "".join(received) == "before\nafter\nlast words\n"

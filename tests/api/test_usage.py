@@ -1,0 +1,278 @@
+"""Showback as a specification: the usage book folded from a job's history at known times,
+cut into days and weeks. Allocated runs from the reservation to the release; used, while every
+rank runs."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from uuid import uuid4
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from schemas.base import Event
+from schemas.checkpoints import CheckpointCommitted, CheckpointShard
+from schemas.envelope import EventEnvelope
+from schemas.jobs import (
+    JobAdmitted,
+    JobRequeued,
+    JobSucceeded,
+    PreemptionRequested,
+    TaskStarted,
+)
+from services.api.observability import ObservabilityCollector, unusable_free_gpus
+from services.api.projections.model import ReadModels
+from services.api.projections.usage import report
+from services.runtime import EventStore
+from tests.api.builders import node, reserved, submitted
+from tests.api.conftest import Api
+
+MIDNIGHT = datetime(2026, 11, 16, tzinfo=UTC)  # a Monday
+
+
+class Clock:
+    """Records events at the times a test says, like the store would (versions, positions)."""
+
+    def __init__(self) -> None:
+        self.models = ReadModels()
+        self.versions: dict[str, int] = {}
+        self.position = 0
+
+    def at(self, hours: float, *events: Event) -> None:
+        for event in events:
+            self.position += 1
+            version = self.versions[event.stream] = self.versions.get(event.stream, 0) + 1
+            self.models.apply(
+                EventEnvelope(
+                    event_id=uuid4(),
+                    stream=event.stream,
+                    version=version,
+                    position=self.position,
+                    type=event.type,
+                    schema_version=event.schema_version,
+                    payload=event,
+                    recorded_at=MIDNIGHT + timedelta(hours=hours),
+                    producer="tests",
+                )
+            )
+
+
+def started(job_id: str, ranks: int) -> list[Event]:
+    return [TaskStarted(job_id=job_id, attempt=1, rank=r, node_id="n1") for r in range(ranks)]
+
+
+def test_allocated_from_reservation_to_release_used_while_all_ranks_run() -> None:
+    clock = Clock()
+    clock.at(0, node("n1"), submitted("j1", tasks=2, gpus_per_task=2))
+    clock.at(1, JobAdmitted(job_id="j1", queue="nlp", priority="research"))
+    clock.at(2, reserved("j1", [("n1", [0, 1]), ("n1", [2, 3])]))  # 4 GPUs held from 02:00
+    clock.at(3, *started("j1", 1))
+    clock.at(4, *started("j1", 2)[1:])  # all ranks run from 04:00
+    clock.at(10, JobSucceeded(job_id="j1", attempt=1))
+    [row] = report(
+        clock.models.usage,
+        start=MIDNIGHT,
+        end=MIDNIGHT + timedelta(days=1),
+        by="day",
+        now=MIDNIGHT + timedelta(days=2),
+    )
+    assert (row.team, row.gpu_type, row.period_start) == ("nlp", "H100", MIDNIGHT)
+    assert row.allocated_gpu_hours == 4 * 8
+    assert row.used_gpu_hours == 4 * 6
+
+
+def test_a_running_gang_is_split_at_midnight_and_counts_up_to_now() -> None:
+    clock = Clock()
+    clock.at(0, node("n1"), submitted("j1", tasks=1, gpus_per_task=8))
+    clock.at(20, JobAdmitted(job_id="j1", queue="nlp", priority="research"))
+    clock.at(20, reserved("j1", [("n1", list(range(8)))]), *started("j1", 1))
+    rows = report(
+        clock.models.usage,
+        start=MIDNIGHT,
+        end=MIDNIGHT + timedelta(days=7),
+        by="day",
+        now=MIDNIGHT + timedelta(hours=30),
+    )
+    assert [(r.period_start.day, r.allocated_gpu_hours) for r in rows] == [(16, 32), (17, 48)]
+    [week] = report(
+        clock.models.usage,
+        start=MIDNIGHT + timedelta(hours=21),
+        end=MIDNIGHT + timedelta(days=7),
+        by="week",
+        now=MIDNIGHT + timedelta(hours=30),
+    )
+    assert week.period_start == MIDNIGHT  # weeks start on Monday
+    assert week.allocated_gpu_hours == week.used_gpu_hours == 8 * 9
+
+
+def test_a_preempted_attempt_stops_counting_at_its_requeue_and_teams_are_apart() -> None:
+    clock = Clock()
+    clock.at(0, node("n1"), submitted("j1", tasks=1, gpus_per_task=2))
+    clock.at(0, submitted("j2", team="vision", tasks=1, gpus_per_task=4))
+    clock.at(0, JobAdmitted(job_id="j1", queue="nlp", priority="best-effort"))
+    clock.at(0, JobAdmitted(job_id="j2", queue="vision", priority="production"))
+    clock.at(1, reserved("j1", [("n1", [0, 1])]), *started("j1", 1))
+    clock.at(
+        3,
+        PreemptionRequested(
+            job_id="j1", attempt=1, preemptor_job_id="j2", reason="for j2", grace_s=60
+        ),
+    )
+    clock.at(4, JobRequeued(job_id="j1", attempt=1, code="preempted", reason="for j2"))
+    clock.at(4, reserved("j2", [("n1", [0, 1, 2, 3])]), *started("j2", 1))
+    clock.at(5, JobSucceeded(job_id="j2", attempt=1))
+    rows = report(
+        clock.models.usage,
+        start=MIDNIGHT,
+        end=MIDNIGHT + timedelta(days=1),
+        by="day",
+        now=MIDNIGHT + timedelta(days=1),
+    )
+    # j1 held 2 GPUs for 3 h, its rank ran through the checkpoint: used the same 3 h.
+    assert [(r.team, r.allocated_gpu_hours, r.used_gpu_hours) for r in rows] == [
+        ("nlp", 6, 6),
+        ("vision", 4, 4),
+    ]
+    only_vision = report(
+        clock.models.usage,
+        start=MIDNIGHT,
+        end=MIDNIGHT + timedelta(days=1),
+        by="day",
+        now=MIDNIGHT + timedelta(days=1),
+        teams={"vision"},
+    )
+    assert [r.team for r in only_vision] == ["vision"]
+
+
+@pytest.mark.integration
+async def test_the_usage_route_shows_a_team_its_own_and_the_admin_everything(
+    api: Api, store: EventStore
+) -> None:
+    await store.append("node-n1", 0, [node("n1")])
+    for team, gpus in (("nlp", [0, 1]), ("vision", [2, 3, 4])):
+        job_id = await api.submit(
+            api.teams.get(team) or await api.create_team(team, guaranteed_gpus=len(gpus)),
+            team=team,
+            tasks=1,
+            gpus_per_task=len(gpus),
+        )
+        await store.append(
+            f"job-{job_id}",
+            1,
+            [
+                JobAdmitted(job_id=job_id, queue=team, priority="research"),
+                reserved(job_id, [("n1", gpus)]),
+                TaskStarted(job_id=job_id, attempt=1, rank=0, node_id="n1"),
+            ],
+        )
+    admin = api.as_admin()
+    async with asyncio.timeout(30):
+        while True:  # written as the scheduler would: the API reads them a moment later
+            if len((await api.client.get("/v1/usage", headers=admin)).json()["items"]) == 2:
+                break
+            await asyncio.sleep(0.05)
+
+    mine = (await api.client.get("/v1/usage", headers=api.teams["nlp"])).json()
+    assert {i["team"] for i in mine["items"]} == {"nlp"}
+    assert [t["team"] for t in mine["teams"]] == ["nlp"]
+    [item] = mine["items"]
+    assert item["gpu_type"] == "H100"
+    assert 0 < item["used_gpu_hours"] <= item["allocated_gpu_hours"]
+    assert mine["teams"][0]["guaranteed_gpus"] == 2
+    assert mine["by"] == "day"
+
+    everyone = (await api.client.get("/v1/usage", headers=admin, params={"by": "week"})).json()
+    assert [t["team"] for t in everyone["teams"]] == ["nlp", "vision"]
+    vision = await api.client.get("/v1/usage", headers=admin, params={"team": "vision"})
+    assert {i["team"] for i in vision.json()["items"]} == {"vision"}
+
+    refused = await api.client.get("/v1/usage", headers=api.teams["nlp"], params={"team": "vision"})
+    assert refused.status_code == 403
+    assert "vision" not in str(refused.json().get("items", ""))
+    for params in (
+        {"from": "2026-11-20T00:00:00Z", "to": "2026-11-19T00:00:00Z"},
+        {"from": "2000-01-01T00:00:00Z", "to": "2026-11-19T00:00:00Z"},
+        {"from": "0001-01-01T00:00:00Z"},
+        {"to": "9999-12-31T23:00:00Z", "by": "week"},
+        {"by": "month"},
+    ):
+        bad = await api.client.get("/v1/usage", headers=admin, params=params)
+        assert bad.status_code == 422, (params, bad.text)
+        assert bad.headers["content-type"] == "application/problem+json"
+
+
+def test_queue_waits_and_work_lost_since_the_last_checkpoint() -> None:
+    clock = Clock()
+    clock.at(0, node("n1"), submitted("j1", tasks=1, gpus_per_task=2))
+    clock.at(1, JobAdmitted(job_id="j1", queue="nlp", priority="research"))
+    clock.at(2, reserved("j1", [("n1", [0, 1])]), *started("j1", 1))  # waited 2 h
+    clock.at(
+        3,
+        CheckpointCommitted(job_id="j1", attempt=1, checkpoint_id="c1", step=10, shards=[shard()]),
+    )
+    clock.at(
+        4,
+        PreemptionRequested(job_id="j1", attempt=1, preemptor_job_id=None, reason="x", grace_s=0),
+    )
+    clock.at(5, JobRequeued(job_id="j1", attempt=1, code="preempted", reason="x"))
+    clock.at(5.5, reserved("j1", [("n1", [0, 1])], attempt=2))  # waited 30 min
+    book = clock.models.usage
+    waits = book.waits[("research", "nlp")]
+    assert (waits.count, waits.total_s) == (2, 2 * 3600 + 1800)
+    # 2 GPUs ran 2 h past the checkpoint at 03:00 before the requeue at 05:00.
+    assert book.lost_gpu_seconds == {("nlp", "preempted"): 2 * 2 * 3600}
+
+    found = samples(clock.models)
+    assert (
+        found[
+            (
+                "gangway_queue_wait_seconds_bucket",
+                ("le", "3600.0"),
+                ("priority", "research"),
+                ("team", "nlp"),
+            )
+        ]
+        == 1
+    )
+    assert (
+        found[("gangway_queue_wait_seconds_count", ("priority", "research"), ("team", "nlp"))] == 2
+    )
+    assert (
+        found[("gangway_lost_gpu_seconds_total", ("cause", "preempted"), ("team", "nlp"))] == 14400
+    )
+    assert found[("gangway_team_gpus_allocated", ("gpu_type", "H100"), ("team", "nlp"))] == 2
+    assert found[("gangway_jobs", ("state", "reserved"))] == 1
+    assert found[("gangway_preemptions_total", ("priority", "research"), ("team", "nlp"))] == 1
+
+
+def test_free_gpus_no_waiting_task_fits_are_fragmentation() -> None:
+    clock = Clock()
+    clock.at(0, node("n1"), node("n2"), submitted("small", tasks=1, gpus_per_task=6))
+    clock.at(0, JobAdmitted(job_id="small", queue="nlp", priority="research"))
+    clock.at(0, reserved("small", [("n1", list(range(6)))]))
+    assert unusable_free_gpus(clock.models) == (10, 0)  # nothing waits
+    clock.at(1, submitted("big", tasks=1, gpus_per_task=4))
+    # n1's 2 free GPUs fit no waiting task of 4; n2's 8 do.
+    assert unusable_free_gpus(clock.models) == (10, 2)
+    found = samples(clock.models)
+    assert found[("gangway_gpus_free_unusable",)] == 2
+    assert found[("gangway_gpus_free_unusable_ratio",)] == 0.2
+
+
+def samples(models: ReadModels) -> dict[tuple[Any, ...], float]:
+    """What a scrape of the collector shows: (name, sorted label pairs…) -> value."""
+    registry = CollectorRegistry()
+    registry.register(ObservabilityCollector(lambda: models))
+    text = generate_latest(registry).decode()
+    return {
+        (sample.name, *sorted(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def shard() -> CheckpointShard:
+    return CheckpointShard(rank=0, uri="file:///c1/0", sha256="0" * 64, bytes=1)

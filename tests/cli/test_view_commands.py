@@ -1,0 +1,122 @@
+"""gangway logs / usage / jobs (listing) / top, against a real API server on the real log."""
+
+from __future__ import annotations
+
+import asyncio
+import csv
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from gangway.cli import main
+from gangway.commands import jobs as jobs_command
+from schemas.jobs import JobAdmitted, JobSucceeded, TaskStarted
+from services.api import logs
+from services.runtime import EventStore, Settings
+from tests.api.builders import node, reserved
+from tests.cli.test_api_commands import submit
+
+pytestmark = pytest.mark.integration
+
+
+def start(
+    settings: Settings, job_id: str, *, finish: bool = False, register: bool = False
+) -> None:
+    """Record what the scheduler and the agent would: admitted, reserved, both ranks started."""
+    events = [
+        JobAdmitted(job_id=job_id, queue="nlp", priority="production"),
+        reserved(job_id, [("n1", [0, 1, 2, 3]), ("n1", [4, 5, 6, 7])]),
+        TaskStarted(job_id=job_id, attempt=1, rank=0, node_id="n1"),
+        TaskStarted(job_id=job_id, attempt=1, rank=1, node_id="n1"),
+    ]
+    if finish:
+        events.append(JobSucceeded(job_id=job_id, attempt=1))
+
+    async def append() -> None:
+        store = await EventStore.connect(settings)
+        try:
+            if register:
+                await store.append("node-n1", 0, [node("n1")])
+            await store.append(f"job-{job_id}", 1, events)
+        finally:
+            await store.close()
+
+    asyncio.run(append())
+
+
+def test_logs_prints_a_ranks_output_and_its_tail(
+    api_url: str, settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_id = submit(tmp_path, capsys)
+    start(settings, job_id, finish=True)
+    for rank in (0, 1):
+        path = logs.rank_log(tmp_path / "agent", job_id, 1, rank).path
+        path.parent.mkdir(parents=True)
+        path.write_text("".join(f"rank {rank} step {i}\n" for i in range(10)))
+    assert main(["logs", job_id]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == "rank 0 step 9"
+    assert main(["logs", job_id, "--rank", "1", "--tail", "2"]) == 0
+    assert capsys.readouterr().out == "rank 1 step 8\nrank 1 step 9\n"
+    # Following a finished job prints what there is and ends.
+    assert main(["logs", job_id, "-f", "--tail", "1"]) == 0
+    assert capsys.readouterr().out == "rank 0 step 9\n"
+    assert main(["logs", job_id, "--attempt", "2"]) == 1
+    assert "not found" in capsys.readouterr().err
+
+
+def test_usage_prints_a_table_and_csv_for_finance(
+    api_url: str, settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_id = submit(tmp_path, capsys)
+    start(settings, job_id)  # running: its hours count up to now
+    assert main(["usage"]) == 0
+    out = capsys.readouterr().out
+    assert "ALLOCATED GPU-H" in out and "nlp" in out
+    assert main(["usage", "--csv", "--by", "week"]) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    [row] = rows
+    assert row["team"] == "nlp"
+    assert float(row["allocated_gpu_hours"]) >= float(row["used_gpu_hours"]) >= 0
+    assert main(["usage", "--from", "2026-01-02", "--to", "2026-01-01"]) == 1
+    assert "before" in capsys.readouterr().err
+
+
+def test_jobs_lists_active_jobs_newest_first_and_all_with_all(
+    api_url: str,
+    settings: Settings,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    first, second, third = (submit(tmp_path, capsys) for _ in range(3))
+    start(settings, first, finish=True)
+    # Pages of two: every page is read, nothing falls off the end.
+    monkeypatch.setattr(jobs_command, "PAGE", 2)
+
+    assert main(["jobs", "-o", "json"]) == 0
+    assert [job["id"] for job in json.loads(capsys.readouterr().out)] == [third, second]
+    assert main(["jobs", "--all", "-o", "json"]) == 0
+    assert [job["id"] for job in json.loads(capsys.readouterr().out)] == [third, second, first]
+    assert main(["jobs", "--state", "succeeded", "-o", "json"]) == 0
+    assert [job["id"] for job in json.loads(capsys.readouterr().out)] == [first]
+    assert main(["jobs", "--team", "vision", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+
+    assert main(["jobs", "-o", "wide"]) == 0
+    out = capsys.readouterr().out
+    assert "ATTEMPTS" in out and third in out and first not in out
+    assert out.index(third) < out.index(second)
+
+
+def test_top_draws_the_cluster_the_teams_and_the_queue(
+    api_url: str, settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    running, waiting = submit(tmp_path, capsys), submit(tmp_path, capsys)
+    start(settings, running, register=True)
+    assert main(["top", "--once"]) == 0
+    out = capsys.readouterr().out
+    assert "Top teams" in out and "nlp" in out
+    assert running in out and waiting in out
+    assert "8/8 allocated" in out  # the one node's 8 GPUs, held by the running gang

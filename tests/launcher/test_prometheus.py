@@ -1,0 +1,76 @@
+"""The local Prometheus: its configuration scrapes every service `make up` starts, its alert
+rules load, and a real Prometheus (the distribution's package) started by the launcher scrapes
+a real API and answers queries for Gangway's series."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gangway import prometheus
+from gangway.launcher import Launcher, default_services, free_port, prometheus_service
+from tests.api.conftest import api_url  # noqa: F401  (fixtures)
+from tests.integration.conftest import settings, stack  # noqa: F401  (fixtures)
+
+
+def test_the_launcher_adds_a_prometheus_scraping_every_service() -> None:
+    specs = default_services(metrics_port_base=9100)
+    monitor = prometheus_service(specs, {})
+    assert monitor is not None and monitor.ready_url == "http://127.0.0.1:9090/-/ready"
+    targets = prometheus.parse_targets(monitor.env["GANGWAY_PROMETHEUS_TARGETS"])
+    assert set(targets) == {spec.name for spec in specs} - {"api"}
+    assert targets["relay"] == "127.0.0.1:9100"
+    assert prometheus_service(specs, {"GANGWAY_PROMETHEUS": "0"}) is None
+
+
+@pytest.mark.integration  # needs the distribution's package (make test installs it)
+def test_the_configuration_and_the_alert_rules_are_valid(tmp_path: Path) -> None:
+    config = tmp_path / "prometheus.yml"
+    config.write_text(prometheus.config("http://127.0.0.1:8080", {"relay": "127.0.0.1:9100"}))
+    text = config.read_text()
+    assert "targets: ['127.0.0.1:8080']" in text and "job_name: relay" in text
+    for check in (["check", "config", str(config)], ["check", "rules", str(prometheus.RULES)]):
+        result = subprocess.run(["promtool", *check], capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.fixture
+def monitor(api_url: str, tmp_path: Path) -> Iterator[str]:  # noqa: F811
+    """A real Prometheus scraping the test's API, started as `make up` starts it."""
+    launcher = Launcher(state_dir=tmp_path / "state", env={"GANGWAY_API_URL": api_url})
+    address = f"127.0.0.1:{free_port()}"
+    spec = prometheus_service([], {"GANGWAY_PROMETHEUS_ADDRESS": address})
+    assert spec is not None
+    launcher.up([spec], timeout_s=60)
+    try:
+        yield f"http://{address}"
+    finally:
+        launcher.down()
+
+
+@pytest.mark.integration
+def test_prometheus_scrapes_the_apis_series(monitor: str, api_url: str) -> None:  # noqa: F811
+    wanted = {
+        "gangway_jobs",
+        "gangway_gpus_free_unusable_ratio",
+        "gangway_api_consumer_lag_events",
+        "gangway_gpus_allocated",
+    }
+    deadline = time.monotonic() + 60
+    found: set[str] = set()
+    while time.monotonic() < deadline:
+        for name in wanted - found:
+            answer = httpx.get(f"{monitor}/api/v1/query", params={"query": name}).json()
+            if answer["status"] == "success" and answer["data"]["result"]:
+                found.add(name)
+        if found == wanted:
+            break
+        time.sleep(1)
+    assert found == wanted
+    up = httpx.get(f"{monitor}/api/v1/query", params={"query": 'up{job="api"}'}).json()
+    assert up["data"]["result"][0]["value"][1] == "1"
