@@ -7,7 +7,13 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Literal, get_args
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import (
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from schemas.base import Event, Message
 from schemas.reasons import DeferCodeField, RejectCodeField, RequeueCodeField
@@ -152,6 +158,15 @@ class JobSpec(Message):
         data = {**data, "gpus_per_task": 1}
         if data.get("gpu_fraction") is not None and data.get("sharing") is None:
             data["sharing"] = "mps"
+        return data
+
+    @model_serializer(mode="wrap")
+    def _slice_tasks_name_no_whole_gpus(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """A slice or share job is written without gpus_per_task (its 1 is implied): what is
+        recorded reads back as what was submitted, under the same exactly-one-of rule."""
+        data = handler(self)
+        if isinstance(data, dict) and self.fractional:
+            data.pop("gpus_per_task", None)
         return data
 
     @field_validator("gpu_fraction")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from core.mig import MigInstance
+from core.regeometry import apply_decision, plan_regeometry
 from core.sharing import SharingLedger, TaskAsk, ask_of, mix_of
 from core.topology import parse_cluster_spec
 from schemas.jobs import JobSpec
@@ -122,3 +123,31 @@ def test_a_gpu_being_repartitioned_serves_nothing_until_it_is_ready() -> None:
     ask = TaskAsk(team="a", mig_profile="7g.80gb")
     assert book.place(ask, now=159) is None
     assert book.place(ask, now=160) is not None
+
+
+def test_a_gang_still_finds_whole_nodes_while_slices_and_shares_come_and_go() -> None:
+    """FGD keeps small work together: after rounds of shares and slices arriving and leaving
+    on a dynamic-MIG cluster, an 8-GPU task still finds a whole node every time."""
+    book = ledger("groups:\n  - {count: 4, gpus: 8, gpu_type: H100, mig: dynamic}\n")
+    small = [TaskAsk(team=f"t{n % 3}", thousandths=250) for n in range(6)] + [
+        TaskAsk(team="infer", mig_profile="1g.10gb") for _ in range(6)
+    ]
+    mix = mix_of([*small, TaskAsk(team="", whole_gpus=8)])
+    now = 0.0
+    for round_number in range(5):
+        for decision in plan_regeometry(book, small, now):
+            apply_decision(book, decision, now)
+        now += 600.0  # past the reconfiguration and the hold time
+        placed = []
+        for number, ask in enumerate(small):
+            spot = book.place(ask, now, mix)
+            if spot is not None:
+                holder = f"r{round_number}-{number}"
+                book.bind(holder, ask, spot)
+                placed.append(holder)
+        gang = TaskAsk(team="train", whole_gpus=8)
+        spot = book.place(gang, now, mix)
+        assert spot is not None, f"round {round_number}: no whole node left for the gang"
+        for holder in placed[::2]:  # half the small work leaves
+            book.release(holder)
+        assert book.problems() == []

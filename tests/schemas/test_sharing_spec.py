@@ -96,3 +96,13 @@ def test_a_whole_gpu_job_is_as_it_was() -> None:
         False,
     )
     assert job.total_gpus == 32
+
+
+def test_a_slice_or_share_spec_reads_back_as_it_was_recorded() -> None:
+    for job in (spec(mig_profile="1g.10gb", tasks=7), spec(gpu_fraction=0.25)):
+        stored = job.model_dump(mode="json")
+        assert "gpus_per_task" not in stored
+        assert JobSpec.model_validate(stored) == job
+        assert JobSpec.model_validate_json(job.model_dump_json()) == job
+    whole = spec(gpus_per_task=4)
+    assert JobSpec.model_validate(whole.model_dump(mode="json")) == whole
