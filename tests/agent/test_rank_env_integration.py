@@ -4,6 +4,7 @@ its four ranks one MASTER_ADDR and MASTER_PORT, and each rank its place in the g
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -97,4 +98,37 @@ async def test_agents_of_one_gang_agree_on_its_rendezvous(
         ("3", "1", "1", "2"),
     ]
     # Rank 0's agent gave the port back once the attempt's ranks on its node had exited.
+    assert agents[0].master_ports.held == {}
+
+
+async def test_a_busy_port_of_a_gang_shared_with_another_agent_fails_its_launch_as_transient(
+    agents: list[Agent], store: EventStore
+) -> None:
+    job = "jbusy"
+    spec = JobSpec(name="t", team="ml", tasks=2, gpus_per_task=1, command=["sleep", "600"])
+    gang = GangReserved(
+        job_id=job,
+        attempt=1,
+        ranks=[RankPlacement(rank=r, node_id=NODES[r].node_id, gpus=[0]) for r in (0, 1)],
+    )
+    await store.append(f"job-{job}", None, [JobSubmitted(job_id=job, spec=spec, submitted_by="t")])
+    [envelope] = await store.append(f"job-{job}", None, [gang])
+    port = derived_master_port(job, 1)
+    with socket.socket() as taken:
+        taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            taken.bind(("0.0.0.0", port))
+        except OSError:
+            pytest.skip(f"port {port} is taken on this host already")
+        taken.listen()
+        async with agents[0].store.pool.acquire() as conn:
+            await agents[0].handlers()["GangReserved"](envelope, conn)
+    [exited] = [
+        e.payload
+        for e in await store.read_stream(f"job-{job}")
+        if isinstance(e.payload, TaskExited)
+    ]
+    assert (exited.rank, exited.permanent) == (0, False)
+    assert exited.reason is not None
+    assert f"MASTER_PORT {port} of attempt 1 is in use" in exited.reason
     assert agents[0].master_ports.held == {}
