@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import shlex
+from datetime import UTC, datetime
 
 from rich.table import Table
 
 from gangway.commands._common import client, console, one_line_errors, placement, when
+from gangway.commands.jobs import age
 
 HELP = "show one job"
 
@@ -25,6 +28,8 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(explain_array(job)))
         return 0
     table = Table(show_header=False, box=None)
+    command = job["spec"].get("command") or []
+    logs = f"gangway logs {job['id']} [--rank N] [--attempt A] [-f]" if job["attempts"] else "-"
     for label, value in (
         ("id", job["id"]),
         ("name", job["name"]),
@@ -41,6 +46,9 @@ def run(args: argparse.Namespace) -> int:
         ("requested", ", ".join(job["requested"]) or "-"),
         ("submitted", f"{when(job['submitted_at'])} by {job['submitted_by']}"),
         ("finished", when(job["finished_at"])),
+        ("elapsed", age(job, datetime.now(UTC))),
+        ("command", shlex.join(command) if command else "-"),
+        ("logs", logs),
     ):
         table.add_row(f"[bold]{label}[/bold]", str(value))
     console().print(table)

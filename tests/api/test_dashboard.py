@@ -133,7 +133,13 @@ async def test_the_snapshot_route_needs_a_token_and_keeps_teams_apart(
     assert vision_job not in json.dumps(view)
     everything = (await api.client.get("/v1/dashboard", headers=api.as_admin())).json()
     assert {j["id"] for j in everything["queue"]["waiting"]} == {mine, vision_job}
-    assert len(everything["cluster"]["blocks"][0]["racks"][0]["nodes"][0]["gpus"]) == 8
+    async with asyncio.timeout(30):
+        while True:  # written as the inventory would: the API reads it a moment later
+            view = (await api.client.get("/v1/dashboard", headers=api.as_admin())).json()
+            if view["cluster"]["blocks"]:
+                break
+            await asyncio.sleep(0.05)
+    assert len(view["cluster"]["blocks"][0]["racks"][0]["nodes"][0]["gpus"]) == 8
 
 
 async def snapshots(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:

@@ -120,3 +120,15 @@ def test_top_draws_the_cluster_the_teams_and_the_queue(
     assert "Top teams" in out and "nlp" in out
     assert running in out and waiting in out
     assert "8/8 allocated" in out  # the one node's 8 GPUs, held by the running gang
+
+
+def test_job_shows_the_command_elapsed_time_and_where_the_logs_are(
+    api_url: str, settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_id = submit(tmp_path, capsys)
+    start(settings, job_id)
+    assert main(["job", job_id]) == 0
+    out = capsys.readouterr().out
+    assert "torchrun train.py" in out
+    assert f"gangway logs {job_id}" in out
+    assert "elapsed" in out
