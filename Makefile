@@ -21,11 +21,15 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# torch for the tests only (`make up` stays light): PyPI's wheel, which on Linux brings CUDA's
-# libraries (about 5 GB installed; PyTorch's CPU-only index is not reachable from here). A venv
-# that already has torch (the CPU-only build, say) keeps it.
+# torch for the tests only (`make up` stays light): PyTorch's CPU-only wheel where its index can
+# be reached (one quick try), else PyPI's, which on Linux brings CUDA's libraries (about 5 GB
+# installed). A venv that already has torch keeps it.
 TORCH_STAMP := $(VENV)/.torch-installed
 $(TORCH_STAMP): $(STAMP)
+	$(PY) -c 'import torch' 2>/dev/null \
+		|| $(PY) -m pip install -q --retries 0 --timeout 20 \
+			--index-url https://download.pytorch.org/whl/cpu 'torch>=2.2' 2>/dev/null \
+		|| echo "[venv] PyTorch's CPU-only index is unreachable; installing PyPI's torch"
 	$(PY) -m pip install -q -e '.[dev,torch]'
 	@touch $(TORCH_STAMP)
 

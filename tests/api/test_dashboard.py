@@ -12,7 +12,6 @@ from typing import Any
 
 import httpx
 import pytest
-from aiokafka import AIOKafkaProducer
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -27,6 +26,7 @@ from services.api.projections.dashboard import snapshot
 from services.api.projections.model import ReadModels
 from services.runtime import EventStore, Settings
 from services.runtime.consumer import publish_telemetry
+from services.runtime.kafka import make_producer
 from services.runtime.topics import Topics, ensure_topics
 from tests.api.builders import Log, node, reserved, submitted
 from tests.api.conftest import ADMIN_TOKEN, Api, api_settings
@@ -253,7 +253,7 @@ async def test_heartbeats_on_the_bus_reach_the_dashboard(
 ) -> None:
     await ensure_topics(settings)
     app = create_app(api_settings(settings, tmp_path), use_bus=True)
-    producer = AIOKafkaProducer(bootstrap_servers=settings.kafka_bootstrap)
+    producer = make_producer(settings)
     await producer.start()
     try:
         async with (
@@ -269,7 +269,9 @@ async def test_heartbeats_on_the_bus_reach_the_dashboard(
             async with asyncio.timeout(60):
                 while True:
                     # Sent again until the API's new consumer group has joined and read it.
-                    await publish_telemetry(producer, Topics.from_settings(settings), beat)
+                    await publish_telemetry(
+                        producer, Topics.from_settings(settings), beat, key=settings.bus_signing_key
+                    )
                     view = (await client.get("/v1/dashboard", headers=ADMIN)).json()
                     if gpu_states(view).get(("n1", 3), {}).get("utilization") == 0.75:
                         break
