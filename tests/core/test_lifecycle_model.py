@@ -451,7 +451,6 @@ class Lifecycle(RuleBasedStateMachine):
                 other = holders.setdefault((node, gpu), key[:2])
                 assert other == key[:2], f"GPU {gpu} of {node} runs {other} and {key[:2]}"
 
-
     @invariant()
     def no_running_gang_is_evicted_or_suspended_without_a_chance_to_checkpoint(self) -> None:
         assert self.stopped_unasked == []
