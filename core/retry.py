@@ -74,4 +74,3 @@ def repeated_oom(size: str, attempts: Collection[int]) -> str | None:
         "by the kernel's OOM killer; not retried: it would run out again "
         "(give each task more memory)"
     )
-

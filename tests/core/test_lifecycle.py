@@ -397,9 +397,9 @@ def test_gangs_a_drain_moves_in_this_cycle_do_not_make_their_team_a_borrower() -
         for _ in range(3)
     ]
     kept = history.occupy("n0001", 4, a_job().team("alpha").priority("production"))
-    waiting = history.submit(
-        a_job().gpus(4).tasks(2).team("beta").priority("inference-critical")
-    )[0]
+    waiting = history.submit(a_job().gpus(4).tasks(2).team("beta").priority("inference-critical"))[
+        0
+    ]
     history.record(NodeDrainRequested(node_id="n0000", reason="maintenance", by="admin"))
     history.cycle()
     asked = {e.job_id: e.preemptor_job_id for e in history.events(PreemptionRequested)}
