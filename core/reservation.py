@@ -69,18 +69,20 @@ def plan_reservation(
     yet in the state, but hold GPUs all the same; those it released hold none.
     """
     now, policy, released = ctx.now, ctx.policy, ctx.released
+    # The plan ignores reservations (its placements pass avoid_reserved=False): it is the head's.
     with snap.trial() as planning:
-        planning.reserved = frozenset()
         nodes = ctx.state.node_records
-        ends = sorted(
+        ends = [
             (estimated_end(job, now, policy), job.seq, job.ranks)
             for job in ctx.state.holding_jobs.values()
             if job.job_id not in released
             and job.ranks
             and (shape.gpu_type is None or nodes[job.ranks[0][0]].gpu_type == shape.gpu_type)
-        )
-        fresh = [(end, -1 - number, ranks) for number, (end, ranks) in enumerate(ctx.placed_gangs)]
-        ends = sorted(ends + fresh, key=lambda item: (item[0], item[1]))
+        ]
+        # Gangs bound this cycle first among equal ends; (end, seq or -number) is unique, so the
+        # sort never compares ranks.
+        ends += [(end, -1 - number, ranks) for number, (end, ranks) in enumerate(ctx.placed_gangs)]
+        ends.sort()
         tries = 0
         freed_at_last_try = -1
         freed = 0

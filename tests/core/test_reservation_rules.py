@@ -159,6 +159,20 @@ def test_the_head_is_planned_when_one_node_is_whole_not_when_enough_gpus_are_fre
     assert (planned.start_at.timestamp(), planned.nodes) == (T0 + 3 * HOUR, ["n0000"])
 
 
+def test_within_sixteen_tries_the_planner_tries_every_end_so_the_start_is_the_earliest() -> None:
+    # 24 one-GPU gangs ending every 100 s round-robin over 3 nodes: n0 is whole first, at its
+    # last gang's end (2,200 s). Tries begin once 8 GPUs are free (800 s); the 15th, at 2,200 s,
+    # finds the head's node: the earliest start exactly.
+    history = History("3x8:3:1")
+    _one_gpu_gangs(history, [f"n000{k % 3}" for k in range(24)])
+    history.submit(a_job().gpus(8))
+
+    history.run()
+
+    [planned] = history.events(ReservationPlanned)
+    assert (planned.start_at.timestamp(), planned.nodes) == (T0 + 2200, ["n0000"])
+
+
 def test_past_sixteen_failed_tries_the_planner_retries_once_a_unit_more_is_free() -> None:
     # 32 one-GPU gangs ending every 100 s round-robin over 4 nodes; an 8-GPU head needs a whole
     # node, first whole at 2,900 s (n0's last gang). 8 GPUs are free from 800 s: the planner
