@@ -141,3 +141,52 @@ def test_a_gang_that_requires_one_rack_evicts_within_one_rack_only_what_it_lands
 
     assert sorted(victims(history)) == sorted(on_r001)
     assert history.job(youngest).state == "running"
+
+
+def test_one_gang_that_suffices_alone_goes_rather_than_smaller_ones_together() -> None:
+    """The 2-GPU gang is first in victim order but too small alone; the 4-GPU gang after it
+    suffices alone, so it goes alone."""
+    history = History("1x8:1:1")
+    history.occupy("n0000", 2, a_job().priority("research"))
+    four = history.occupy("n0000", 4, a_job().priority("research"))
+    history.occupy("n0000", 2, a_job().priority("production"))
+
+    history.submit(a_job().gpus(4).priority("production"))
+    history.run()
+
+    assert victims(history) == [four]
+
+
+def test_a_node_already_free_counts_towards_a_gang_of_several_nodes() -> None:
+    """A gang of two whole nodes: n0002 is free, so one more node must be cleared, and the
+    cheapest to clear is n0001 (4 GPUs free, two 2-GPU gangs). No single gang suffices; n0003
+    is half free beside a gang of the preemptor's class; n0000's eight 1-GPU gangs (first in
+    victim order) stay. Half-free nodes are no half units."""
+    history = History("4x8:4:1")
+    ones = [history.occupy("n0000", 1, a_job().priority("research")) for _ in range(8)]
+    pair = [history.occupy("n0001", 2, a_job().priority("research")) for _ in range(2)]
+    history.occupy("n0003", 4, a_job().priority("production"))
+
+    history.submit(a_job().gpus(8).tasks(2).priority("production"))
+    history.run()
+
+    assert sorted(victims(history)) == sorted(pair)
+    assert all(history.job(job).state == "running" for job in ones)
+
+
+def test_a_typed_gang_counts_the_free_nodes_of_its_own_type_only() -> None:
+    """As above, on the H100 pool of a mixed cluster (its free node is n0002); the free
+    A100 nodes are of no use to it."""
+    history = History(
+        "groups:\n"
+        "- {count: 3, gpus: 8, gpu_type: H100, rack_size: 3, racks_per_block: 1}\n"
+        "- {count: 2, gpus: 8, gpu_type: A100, rack_size: 2, racks_per_block: 1}\n"
+    )
+    ones = [history.occupy("n0000", 1, a_job().priority("research")) for _ in range(8)]
+    pair = [history.occupy("n0001", 2, a_job().priority("research")) for _ in range(2)]
+
+    history.submit(a_job().gpus(8).tasks(2).gpu_type("H100").priority("production"))
+    history.run()
+
+    assert sorted(victims(history)) == sorted(pair)
+    assert all(history.job(job).state == "running" for job in ones)
