@@ -110,8 +110,11 @@ def test_borrowing_is_what_a_queue_uses_beyond_its_guarantee() -> None:
         record("lender", guaranteed=8, allocated=5),
         record("borrower", guaranteed=4, allocated=7),
         record("free", allocated=2),
+        record("unused"),
     )
 
     assert quota.borrowing("lender") == 0
     assert quota.borrowing("borrower") == 3
     assert quota.borrowing("free") == 2
+    assert quota.borrowing("unused") == 0
+    assert quota.borrowing("unknown") == 0

@@ -176,7 +176,7 @@ def test_a_node_already_free_counts_towards_a_gang_of_several_nodes() -> None:
 
 def test_a_typed_gang_counts_the_free_nodes_of_its_own_type_only() -> None:
     """As above, on the H100 pool of a mixed cluster (its free node is n0002); the free
-    A100 nodes are of no use to it."""
+    A100 GPUs are of no use to it, nor is evicting a gang from an A100 node."""
     history = History(
         "groups:\n"
         "- {count: 3, gpus: 8, gpu_type: H100, rack_size: 3, racks_per_block: 1}\n"
@@ -184,9 +184,25 @@ def test_a_typed_gang_counts_the_free_nodes_of_its_own_type_only() -> None:
     )
     ones = [history.occupy("n0000", 1, a_job().priority("research")) for _ in range(8)]
     pair = [history.occupy("n0001", 2, a_job().priority("research")) for _ in range(2)]
+    history.advance(60)
+    # The youngest and smallest gang, first in victim order, but on an A100 node.
+    history.occupy("n0003", 1, a_job().priority("research"))
 
     history.submit(a_job().gpus(8).tasks(2).gpu_type("H100").priority("production"))
     history.run()
 
     assert sorted(victims(history)) == sorted(pair)
     assert all(history.job(job).state == "running" for job in ones)
+
+
+def test_two_preemptors_in_one_cycle_never_take_the_same_gang() -> None:
+    history = History("2x8:2:1")
+    gangs = history.submit(*(a_job().gpus(8) for _ in range(2)))
+    history.run()
+
+    first, second = history.submit(*(a_job().gpus(8).priority("production") for _ in range(2)))
+    history.run()
+
+    preemptions = history.events(PreemptionRequested)
+    assert sorted(p.job_id for p in preemptions) == sorted(gangs)
+    assert sorted(str(p.preemptor_job_id) for p in preemptions) == sorted([first, second])
