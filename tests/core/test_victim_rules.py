@@ -206,3 +206,53 @@ def test_two_preemptors_in_one_cycle_never_take_the_same_gang() -> None:
     preemptions = history.events(PreemptionRequested)
     assert sorted(p.job_id for p in preemptions) == sorted(gangs)
     assert sorted(str(p.preemptor_job_id) for p in preemptions) == sorted([first, second])
+
+
+def test_a_preemptor_beyond_its_guarantee_takes_no_borrower_of_its_own_class() -> None:
+    """Borrowers go first, but only among gangs the preemptor may take at all: beta borrows
+    with a production gang; alpha's production job is beyond its guarantee (it has none), so
+    it may take lower classes only, and there are none."""
+    history = History("1x8:1:1")
+    history.team("alpha").team("beta")
+    history.submit(a_job().gpus(8).team("beta").priority("production"))
+    history.run()
+
+    history.submit(a_job().gpus(8).team("alpha").priority("production"))
+    history.run(cycles=3)
+
+    assert victims(history) == []
+
+
+def test_a_gang_its_guarantee_protects_is_passed_over_not_the_end_of_the_search() -> None:
+    """First in victim order is beta's best-effort gang, within beta's guarantee: another team
+    may not take it. The preemptor's own team's research gang after it may go."""
+    history = History("1x8:1:1")
+    history.team("alpha").team("beta", guaranteed=4)
+    protected = history.occupy("n0000", 4, a_job().team("beta").priority("best-effort"))
+    own = history.occupy("n0000", 4, a_job().team("alpha").priority("research"))
+
+    history.submit(a_job().gpus(4).team("alpha").priority("production"))
+    history.run()
+
+    assert victims(history) == [own]
+    assert history.job(protected).state == "running"
+
+
+def test_an_overdue_head_that_cannot_preempt_by_class_evicts_a_lower_gang_run_past_it() -> None:
+    """A research job cannot preempt by class; as the head whose reservation is overdue it
+    may evict a best-effort gang that ran past its estimate (an estimate is a hint; without
+    one, the policy's default of 4 hours)."""
+    history = History("1x8:1:1")
+    late = history.submit(a_job().gpus(8).priority("best-effort"))[0]
+    history.run()
+    head = history.submit(a_job().gpus(8).priority("research"))[0]
+    history.run()
+    assert history.job(head).reason_code == "reserved_head"
+    history.run(cycles=2, every_s=3600)
+    assert victims(history) == []
+
+    history.run(cycles=4, every_s=3600)
+
+    preemptions = history.events(PreemptionRequested)
+    assert [p.job_id for p in preemptions] == [late]
+    assert preemptions[0].reason == f"preempted for job {head} (its reservation is overdue)"
