@@ -229,3 +229,26 @@ def test_a_reclaim_under_a_ceiling_takes_no_gang_more_than_the_room_needs() -> N
     assert four in victims and len(set(victims) & set(ones)) == 1
     assert history.job(owner).reason_code == "preempting"
     assert history.auditor.violations == []
+
+
+def test_a_reclaim_that_frees_gpus_outside_the_ceiling_also_makes_room_under_it() -> None:
+    """Alpha (within its guarantee of 8) needs a whole node and 1 GPU of room under the org's
+    ceiling of 8. Gamma's 1-GPU gang (under the org) sits beside a non-preemptible gang, so
+    evicting it frees no node; beta's gang (outside the org) frees a node but no org quota:
+    both go, and nothing else."""
+    history = History("2x8:2:1")
+    history.queue("org", guaranteed=8, max_gpus=8)
+    history.team("alpha", guaranteed=8, parent="org").team("gamma", parent="org")
+    history.team("ops", guaranteed=8).team("beta")
+    history.occupy("n0000", 7, a_job().team("ops").priority("inference-critical"))
+    under = history.occupy("n0000", 1, a_job().team("gamma").priority("research"))
+    outside = history.occupy("n0001", 8, a_job().team("beta").priority("research"))
+    owner = history.submit(a_job().gpus(8).team("alpha"))[0]
+
+    history.run()
+
+    assert sorted(p.job_id for p in history.events(PreemptionRequested)) == sorted(
+        [under, outside]
+    )
+    assert history.job(owner).reason_code == "preempting"
+    assert history.auditor.violations == []

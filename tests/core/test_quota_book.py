@@ -110,8 +110,27 @@ def test_borrowing_is_what_a_queue_uses_beyond_its_guarantee() -> None:
         record("lender", guaranteed=8, allocated=5),
         record("borrower", guaranteed=4, allocated=7),
         record("free", allocated=2),
+        record("unused"),
     )
 
     assert quota.borrowing("lender") == 0
     assert quota.borrowing("borrower") == 3
     assert quota.borrowing("free") == 2
+    assert quota.borrowing("unused") == 0
+    assert quota.borrowing("unknown") == 0
+
+
+def test_a_queue_with_a_ceiling_and_nothing_running_may_fill_it_exactly() -> None:
+    quota = book(record("idle", max_gpus=8))
+
+    assert quota.ceiling_hit("idle", 8) is None
+    assert quota.excess("idle", 8) == {}
+    assert quota.ceiling_hit("idle", 9) == ("idle", 8)
+    assert quota.excess("idle", 9) == {"idle": 1}
+
+
+def test_a_guarantee_of_one_gpu_is_a_guarantee() -> None:
+    quota = book(record("small", guaranteed=1))
+
+    assert quota.within_guarantee("small", 1)
+    assert not quota.within_guarantee("small", 2)

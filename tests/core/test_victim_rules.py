@@ -141,3 +141,118 @@ def test_a_gang_that_requires_one_rack_evicts_within_one_rack_only_what_it_lands
 
     assert sorted(victims(history)) == sorted(on_r001)
     assert history.job(youngest).state == "running"
+
+
+def test_one_gang_that_suffices_alone_goes_rather_than_smaller_ones_together() -> None:
+    """The 2-GPU gang is first in victim order but too small alone; the 4-GPU gang after it
+    suffices alone, so it goes alone."""
+    history = History("1x8:1:1")
+    history.occupy("n0000", 2, a_job().priority("research"))
+    four = history.occupy("n0000", 4, a_job().priority("research"))
+    history.occupy("n0000", 2, a_job().priority("production"))
+
+    history.submit(a_job().gpus(4).priority("production"))
+    history.run()
+
+    assert victims(history) == [four]
+
+
+def test_a_node_already_free_counts_towards_a_gang_of_several_nodes() -> None:
+    """A gang of two whole nodes: n0002 is free, so one more node must be cleared, and the
+    cheapest to clear is n0001 (4 GPUs free, two 2-GPU gangs). No single gang suffices; n0003
+    is half free beside a gang of the preemptor's class; n0000's eight 1-GPU gangs (first in
+    victim order) stay. Half-free nodes are no half units."""
+    history = History("4x8:4:1")
+    ones = [history.occupy("n0000", 1, a_job().priority("research")) for _ in range(8)]
+    pair = [history.occupy("n0001", 2, a_job().priority("research")) for _ in range(2)]
+    history.occupy("n0003", 4, a_job().priority("production"))
+
+    history.submit(a_job().gpus(8).tasks(2).priority("production"))
+    history.run()
+
+    assert sorted(victims(history)) == sorted(pair)
+    assert all(history.job(job).state == "running" for job in ones)
+
+
+def test_a_typed_gang_counts_the_free_nodes_of_its_own_type_only() -> None:
+    """As above, on the H100 pool of a mixed cluster (its free node is n0002); the free
+    A100 GPUs are of no use to it, nor is evicting a gang from an A100 node."""
+    history = History(
+        "groups:\n"
+        "- {count: 3, gpus: 8, gpu_type: H100, rack_size: 3, racks_per_block: 1}\n"
+        "- {count: 2, gpus: 8, gpu_type: A100, rack_size: 2, racks_per_block: 1}\n"
+    )
+    ones = [history.occupy("n0000", 1, a_job().priority("research")) for _ in range(8)]
+    pair = [history.occupy("n0001", 2, a_job().priority("research")) for _ in range(2)]
+    history.advance(60)
+    # The youngest and smallest gang, first in victim order, but on an A100 node.
+    history.occupy("n0003", 1, a_job().priority("research"))
+
+    history.submit(a_job().gpus(8).tasks(2).gpu_type("H100").priority("production"))
+    history.run()
+
+    assert sorted(victims(history)) == sorted(pair)
+    assert all(history.job(job).state == "running" for job in ones)
+
+
+def test_two_preemptors_in_one_cycle_never_take_the_same_gang() -> None:
+    history = History("2x8:2:1")
+    gangs = history.submit(*(a_job().gpus(8) for _ in range(2)))
+    history.run()
+
+    first, second = history.submit(*(a_job().gpus(8).priority("production") for _ in range(2)))
+    history.run()
+
+    preemptions = history.events(PreemptionRequested)
+    assert sorted(p.job_id for p in preemptions) == sorted(gangs)
+    assert sorted(str(p.preemptor_job_id) for p in preemptions) == sorted([first, second])
+
+
+def test_a_preemptor_beyond_its_guarantee_takes_no_borrower_of_its_own_class() -> None:
+    """Borrowers go first, but only among gangs the preemptor may take at all: beta borrows
+    with a production gang; alpha's production job is beyond its guarantee (it has none), so
+    it may take lower classes only, and there are none."""
+    history = History("1x8:1:1")
+    history.team("alpha").team("beta")
+    history.submit(a_job().gpus(8).team("beta").priority("production"))
+    history.run()
+
+    history.submit(a_job().gpus(8).team("alpha").priority("production"))
+    history.run(cycles=3)
+
+    assert victims(history) == []
+
+
+def test_a_gang_its_guarantee_protects_is_passed_over_not_the_end_of_the_search() -> None:
+    """First in victim order is beta's best-effort gang, within beta's guarantee: another team
+    may not take it. The preemptor's own team's research gang after it may go."""
+    history = History("1x8:1:1")
+    history.team("alpha").team("beta", guaranteed=4)
+    protected = history.occupy("n0000", 4, a_job().team("beta").priority("best-effort"))
+    own = history.occupy("n0000", 4, a_job().team("alpha").priority("research"))
+
+    history.submit(a_job().gpus(4).team("alpha").priority("production"))
+    history.run()
+
+    assert victims(history) == [own]
+    assert history.job(protected).state == "running"
+
+
+def test_an_overdue_head_that_cannot_preempt_by_class_evicts_a_lower_gang_run_past_it() -> None:
+    """A research job cannot preempt by class; as the head whose reservation is overdue it
+    may evict a best-effort gang that ran past its estimate (an estimate is a hint; without
+    one, the policy's default of 4 hours)."""
+    history = History("1x8:1:1")
+    late = history.submit(a_job().gpus(8).priority("best-effort"))[0]
+    history.run()
+    head = history.submit(a_job().gpus(8).priority("research"))[0]
+    history.run()
+    assert history.job(head).reason_code == "reserved_head"
+    history.run(cycles=2, every_s=3600)
+    assert victims(history) == []
+
+    history.run(cycles=4, every_s=3600)
+
+    preemptions = history.events(PreemptionRequested)
+    assert [p.job_id for p in preemptions] == [late]
+    assert preemptions[0].reason == f"preempted for job {head} (its reservation is overdue)"
