@@ -61,19 +61,19 @@ async def get_job_logs(
     root = context.settings.logs_dir
     chosen = _attempt_of(job, await asyncio.to_thread(logs.attempts, root, job_id), attempt)
     source = logs.rank_log(root, job_id, max(chosen, 1), rank)
-    exists = await asyncio.to_thread(source.path.is_file)
+    exists = await asyncio.to_thread(logs.exists, source)
     if not follow:
         if not exists:
             if chosen == 0:
                 raise not_found(f"output of job {job_id} (it has not started)")
             raise not_found(f"output of rank {rank} of attempt {chosen} of job {job_id}")
-        offset = 0 if tail is None else await asyncio.to_thread(logs.tail_offset, source.path, tail)
+        offset = 0 if tail is None else await asyncio.to_thread(logs.tail_offset, source, tail)
         return StreamingResponse(_read(source, offset), media_type=TEXT, headers=_headers(source))
     if chosen and not exists and job.terminal:
         raise not_found(f"output of rank {rank} of attempt {chosen} of job {job_id}")
     offset = 0
     if exists and tail is not None:
-        offset = await asyncio.to_thread(logs.tail_offset, source.path, tail)
+        offset = await asyncio.to_thread(logs.tail_offset, source, tail)
     return StreamingResponse(
         _follow(context, source, offset),
         media_type=TEXT,
@@ -91,7 +91,7 @@ def _headers(source: logs.RankLog) -> dict[str, str]:
 
 async def _read(source: logs.RankLog, offset: int) -> AsyncIterator[bytes]:
     while True:
-        chunk = await asyncio.to_thread(logs.read_from, source.path, offset)
+        chunk = await asyncio.to_thread(logs.read_from, source, offset)
         if not chunk:
             return
         offset += len(chunk)
