@@ -191,3 +191,35 @@ async def test_a_rank_cannot_make_the_api_read_outside_its_logs(
             assert response.status_code == 404, (params, response.text)
             assert response.headers["content-type"] == "application/problem+json"
             assert "admin-token" not in response.text
+
+
+async def test_following_ends_when_the_token_is_revoked(
+    api_url: str, store: EventStore, tmp_path: Path
+) -> None:
+    async with httpx.AsyncClient(base_url=api_url, headers=ADMIN, timeout=30) as client:
+        job_id = await started_job(
+            Api(client, FastAPI(), api_settings(Settings(), tmp_path)), store
+        )
+        issued = (await client.post("/v1/teams/nlp/tokens", json={"name": "laptop"})).json()
+        laptop = {"Authorization": f"Bearer {issued['token']}"}
+        path = logs.rank_log(tmp_path / "agent", job_id, 1, 0).path
+        path.parent.mkdir(parents=True)
+        path.write_text("before\n")
+        async with (
+            asyncio.timeout(30),
+            client.stream(
+                "GET", f"/v1/jobs/{job_id}/logs", params={"follow": "true"}, headers=laptop
+            ) as response,
+        ):
+            assert response.status_code == 200
+            chunks = response.aiter_text()
+            received = await anext(chunks)
+            assert received == "before\n"
+            revoked = await client.delete(f"/v1/teams/nlp/tokens/{issued['id']}")
+            assert revoked.status_code == 204, revoked.text
+            with path.open("a") as handle:
+                handle.write("after the revocation\n")
+            # The job runs on; the stream ends all the same, before the new line.
+            async for text in chunks:
+                received += text
+        assert received == "before\n"
