@@ -426,6 +426,28 @@ async def test_an_idempotency_key_reused_for_other_jobs_is_refused(
     assert await store.head() == head
 
 
+async def test_a_patch_or_a_batch_with_a_non_finite_number_is_refused(
+    api: Api, store: EventStore
+) -> None:
+    nlp = await api.create_team("nlp")
+    job_id = await api.submit(nlp, name="a")
+    head = await store.head()
+    headers = {**nlp, "Content-Type": "application/json"}
+    for method, url, body in [
+        ("PATCH", f"/v1/jobs/{job_id}", b'{"max_runtime_s": Infinity}'),
+        (
+            "POST",
+            "/v1/jobs:batch",
+            b'{"jobs": [{"name": "b", "team": "nlp", "estimated_runtime_s": Infinity}]}',
+        ),
+    ]:
+        response = await api.client.request(method, url, content=body, headers=headers)
+        assert response.status_code == 400, response.text
+        assert response.headers["content-type"] == "application/problem+json"
+        assert response.json()["type"].endswith("/malformed-json")
+    assert await store.head() == head
+
+
 async def test_one_request_creates_at_most_a_thousand_jobs(api: Api, store: EventStore) -> None:
     nlp = await api.create_team("nlp")
     before = await store.head()
