@@ -150,7 +150,8 @@ class JobSpec(Message):
         if not fractional:
             return data
         whole = data.get("gpus_per_task")
-        if whole is not None and whole != 0 and not isinstance(whole, bool):
+        # A boolean is no count of GPUs (strict JSON): refused here, before it is overwritten.
+        if whole is not None and (whole != 0 or isinstance(whole, bool)):
             raise ValueError(
                 "a job asks exactly one of whole GPUs (gpus_per_task), a MIG slice "
                 "(mig_profile) or a GPU share (gpu_fraction)"
@@ -172,7 +173,10 @@ class JobSpec(Message):
     @field_validator("gpu_fraction")
     @classmethod
     def _fraction_in_thousandths(cls, fraction: float | None) -> float | None:
-        if fraction is not None and abs(fraction * 1000 - round(fraction * 1000)) > 1e-6:
+        if fraction is not None and (
+            abs(fraction * 1000 - round(fraction * 1000)) > 1e-6 or round(fraction * 1000) < 1
+        ):
+            # Under a thousandth rounds to a share of nothing, which would pack without bound.
             raise ValueError("gpu_fraction is given in thousandths (e.g. 0.25, 0.125)")
         return fraction
 

@@ -160,7 +160,11 @@ class Commands:
                     continue  # an id collision: draw others
                 for append in appends:
                     await self.feed.sync_stream(append.stream)
-                if all(event.job_id in models.jobs for job in planned for event in job.events):
+                if all(
+                    event.job_id in models.jobs and models.jobs[event.job_id].spec == event.spec
+                    for job in planned
+                    for event in job.events
+                ):
                     return planned  # the same request, retried: what it created the first time
                 raise ProblemError(
                     422,

@@ -70,6 +70,19 @@ async def get_principal(
 Caller = Annotated[Principal, Depends(get_principal)]
 
 
+async def still_authorized(request: Request, context: ApiContext) -> bool:
+    """Whether the request's token is still good: a stream that outlives its first check
+    (the dashboard's, a followed log) asks again before it shows anything new, so that a
+    revoked token stops seeing the team's jobs. An unreachable log ends the stream too."""
+    try:
+        await authenticate(
+            request.headers.get("authorization"), context.admin_sha256, context.store.pool
+        )
+    except (ProblemError, *_UNAVAILABLE):
+        return False
+    return True
+
+
 async def get_admin(caller: Caller) -> Principal:
     caller.require_admin()
     return caller

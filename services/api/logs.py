@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 LOG_FILE = "rank.log"
 _ATTEMPT = re.compile(r"^a(\d+)$")
@@ -29,6 +31,7 @@ class RankLog:
     attempt: int
     rank: int
     path: Path
+    root: Path
 
 
 def job_dir(root: Path, job_id: str) -> Path:
@@ -54,33 +57,55 @@ def ranks(root: Path, job_id: str, attempt: int) -> list[int]:
 
 def rank_log(root: Path, job_id: str, attempt: int, rank: int) -> RankLog:
     path = job_dir(root, job_id) / f"a{attempt}" / f"rank-{rank}" / LOG_FILE
-    return RankLog(job_id, attempt, rank, path)
+    return RankLog(job_id, attempt, rank, path, root)
 
 
-def read_from(path: Path, offset: int, limit: int = 1 << 20) -> bytes:
-    """Up to `limit` bytes of `path` from `offset`; empty when it does not exist (yet)."""
+def open_log(source: RankLog) -> BinaryIO | None:
+    """The rank's log for reading, or None when there is none. A rank writes in these very
+    directories: only a regular file reached from the root without any symlink is read, so
+    that a symlink a job leaves (to the control plane's files, another team's output) is
+    never followed, and a FIFO it leaves never blocks the reader."""
     try:
-        with path.open("rb") as handle:
-            handle.seek(offset)
-            return handle.read(limit)
-    except FileNotFoundError:
+        inside = Path(os.path.realpath(source.root)) / source.path.relative_to(source.root)
+        if Path(os.path.realpath(source.path)) != inside:
+            return None
+        fd = os.open(source.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except (OSError, ValueError):
+        return None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb")
+
+
+def exists(source: RankLog) -> bool:
+    handle = open_log(source)
+    if handle is None:
+        return False
+    handle.close()
+    return True
+
+
+def read_from(source: RankLog, offset: int, limit: int = 1 << 20) -> bytes:
+    """Up to `limit` bytes of the log from `offset`; empty when it does not exist (yet)."""
+    handle = open_log(source)
+    if handle is None:
         return b""
+    with handle:
+        handle.seek(offset)
+        return handle.read(limit)
 
 
-def size_of(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except FileNotFoundError:
-        return 0
-
-
-def tail_offset(path: Path, lines: int) -> int:
-    """The offset where the last `lines` lines of `path` begin (a last line without its
+def tail_offset(source: RankLog, lines: int) -> int:
+    """The offset where the last `lines` lines of the log begin (a last line without its
     newline counts as a line)."""
-    size = size_of(path)
-    if lines <= 0:
-        return size
-    with path.open("rb") as handle:
+    handle = open_log(source)
+    if handle is None:
+        return 0
+    with handle:
+        size = os.fstat(handle.fileno()).st_size
+        if lines <= 0:
+            return size
         end = size
         # A trailing newline ends the last line; it does not start another.
         handle.seek(max(0, size - 1))

@@ -63,12 +63,27 @@ def _check_strings(value: Any, path: str = "body") -> None:
             _check_strings(item, f"{path}[{index}]")
 
 
+class _NotFinite(ValueError):
+    pass
+
+
+def _no_constants(name: str) -> Any:
+    raise _NotFinite(name)
+
+
 def parse_strict_json(body: bytes) -> Any:
-    """The body's JSON, rejecting duplicate keys, NUL and unpaired surrogates (4xx)."""
+    """The body's JSON, rejecting duplicate keys, NaN and Infinity (which Python's reader
+    takes and JSON does not: they would be recorded as null), NUL and unpaired surrogates."""
     try:
-        data = json.loads(body.decode("utf-8"), object_pairs_hook=_no_duplicates)
+        data = json.loads(
+            body.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_no_constants
+        )
     except _Duplicate as duplicate:
         raise ProblemError(400, "duplicate-key", f"the key {duplicate} appears twice") from None
+    except _NotFinite as constant:
+        raise ProblemError(
+            400, "malformed-json", f"{constant} is not a JSON number (numbers must be finite)"
+        ) from None
     except UnicodeDecodeError:
         raise ProblemError(400, "malformed-json", "the request body is not UTF-8") from None
     _check_strings(data)

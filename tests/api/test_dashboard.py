@@ -207,6 +207,33 @@ async def test_the_stream_redraws_when_a_job_is_submitted_and_starts(
                 assert job_id not in json.dumps(view)
 
 
+@pytest.mark.integration
+async def test_the_stream_of_a_revoked_token_ends_before_it_shows_anything_new(
+    api_url: str,
+) -> None:
+    """A token is checked when the stream opens and again before each snapshot: revoking it
+    (a leaked laptop) must not leave a stream open that keeps showing the team's jobs."""
+    async with httpx.AsyncClient(base_url=api_url, headers=ADMIN, timeout=30) as admin:
+        created = await admin.post("/v1/teams", json={"name": "nlp"})
+        nlp = {"Authorization": f"Bearer {created.json()['token']}"}
+        issued = (await admin.post("/v1/teams/nlp/tokens", json={"name": "laptop"})).json()
+        laptop = {"Authorization": f"Bearer {issued['token']}"}
+        async with admin.stream(
+            "GET", "/v1/dashboard/stream", params={"interval": 0.05}, headers=laptop
+        ) as stream:
+            assert stream.status_code == 200
+            seen = snapshots(stream)
+            await anext(seen)
+            revoked = await admin.delete(f"/v1/teams/nlp/tokens/{issued['id']}")
+            assert revoked.status_code == 204, revoked.text
+            spec = {"name": "secret-project", "team": "nlp", "tasks": 1, "gpus_per_task": 1}
+            job_id = (await admin.post("/v1/jobs", json=spec, headers=nlp)).json()["id"]
+            async with asyncio.timeout(30):
+                async for view in seen:
+                    assert job_id not in json.dumps(view)
+        # The loop above ends only when the server ends the stream.
+
+
 async def test_gpu_activity_from_telemetry_colours_the_grid_and_feeds_the_metrics() -> None:
     models = two_teams()
     activity = GpuActivity()

@@ -161,3 +161,65 @@ async def test_follow_streams_what_the_rank_writes_until_the_job_ends(
             await store.append(f"job-{job_id}", 5, [JobSucceeded(job_id=job_id, attempt=1)])
             await reader  # the job's end ends the stream, after everything it wrote
         assert "".join(received) == "before\nafter\nlast words\n"
+
+
+async def test_a_rank_cannot_make_the_api_read_outside_its_logs(
+    api: Api, store: EventStore, tmp_path: Path
+) -> None:
+    """A rank writes in the very directories the API reads: a symlink it leaves there (to the
+    control plane's files, or another team's) is not followed, and a FIFO it leaves there
+    does not hang the reader; both are simply no output."""
+    secret = tmp_path / "control-plane.secret"
+    secret.write_text("admin-token-of-the-control-plane\n")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "rank.log").write_text("admin-token-of-the-control-plane\n")
+    job_id = await started_job(api, store)
+    script = (
+        "import os\n"
+        "os.remove('rank.log')\n"
+        f"os.symlink({str(secret)!r}, 'rank.log')\n"
+        f"os.symlink({str(outside)!r}, '../rank-1')\n"
+        "os.mkdir('../rank-2')\n"
+        "os.mkfifo('../rank-2/rank.log')\n"
+    )
+    await run_rank(api.settings.logs_dir, job_id, 1, 0, script)
+    url = f"/v1/jobs/{job_id}/logs"
+    async with asyncio.timeout(30):
+        for params in ({"rank": 0}, {"rank": 1}, {"rank": 1, "tail": 1}, {"rank": 2}):
+            response = await api.client.get(url, params=params, headers=api.teams["nlp"])
+            assert response.status_code == 404, (params, response.text)
+            assert response.headers["content-type"] == "application/problem+json"
+            assert "admin-token" not in response.text
+
+
+async def test_following_ends_when_the_token_is_revoked(
+    api_url: str, store: EventStore, tmp_path: Path
+) -> None:
+    async with httpx.AsyncClient(base_url=api_url, headers=ADMIN, timeout=30) as client:
+        job_id = await started_job(
+            Api(client, FastAPI(), api_settings(Settings(), tmp_path)), store
+        )
+        issued = (await client.post("/v1/teams/nlp/tokens", json={"name": "laptop"})).json()
+        laptop = {"Authorization": f"Bearer {issued['token']}"}
+        path = logs.rank_log(tmp_path / "agent", job_id, 1, 0).path
+        path.parent.mkdir(parents=True)
+        path.write_text("before\n")
+        async with (
+            asyncio.timeout(30),
+            client.stream(
+                "GET", f"/v1/jobs/{job_id}/logs", params={"follow": "true"}, headers=laptop
+            ) as response,
+        ):
+            assert response.status_code == 200
+            chunks = response.aiter_text()
+            received = await anext(chunks)
+            assert received == "before\n"
+            revoked = await client.delete(f"/v1/teams/nlp/tokens/{issued['id']}")
+            assert revoked.status_code == 204, revoked.text
+            with path.open("a") as handle:
+                handle.write("after the revocation\n")
+            # The job runs on; the stream ends all the same, before the new line.
+            async for text in chunks:
+                received += text
+        assert received == "before\n"

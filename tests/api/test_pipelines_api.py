@@ -398,6 +398,56 @@ async def test_a_batch_retried_with_its_idempotency_key_creates_nothing_new(
     assert await store.head() == head
 
 
+@pytest.mark.parametrize(
+    ("route", "first", "second"),
+    [
+        (
+            "/v1/jobs:batch",
+            {"jobs": [spec("a"), spec("b")]},
+            {"jobs": [spec("a", command=["rm", "-rf", "/data"]), spec("b", gpus_per_task=8)]},
+        ),
+        ("/v1/jobs", spec("sweep", array={"count": 2}), spec("other", array={"count": 2})),
+    ],
+)
+async def test_an_idempotency_key_reused_for_other_jobs_is_refused(
+    api: Api, store: EventStore, route: str, first: dict[str, Any], second: dict[str, Any]
+) -> None:
+    """The same key with different specs is a mistake, not a retry: the caller must not be
+    told that its new jobs were created when the old ones are what it gets."""
+    nlp = await api.create_team("nlp")
+    headers = {**nlp, "Idempotency-Key": "nightly"}
+    created = await api.client.post(route, json=first, headers=headers)
+    assert created.status_code == 201, created.text
+    head = await store.head()
+    reused = await api.client.post(route, json=second, headers=headers)
+    assert reused.status_code == 422, reused.text
+    assert reused.headers["content-type"] == "application/problem+json"
+    assert reused.json()["type"].endswith("/idempotency-key-reused")
+    assert await store.head() == head
+
+
+async def test_a_patch_or_a_batch_with_a_non_finite_number_is_refused(
+    api: Api, store: EventStore
+) -> None:
+    nlp = await api.create_team("nlp")
+    job_id = await api.submit(nlp, name="a")
+    head = await store.head()
+    headers = {**nlp, "Content-Type": "application/json"}
+    for method, url, body in [
+        ("PATCH", f"/v1/jobs/{job_id}", b'{"max_runtime_s": Infinity}'),
+        (
+            "POST",
+            "/v1/jobs:batch",
+            b'{"jobs": [{"name": "b", "team": "nlp", "estimated_runtime_s": Infinity}]}',
+        ),
+    ]:
+        response = await api.client.request(method, url, content=body, headers=headers)
+        assert response.status_code == 400, response.text
+        assert response.headers["content-type"] == "application/problem+json"
+        assert response.json()["type"].endswith("/malformed-json")
+    assert await store.head() == head
+
+
 async def test_one_request_creates_at_most_a_thousand_jobs(api: Api, store: EventStore) -> None:
     nlp = await api.create_team("nlp")
     before = await store.head()

@@ -47,6 +47,14 @@ async def test_a_slice_and_a_share_job_are_accepted(api: Api) -> None:
         {"gpu_fraction": 0.1234},
         {"sharing": "mps"},
         {"gpus_per_task": 0},
+        # Less than a thousandth rounds to a share of nothing: a task that takes no part of
+        # its GPU would pack without bound.
+        {"gpu_fraction": 1e-300},
+        {"gpu_fraction": 1e-9},
+        # Strict JSON: a boolean is not a number of GPUs, beside a share or not.
+        {"gpu_fraction": 0.5, "gpus_per_task": True},
+        {"gpu_fraction": 0.5, "gpus_per_task": False},
+        {"mig_profile": "1g.10gb", "gpus_per_task": True},
     ],
 )
 async def test_bad_combinations_are_a_validation_problem(

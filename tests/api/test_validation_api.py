@@ -128,6 +128,21 @@ async def test_duplicate_keys_are_refused(api: Api, store: EventStore) -> None:
 
 
 @pytest.mark.usefixtures("teams")
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"name": "train", "team": "nlp", "estimated_runtime_s": Infinity}',
+        b'{"name": "train", "team": "nlp", "max_runtime_s": Infinity, "array": {"count": 2}}',
+        b'{"name": "train", "team": "nlp", "min_runtime_s": NaN}',
+    ],
+)
+async def test_non_finite_numbers_are_not_json(api: Api, store: EventStore, body: bytes) -> None:
+    """Python's JSON reader takes NaN and Infinity, JSON does not: accepted, they were
+    recorded as null (a runtime limit of infinity became no limit at all)."""
+    await rejected(api, store, body, 400, "malformed-json")
+
+
+@pytest.mark.usefixtures("teams")
 async def test_an_unpaired_surrogate_in_an_env_key_is_refused(api: Api, store: EventStore) -> None:
     body = b'{"name": "train", "team": "nlp", "env": {"A\\ud800": "x"}}'
     await rejected(api, store, body, 422, "invalid-string")

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, StreamingResponse
 
-from services.api.deps import Caller, Context, Models
+from services.api.deps import Caller, Context, Models, still_authorized
 from services.api.problems import PROBLEM_RESPONSES, not_found
 from services.api.projections.dashboard import snapshot
 
@@ -74,6 +74,8 @@ async def stream_dashboard(
             position = models.watermark.position
             # GPU activity changes without events: it is redrawn at least every ACTIVITY_S.
             if position != sent_at or idle >= ACTIVITY_S:
+                if not await still_authorized(request, context):
+                    return  # the token was revoked since the stream opened
                 sent_at = position
                 idle = 0.0
                 view = snapshot(models, caller, activity=context.activity)

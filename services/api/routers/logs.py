@@ -12,11 +12,11 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
+from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from services.api import logs
-from services.api.deps import Caller, Context, Models
+from services.api.deps import Caller, Context, Models, still_authorized
 from services.api.problems import PROBLEM_RESPONSES, not_found
 from services.api.projections.jobs import JobReadModel
 
@@ -44,6 +44,7 @@ def _attempt_of(job: JobReadModel, root_attempts: list[int], asked: int | None) 
     responses={200: {"content": {TEXT: {}}, "description": "the rank's output"}},
 )
 async def get_job_logs(
+    request: Request,
     job_id: JobId,
     caller: Caller,
     models: Models,
@@ -61,21 +62,21 @@ async def get_job_logs(
     root = context.settings.logs_dir
     chosen = _attempt_of(job, await asyncio.to_thread(logs.attempts, root, job_id), attempt)
     source = logs.rank_log(root, job_id, max(chosen, 1), rank)
-    exists = await asyncio.to_thread(source.path.is_file)
+    exists = await asyncio.to_thread(logs.exists, source)
     if not follow:
         if not exists:
             if chosen == 0:
                 raise not_found(f"output of job {job_id} (it has not started)")
             raise not_found(f"output of rank {rank} of attempt {chosen} of job {job_id}")
-        offset = 0 if tail is None else await asyncio.to_thread(logs.tail_offset, source.path, tail)
+        offset = 0 if tail is None else await asyncio.to_thread(logs.tail_offset, source, tail)
         return StreamingResponse(_read(source, offset), media_type=TEXT, headers=_headers(source))
     if chosen and not exists and job.terminal:
         raise not_found(f"output of rank {rank} of attempt {chosen} of job {job_id}")
     offset = 0
     if exists and tail is not None:
-        offset = await asyncio.to_thread(logs.tail_offset, source.path, tail)
+        offset = await asyncio.to_thread(logs.tail_offset, source, tail)
     return StreamingResponse(
-        _follow(context, source, offset),
+        _follow(request, context, source, offset),
         media_type=TEXT,
         headers=_headers(source),
     )
@@ -91,17 +92,22 @@ def _headers(source: logs.RankLog) -> dict[str, str]:
 
 async def _read(source: logs.RankLog, offset: int) -> AsyncIterator[bytes]:
     while True:
-        chunk = await asyncio.to_thread(logs.read_from, source.path, offset)
+        chunk = await asyncio.to_thread(logs.read_from, source, offset)
         if not chunk:
             return
         offset += len(chunk)
         yield chunk
 
 
-async def _follow(context: Context, source: logs.RankLog, offset: int) -> AsyncIterator[bytes]:
-    """Everything from `offset`, then what is appended, until the attempt is over and read."""
+async def _follow(
+    request: Request, context: Context, source: logs.RankLog, offset: int
+) -> AsyncIterator[bytes]:
+    """Everything from `offset`, then what is appended, until the attempt is over and read
+    (or the caller's token is revoked)."""
     poll = context.settings.logs_poll_s
     while True:
+        if not await still_authorized(request, context):
+            return
         # Whether the attempt was over BEFORE the last read: then that read got everything.
         models = await context.fresh()
         job = models.jobs.get(source.job_id)
