@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from core.queue_rules import Quota, quota_problem
 from schemas.base import Event
 from schemas.jobs import (
+    MAX_DEPENDENCIES,
     JobCancelRequested,
     JobChanges,
     JobHeld,
@@ -129,14 +130,29 @@ class Commands:
         """Several jobs (a batch, an array, a pipeline) in one append: all of them, or none."""
         models = self.feed.models
         names = {spec.name for spec in specs} if batch else set()
-        for spec in specs:
-            for dependency in spec.depends_on:
-                if dependency.job not in names:
-                    await self._learn(dependency.job)
+        # Limits first: looking up ids this process has not seen costs database reads, which a
+        # team past its rate or cap must not get for free.
         for team in sorted({spec.team for spec in specs}):
             principal.require_team(team)
             count = sum(s.array.count if s.array else 1 for s in specs if s.team == team)
             self._within_limits(team, count)
+        unseen = {
+            dependency.job
+            for spec in specs
+            for dependency in spec.depends_on
+            if dependency.job not in names
+            and dependency.job not in models.jobs
+            and dependency.job not in models.arrays
+        }
+        if len(unseen) > MAX_DEPENDENCIES:
+            raise ProblemError(
+                422,
+                "too-many-dependencies",
+                f"this request depends on {len(unseen)} jobs this API has not seen; "
+                f"at most {MAX_DEPENDENCIES} per request",
+            )
+        for job_id in sorted(unseen):
+            await self._learn(job_id)
         for _ in range(ATTEMPTS):
             if idempotency_key is not None:
                 ids = [

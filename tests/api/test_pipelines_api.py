@@ -73,6 +73,30 @@ async def test_a_dependency_on_an_unknown_or_foreign_job_is_refused(
     assert await store.head() == before
 
 
+async def test_a_request_naming_more_unseen_jobs_than_one_job_may_depend_on_is_refused(
+    api: Api, store: EventStore
+) -> None:
+    # Each unseen id costs the API reads of the log: one request may not make it do thousands.
+    nlp = await api.create_team("nlp")
+    before = await store.head()
+    response = await api.client.post(
+        "/v1/jobs:batch",
+        json={
+            "jobs": [
+                spec(f"j{n}", depends_on=[{"job": f"ghost-{n}-{k}"} for k in range(40)])
+                for n in range(2)
+            ]
+        },
+        headers=nlp,
+    )
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    problem = response.json()
+    assert problem["type"].endswith("/too-many-dependencies")
+    assert "80 jobs" in problem["detail"]
+    assert await store.head() == before
+
+
 async def test_a_dependency_cycle_in_a_batch_is_refused_with_a_problem(
     api: Api, store: EventStore
 ) -> None:
