@@ -6,8 +6,11 @@ import asyncio
 import csv
 import io
 import json
+import os
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from gangway.cli import main
@@ -21,9 +24,7 @@ from tests.cli.test_api_commands import submit
 pytestmark = pytest.mark.integration
 
 
-def start(
-    settings: Settings, job_id: str, *, finish: bool = False, register: bool = False
-) -> None:
+def start(settings: Settings, job_id: str, *, finish: bool = False, register: bool = False) -> None:
     """Record what the scheduler and the agent would: admitted, reserved, both ranks started."""
     events = [
         JobAdmitted(job_id=job_id, queue="nlp", priority="production"),
@@ -44,6 +45,16 @@ def start(
             await store.close()
 
     asyncio.run(append())
+    # The API learns of events written behind its back by polling the log: wait until it has.
+    expected = "succeeded" if finish else "running"
+    headers = {"Authorization": f"Bearer {os.environ['GANGWAY_TOKEN']}"}
+    deadline = time.monotonic() + 30
+    while True:
+        response = httpx.get(f"{os.environ['GANGWAY_API_URL']}/v1/jobs/{job_id}", headers=headers)
+        if response.status_code == 200 and response.json()["state"] == expected:
+            return
+        assert time.monotonic() < deadline, f"the API never saw {job_id} {expected}"
+        time.sleep(0.05)
 
 
 def test_logs_prints_a_ranks_output_and_its_tail(
