@@ -19,6 +19,7 @@ import pwd
 import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cache
@@ -283,11 +284,17 @@ def bwrap_works() -> bool:
 
 
 def bwrap_argv(
-    argv: Sequence[str], *, state_dir: Path | None, binds: Sequence[Path], workdir: Path
+    argv: Sequence[str],
+    *,
+    state_dir: Path | None,
+    binds: Sequence[Path],
+    workdir: Path,
+    keep: Sequence[Path] | None = None,
 ) -> list[str]:
     """`argv` inside a sandbox: its own PID/IPC/UTS namespaces (no other process is visible
     or reachable by signal), the root file system read-only, a private /tmp, and the agent's
-    state directory replaced by an empty one except for `binds` (the job's own directories)."""
+    state directory replaced by an empty one except for `binds` (the job's own directories).
+    `keep`: what of /tmp stays visible, read-only (default: the agent's installation there)."""
     bwrap = shutil.which("bwrap") or "bwrap"
     wrapped = [
         bwrap,
@@ -305,12 +312,31 @@ def bwrap_argv(
         "--tmpfs",
         "/tmp",
     ]
+    for kept in installs_under_tmp() if keep is None else keep:
+        wrapped += ["--ro-bind", str(kept), str(kept)]
     if state_dir is not None:
         wrapped += ["--tmpfs", str(state_dir)]
     for path in binds:
         wrapped += ["--bind", str(path), str(path)]
     wrapped += ["--chdir", str(workdir), "--", *argv]
     return wrapped
+
+
+def installs_under_tmp(installs: Sequence[Path] | None = None) -> list[Path]:
+    """What the private /tmp would hide that a rank needs to run at all: the agent's own Python
+    installation (by default its prefix and interpreter) when it lives under /tmp, as a checkout
+    cloned there does. Each is kept read-only as its top directory under /tmp (the checkout,
+    with its editable sources); the agent's state directory inside it is still replaced by an
+    empty one, and file permissions still keep the rank's uid out of the rest. Paths a job's
+    command names are not kept: the rest of /tmp stays private."""
+    tmp = Path("/tmp")
+    candidates = installs if installs is not None else [Path(sys.prefix), Path(sys.executable)]
+    kept: set[Path] = set()
+    for candidate in candidates:
+        parts = Path(os.path.abspath(candidate)).parts
+        if len(parts) > 2 and Path(*parts[:2]) == tmp and Path(*parts[:3]).exists():
+            kept.add(Path(*parts[:3]))
+    return sorted(kept)
 
 
 def state_dir_of(*paths: Path) -> Path | None:

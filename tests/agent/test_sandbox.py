@@ -1,0 +1,67 @@
+"""The rank sandbox (bubblewrap): a private /tmp, yet the agent's own Python installation
+there still runs (a checkout cloned under /tmp, as CI may do, broke every sandboxed rank:
+`bwrap: execvp …/.venv/bin/python: No such file or directory`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from services.agent import isolation
+
+needs_bwrap = pytest.mark.skipif(
+    not isolation.bwrap_works(),
+    reason="bubblewrap is not installed or may not create namespaces on this host",
+)
+
+
+def _sandboxed(
+    argv: list[str], work: Path, keep: Sequence[Path] | None = None
+) -> subprocess.CompletedProcess[str]:
+    wrapped = isolation.bwrap_argv(argv, state_dir=None, binds=[work], workdir=work, keep=keep)
+    return subprocess.run(wrapped, capture_output=True, text=True, timeout=60, check=False)
+
+
+def _checkout_under_tmp(top: Path) -> Path:
+    """A checkout at `top` with its own interpreter in .venv, as a fresh clone under /tmp has."""
+    (top / ".venv" / "bin").mkdir(parents=True)
+    python = top / ".venv" / "bin" / "python"
+    os.symlink(os.path.realpath(sys.executable), python)
+    (top / "job.py").write_text("print('ran')\n")
+    return python
+
+
+def test_an_installation_under_tmp_is_kept_as_its_top_directory_and_nothing_else() -> None:
+    assert isolation.installs_under_tmp([Path("/usr/lib/python3"), Path("/tmp")]) == []
+    with tempfile.TemporaryDirectory(dir="/tmp") as top:
+        kept = isolation.installs_under_tmp([Path(top) / ".venv", Path("/opt/x")])
+        assert kept == [Path(top)]
+
+
+@needs_bwrap
+def test_a_sandboxed_rank_runs_the_agents_installation_under_tmp(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    with tempfile.TemporaryDirectory(dir="/tmp") as top:
+        python = _checkout_under_tmp(Path(top))
+        keep = isolation.installs_under_tmp([python.parent.parent])
+        result = _sandboxed([str(python), f"{top}/job.py"], work, keep)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "ran\n"
+
+
+@needs_bwrap
+def test_the_rest_of_tmp_stays_private_even_when_the_command_names_it(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    with tempfile.TemporaryDirectory(dir="/tmp") as other:
+        (Path(other) / "secret").write_text("another job's scratch\n")
+        result = _sandboxed(["/bin/cat", f"{other}/secret"], work)
+    assert result.returncode != 0
+    assert "another job's scratch" not in result.stdout
