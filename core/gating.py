@@ -38,22 +38,25 @@ def gate(ctx: CycleContext, waiting: list[CoreJob]) -> list[CoreJob]:
             ready.append(job)
             continue
         spec = job.spec
-        if spec is not None and spec.depends_on:
-            verdict = dependency_verdict(spec.depends_on, state_of)
-            if verdict.kind == "broken":
-                ctx.release(
-                    job, JobCancelled(job_id=job.job_id, attempt=None, reason=verdict.message)
-                )
-                if ended is not None:
-                    ended[job.job_id] = "cancelled"
-                continue
-            if verdict.kind == "waiting":
-                ctx.outcomes[job.job_id] = Outcome(DEPENDENCY, f"{job.need}; {verdict.message}")
-                continue
+        verdict = (
+            dependency_verdict(spec.depends_on, state_of)
+            if spec is not None and spec.depends_on
+            else None
+        )
+        if verdict is not None and verdict.kind == "broken":
+            # Cancelled even while held: a hold cannot bring a broken condition back.
+            ctx.release(job, JobCancelled(job_id=job.job_id, attempt=None, reason=verdict.message))
+            if ended is not None:
+                ended[job.job_id] = "cancelled"
+            continue
         if job.held:
+            # The team's own hold first: it is what must change before anything else matters.
             ctx.outcomes[job.job_id] = Outcome(
                 HELD, f"{job.need}; held by request: it is never placed until released"
             )
+            continue
+        if verdict is not None and verdict.kind == "waiting":
+            ctx.outcomes[job.job_id] = Outcome(DEPENDENCY, f"{job.need}; {verdict.message}")
             continue
         limit = spec.array.max_parallel if spec is not None and spec.array is not None else None
         if job.array_id is not None and limit is not None:

@@ -623,6 +623,7 @@ class SchedulerState:
             return
         job.held = True
         job.gated = True
+        self._forget_reason(job)
 
     def _on_hold_released(self, event: JobHoldReleased, at: float) -> None:
         job = self._jobs.get(event.job_id)
@@ -630,10 +631,19 @@ class SchedulerState:
             return
         job.held = False
         job.gated = _gated(job)
+        self._forget_reason(job)
         if job.state == "queued":
             # A held job keeps its arrival order, but its aging clock restarts: time spent
             # held is not time spent waiting for GPUs, and must not jump it ahead of others.
             job.queued_at = at
+
+    @staticmethod
+    def _forget_reason(job: CoreJob) -> None:
+        """A hold and its release change a waiting job's reason behind the core's back (the
+        read models show `held`, then nothing): the next cycle records its reason anew."""
+        if job.state in ("pending", "queued"):
+            job.reason_code = None
+            job.reason = None
 
     def _on_updated(self, event: JobUpdated, at: float) -> None:
         job = self._jobs.get(event.job_id)

@@ -19,6 +19,7 @@ from schemas.jobs import (
     JobAdmitted,
     JobCancelled,
     JobChanges,
+    JobDeferred,
     JobHeld,
     JobHoldReleased,
     JobState,
@@ -202,6 +203,20 @@ def test_a_held_job_is_never_placed_until_released_and_then_ages_from_its_releas
     assert history.state.job_records[job].queued_at == history.now
     history.run()
     assert history.job(job).state == "running"
+
+
+def test_a_dependent_job_held_and_released_records_each_reason_in_turn() -> None:
+    # Read models learn a waiting job's reason from the JobDeferred the core records: after a
+    # hold and its release, the dependency must be recorded again, or the job shows none.
+    history = History("2x8:2:1")
+    history.submit(a_step("prep"), a_step("train").after("prep"))
+    history.run()
+    history.record(JobHeld(job_id="train", by="test"))
+    history.run()
+    history.record(JobHoldReleased(job_id="train", by="test"))
+    history.run()
+    codes = [event.code for event in history.events(JobDeferred, "train")]
+    assert codes == ["dependency", "held", "dependency"]
 
 
 def test_holding_a_queued_job_keeps_it_off_free_gpus() -> None:
