@@ -162,6 +162,9 @@ def rank_env(
     """The rank's environment: a few of the agent's variables, the job's env, then Gangway's
     (which the job cannot override: they describe the placement)."""
     env = {key: agent_env[key] for key in INHERITED_ENV if key in agent_env}
+    # Python's output reaches rank.log (and `gangway logs -f`) as it is printed, not when the
+    # rank ends; a job may still ask for buffering in its env.
+    env["PYTHONUNBUFFERED"] = "1"
     env.update(spec.env)
     env.update(
         {

@@ -82,6 +82,18 @@ def test_the_rank_environment_describes_its_placement() -> None:
     assert "SECRET" not in env
 
 
+def test_a_ranks_python_output_is_unbuffered_unless_the_job_says_otherwise() -> None:
+    def env_of(spec: JobSpec) -> dict[str, str]:
+        return rank_env(
+            spec=spec, job_id="j1", attempt=1, placement=gang().ranks[0], world_size=2,
+            checkpoint_dir=None, checkpoint_request=Path("/w/req.json"), agent_env={},
+        )
+
+    assert env_of(SPEC)["PYTHONUNBUFFERED"] == "1"
+    buffered = SPEC.model_copy(update={"env": {**SPEC.env, "PYTHONUNBUFFERED": ""}})
+    assert env_of(buffered)["PYTHONUNBUFFERED"] == ""
+
+
 def test_a_first_attempt_has_an_empty_checkpoint_dir() -> None:
     env = rank_env(
         spec=SPEC, job_id="j1", attempt=1, placement=gang().ranks[0], world_size=2,
