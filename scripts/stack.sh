@@ -21,9 +21,23 @@ GANGWAY_DIR="${GANGWAY_STACK_STATE_DIR:-$ROOT/.gangway}"
 # Below Linux's ephemeral range (32768-60999): a client retrying a connection to a stopped
 # server could otherwise be given the server's own port as its source port, and the restarted
 # server would find its port taken.
-PG_PORT="${GANGWAY_STACK_PG_PORT:-25432}"
-KAFKA_PORT="${GANGWAY_STACK_KAFKA_PORT:-29092}"
-KAFKA_CONTROLLER_PORT="${GANGWAY_STACK_KAFKA_CONTROLLER_PORT:-29093}"
+# The ports this stack was last brought up on (.stack/ports) stand in for variables left unset,
+# so `make status` and a later `make up` find a stack moved with them where it runs.
+PORTS_FILE="$STACK/ports"
+SAVED_PG_PORT="" SAVED_KAFKA_PORT="" SAVED_KAFKA_CONTROLLER_PORT=""
+if [ -f "$PORTS_FILE" ]; then
+    while IFS='=' read -r name value; do
+        [[ "$value" =~ ^[0-9]+$ ]] || continue
+        case "$name" in
+            PG_PORT) SAVED_PG_PORT="$value" ;;
+            KAFKA_PORT) SAVED_KAFKA_PORT="$value" ;;
+            KAFKA_CONTROLLER_PORT) SAVED_KAFKA_CONTROLLER_PORT="$value" ;;
+        esac
+    done <"$PORTS_FILE"
+fi
+PG_PORT="${GANGWAY_STACK_PG_PORT:-${SAVED_PG_PORT:-25432}}"
+KAFKA_PORT="${GANGWAY_STACK_KAFKA_PORT:-${SAVED_KAFKA_PORT:-29092}}"
+KAFKA_CONTROLLER_PORT="${GANGWAY_STACK_KAFKA_CONTROLLER_PORT:-${SAVED_KAFKA_CONTROLLER_PORT:-29093}}"
 API_URL="${GANGWAY_API_URL:-http://127.0.0.1:8080}"
 
 PG_DIR="$STACK/pg"
@@ -533,12 +547,15 @@ cmd_up() {
     (umask 077 && print_env >"$GANGWAY_DIR/env.tmp")
     chmod 600 "$GANGWAY_DIR/env.tmp"
     mv "$GANGWAY_DIR/env.tmp" "$GANGWAY_DIR/env"
+    printf 'PG_PORT=%s\nKAFKA_PORT=%s\nKAFKA_CONTROLLER_PORT=%s\n' \
+        "$PG_PORT" "$KAFKA_PORT" "$KAFKA_CONTROLLER_PORT" >"$PORTS_FILE"
     log "stack ready; settings in .gangway/env"
 }
 
 cmd_down() {
     kafka_stop
     pg_down
+    rm -f "$PORTS_FILE"
 }
 
 cmd_status() {
