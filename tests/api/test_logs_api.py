@@ -1,8 +1,9 @@
 """GET /v1/jobs/{id}/logs: a rank's output as the agent wrote it, with the job routes' tenant
 rule, rank and attempt selection, the last lines, and following a running rank to its end.
 
-The rank output is written by the agent's own launcher (services/agent/ranks.py) into the
-directory the API reads, the layout of one machine (`make up`).
+The rank output is written by the agent's own launcher (services/agent/ranks.py) into a work
+directory that a real agent log server (services/agent/log_server.py) serves; the API reads it
+only through that server.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from schemas.jobs import JobAdmitted, JobSucceeded, TaskStarted
+from schemas.jobs import JobAdmitted, JobRequeued, JobSucceeded, TaskStarted
+from services.agent import logs
 from services.agent.ranks import RankKey, launch
-from services.api import logs
 from services.runtime import EventStore, Settings
 from tests.api.builders import reserved
 from tests.api.conftest import ADMIN_TOKEN, Api, api_settings
@@ -53,9 +54,11 @@ async def started_job(api: Api, store: EventStore, team: str = "nlp") -> str:
     return job_id
 
 
-async def test_a_ranks_output_whole_by_rank_and_by_attempt(api: Api, store: EventStore) -> None:
+async def test_a_ranks_output_whole_by_rank_and_by_attempt(
+    api: Api, store: EventStore, tmp_path: Path
+) -> None:
     job_id = await started_job(api, store)
-    root = api.settings.logs_dir
+    root = tmp_path / "agent"
     await run_rank(
         root, job_id, 1, 0, "import sys; print('hi', flush=True); print('oops', file=sys.stderr)"
     )
@@ -76,6 +79,16 @@ async def test_a_ranks_output_whole_by_rank_and_by_attempt(api: Api, store: Even
     assert missing.status_code == 404
     assert missing.headers["content-type"] == "application/problem+json"
 
+    # The first attempt failed; the second starts rank 1 on another node.
+    await store.append(
+        f"job-{job_id}",
+        5,
+        [
+            JobRequeued(job_id=job_id, attempt=1, code="task_failed", reason="rank 0 failed"),
+            reserved(job_id, [("n2", [0]), ("n2", [1])], attempt=2),
+            TaskStarted(job_id=job_id, attempt=2, rank=1, node_id="n2"),
+        ],
+    )
     await run_rank(root, job_id, 2, 1, "print('second attempt')")
     second = await api.client.get(
         f"/v1/jobs/{job_id}/logs", params={"rank": 1, "attempt": 2}, headers=headers
@@ -83,9 +96,9 @@ async def test_a_ranks_output_whole_by_rank_and_by_attempt(api: Api, store: Even
     assert second.text == "second attempt\n"
 
 
-async def test_the_last_lines(api: Api, store: EventStore) -> None:
+async def test_the_last_lines(api: Api, store: EventStore, tmp_path: Path) -> None:
     job_id = await started_job(api, store)
-    await run_rank(api.settings.logs_dir, job_id, 1, 0, "for i in range(5000): print(f'line {i}')")
+    await run_rank(tmp_path / "agent", job_id, 1, 0, "for i in range(5000): print(f'line {i}')")
     url = f"/v1/jobs/{job_id}/logs"
     last = await api.client.get(url, params={"tail": 3}, headers=api.as_admin())
     assert last.text == "line 4997\nline 4998\nline 4999\n"
@@ -96,10 +109,10 @@ async def test_the_last_lines(api: Api, store: EventStore) -> None:
 
 
 async def test_another_team_gets_404_and_bad_selections_get_422(
-    api: Api, store: EventStore
+    api: Api, store: EventStore, tmp_path: Path
 ) -> None:
     job_id = await started_job(api, store, team="nlp")
-    await run_rank(api.settings.logs_dir, job_id, 1, 0, "print('private to nlp')")
+    await run_rank(tmp_path / "agent", job_id, 1, 0, "print('private to nlp')")
     vision = await api.create_team("vision")
     other = await api.client.get(f"/v1/jobs/{job_id}/logs", headers=vision)
     assert other.status_code == 404
@@ -121,6 +134,14 @@ async def test_a_job_that_has_not_started_has_no_output_yet(api: Api) -> None:
     assert "not started" in response.json()["detail"]
 
 
+async def seen_running(client: httpx.AsyncClient, job_id: str) -> None:
+    """A real server learns of events written behind its back by polling the log: wait until
+    it has seen the job's ranks start (where they run says which agent holds their logs)."""
+    async with asyncio.timeout(30):
+        while (await client.get(f"/v1/jobs/{job_id}")).json().get("state") != "running":
+            await asyncio.sleep(0.05)
+
+
 async def test_follow_streams_what_the_rank_writes_until_the_job_ends(
     api_url: str, store: EventStore, tmp_path: Path
 ) -> None:
@@ -129,6 +150,7 @@ async def test_follow_streams_what_the_rank_writes_until_the_job_ends(
         job_id = await started_job(
             Api(client, FastAPI(), api_settings(Settings(), tmp_path)), store
         )
+        await seen_running(client, job_id)
         path = logs.rank_log(tmp_path / "agent", job_id, 1, 0).path
         path.parent.mkdir(parents=True)
         path.write_text("before\n")
@@ -183,7 +205,7 @@ async def test_a_rank_cannot_make_the_api_read_outside_its_logs(
         "os.mkdir('../rank-2')\n"
         "os.mkfifo('../rank-2/rank.log')\n"
     )
-    await run_rank(api.settings.logs_dir, job_id, 1, 0, script)
+    await run_rank(tmp_path / "agent", job_id, 1, 0, script)
     url = f"/v1/jobs/{job_id}/logs"
     async with asyncio.timeout(30):
         for params in ({"rank": 0}, {"rank": 1}, {"rank": 1, "tail": 1}, {"rank": 2}):
@@ -202,6 +224,7 @@ async def test_following_ends_when_the_token_is_revoked(
         )
         issued = (await client.post("/v1/teams/nlp/tokens", json={"name": "laptop"})).json()
         laptop = {"Authorization": f"Bearer {issued['token']}"}
+        await seen_running(client, job_id)
         path = logs.rank_log(tmp_path / "agent", job_id, 1, 0).path
         path.parent.mkdir(parents=True)
         path.write_text("before\n")
