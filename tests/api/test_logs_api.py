@@ -16,9 +16,11 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from gangway.launcher import free_port
 from schemas.jobs import JobAdmitted, JobRequeued, JobSucceeded, TaskStarted
 from services.agent import logs
 from services.agent.ranks import RankKey, launch
+from services.api.app import create_app
 from services.runtime import EventStore, Settings
 from tests.api.builders import reserved
 from tests.api.conftest import ADMIN_TOKEN, Api, api_settings
@@ -38,6 +40,17 @@ async def run_rank(root: Path, job_id: str, attempt: int, rank: int, script: str
     assert await process.process.wait() == 0
 
 
+async def seen_running(client: httpx.AsyncClient, job_id: str) -> None:
+    """A real server learns of events written behind its back by polling the log: wait until
+    it has seen the job's ranks start (where they run says which agent holds their logs)."""
+    async with asyncio.timeout(30):
+        while True:
+            job = (await client.get(f"/v1/jobs/{job_id}", headers=ADMIN)).json()
+            if job.get("state") == "running":
+                return
+            await asyncio.sleep(0.05)
+
+
 async def started_job(api: Api, store: EventStore, team: str = "nlp") -> str:
     headers = api.teams.get(team) or await api.create_team(team)
     job_id = await api.submit(headers, team=team, tasks=2, gpus_per_task=1)
@@ -51,6 +64,7 @@ async def started_job(api: Api, store: EventStore, team: str = "nlp") -> str:
             TaskStarted(job_id=job_id, attempt=1, rank=1, node_id="n1"),
         ],
     )
+    await seen_running(api.client, job_id)
     return job_id
 
 
@@ -90,9 +104,14 @@ async def test_a_ranks_output_whole_by_rank_and_by_attempt(
         ],
     )
     await run_rank(root, job_id, 2, 1, "print('second attempt')")
-    second = await api.client.get(
-        f"/v1/jobs/{job_id}/logs", params={"rank": 1, "attempt": 2}, headers=headers
-    )
+    async with asyncio.timeout(30):  # until the API has seen where attempt 2's rank 1 started
+        while True:
+            second = await api.client.get(
+                f"/v1/jobs/{job_id}/logs", params={"rank": 1, "attempt": 2}, headers=headers
+            )
+            if second.status_code != 404:
+                break
+            await asyncio.sleep(0.05)
     assert second.text == "second attempt\n"
 
 
@@ -134,14 +153,6 @@ async def test_a_job_that_has_not_started_has_no_output_yet(api: Api) -> None:
     assert "not started" in response.json()["detail"]
 
 
-async def seen_running(client: httpx.AsyncClient, job_id: str) -> None:
-    """A real server learns of events written behind its back by polling the log: wait until
-    it has seen the job's ranks start (where they run says which agent holds their logs)."""
-    async with asyncio.timeout(30):
-        while (await client.get(f"/v1/jobs/{job_id}")).json().get("state") != "running":
-            await asyncio.sleep(0.05)
-
-
 async def test_follow_streams_what_the_rank_writes_until_the_job_ends(
     api_url: str, store: EventStore, tmp_path: Path
 ) -> None:
@@ -150,7 +161,6 @@ async def test_follow_streams_what_the_rank_writes_until_the_job_ends(
         job_id = await started_job(
             Api(client, FastAPI(), api_settings(Settings(), tmp_path)), store
         )
-        await seen_running(client, job_id)
         path = logs.rank_log(tmp_path / "agent", job_id, 1, 0).path
         path.parent.mkdir(parents=True)
         path.write_text("before\n")
@@ -224,7 +234,6 @@ async def test_following_ends_when_the_token_is_revoked(
         )
         issued = (await client.post("/v1/teams/nlp/tokens", json={"name": "laptop"})).json()
         laptop = {"Authorization": f"Bearer {issued['token']}"}
-        await seen_running(client, job_id)
         path = logs.rank_log(tmp_path / "agent", job_id, 1, 0).path
         path.parent.mkdir(parents=True)
         path.write_text("before\n")
@@ -246,3 +255,21 @@ async def test_following_ends_when_the_token_is_revoked(
             async for text in chunks:
                 received += text
         assert received == "before\n"
+
+
+async def test_an_agent_that_does_not_answer_is_a_503_problem(
+    settings: Settings, store: EventStore, tmp_path: Path
+) -> None:
+    unreachable = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    configured = api_settings(settings, tmp_path, agent_logs_url=unreachable)
+    app = create_app(configured, use_bus=False)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://gangway.test", headers=ADMIN
+        ) as client,
+    ):
+        job_id = await started_job(Api(client, app, configured), store)
+        response = await client.get(f"/v1/jobs/{job_id}/logs")
+        assert response.status_code == 503
+        assert response.headers["content-type"] == "application/problem+json"
