@@ -38,6 +38,8 @@ DEFAULT_CLUSTER = "16x8:4:2"
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 # Metrics ports of `make up`: base + the service's place in the table (the API serves its own).
 DEFAULT_METRICS_PORT_BASE = 9100
+# The agent's log endpoint: base + this (9150 by default, the agent's and the API's default).
+AGENT_LOG_PORT_OFFSET = 50
 
 
 class LauncherError(RuntimeError):
@@ -97,6 +99,11 @@ def default_services(
     # should be heard from soon after the inventory starts counting their silence.
     names += ["inventory", "health", "checkpoint", "agent", "api"]
 
+    # The agent serves its ranks' logs to the API (services/agent/log_server.py) on this port.
+    log_port = (
+        free_port() if metrics_port_base is None else metrics_port_base + AGENT_LOG_PORT_OFFSET
+    )
+
     def metrics(index: int) -> dict[str, str]:
         port = 0 if metrics_port_base is None else metrics_port_base + index
         return {"GANGWAY_METRICS_PORT": str(port)}
@@ -112,8 +119,10 @@ def default_services(
             env["GANGWAY_INSTANCE_ID"] = name
             specs.append(ServiceSpec(name, "services.scheduler", env=env))
         elif name == "api":
+            env["GANGWAY_AGENT_LOGS_URL"] = f"http://127.0.0.1:{log_port}"
             specs.append(ServiceSpec(name, "services.api", env=env, ready_url=f"{api_url}/readyz"))
         elif name == "agent":
+            env["GANGWAY_LOG_PORT"] = str(log_port)
             specs.append(
                 ServiceSpec(
                     name,

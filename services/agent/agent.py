@@ -43,7 +43,7 @@ from schemas.jobs import (
 )
 from schemas.nodes import NodeRegistered
 from schemas.telemetry import StepTimeSample
-from services.agent import isolation
+from services.agent import isolation, logs
 from services.agent.exits import OOM_REASON, killed_for_memory, oom_kill_count
 from services.agent.faults import HEALTHY, Fault, FaultReader
 from services.agent.heartbeats import NvmlSampler, synthetic_heartbeat
@@ -475,6 +475,26 @@ class Agent:
                 )
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+
+    def attempt_running(self, job_id: str, attempt: int) -> bool:
+        """Whether a rank of that attempt still runs here (its log may still grow)."""
+        return bool(self._running(job_id, attempt))
+
+    async def retention_loop(self, stop: asyncio.Event) -> None:
+        """Every `log_retention_check_s`, delete the working directories and logs of attempts
+        that ended more than `log_retention_s` ago."""
+        keep = self.settings.log_retention_s
+        while not stop.is_set():
+            try:
+                gone = await asyncio.to_thread(
+                    logs.retire, self.work_dir, time.time(), keep, self.attempt_running
+                )
+                if gone:
+                    log.info("retired the logs of %d finished attempts", len(gone))
+            except Exception:
+                log.exception("log retention round failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.log_retention_check_s)
 
     def _running(self, job_id: str, attempt: int | None) -> list[RankProcess]:
         return [

@@ -7,6 +7,7 @@ import logging
 
 from services.agent.agent import Agent
 from services.agent.heartbeats import NvmlSampler
+from services.agent.log_server import LogServer, create_app
 from services.agent.settings import AgentSettings
 from services.runtime.consumer import wait_started
 from services.runtime.discovery import discover
@@ -29,9 +30,13 @@ async def run(settings: AgentSettings, stop: asyncio.Event) -> None:
         import pynvml
 
         sampler = NvmlSampler(pynvml)
+    server = LogServer(settings.log_host, settings.log_port)
     store = await EventStore.connect(settings, producer="agent")
     agent = Agent(settings, store, nodes, sampler=sampler)
     try:
+        await server.start(
+            create_app(agent.work_dir, settings.bus_signing_key, agent.attempt_running)
+        )
         if settings.metrics_port is not None:
             start_metrics_server(settings.metrics_port, agent.registry)
         recovered = await agent.reconcile()
@@ -42,7 +47,9 @@ async def run(settings: AgentSettings, stop: asyncio.Event) -> None:
         beat = asyncio.create_task(agent.heartbeat_loop(stop))
         await wait_started(consumer, consume)
         log.info("%d nodes (%s); agent ready", len(nodes), settings.cluster)
-        await asyncio.gather(consume, beat)
+        retire = asyncio.create_task(agent.retention_loop(stop))
+        await asyncio.gather(consume, beat, retire)
     finally:
+        await server.stop()
         await agent.shutdown()
         await store.close()

@@ -32,3 +32,11 @@ class AgentSettings(Settings):
     # Each rank in a bubblewrap sandbox (`auto`: where bwrap is installed and works).
     rank_sandbox: Literal["auto", "bwrap", "none"] = "auto"
     metrics_port: int | None = Field(default=None, ge=0, le=65535)
+    # The ranks' logs, served to the API only (services/agent/log_server.py): loopback unless
+    # told otherwise (port 0: a free one, for tests).
+    # The API finds it by its GANGWAY_AGENT_LOGS_URL (services/api/settings.py).
+    log_host: str = "127.0.0.1"
+    log_port: int = Field(default=9150, ge=0, le=65535)
+    # An attempt's working directory and logs are deleted this long after it ended.
+    log_retention_s: float = Field(default=7 * 24 * 3600.0, ge=0)
+    log_retention_check_s: float = Field(default=300.0, gt=0)

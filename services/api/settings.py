@@ -33,9 +33,11 @@ class ApiSettings(Settings):
     catch_up_interval_s: float = Field(default=2.0, gt=0)
     # Unset: "<topic_prefix>.api", so that stacks sharing a broker never share a group.
     consumer_group: str | None = None
-    # The agents' work directory (their GANGWAY_WORK_DIR), where ranks' logs are read from
-    # (services/api/logs.py); how often a followed log is polled for more output.
-    logs_dir: Path = Path(".gangway/agent")
+    # Where a node's agent serves its ranks' logs (services/agent/log_server.py), a template
+    # over the node's `{node}` id and `{hostname}` (one URL: the simulated fleet's one agent);
+    # how often a followed log is polled for more output.
+    agent_logs_url: str = "http://127.0.0.1:9150"
+    agent_logs_timeout_s: float = Field(default=10.0, gt=0)
     logs_poll_s: float = Field(default=0.5, gt=0)
 
     @property

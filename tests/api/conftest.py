@@ -5,6 +5,7 @@ The stack and the per-test database come from the integration tier's fixtures.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -17,6 +18,8 @@ import uvicorn
 from fastapi import FastAPI
 
 from gangway.launcher import free_port
+from services.agent.log_server import LogServer
+from services.agent.log_server import create_app as create_log_app
 from services.api.app import create_app
 from services.api.settings import ApiSettings
 from services.runtime import Settings
@@ -65,12 +68,48 @@ def api_settings(base: Settings, tmp_path: Path, **overrides: object) -> ApiSett
             "admin_token_file": tmp_path / "admin.token",
             # Other writers' events (written by the tests as the services would) show up fast.
             "catch_up_interval_s": 0.05,
-            # Ranks' logs are read from the test's own directory (tests/api/test_logs_api.py).
-            "logs_dir": tmp_path / "agent",
             "logs_poll_s": 0.05,
             **overrides,
         }
     )
+
+
+@dataclass
+class AgentLogs:
+    """A real agent log endpoint (services/agent/log_server.py) over the test's own work
+    directory, `root`; `running` holds the (job, attempt)s it says still run."""
+
+    root: Path
+    url: str
+    running: set[tuple[str, int]] = field(default_factory=set)
+
+
+@contextlib.contextmanager
+def serve_agent_logs(base: Settings, tmp_path: Path) -> Iterator[AgentLogs]:
+    """The agent's log server over `tmp_path/agent`, in a thread of its own, under the
+    services' key."""
+    root = tmp_path / "agent"
+    root.mkdir(exist_ok=True)
+    bound = LogServer("127.0.0.1", 0)
+    served = AgentLogs(root.resolve(), bound.url)
+    app = create_log_app(
+        served.root, base.bus_signing_key, lambda job, attempt: (job, attempt) in served.running
+    )
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [bound.socket]}, name="agent-logs", daemon=True
+    )
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the log server did not start"
+        time.sleep(0.02)
+    try:
+        yield served
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        bound.socket.close()
 
 
 @pytest.fixture
@@ -79,17 +118,23 @@ async def api(
     tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> AsyncIterator[Api]:
-    """The API on the test's database through an ASGI transport; a test module's
-    `API_OVERRIDES` (ApiSettings fields) configure it."""
-    configured = api_settings(settings, tmp_path, **getattr(request.module, "API_OVERRIDES", {}))
-    app = create_app(configured, use_bus=False)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://gangway.test"
-        ) as client,
-    ):
-        yield Api(client, app, configured)
+    """The API on the test's database through an ASGI transport, its agents' logs served by
+    `agent_logs`; a test module's `API_OVERRIDES` (ApiSettings fields) configure it."""
+    with serve_agent_logs(settings, tmp_path) as agent_logs:
+        configured = api_settings(
+            settings,
+            tmp_path,
+            agent_logs_url=agent_logs.url,
+            **getattr(request.module, "API_OVERRIDES", {}),
+        )
+        app = create_app(configured, use_bus=False)
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://gangway.test"
+            ) as client,
+        ):
+            yield Api(client, app, configured)
 
 
 @pytest.fixture
@@ -105,21 +150,25 @@ def api_url(
     api_overrides: dict[str, object] = getattr(request.module, "API_OVERRIDES", {})
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    app = create_app(api_settings(settings, tmp_path, api_url=url, **api_overrides), use_bus=False)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    thread = threading.Thread(target=server.run, name="api-under-test", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the API did not start"
-        time.sleep(0.02)
-    monkeypatch.setenv("GANGWAY_API_URL", url)
-    monkeypatch.setenv("GANGWAY_TOKEN", ADMIN_TOKEN)
-    monkeypatch.setenv("GANGWAY_PG_DSN", settings.pg_dsn)
-    try:
-        yield url
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    with serve_agent_logs(settings, tmp_path) as agent_logs:
+        configured = api_settings(
+            settings, tmp_path, api_url=url, agent_logs_url=agent_logs.url, **api_overrides
+        )
+        app = create_app(configured, use_bus=False)
+        server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+        )
+        thread = threading.Thread(target=server.run, name="api-under-test", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "the API did not start"
+            time.sleep(0.02)
+        monkeypatch.setenv("GANGWAY_API_URL", url)
+        monkeypatch.setenv("GANGWAY_TOKEN", ADMIN_TOKEN)
+        monkeypatch.setenv("GANGWAY_PG_DSN", settings.pg_dsn)
+        try:
+            yield url
+        finally:
+            server.should_exit = True
+            thread.join(30)

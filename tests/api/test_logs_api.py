@@ -1,8 +1,9 @@
 """GET /v1/jobs/{id}/logs: a rank's output as the agent wrote it, with the job routes' tenant
 rule, rank and attempt selection, the last lines, and following a running rank to its end.
 
-The rank output is written by the agent's own launcher (services/agent/ranks.py) into the
-directory the API reads, the layout of one machine (`make up`).
+The rank output is written by the agent's own launcher (services/agent/ranks.py) into a work
+directory that a real agent log server (services/agent/log_server.py) serves; the API reads it
+only through that server.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from schemas.jobs import JobAdmitted, JobSucceeded, TaskStarted
+from gangway.launcher import free_port
+from schemas.jobs import JobAdmitted, JobRequeued, JobSucceeded, TaskStarted
+from services.agent import logs
 from services.agent.ranks import RankKey, launch
-from services.api import logs
+from services.api.app import create_app
 from services.runtime import EventStore, Settings
 from tests.api.builders import reserved
 from tests.api.conftest import ADMIN_TOKEN, Api, api_settings
@@ -37,6 +40,17 @@ async def run_rank(root: Path, job_id: str, attempt: int, rank: int, script: str
     assert await process.process.wait() == 0
 
 
+async def seen_running(client: httpx.AsyncClient, job_id: str) -> None:
+    """A real server learns of events written behind its back by polling the log: wait until
+    it has seen the job's ranks start (where they run says which agent holds their logs)."""
+    async with asyncio.timeout(30):
+        while True:
+            job = (await client.get(f"/v1/jobs/{job_id}", headers=ADMIN)).json()
+            if job.get("state") == "running":
+                return
+            await asyncio.sleep(0.05)
+
+
 async def started_job(api: Api, store: EventStore, team: str = "nlp") -> str:
     headers = api.teams.get(team) or await api.create_team(team)
     job_id = await api.submit(headers, team=team, tasks=2, gpus_per_task=1)
@@ -50,12 +64,15 @@ async def started_job(api: Api, store: EventStore, team: str = "nlp") -> str:
             TaskStarted(job_id=job_id, attempt=1, rank=1, node_id="n1"),
         ],
     )
+    await seen_running(api.client, job_id)
     return job_id
 
 
-async def test_a_ranks_output_whole_by_rank_and_by_attempt(api: Api, store: EventStore) -> None:
+async def test_a_ranks_output_whole_by_rank_and_by_attempt(
+    api: Api, store: EventStore, tmp_path: Path
+) -> None:
     job_id = await started_job(api, store)
-    root = api.settings.logs_dir
+    root = tmp_path / "agent"
     await run_rank(
         root, job_id, 1, 0, "import sys; print('hi', flush=True); print('oops', file=sys.stderr)"
     )
@@ -76,16 +93,31 @@ async def test_a_ranks_output_whole_by_rank_and_by_attempt(api: Api, store: Even
     assert missing.status_code == 404
     assert missing.headers["content-type"] == "application/problem+json"
 
-    await run_rank(root, job_id, 2, 1, "print('second attempt')")
-    second = await api.client.get(
-        f"/v1/jobs/{job_id}/logs", params={"rank": 1, "attempt": 2}, headers=headers
+    # The first attempt failed; the second starts rank 1 on another node.
+    await store.append(
+        f"job-{job_id}",
+        5,
+        [
+            JobRequeued(job_id=job_id, attempt=1, code="task_failed", reason="rank 0 failed"),
+            reserved(job_id, [("n2", [0]), ("n2", [1])], attempt=2),
+            TaskStarted(job_id=job_id, attempt=2, rank=1, node_id="n2"),
+        ],
     )
+    await run_rank(root, job_id, 2, 1, "print('second attempt')")
+    async with asyncio.timeout(30):  # until the API has seen where attempt 2's rank 1 started
+        while True:
+            second = await api.client.get(
+                f"/v1/jobs/{job_id}/logs", params={"rank": 1, "attempt": 2}, headers=headers
+            )
+            if second.status_code != 404:
+                break
+            await asyncio.sleep(0.05)
     assert second.text == "second attempt\n"
 
 
-async def test_the_last_lines(api: Api, store: EventStore) -> None:
+async def test_the_last_lines(api: Api, store: EventStore, tmp_path: Path) -> None:
     job_id = await started_job(api, store)
-    await run_rank(api.settings.logs_dir, job_id, 1, 0, "for i in range(5000): print(f'line {i}')")
+    await run_rank(tmp_path / "agent", job_id, 1, 0, "for i in range(5000): print(f'line {i}')")
     url = f"/v1/jobs/{job_id}/logs"
     last = await api.client.get(url, params={"tail": 3}, headers=api.as_admin())
     assert last.text == "line 4997\nline 4998\nline 4999\n"
@@ -96,10 +128,10 @@ async def test_the_last_lines(api: Api, store: EventStore) -> None:
 
 
 async def test_another_team_gets_404_and_bad_selections_get_422(
-    api: Api, store: EventStore
+    api: Api, store: EventStore, tmp_path: Path
 ) -> None:
     job_id = await started_job(api, store, team="nlp")
-    await run_rank(api.settings.logs_dir, job_id, 1, 0, "print('private to nlp')")
+    await run_rank(tmp_path / "agent", job_id, 1, 0, "print('private to nlp')")
     vision = await api.create_team("vision")
     other = await api.client.get(f"/v1/jobs/{job_id}/logs", headers=vision)
     assert other.status_code == 404
@@ -183,7 +215,7 @@ async def test_a_rank_cannot_make_the_api_read_outside_its_logs(
         "os.mkdir('../rank-2')\n"
         "os.mkfifo('../rank-2/rank.log')\n"
     )
-    await run_rank(api.settings.logs_dir, job_id, 1, 0, script)
+    await run_rank(tmp_path / "agent", job_id, 1, 0, script)
     url = f"/v1/jobs/{job_id}/logs"
     async with asyncio.timeout(30):
         for params in ({"rank": 0}, {"rank": 1}, {"rank": 1, "tail": 1}, {"rank": 2}):
@@ -223,3 +255,21 @@ async def test_following_ends_when_the_token_is_revoked(
             async for text in chunks:
                 received += text
         assert received == "before\n"
+
+
+async def test_an_agent_that_does_not_answer_is_a_503_problem(
+    settings: Settings, store: EventStore, tmp_path: Path
+) -> None:
+    unreachable = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    configured = api_settings(settings, tmp_path, agent_logs_url=unreachable)
+    app = create_app(configured, use_bus=False)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://gangway.test", headers=ADMIN
+        ) as client,
+    ):
+        job_id = await started_job(Api(client, app, configured), store)
+        response = await client.get(f"/v1/jobs/{job_id}/logs")
+        assert response.status_code == 503
+        assert response.headers["content-type"] == "application/problem+json"

@@ -16,7 +16,7 @@ import pytest
 from gangway.cli import main
 from gangway.commands import jobs as jobs_command
 from schemas.jobs import JobAdmitted, JobSucceeded, TaskStarted
-from services.api import logs
+from services.agent import logs
 from services.runtime import EventStore, Settings
 from tests.api.builders import node, reserved
 from tests.cli.test_api_commands import submit

@@ -38,7 +38,8 @@ def test_every_service_the_launcher_starts_is_in_the_compose_file(spec: Any) -> 
     for key, launched in spec.env.items():
         value = DEFAULT_CLUSTER if launched == "16x8:4:2" else launched
         assert key in env, f"{spec.name} lacks {key}"
-        if key != "GANGWAY_METRICS_PORT":  # one port per host there, one per container here
+        # One port per host there, one per container here; the agent is another host here.
+        if key not in {"GANGWAY_METRICS_PORT", "GANGWAY_AGENT_LOGS_URL"}:
             assert env[key] == value, f"{spec.name}: {key}={env[key]}, the launcher says {value}"
     assert env["GANGWAY_METRICS_PORT"] != "0"
 
@@ -62,11 +63,13 @@ def test_what_services_write_lives_where_the_images_user_may_write() -> None:
         env = environment(name)
         for key in keys:
             assert env[key].startswith("/var/lib/gangway/"), (name, key)
-    # The API reads the ranks' logs from the agents' volume.
+    # The ranks' logs stay on the agent's volume; the API asks the agent, at its log port.
     agent_volumes = {v.split(":")[0]: v.split(":")[1] for v in SERVICES["agent"]["volumes"]}
-    api_volumes = {v.split(":")[0]: v.split(":")[1] for v in SERVICES["api"]["volumes"]}
+    api_volumes = {v.split(":")[0] for v in SERVICES["api"]["volumes"]}
     assert agent_volumes["rank-logs"] == environment("agent")["GANGWAY_WORK_DIR"]
-    assert api_volumes["rank-logs"] == environment("api")["GANGWAY_LOGS_DIR"]
+    assert "rank-logs" not in api_volumes
+    port = environment("agent")["GANGWAY_LOG_PORT"]
+    assert environment("api")["GANGWAY_AGENT_LOGS_URL"] == f"http://agent:{port}"
     for volume in ("rank-logs", "api-state", "checkpoints"):
         assert volume in COMPOSE["volumes"]
 

@@ -72,6 +72,8 @@ class JobReadModel:
     gang_ranks: frozenset[int] = frozenset()
     started_ranks: frozenset[int] = frozenset()
     exited_ranks: Mapping[int, int] = field(default_factory=dict)
+    # (attempt, rank) -> the node it started on: whose agent holds its log (routers/logs.py).
+    rank_nodes: Mapping[tuple[int, int], str] = field(default_factory=dict)
     requests: frozenset[Request] = frozenset()
     preemptions: int = 0
     admitted: bool = False
@@ -213,7 +215,13 @@ def _on_task_started(job: JobReadModel, event: TaskStarted, at: datetime) -> Job
         return None
     started = job.started_ranks | {event.rank}
     running = job.state == "reserved" and job.gang_ranks <= started
-    return replace(job, started_ranks=started, state="running" if running else job.state)
+    nodes = {**job.rank_nodes, (event.attempt, event.rank): event.node_id}
+    return replace(
+        job,
+        started_ranks=started,
+        rank_nodes=nodes,
+        state="running" if running else job.state,
+    )
 
 
 def _on_task_exited(job: JobReadModel, event: TaskExited, at: datetime) -> JobReadModel | None:

@@ -2,22 +2,28 @@
 
 The same tenant rule as every job route: another team's job is 404. Which attempt: the one
 asked for, else the job's current (or last) one. Which rank: the one asked for, else rank 0.
-`follow=true` streams (chunked text) until the attempt is over: the job is terminal, or a newer
-attempt started; the client may hang up any time.
+The output lives on the node the rank started on: the API asks that node's agent
+(services/agent/log_server.py, found by GANGWAY_AGENT_LOGS_URL) with a request signed by the
+services' shared key, and never reads a node's disk itself. `follow=true` streams (chunked text)
+until the agent says the attempt is over there and everything is read; the client may hang up
+any time.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Annotated
+from urllib.parse import urlencode
 
+import httpx
 from fastapi import APIRouter, Path, Query, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 
-from services.api import logs
+from services.agent.log_server import AUTH_HEADER, auth_header
 from services.api.deps import Caller, Context, Models, still_authorized
-from services.api.problems import PROBLEM_RESPONSES, not_found
+from services.api.problems import PROBLEM_RESPONSES, ProblemError, not_found
 from services.api.projections.jobs import JobReadModel
 
 JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9._-]{1,64}$", description="the job's id")]
@@ -27,13 +33,60 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], responses=PROBLEM_RESPONSES
 TEXT = "text/plain; charset=utf-8"
 
 
-def _attempt_of(job: JobReadModel, root_attempts: list[int], asked: int | None) -> int:
-    if asked is not None:
-        return asked
-    if job.attempt:
-        return job.attempt
-    # The read model counts attempts from GangReserved; a directory may say more (or the same).
-    return root_attempts[-1] if root_attempts else 0
+@dataclass(frozen=True, slots=True)
+class RankLog:
+    """A rank's log on its agent: where to ask, and with which key."""
+
+    job_id: str
+    attempt: int
+    rank: int
+    agent_url: str
+    key: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    data: bytes
+    offset: int
+    ended: bool
+
+
+async def _fetch(
+    client: httpx.AsyncClient, source: RankLog, *, offset: int = 0, tail: int | None = None
+) -> Chunk | None:
+    """Bytes of the rank's log from `offset` (or its last `tail` lines); None: no log there."""
+    params: dict[str, int] = {"offset": offset} if tail is None else {"tail": tail}
+    target = f"/v1/logs/{source.job_id}/{source.attempt}/{source.rank}?{urlencode(params)}"
+    try:
+        response = await client.get(
+            source.agent_url.rstrip("/") + target,
+            headers={AUTH_HEADER: auth_header(source.key, "GET", target)},
+        )
+    except httpx.HTTPError as error:
+        raise ProblemError(
+            503, "agent-unavailable", f"the node's agent did not answer ({type(error).__name__})"
+        ) from error
+    if response.status_code == 404:
+        return None
+    if response.status_code != 200:
+        raise ProblemError(502, "agent-error", f"the node's agent answered {response.status_code}")
+    return Chunk(
+        response.content,
+        int(response.headers.get("X-Gangway-Offset", offset)),
+        response.headers.get("X-Gangway-Ended") == "true",
+    )
+
+
+def _source(
+    job: JobReadModel, context: Context, models: Models, attempt: int, rank: int
+) -> RankLog | None:
+    node_id = job.rank_nodes.get((attempt, rank))
+    if node_id is None:
+        return None
+    node = models.nodes.get(node_id)
+    hostname = node.hostname if node is not None else node_id
+    url = context.settings.agent_logs_url.format(node=node_id, hostname=hostname)
+    return RankLog(job.id, attempt, rank, url, context.settings.bus_signing_key)
 
 
 @router.get(
@@ -59,30 +112,32 @@ async def get_job_logs(
     ] = None,
 ) -> StreamingResponse:
     job = caller.visible(models.jobs.get(job_id), job_id)
-    root = context.settings.logs_dir
-    chosen = _attempt_of(job, await asyncio.to_thread(logs.attempts, root, job_id), attempt)
-    source = logs.rank_log(root, job_id, max(chosen, 1), rank)
-    exists = await asyncio.to_thread(logs.exists, source)
-    if not follow:
-        if not exists:
-            if chosen == 0:
-                raise not_found(f"output of job {job_id} (it has not started)")
-            raise not_found(f"output of rank {rank} of attempt {chosen} of job {job_id}")
-        offset = 0 if tail is None else await asyncio.to_thread(logs.tail_offset, source, tail)
-        return StreamingResponse(_read(source, offset), media_type=TEXT, headers=_headers(source))
-    if chosen and not exists and job.terminal:
-        raise not_found(f"output of rank {rank} of attempt {chosen} of job {job_id}")
-    offset = 0
-    if exists and tail is not None:
-        offset = await asyncio.to_thread(logs.tail_offset, source, tail)
-    return StreamingResponse(
-        _follow(request, context, source, offset),
-        media_type=TEXT,
-        headers=_headers(source),
+    chosen = attempt if attempt is not None else job.attempt
+    if chosen == 0:
+        raise not_found(f"output of job {job_id} (it has not started)")
+    missing = f"output of rank {rank} of attempt {chosen} of job {job_id}"
+    source = _source(job, context, models, chosen, rank)
+    if source is None:
+        raise not_found(missing)
+    client = httpx.AsyncClient(timeout=context.settings.agent_logs_timeout_s)
+    try:
+        first = await _fetch(client, source, tail=tail)
+    except BaseException:
+        await client.aclose()
+        raise
+    if first is None and not (follow and not job.terminal):
+        await client.aclose()
+        raise not_found(missing)
+    if first is None:
+        # Following a rank that has not written yet: from the start, when it does.
+        first = Chunk(b"", 0, False)
+    stream = (
+        _follow(request, context, client, source, first) if follow else _read(client, source, first)
     )
+    return StreamingResponse(stream, media_type=TEXT, headers=_headers(source))
 
 
-def _headers(source: logs.RankLog) -> dict[str, str]:
+def _headers(source: RankLog) -> dict[str, str]:
     return {
         "X-Gangway-Attempt": str(source.attempt),
         "X-Gangway-Rank": str(source.rank),
@@ -90,31 +145,47 @@ def _headers(source: logs.RankLog) -> dict[str, str]:
     }
 
 
-async def _read(source: logs.RankLog, offset: int) -> AsyncIterator[bytes]:
-    while True:
-        chunk = await asyncio.to_thread(logs.read_from, source, offset)
-        if not chunk:
-            return
-        offset += len(chunk)
+async def _rest(client: httpx.AsyncClient, source: RankLog, first: Chunk) -> AsyncIterator[Chunk]:
+    """`first` (when not empty), then the rest of the log as it is now."""
+    chunk: Chunk | None = first
+    while chunk is not None and chunk.data:
         yield chunk
+        chunk = await _fetch(client, source, offset=chunk.offset + len(chunk.data))
+
+
+async def _read(client: httpx.AsyncClient, source: RankLog, first: Chunk) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in _rest(client, source, first):
+            yield chunk.data
+    finally:
+        await client.aclose()
 
 
 async def _follow(
-    request: Request, context: Context, source: logs.RankLog, offset: int
+    request: Request, context: Context, client: httpx.AsyncClient, source: RankLog, first: Chunk
 ) -> AsyncIterator[bytes]:
-    """Everything from `offset`, then what is appended, until the attempt is over and read
+    """Everything from `first`, then what is appended, until the attempt is over and read
     (or the caller's token is revoked)."""
     poll = context.settings.logs_poll_s
-    while True:
-        if not await still_authorized(request, context):
-            return
-        # Whether the attempt was over BEFORE the last read: then that read got everything.
-        models = await context.fresh()
-        job = models.jobs.get(source.job_id)
-        over = job is None or job.terminal or job.attempt > source.attempt
-        async for chunk in _read(source, offset):
-            offset += len(chunk)
-            yield chunk
-        if over:
-            return
-        await asyncio.sleep(poll)
+    offset = first.offset
+    pending: Chunk | None = first
+    try:
+        while True:
+            if not await still_authorized(request, context):
+                return
+            # Whether the attempt was over BEFORE the next read: then that read gets everything.
+            models = await context.fresh()
+            job = models.jobs.get(source.job_id)
+            over = job is None or job.terminal or job.attempt > source.attempt
+            if pending is None:
+                pending = await _fetch(client, source, offset=offset)
+            if pending is not None:
+                async for chunk in _rest(client, source, pending):
+                    offset = chunk.offset + len(chunk.data)
+                    yield chunk.data
+            pending = None
+            if over:
+                return
+            await asyncio.sleep(poll)
+    finally:
+        await client.aclose()

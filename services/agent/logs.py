@@ -1,19 +1,21 @@
-"""Where the API finds a rank's output: the agents' working directories.
+"""A rank's output on the agent's own disk: listed, read and retired here, served over HTTP by
+services/agent/log_server.py (the API never reads a node's disk).
 
 An agent starts each rank in `<work_dir>/<job>/a<attempt>/rank-<rank>/` with its stdout and
-stderr in `rank.log` (services/agent/ranks.py). On one machine (`make up`, the tests) the API
-reads that directory itself: `GANGWAY_LOGS_DIR` names it (default `.gangway/agent`, the agents'
-default `GANGWAY_WORK_DIR`). A deployment over several hosts must make every node's work
-directory visible at that path on the API's host (a shared filesystem, or a log shipper writing
-the same layout); docs/logs.md says so. Everything here is a plain function of a directory and
-ids already checked by the route, so that no path from a request ever leaves the root.
+stderr in `rank.log` (services/agent/ranks.py). Everything here is a plain function of that
+directory and ids already checked by the route, so that no path from a request ever leaves the
+root; a rank writes in these very directories, so nothing it plants (a symlink, a FIFO) is
+followed or blocks the reader.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
@@ -127,3 +129,48 @@ def tail_offset(source: RankLog, lines: int) -> int:
                     return start + index + 1
             position = start
     return 0
+
+
+def ended_at(root: Path, job_id: str, attempt: int) -> float | None:
+    """When the attempt last wrote anything (its newest rank log or rank directory), as a
+    timestamp; None when it left no directory. A rank writes its log up to its exit, so for an
+    attempt that is over this is when it ended, near enough for retention."""
+    attempt_dir = job_dir(root, job_id) / f"a{attempt}"
+    try:
+        newest = os.lstat(attempt_dir).st_mtime
+    except OSError:
+        return None
+    for rank in ranks(root, job_id, attempt):
+        for path in (attempt_dir / f"rank-{rank}", attempt_dir / f"rank-{rank}" / LOG_FILE):
+            try:
+                newest = max(newest, os.lstat(path).st_mtime)
+            except OSError:
+                continue
+    return newest
+
+
+def retire(
+    root: Path, now: float, keep_s: float, running: Callable[[str, int], bool]
+) -> list[tuple[str, int]]:
+    """Delete the working directories (and so the logs) of attempts that ended more than
+    `keep_s` ago; a job directory left empty goes too. Returns the (job, attempt)s deleted."""
+    gone: list[tuple[str, int]] = []
+    try:
+        jobs = os.listdir(root)
+    except OSError:
+        return gone
+    for job_id in jobs:
+        if not stat.S_ISDIR(os.lstat(root / job_id).st_mode):
+            continue
+        for attempt in attempts(root, job_id):
+            if running(job_id, attempt):
+                continue
+            ended = ended_at(root, job_id, attempt)
+            if ended is None or now - ended < keep_s:
+                continue
+            # rmtree never follows a symlink a rank left: it unlinks the link itself.
+            shutil.rmtree(job_dir(root, job_id) / f"a{attempt}", ignore_errors=True)
+            gone.append((job_id, attempt))
+        with contextlib.suppress(OSError):
+            os.rmdir(job_dir(root, job_id))  # only when nothing is left in it
+    return gone
