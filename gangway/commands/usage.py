@@ -40,7 +40,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _hours(value: float) -> str:
-    return f"{value:,.1f}"
+    # A short job is worth hundredths of a GPU-hour: "0.0" beside "98% used" reads as nothing.
+    if 0 < value < 0.01:
+        return "<0.01"
+    return f"{value:,.2f}" if value < 10 else f"{value:,.1f}"
 
 
 @one_line_errors
