@@ -50,6 +50,16 @@ class System:
             timeout=30.0,
         )
 
+    async def create_team(self, name: str, guaranteed_gpus: int) -> str:
+        """A team through the admin's REST call, as an operator makes one; its token."""
+        async with self.client() as admin:
+            created = await admin.post(
+                "/v1/teams", json={"name": name, "guaranteed_gpus": guaranteed_gpus}
+            )
+        assert created.status_code == 201, created.text
+        token: str = created.json()["token"]
+        return token
+
     async def leader(self) -> LeaderElected | None:
         """The latest LeaderElected in the log."""
         found = await self.store.read_stream("scheduler")

@@ -23,12 +23,7 @@ async def system(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Asyn
 
 
 async def test_a_finished_jobs_output_comes_from_its_agent(system: System) -> None:
-    async with system.client() as admin:
-        tokens = {}
-        for team in ("nlp", "vision"):
-            created = await admin.post("/v1/teams", json={"name": team, "guaranteed_gpus": 4})
-            assert created.status_code == 201, created.text
-            tokens[team] = created.json()["token"]
+    tokens = {team: await system.create_team(team, guaranteed_gpus=4) for team in ("nlp", "vision")}
     spec = {"name": "hello", "team": "nlp", "gpus_per_task": 1, "command": ["echo", "hi there"]}
     async with system.client(tokens["nlp"]) as api:
         submitted = await api.post("/v1/jobs", json=spec)

@@ -24,9 +24,7 @@ pytestmark = pytest.mark.e2e
 async def system(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[System]:
     state_dir: Path = tmp_path_factory.mktemp("pipelines-e2e")
     async with running_system(stack, state_dir, cluster="2x8:2:1", scheduler_replicas=1) as up:
-        async with up.client() as api:
-            response = await api.post("/v1/teams", json={"name": "ml", "guaranteed_gpus": 16})
-            assert response.status_code == 201, response.text
+        await up.create_team("ml", guaranteed_gpus=16)
         yield up
 
 

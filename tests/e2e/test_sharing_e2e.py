@@ -30,10 +30,7 @@ async def system(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Asyn
 
 
 async def rank_log(system: System, spec: dict[str, object]) -> str:
-    async with system.client() as admin:
-        team = await admin.post("/v1/teams", json={"name": spec["team"], "guaranteed_gpus": 4})
-        assert team.status_code == 201, team.text
-        token = team.json()["token"]
+    token = await system.create_team(str(spec["team"]), guaranteed_gpus=4)
     async with system.client(token) as api:
         submitted = await api.post("/v1/jobs", json=spec)
         assert submitted.status_code == 201, submitted.text

@@ -54,11 +54,7 @@ async def system(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Asyn
     async with running_system(
         stack, state_dir, cluster=CLUSTER, scheduler_replicas=1, env=FLEET_ENV
     ) as running:
-        async with running.client() as api:
-            response = await api.post(
-                "/v1/teams", json={"name": "ml", "guaranteed_gpus": 4, "max_gpus": None}
-            )
-            assert response.status_code == 201, response.text
+        await running.create_team("ml", guaranteed_gpus=4)
         yield running
 
 
