@@ -277,6 +277,15 @@ class FreeCapacityWatch:
     changed: set[int] | None = None
 
 
+@dataclass(slots=True, eq=False)
+class HoldingWatch:
+    """The jobs that entered, changed state within or left the holding states since the
+    watcher last looked, in fold order, each with whether it entered holding anew (a new
+    gang: it goes to the end of `holding_jobs`). The watcher empties the list."""
+
+    changes: list[tuple[str, bool]] = field(default_factory=list)
+
+
 @dataclass(slots=True)
 class QueueRecord:
     name: str
@@ -311,6 +320,8 @@ class SchedulerState:
         self._free: dict[int, int] = {}
         # Who keeps an index of `_free` between cycles (a planner) and must hear what changed.
         self._free_watches: list[FreeCapacityWatch] = []
+        # Who keeps timers of the holding gangs between cycles (a planner's reactions phase).
+        self._holding_watches: list[HoldingWatch] = []
         self._draining: set[int] = set()
         self._rack_ids: dict[tuple[str, str, str], int] = {}
         self._block_ids: dict[tuple[str, str], int] = {}
@@ -508,9 +519,19 @@ class SchedulerState:
         if watch in self._free_watches:
             self._free_watches.remove(watch)
 
+    def watch_holding(self) -> HoldingWatch:
+        """Be told which jobs enter, change within or leave the holding states from now on."""
+        watch = HoldingWatch()
+        self._holding_watches.append(watch)
+        return watch
+
+    def unwatch_holding(self, watch: HoldingWatch) -> None:
+        if watch in self._holding_watches:
+            self._holding_watches.remove(watch)
+
     def __getstate__(self) -> dict[str, Any]:
         # Watchers belong to the live process's planners; a thawed state starts with none.
-        return {**self.__dict__, "_free_watches": []}
+        return {**self.__dict__, "_free_watches": [], "_holding_watches": []}
 
     def _job_view(self, job: CoreJob) -> JobStatus:
         placement: dict[str, list[int]] = {}
@@ -561,6 +582,10 @@ class SchedulerState:
         if new in HOLDING_STATES:
             self._holding[job.job_id] = job
         job.state = new
+        if self._holding_watches and (old in HOLDING_STATES or new in HOLDING_STATES):
+            entered = old not in HOLDING_STATES
+            for watch in self._holding_watches:
+                watch.changes.append((job.job_id, entered))
 
     def _on_submitted(self, event: JobSubmitted, at: float) -> None:
         if event.job_id in self._jobs:

@@ -13,7 +13,7 @@ from collections.abc import Set as AbstractSet
 from typing import Protocol
 
 from core.policy import SchedulingPolicy
-from core.state import CoreJob, FreeCapacityWatch, NodeRecord, QueueRecord
+from core.state import CoreJob, FreeCapacityWatch, HoldingWatch, NodeRecord, QueueRecord
 
 
 class PlanningSurface(Protocol):
@@ -56,3 +56,7 @@ class PlanningSurface(Protocol):
     def watch_free_capacity(self) -> FreeCapacityWatch: ...
 
     def unwatch_free_capacity(self, watch: FreeCapacityWatch) -> None: ...
+
+    def watch_holding(self) -> HoldingWatch: ...
+
+    def unwatch_holding(self, watch: HoldingWatch) -> None: ...
