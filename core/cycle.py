@@ -43,6 +43,7 @@ from core.quota import QuotaBook
 from core.reactions import react
 from core.state import CoreJob
 from core.surface import PlanningSurface
+from core.timers import GangTimers
 from schemas.jobs import JobDeferred
 
 __all__ = ["CycleResult", "Planner", "schedule"]
@@ -51,15 +52,18 @@ __all__ = ["CycleResult", "Planner", "schedule"]
 class Planner:
     """What one scheduler keeps from cycle to cycle for the state it plans for.
 
-    The free-capacity index (kept up to date from the nodes the state says changed) and the
+    The free-capacity index (kept up to date from the nodes the state says changed), the
+    holding gangs' timers (kept up to date from the gangs the state says changed) and the
     memo of the last quiet cycle: a state that has not changed since a cycle that decided
     nothing, asked again before that cycle's next time-driven wake-up, gets that answer at once.
     """
 
-    __slots__ = ("_free_index", "_quiet")
+    __slots__ = ("_free_index", "_quiet", "_timers")
 
     def __init__(self) -> None:
         self._free_index = FreeIndex()
+        # The holding gangs' deadlines and estimated ends: reactions visit only those due.
+        self._timers = GangTimers()
         # (state, its version, next wake-up) of the last cycle that decided nothing; the
         # state held weakly, as by the index: a planner never keeps a state alive.
         self._quiet: tuple[weakref.ref[PlanningSurface], int, float] | None = None
@@ -74,7 +78,7 @@ class Planner:
             and now < quiet[2]
         ):
             return CycleResult(skipped=True, next_wakeup=quiet[2])
-        result = _run(CycleContext.start(state, now), self._free_index)
+        result = _run(CycleContext.start(state, now), self._free_index, self._timers)
         if result.decisions:
             self._quiet = None
         else:
@@ -98,8 +102,8 @@ def schedule(state: PlanningSurface, now: float, planner: Planner | None = None)
     return planner.schedule(state, now)
 
 
-def _run(ctx: CycleContext, free_index: FreeIndex) -> CycleResult:
-    react(ctx)
+def _run(ctx: CycleContext, free_index: FreeIndex, timers: GangTimers) -> CycleResult:
+    react(ctx, timers)
     state = ctx.state
     with free_index.snapshot(state) as snap:
         _release_into(ctx, snap)

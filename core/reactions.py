@@ -2,8 +2,10 @@
 
 Cancels first, then gang outcomes (exits, lost hardware, drains, preemption deadlines, max
 runtime, launch timeouts), then suspends and resumes, then drained nodes. Hardware and request
-checks run only for jobs the state flagged for attention; every holding gang is visited for
-its deadlines, which is cheap.
+checks run only for jobs the state flagged for attention. With a planner's timers
+(core/timers.py) only the holding gangs flagged, being preempted or at a deadline are visited,
+and the wake-ups of the others come summed up as one moment; without them every holding gang
+is visited, with the same decisions and the same earliest wake-up.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from core.context import CycleContext
 from core.reservation import estimated_end
 from core.state import CoreJob, bits
+from core.timers import GangTimers
 from schemas.jobs import (
     HOLDING_STATES,
     TERMINAL_STATES,
@@ -26,7 +29,7 @@ from schemas.nodes import NodeDrained
 from schemas.reasons import LAUNCH_TIMEOUT, TASK_FAILED, RequeueCode
 
 
-def react(ctx: CycleContext) -> None:
+def react(ctx: CycleContext, timers: GangTimers | None = None) -> None:
     """Record every reaction in the context; the gangs it releases are in `ctx.released`."""
     state = ctx.state
     jobs = state.job_records
@@ -43,7 +46,13 @@ def react(ctx: CycleContext) -> None:
                 ),
             )
     attention = set(flagged)
-    for job in list(state.holding_jobs.values()):
+    if timers is None:
+        gangs = list(state.holding_jobs.values())
+    else:
+        gangs, wakeup = timers.gangs_to_visit(state, ctx.now, attention)
+        if wakeup is not None:
+            ctx.wakeups.append(wakeup)
+    for job in gangs:
         if job.job_id not in ctx.handled:
             react_to_gang(ctx, job, job.job_id in attention)
     for job_id in flagged:

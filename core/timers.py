@@ -1,0 +1,231 @@
+"""The holding gangs' timers, kept between cycles, so that the reactions phase visits only the
+gangs that need it (core/reactions.py) instead of every holding gang in every cycle.
+
+A gang with nothing new (not flagged for attention, so no exits, requests or lost hardware,
+and not being preempted) needs the reactions phase only once one of its deadlines has come:
+its launch timeout while reserved, its max runtime once started. Until then all it gives the
+cycle is wake-up moments: those deadlines and, with backfill, its estimated end (or a moment
+after `now` once it runs past its estimate). The cycle only takes the earliest future wake-up
+(core/cycle.py), so all such gangs together are summed up as one moment, read off two heaps.
+
+Nothing here decides: the gangs returned are visited by the same code as before, in the same
+order (`holding_jobs` order), and the moment returned is the minimum of what the gangs not
+visited would have added. It is a cache of the state, kept up to date from the state's
+holding watch: a gang that enters, changes within or leaves the holding states gets fresh
+entries, and its old ones, recognised by their token, are dropped when they reach the top.
+
+The entries rest on a gang's estimate being a function of its spec and the policy
+(core/reservation.py `runtime_estimate`): a job's spec does not change while it holds a gang,
+and a new policy object rebuilds the timers. An estimate that came to depend on anything else
+would have to rebuild them too.
+"""
+
+from __future__ import annotations
+
+import heapq
+import weakref
+from typing import TYPE_CHECKING
+
+from core.reservation import runtime_estimate
+from core.state import CoreJob, HoldingWatch
+from core.surface import PlanningSurface
+
+__all__ = ["GangTimers"]
+
+_LAUNCH = 0  # a reserved gang whose ranks have not all started: due at its deadline
+_LIMIT = 1  # a started gang's max runtime: due once past it
+
+# (time, kind, token, job id) and (estimated end, token, job id)
+_Deadline = tuple[float, int, int, str]
+_End = tuple[float, int, str]
+if TYPE_CHECKING:
+    # Unwatches the state when the timers go (a planner dropped while its state lives on).
+    _Finalizer = weakref.finalize[[weakref.ref[PlanningSurface], HoldingWatch], "GangTimers"]
+
+
+def _unwatch(state_ref: weakref.ref[PlanningSurface], watch: HoldingWatch) -> None:
+    state = state_ref()
+    if state is not None:
+        state.unwatch_holding(watch)
+
+
+class GangTimers:
+    """One state's holding gangs by deadline and estimated end, kept by its planner."""
+
+    __slots__ = (
+        "__weakref__",
+        "_always",
+        "_deadlines",
+        "_ends",
+        "_finalizer",
+        "_latest_now",
+        "_next",
+        "_order",
+        "_overrun",
+        "_policy",
+        "_state",
+        "_token",
+        "_watch",
+    )
+
+    def __init__(self) -> None:
+        self._state: weakref.ref[PlanningSurface] | None = None
+        self._watch: HoldingWatch | None = None
+        self._finalizer: _Finalizer | None = None
+        self._policy: object = None
+        # Per holding gang: its place in `holding_jobs` order, and the token of its entries.
+        self._order: dict[str, int] = {}
+        self._token: dict[str, int] = {}
+        self._next = 0
+        self._deadlines: list[_Deadline] = []
+        self._ends: list[_End] = []
+        # Gangs whose estimated end is at or before the latest `now` seen: token by job.
+        self._overrun: dict[str, int] = {}
+        # Gangs visited in every cycle (being preempted, or with no binding time).
+        self._always: set[str] = set()
+        self._latest_now = float("-inf")
+
+    def gangs_to_visit(
+        self, state: PlanningSurface, now: float, attention: set[str]
+    ) -> tuple[list[CoreJob], float | None]:
+        """The holding gangs the reactions phase must visit at `now`, in `holding_jobs` order
+        (those flagged for attention, being preempted, or with a deadline come), and the
+        earliest future wake-up that the gangs left out would have asked for (None: none)."""
+        self._sync(state, now)
+        holding = state.holding_jobs
+        visit = {job_id for job_id in attention if job_id in holding}
+        visit |= self._always
+        token = self._token
+        back: list[_Deadline] = []
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            entry = heapq.heappop(deadlines)
+            moment, kind, entry_token, job_id = entry
+            if token.get(job_id) != entry_token:
+                continue
+            back.append(entry)
+            # launch_overdue acts at its deadline, past_max_runtime only after its limit.
+            if kind == _LAUNCH or moment < now:
+                visit.add(job_id)
+        ends = self._ends
+        while ends and ends[0][0] <= now:
+            moment, entry_token, job_id = heapq.heappop(ends)
+            if token.get(job_id) == entry_token:
+                self._overrun[job_id] = entry_token
+        wakeup = float("inf")
+        while deadlines:
+            entry = deadlines[0]
+            if token.get(entry[3]) != entry[2]:
+                heapq.heappop(deadlines)
+            elif entry[3] in visit:
+                back.append(heapq.heappop(deadlines))
+            else:
+                wakeup = entry[0]
+                break
+        for entry in back:
+            heapq.heappush(deadlines, entry)
+        if state.policy.backfill:
+            held: list[_End] = []
+            while ends:
+                end = ends[0]
+                if token.get(end[2]) != end[1]:
+                    heapq.heappop(ends)
+                elif end[2] in visit:
+                    held.append(heapq.heappop(ends))
+                else:
+                    wakeup = min(wakeup, end[0])
+                    break
+            for end in held:
+                heapq.heappush(ends, end)
+            overrun = self._overrun
+            if len(overrun) > sum(1 for job_id in visit if job_id in overrun):
+                # estimated_end: a gang past its estimate may end at any moment after `now`.
+                wakeup = min(wakeup, now + state.policy.overrun_grace_s)
+        order = self._order
+        gangs = [holding[job_id] for job_id in sorted(visit, key=order.__getitem__)]
+        return gangs, (None if wakeup == float("inf") else wakeup)
+
+    # ------------------------------------------------------------ upkeep
+
+    def _sync(self, state: PlanningSurface, now: float) -> None:
+        indexed = self._state() if self._state is not None else None
+        watch = self._watch
+        if (
+            indexed is not state
+            or watch is None
+            or state.policy is not self._policy
+            or now < self._latest_now
+        ):
+            # Another state, a new policy, or the clock went back (gangs counted as past
+            # their estimate may not be any more): build again from the state.
+            self._rebuild(state)
+        else:
+            changes = watch.changes
+            if changes:
+                watch.changes = []
+                self._apply(state, changes)
+        self._latest_now = now
+        if len(self._deadlines) + len(self._ends) > 4 * len(self._token) + 1024:
+            self._compact()
+
+    def _rebuild(self, state: PlanningSurface) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+        self._state = weakref.ref(state)
+        self._watch = watch = state.watch_holding()
+        self._finalizer = weakref.finalize(self, _unwatch, self._state, watch)
+        self._policy = state.policy
+        self._order = {}
+        self._token = {}
+        self._deadlines = []
+        self._ends = []
+        self._overrun = {}
+        self._always = set()
+        self._latest_now = float("-inf")
+        self._next = 0
+        for job in state.holding_jobs.values():
+            self._next += 1
+            self._order[job.job_id] = self._next
+            self._push(state, job)
+
+    def _apply(self, state: PlanningSurface, changes: list[tuple[str, bool]]) -> None:
+        order = self._order
+        for job_id, entered in changes:
+            if entered:
+                # A new gang goes to the end of `holding_jobs`, as it does in the state.
+                self._next += 1
+                order[job_id] = self._next
+        holding = state.holding_jobs
+        for job_id in dict.fromkeys(job_id for job_id, _ in changes):
+            self._overrun.pop(job_id, None)
+            self._always.discard(job_id)
+            job = holding.get(job_id)
+            if job is None:
+                order.pop(job_id, None)
+                self._token.pop(job_id, None)
+            else:
+                self._push(state, job)
+
+    def _push(self, state: PlanningSurface, job: CoreJob) -> None:
+        self._next += 1
+        token = self._token[job.job_id] = self._next
+        if job.state == "preempting" or job.held_since is None:
+            self._always.add(job.job_id)
+            return
+        policy = state.policy
+        if job.state == "reserved" and job.reserved_at is not None:
+            moment = job.reserved_at + policy.launch_timeout_s
+            heapq.heappush(self._deadlines, (moment, _LAUNCH, token, job.job_id))
+        spec = job.spec
+        if spec is not None and spec.max_runtime_s is not None and job.started_at is not None:
+            moment = job.started_at + spec.max_runtime_s
+            heapq.heappush(self._deadlines, (moment, _LIMIT, token, job.job_id))
+        end = job.held_since + runtime_estimate(job, policy)
+        heapq.heappush(self._ends, (end, token, job.job_id))
+
+    def _compact(self) -> None:
+        token = self._token
+        self._deadlines = [entry for entry in self._deadlines if token.get(entry[3]) == entry[2]]
+        heapq.heapify(self._deadlines)
+        self._ends = [end for end in self._ends if token.get(end[2]) == end[1]]
+        heapq.heapify(self._ends)
