@@ -60,10 +60,12 @@ class Planner:
 
     __slots__ = ("_free_index", "_quiet", "_timers")
 
-    def __init__(self) -> None:
+    def __init__(self, *, timers: bool = True) -> None:
         self._free_index = FreeIndex()
         # The holding gangs' deadlines and estimated ends: reactions visit only those due.
-        self._timers = GangTimers()
+        # Without them every holding gang is visited in every cycle: the same decisions and
+        # wake-ups, slower (the reference the timers are tested against).
+        self._timers = GangTimers() if timers else None
         # (state, its version, next wake-up) of the last cycle that decided nothing; the
         # state held weakly, as by the index: a planner never keeps a state alive.
         self._quiet: tuple[weakref.ref[PlanningSurface], int, float] | None = None
@@ -102,7 +104,7 @@ def schedule(state: PlanningSurface, now: float, planner: Planner | None = None)
     return planner.schedule(state, now)
 
 
-def _run(ctx: CycleContext, free_index: FreeIndex, timers: GangTimers) -> CycleResult:
+def _run(ctx: CycleContext, free_index: FreeIndex, timers: GangTimers | None) -> CycleResult:
     react(ctx, timers)
     state = ctx.state
     with free_index.snapshot(state) as snap:

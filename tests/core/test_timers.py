@@ -1,0 +1,145 @@
+"""The holding gangs' timers (core/timers.py) change nothing: a planner that keeps them between
+cycles decides, cycle after cycle, exactly as one whose reactions visit every holding gang, and
+asks for the same next wake-up. Random clusters, policies and job streams (those of the
+property tests), with gangs whose ranks start late or never (launch timeouts), exits, lost
+hardware, drains, cancels, suspends and time passing over estimates and max runtimes.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from core import SchedulingPolicy
+from core.cycle import Planner
+from schemas.base import Event
+from schemas.nodes import NodeUndrained
+from tests.core.builders import History
+from tests.core.test_properties import (
+    Exit,
+    Hardware,
+    Request,
+    Submit,
+    Wait,
+    clusters,
+    job_of,
+    policies,
+    submits,
+)
+
+operations = st.lists(
+    st.one_of(
+        submits,
+        submits,
+        st.builds(Exit, pick=st.integers(0, 50), code=st.sampled_from([0, 0, 1])),
+        st.builds(
+            Hardware,
+            kind=st.sampled_from(["lose", "recover", "drain", "undrain", "gpu"]),
+            pick=st.integers(0, 50),
+        ),
+        st.builds(
+            Request, kind=st.sampled_from(["cancel", "suspend", "resume"]), pick=st.integers(0, 50)
+        ),
+        st.builds(Wait, seconds=st.sampled_from([1.0, 60.0, 299.0, 300.0, 900.0, 3600.0])),
+    ),
+    min_size=10,
+    max_size=50,
+)
+
+
+def cycles_agree(history: History, planner: Planner, start: bool) -> None:
+    """Cycles until nothing new, each decided by the kept planner and by a reference one."""
+    for _ in range(6):
+        result = planner.schedule(history.state, history.now)
+        reference = Planner(timers=False).schedule(history.state, history.now)
+        assert result.decisions == reference.decisions
+        if not result.skipped:  # a quiet cycle's memo answers with its own earlier wake-up
+            assert result.next_wakeup == reference.next_wakeup
+        for decision in result.decisions:
+            history.record(decision)
+        if start:
+            history.start_all()
+        if not result.decisions:
+            return
+
+
+@given(
+    cluster=clusters,
+    policy=policies,
+    ops=operations,
+    starts=st.lists(st.booleans(), min_size=50, max_size=50),
+)
+def test_a_planner_with_timers_decides_as_one_visiting_every_gang(
+    cluster: str, policy: SchedulingPolicy, ops: list[object], starts: list[bool]
+) -> None:
+    history = History(cluster, policy=policy)
+    planner = Planner()
+    nodes = [view.node_id for view in history.state.nodes()]
+    for number, op in enumerate(ops):
+        jobs = [view.job_id for view in history.state.jobs()]
+        if isinstance(op, Submit):
+            for copy in range(op.count):
+                history.submit(job_of(op, f"t{number:03d}-{copy}"))
+        elif isinstance(op, Exit):
+            running = [v.job_id for v in history.state.jobs() if v.state == "running"]
+            if running:
+                history.exit(running[op.pick % len(running)], op.code)
+        elif isinstance(op, Hardware):
+            node = nodes[op.pick % len(nodes)]
+            if op.kind == "lose":
+                history.lose(node)
+            elif op.kind == "recover":
+                history.recover(node)
+            elif op.kind == "drain":
+                history.drain(node)
+            elif op.kind == "undrain":
+                history.record(NodeUndrained(node_id=node, by="test"))
+            else:
+                history.break_gpu(node, op.pick % 4)
+        elif isinstance(op, Request) and jobs:
+            job = jobs[op.pick % len(jobs)]
+            {"cancel": history.cancel, "suspend": history.suspend, "resume": history.resume}[
+                op.kind
+            ](job)
+        elif isinstance(op, Wait):
+            history.advance(op.seconds)
+        # Some gangs' ranks start at once, others late or never (their launch times out).
+        cycles_agree(history, planner, starts[number % len(starts)])
+
+
+def test_a_gang_past_its_estimate_asks_a_wakeup_after_the_overrun_grace() -> None:
+    history = History("2x8:2:1")
+    planner = Planner()
+    decisions: list[Event] = []
+    history.submit(job_of(_one_gpu(estimate=600.0), "short"))
+    decisions += planner.schedule(history.state, history.now).decisions
+    for decision in decisions:
+        history.record(decision)
+    history.start_all()
+    history.advance(1000.0)  # past its estimate: it may end at any moment
+
+    result = planner.schedule(history.state, history.now)
+
+    assert result.next_wakeup == history.now + history.policy.overrun_grace_s
+    reference = Planner(timers=False).schedule(history.state, history.now)
+    assert result.next_wakeup == reference.next_wakeup
+
+
+def _one_gpu(estimate: float) -> Submit:
+    return Submit(
+        gpus=1,
+        tasks=1,
+        min_tasks=None,
+        tp=False,
+        team="alpha",
+        priority="research",
+        estimate=estimate,
+        max_runtime=None,
+        min_runtime=0.0,
+        preemptible=None,
+        retries=0,
+        gpu_type=None,
+        require="none",
+        prefer="none",
+        count=1,
+    )
