@@ -29,11 +29,15 @@ from collections import Counter, deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Literal
+from itertools import islice
+from typing import TYPE_CHECKING, Literal
 
 from core.mig import Geometry, MigInstance, MigModel, geometry_problems, mig_model, pack
 from schemas.jobs import JobSpec, SharingMode
 from schemas.nodes import MigMode, NodeRegistered
+
+if TYPE_CHECKING:
+    from core.sharing_index import SpotIndex
 
 FULL = 1000  # a whole GPU, in thousandths
 TaskKind = Literal["whole", "mig", "share", "cpu"]
@@ -237,6 +241,35 @@ def gpu_spots(node: NodeLedger, ask: TaskAsk, now: float) -> Iterator[Spot]:
         yield Spot(node.node_id, (gpu.index,), thousandths=ask.thousandths, gpu_memory_mb=memory)
 
 
+# place()'s best-fit rank of a spot: the fullest GPU first, then the node with the fewest
+# idle GPUs, then node id, GPUs and MIG start slot.
+CheapKey = tuple[int, int, str, tuple[int, ...], int]
+
+
+def cheap_key(node: NodeLedger, spot: Spot, now: float) -> CheapKey:
+    gpu = node.gpus[spot.gpus[0]] if spot.gpus else None
+    gpu_free = free_thousandths(node, gpu, now) if gpu is not None else FULL
+    idle = sum(1 for g in node.gpus if g.idle)
+    start = spot.mig.start if spot.mig is not None else 0
+    return (gpu_free, idle, spot.node_id, spot.gpus, start)
+
+
+def alike_key(node: NodeLedger, spot: Spot) -> tuple[object, ...] | None:
+    """What makes a slice or share spot score the same as another on the node (None: a spot
+    on no GPU): place() keeps the first, the lowest GPU, of spots alike."""
+    if not spot.gpus:
+        return None
+    gpu = node.gpus[spot.gpus[0]]
+    return (
+        spot.node_id,
+        spot.mig,
+        gpu.geometry,
+        frozenset(gpu.slices),
+        gpu.shared_thousandths,
+        gpu.shared_memory_mb,
+    )
+
+
 def _gpu_usable_by(node: NodeLedger, gpu: GpuLedger, ask: TaskAsk, now: float) -> bool:
     """Whether the GPU's free capacity could serve the task type (teams aside: the measure
     is about shapes)."""
@@ -307,12 +340,31 @@ class RecentMix:
 
 
 class SharingLedger:
-    """What every GPU, CPU and MB of the cluster is doing, task by task."""
+    """What every GPU, CPU and MB of the cluster is doing, task by task.
 
-    def __init__(self) -> None:
+    `indexed=True` keeps a free-capacity index (core/sharing_index.py): placement then reads
+    a few nodes instead of every GPU, with the same decisions. The ledger's own changes keep
+    it up to date; whoever changes a node's GPUs directly says so with `changed(node_id)`.
+    """
+
+    def __init__(self, *, indexed: bool = False) -> None:
         self.nodes: dict[str, NodeLedger] = {}
         # holder → (ask, spot), to release it.
         self.holders: dict[str, tuple[TaskAsk, Spot]] = {}
+        self._index: SpotIndex | None = None
+        if indexed:
+            self.reindex()
+
+    def reindex(self) -> None:
+        """Build the free-capacity index whole (after changes it was not told of)."""
+        from core.sharing_index import SpotIndex
+
+        self._index = SpotIndex(self.nodes)
+
+    def changed(self, node_id: str) -> None:
+        """The node's GPUs changed (a geometry, a slice, a share, a whole task): re-index it."""
+        if self._index is not None:
+            self._index.refresh(node_id)
 
     # ------------------------------------------------------------- inventory
 
@@ -334,6 +386,7 @@ class SharingLedger:
                 for gpu in sorted(event.gpus, key=lambda g: g.index)
             ],
         )
+        self.changed(event.node_id)
 
     def set_geometry(
         self, node_id: str, gpu_index: int, geometry: Iterable[MigInstance], now: float
@@ -344,6 +397,7 @@ class SharingLedger:
         gpu.geometry = tuple(sorted(geometry))
         gpu.busy_until = now + node.reconfigure_s
         gpu.geometry_changed_at = now
+        self.changed(node_id)
 
     # ------------------------------------------------------------- placement
 
@@ -368,31 +422,9 @@ class SharingLedger:
         weights = list(mix) or [(ask.mix_key(), 1.0)]
         # A cheap best-fit key for every distinct spot; FGD then scores the `shortlist` best
         # (the measure costs a pass over a node's GPUs per task type of the mix).
-        cheap: list[tuple[tuple[int, int, str, tuple[int, ...], int], Spot]] = []
-        seen: set[tuple[object, ...]] = set()
-        for spot in self.spots(ask, now):
-            node = self.nodes[spot.node_id]
-            gpu = node.gpus[spot.gpus[0]] if spot.gpus else None
-            if ask.kind in ("mig", "share") and gpu is not None:
-                # GPUs of one node in the same state score the same: the lowest stands for them.
-                alike = (
-                    spot.node_id,
-                    spot.mig,
-                    gpu.geometry,
-                    frozenset(gpu.slices),
-                    gpu.shared_thousandths,
-                    gpu.shared_memory_mb,
-                )
-                if alike in seen:
-                    continue
-                seen.add(alike)
-            gpu_free = free_thousandths(node, gpu, now) if gpu is not None else FULL
-            idle = sum(1 for g in node.gpus if g.idle)
-            start = spot.mig.start if spot.mig is not None else 0
-            cheap.append(((gpu_free, idle, spot.node_id, spot.gpus, start), spot))
+        cheap = self._ranked(ask, now, 1 if packing != "fgd" else shortlist)
         if not cheap:
             return None
-        cheap.sort(key=lambda item: item[0])
         if packing != "fgd":
             return cheap[0][1]
         best: tuple[tuple[float, int], Spot] | None = None
@@ -408,11 +440,35 @@ class SharingLedger:
                 best = ((growth, order), spot)
         return None if best is None else best[1]
 
+    def _ranked(self, ask: TaskAsk, now: float, first: int) -> list[tuple[CheapKey, Spot]]:
+        """The `first` spots of the ask by `cheap_key`, one for GPUs of a node alike."""
+        if self._index is not None:
+            from core.sharing_index import StaleIndex
+
+            try:
+                return list(islice(self._index.ranked(ask, now), first))
+            except StaleIndex:
+                self.reindex()
+        cheap: list[tuple[CheapKey, Spot]] = []
+        seen: set[tuple[object, ...]] = set()
+        for spot in self.spots(ask, now):
+            node = self.nodes[spot.node_id]
+            alike = alike_key(node, spot) if ask.kind in ("mig", "share") else None
+            if alike is not None:
+                # GPUs of one node in the same state score the same: the lowest stands for them.
+                if alike in seen:
+                    continue
+                seen.add(alike)
+            cheap.append((cheap_key(node, spot, now), spot))
+        cheap.sort(key=lambda item: item[0])
+        return cheap[:first]
+
     def bind(self, holder: str, ask: TaskAsk, spot: Spot) -> None:
         if holder in self.holders:
             raise ValueError(f"{holder} is already placed")
         self._take(self.nodes[spot.node_id], ask, spot, holder)
         self.holders[holder] = (ask, spot)
+        self.changed(spot.node_id)
 
     def release(self, holder: str) -> None:
         """Idempotent: releasing what holds nothing changes nothing."""
@@ -422,6 +478,7 @@ class SharingLedger:
             node = self.nodes.get(spot.node_id)
             if node is not None:
                 self._give_back(node, ask, spot, holder)
+                self.changed(spot.node_id)
 
     def _take(self, node: NodeLedger, ask: TaskAsk, spot: Spot, holder: str) -> None:
         node.cpus_used += ask.cpus
