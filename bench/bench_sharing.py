@@ -84,10 +84,10 @@ def allocation(nodes: int, seed: int) -> None:
         )
 
 
-def sliced_ledger(nodes: int) -> SharingLedger:
+def sliced_ledger(nodes: int, indexed: bool) -> SharingLedger:
     """The cluster, its dynamic half cut into 7 x 1g.10gb per GPU up front (placement is
     measured here, not re-geometry)."""
-    ledger = SharingLedger()
+    ledger = SharingLedger(indexed=indexed)
     for node in parse_cluster_spec(cluster(nodes)):
         ledger.register(node)
     geometry = pack(H100_80GB, ["1g.10gb"] * 7) or ()
@@ -95,10 +95,11 @@ def sliced_ledger(nodes: int) -> SharingLedger:
         if book_node.mig == "dynamic":
             for gpu in book_node.gpus:
                 gpu.geometry = geometry
+            ledger.changed(book_node.node_id)
     return ledger
 
 
-def throughput(nodes: int, tasks: int, seed: int) -> None:
+def throughput(nodes: int, tasks: int, seed: int, indexed: bool = True) -> list[object]:
     rng = random.Random(seed)
     asks = []
     for _ in range(tasks):
@@ -110,21 +111,33 @@ def throughput(nodes: int, tasks: int, seed: int) -> None:
             asks.append(TaskAsk(team, mig_profile="1g.10gb"))
         else:
             asks.append(TaskAsk(team, whole_gpus=rng.choice((1, 2, 4, 8))))
-    print(f"placement throughput: {nodes * 8:,} GPUs, {tasks} tasks (50% fractional or slices)")
+    index = "with the free-capacity index" if indexed else "without an index"
+    print(
+        f"placement throughput: {nodes * 8:,} GPUs, {tasks} tasks (50% fractional or slices), "
+        f"{index}"
+    )
     packings: tuple[Packing, ...] = ("best-fit", "fgd")
+    spots: list[object] = []
     for packing in packings:
-        book = sliced_ledger(nodes)
+        book = sliced_ledger(nodes, indexed)
         mix = RecentMix()
         began = time.perf_counter()
+        cpu_began = time.process_time()
         placed = 0
         for number, ask in enumerate(asks):
             mix.note(ask)
             spot = book.place(ask, 0.0, mix.weights(), packing=packing)
+            spots.append(spot)
             if spot is not None:
                 book.bind(f"x{number}", ask, spot)
                 placed += 1
         wall = time.perf_counter() - began
-        print(f"  {packing:8s}: {tasks / wall:,.1f} placements/s ({placed} placed, {wall:.1f} s)")
+        cpu = time.process_time() - cpu_began
+        print(
+            f"  {packing:8s}: {tasks / wall:,.1f} placements/s ({placed} placed, {wall:.2f} s; "
+            f"{tasks / cpu:,.1f} per CPU second)"
+        )
+    return spots
 
 
 def main() -> None:
@@ -132,10 +145,23 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=64)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--throughput-nodes", type=int, default=12_500)
-    parser.add_argument("--throughput-tasks", type=int, default=20)
+    parser.add_argument("--throughput-tasks", type=int, default=5_000)
+    # The ledger without its index scans every GPU per placement: a few tasks are enough.
+    parser.add_argument("--unindexed-tasks", type=int, default=10)
+    parser.add_argument("--skip-allocation", action="store_true")
     args = parser.parse_args()
-    allocation(args.nodes, args.seed)
-    throughput(args.throughput_nodes, args.throughput_tasks, args.seed)
+    if not args.skip_allocation:
+        allocation(args.nodes, args.seed)
+    indexed = throughput(args.throughput_nodes, args.throughput_tasks, args.seed)
+    if args.unindexed_tasks:
+        plain = throughput(args.throughput_nodes, args.unindexed_tasks, args.seed, indexed=False)
+        # The same tasks from the same seed: the first ones must land on the same spots.
+        count = args.unindexed_tasks
+        same = (
+            plain[:count] == indexed[:count]
+            and plain[count:] == indexed[args.throughput_tasks : args.throughput_tasks + count]
+        )
+        print(f"  the same spots with and without the index: {same}")
 
 
 if __name__ == "__main__":
