@@ -317,6 +317,33 @@ def node_fragmentation(node: NodeLedger, mix: Sequence[tuple[TaskAsk, float]], n
     return expected / weight_sum
 
 
+def fragmentation_key(node: NodeLedger, now: float) -> tuple[object, ...]:
+    """All that `node_fragmentation` reads of a node at `now`: nodes with equal keys measure
+    the same for any mix."""
+    return (
+        node.gpu_type,
+        node.model.name if node.model is not None else None,
+        node.mig,
+        node.schedulable,
+        node.cpus,
+        node.memory_mb,
+        node.cpus_used,
+        node.memory_used,
+        tuple(
+            (
+                gpu.healthy,
+                now < gpu.busy_until,
+                gpu.whole is not None,
+                gpu.geometry,
+                frozenset(gpu.slices),
+                len(gpu.shares),
+                gpu.shared_thousandths,
+            )
+            for gpu in node.gpus
+        ),
+    )
+
+
 class RecentMix:
     """The task types of the last `size` requests, with their frequencies: the workload FGD
     measures fragmentation against."""
@@ -429,12 +456,22 @@ class SharingLedger:
             return cheap[0][1]
         best: tuple[tuple[float, int], Spot] | None = None
         before: dict[str, float] = {}
+        # Nodes in the same state fragment alike (most shortlisted nodes are): measured once.
+        measured: dict[tuple[object, ...], float] = {}
+
+        def fragmentation(node: NodeLedger) -> float:
+            key = fragmentation_key(node, now)
+            value = measured.get(key)
+            if value is None:
+                value = measured[key] = node_fragmentation(node, weights, now)
+            return value
+
         for order, (_, spot) in enumerate(cheap[:shortlist]):
             node = self.nodes[spot.node_id]
             if spot.node_id not in before:
-                before[spot.node_id] = node_fragmentation(node, weights, now)
+                before[spot.node_id] = fragmentation(node)
             self._take(node, ask, spot, "?")
-            growth = node_fragmentation(node, weights, now) - before[spot.node_id]
+            growth = fragmentation(node) - before[spot.node_id]
             self._give_back(node, ask, spot, "?")
             if best is None or (growth, order) < best[0]:
                 best = ((growth, order), spot)
