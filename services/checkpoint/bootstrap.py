@@ -31,6 +31,7 @@ async def run(settings: CheckpointSettings, stop: asyncio.Event) -> None:
             topics=[topics.jobs, topics.checkpoints],
             handlers=service.handlers(),
         )
+        service.metrics.consumer_lag.watch("events", consumer)
         await service.rebuild_periodic()
         resumed = await service.resume_pending()
         if resumed:
