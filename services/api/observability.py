@@ -135,10 +135,13 @@ class ObservabilityCollector(Collector):
 
     @staticmethod
     def _busy(models: ReadModels, activity: GpuActivity, now: datetime) -> Iterator[Metric]:
-        """Allocated GPUs' real use (NVML utilization), by team and GPU type: the sum of the
-        sampled GPUs' utilization, and its ratio to the GPUs sampled."""
+        """Allocated GPUs' real use, by team and GPU type: the sum of the sampled GPUs' NVML
+        utilization, and its ratio to the GPUs sampled; likewise their SM activity (NVML GPM)
+        where the GPUs report it."""
         busy: dict[tuple[str, str], float] = defaultdict(float)
         sampled: Counter[tuple[str, str]] = Counter()
+        sm_active: dict[tuple[str, str], float] = defaultdict(float)
+        sm_sampled: Counter[tuple[str, str]] = Counter()
         for node_id, held in models.allocations.items():
             node = models.nodes.get(node_id)
             gpu_type = node.gpu_type if node is not None else "unknown"
@@ -150,6 +153,10 @@ class ObservabilityCollector(Collector):
                     if used is not None:
                         busy[key] += used
                         sampled[key] += 1
+                    active = activity.sm_activity(node_id, gpu, now)
+                    if active is not None:
+                        sm_active[key] += active
+                        sm_sampled[key] += 1
         gauge = GaugeMetricFamily(
             "gangway_team_gpus_busy",
             "Allocated GPUs' NVML utilization summed (1 = one GPU fully busy), by team and type",
@@ -165,6 +172,22 @@ class ObservabilityCollector(Collector):
             ratio.add_metric(list(key), round(busy[key] / count, 6))
         yield gauge
         yield ratio
+        sm_gauge = GaugeMetricFamily(
+            "gangway_team_gpus_sm_active",
+            "Allocated GPUs' SM activity (NVML GPM) summed (1 = every SM of one GPU busy), "
+            "by team and GPU type",
+            labels=["team", "gpu_type"],
+        )
+        sm_ratio = GaugeMetricFamily(
+            "gangway_team_gpu_sm_active_ratio",
+            "Mean share of SMs busy (NVML GPM) on a team's allocated GPUs that report it",
+            labels=["team", "gpu_type"],
+        )
+        for key, count in sorted(sm_sampled.items()):
+            sm_gauge.add_metric(list(key), round(sm_active[key], 6))
+            sm_ratio.add_metric(list(key), round(sm_active[key] / count, 6))
+        yield sm_gauge
+        yield sm_ratio
 
     @staticmethod
     def _waits(models: ReadModels) -> Iterator[Metric]:
