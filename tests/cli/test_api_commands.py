@@ -140,6 +140,33 @@ def test_nodes_and_queues_print_tables(api_url: str, capsys: pytest.CaptureFixtu
     assert "QUEUE" in capsys.readouterr().out
 
 
+def test_teams_prints_each_visible_team_with_its_quota(
+    api_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    admin = {"Authorization": f"Bearer {os.environ['GANGWAY_TOKEN']}"}
+    tokens = {}
+    for name, guaranteed in (("nlp", 16), ("vision", 8)):
+        body = {"name": name, "guaranteed_gpus": guaranteed, "max_gpus": 32}
+        response = httpx.post(f"{api_url}/v1/teams", json=body, headers=admin)
+        tokens[name] = response.json()["token"]
+    assert main(["teams"]) == 0
+    out = capsys.readouterr().out
+    assert "TEAM" in out and "GUARANTEED" in out
+    rows = [
+        [cell.strip() for cell in line.strip("│ ").split("│")]
+        for line in out.splitlines()
+        if "nlp" in line or "vision" in line
+    ]
+    assert [row[:4] for row in rows] == [["nlp", "-", "16", "32"], ["vision", "-", "8", "32"]]
+    assert main(["teams", "-o", "json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(t["name"], t["guaranteed_gpus"]) for t in listed] == [("nlp", 16), ("vision", 8)]
+    # A team's token sees its own team only.
+    monkeypatch.setenv("GANGWAY_TOKEN", tokens["vision"])
+    assert main(["teams", "-o", "json"]) == 0
+    assert [t["name"] for t in json.loads(capsys.readouterr().out)] == ["vision"]
+
+
 def test_events_follow_prints_events_recorded_after_it_started(
     api_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
