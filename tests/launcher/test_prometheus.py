@@ -16,6 +16,7 @@ from gangway import prometheus
 from gangway.launcher import (
     Launcher,
     ServiceSpec,
+    cmd_status,
     default_services,
     free_port,
     prometheus_service,
@@ -37,6 +38,16 @@ def test_the_launcher_adds_a_prometheus_scraping_every_service() -> None:
     assert set(targets) == {spec.name for spec in specs} - {"api"}
     assert targets["relay"] == "127.0.0.1:9100"
     assert prometheus_service(specs, {"GANGWAY_PROMETHEUS": "0"}) is None
+
+
+def test_make_status_says_where_prometheus_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    (state / "env").write_text("GANGWAY_PROMETHEUS_URL=http://127.0.0.1:9290\n")
+    assert cmd_status(Launcher(state_dir=state)) == 0
+    assert "prometheus URL: http://127.0.0.1:9290" in capsys.readouterr().out
 
 
 @pytest.mark.integration  # needs the distribution's package (make test installs it)
