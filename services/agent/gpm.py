@@ -37,9 +37,15 @@ class GpmSmActivity:
         found: dict[int, float] = {}
         for index, handle in self.handles.items():
             try:
-                sample = self.nvml.nvmlGpmSampleGet(handle, self.nvml.nvmlGpmSampleAlloc())
+                sample = self.nvml.nvmlGpmSampleAlloc()
+            except Exception:
+                log.debug("GPM sample of GPU %d not allocated", index, exc_info=True)
+                continue
+            try:
+                self.nvml.nvmlGpmSampleGet(handle, sample)
             except Exception:
                 log.debug("GPM sample of GPU %d failed", index, exc_info=True)
+                self._free(sample)
                 continue
             previous = self._previous.pop(index, None)
             self._previous[index] = sample

@@ -202,6 +202,27 @@ def test_sm_activity_comes_from_gpm_between_two_heartbeats_on_gpus_that_offer_it
     assert len(driver.live) == 1  # every sample but the latest freed
 
 
+def test_a_failed_gpm_reading_reports_nothing_and_leaks_no_sample() -> None:
+    class Flaky(GpmDriver):
+        failing = False
+
+        def nvmlGpmSampleGet(self, handle: int, sample: GpmSample) -> GpmSample:
+            if self.failing:
+                raise Timeout
+            return super().nvmlGpmSampleGet(handle, sample)
+
+    driver = Flaky(1, gpm={0})
+    sampler = NvmlSampler(driver)
+    sampler.heartbeat("host-a", NOW)
+    driver.failing = True
+    assert sampler.heartbeat("host-a", NOW).gpus[0].sm_activity is None
+    assert len(driver.live) == 1  # the failed sample freed, the last good one kept
+    driver.failing = False
+    driver.sm_busy[0] = 50.0
+    driver.run(100)
+    assert sampler.heartbeat("host-a", NOW).gpus[0].sm_activity == 50.0
+
+
 def test_a_driver_without_gpm_reports_no_sm_activity() -> None:
     sampler = NvmlSampler(FakeDriver(2))
     sampler.heartbeat("host-a", NOW)
