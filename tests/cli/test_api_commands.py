@@ -207,6 +207,35 @@ def test_drain_and_undrain_a_node(
     assert "not drained" in capsys.readouterr().err
 
 
+def test_submit_of_a_gang_the_cluster_could_never_hold_says_so_and_fails(
+    api_url: str, settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def register() -> None:
+        store = await EventStore.connect(settings)
+        try:
+            await store.append("node-n1", 0, [node("n1")])
+        finally:
+            await store.close()
+
+    asyncio.run(register())
+    admin = {"Authorization": f"Bearer {os.environ['GANGWAY_TOKEN']}"}
+    deadline = time.monotonic() + 30
+    while not httpx.get(f"{api_url}/v1/nodes", headers=admin).json()["items"]:
+        assert time.monotonic() < deadline, "the API never saw the node"
+        time.sleep(0.05)
+    ensure_team()
+    spec = tmp_path / "wide.yaml"
+    spec.write_text("name: wide\nteam: nlp\ntasks: 2\ngpus_per_task: 8\ncommand: [x]\n")
+    assert main(["submit", str(spec)]) == 2  # the spec's fault, as for any invalid spec
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "gangway: invalid job spec: needs 2 tasks of 8 GPUs but the cluster can hold at most 1\n"
+    )
+    assert main(["jobs", "--all", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+
+
 def test_why_shows_a_failed_checkpoint_and_what_the_job_resumes_from(
     api_url: str, settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
