@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "events": ("gangway.commands.events", "print the event log (--follow keeps printing)"),
     "nodes": ("gangway.commands.nodes", "list nodes: state, GPUs free and allocated"),
     "queues": ("gangway.commands.queues", "list queues: guarantee, ceiling, usage, borrowing"),
+    "teams": ("gangway.commands.teams", "list teams (a team's token: its own): quota and usage"),
     "drain": ("gangway.commands.drain", "drain a node: no new work; its gangs are moved"),
     "undrain": ("gangway.commands.undrain", "return a drained node to service"),
     "replay": ("gangway.commands.replay", "replay the event log through the scheduling core"),

@@ -165,6 +165,9 @@ class GangwayClient:
     def queues(self) -> dict[str, Any]:
         return self._call("GET", "/v1/queues")
 
+    def teams(self) -> dict[str, Any]:
+        return self._call("GET", "/v1/teams")
+
     def cluster(self) -> dict[str, Any]:
         return self._call("GET", "/v1/cluster")
 

@@ -16,6 +16,9 @@ class GpuSample(Message):
     ecc_uncorrected: int = Field(default=0, ge=0)
     xid_errors: list[int] = Field(default_factory=list)
     utilization: float | None = Field(default=None, ge=0, le=100)
+    # Percent of the SMs busy over the last interval (NVML GPM, Hopper and later): how much
+    # of the GPU the work really fills, where `utilization` only says a kernel was running.
+    sm_activity: float | None = Field(default=None, ge=0, le=100)
     memory_used_mb: int | None = Field(default=None, ge=0)
 
 

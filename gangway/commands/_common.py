@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
+from rich.live import Live
 
 from gangway.client import ClientConfig, ClientError, GangwayClient
 
@@ -69,3 +71,51 @@ def placement(value: Mapping[str, Any]) -> str:
     if not value:
         return "-"
     return " ".join(f"{node}:{','.join(str(g) for g in gpus)}" for node, gpus in value.items())
+
+
+def add_redraw_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--interval", type=float, default=2.0, help="seconds between redraws")
+    parser.add_argument(
+        "-n",
+        "--iterations",
+        type=int,
+        default=None,
+        metavar="N",
+        help="stop after N redraws (default: until interrupted)",
+    )
+
+
+def redraw(
+    render: Callable[[], RenderableType],
+    *,
+    interval: float,
+    iterations: int | None = None,
+    screen: bool = False,
+) -> int:
+    """Draw `render()` every `interval` seconds until interrupted (or `iterations` times).
+
+    On a terminal it is redrawn in place; piped or redirected (no terminal to redraw on, where
+    rich's live view would print nothing at all), each drawing is printed as a plain snapshot
+    after the last, a blank line between them, like `top -b`.
+    """
+    out = console()
+    drawn = 0
+    try:
+        if not out.is_terminal:
+            while True:
+                out.print(render())
+                out.print()
+                sys.stdout.flush()
+                drawn += 1
+                if iterations is not None and drawn >= iterations:
+                    return 0
+                time.sleep(interval)
+        with Live(console=out, auto_refresh=False, screen=screen) as live:
+            while True:
+                live.update(render(), refresh=True)
+                drawn += 1
+                if iterations is not None and drawn >= iterations:
+                    return 0
+                time.sleep(interval)
+    except KeyboardInterrupt:
+        return 0

@@ -2,24 +2,31 @@
 
 `--all` adds finished ones (after the active ones, newest first too); `--state`, `--team`
 filter; `-o wide` adds columns, `-o json` prints the API's records; `--watch` redraws the
-table every few seconds. Every page is read: nothing falls off past a thousand jobs.
+table every few seconds (piped: prints a snapshot each time; `-n N` stops after N). Every
+page is read: nothing falls off past a thousand jobs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Group
-from rich.live import Live
 from rich.table import Table
 
 from gangway.client import GangwayClient
-from gangway.commands._common import client, console, one_line_errors, placement, when
+from gangway.commands._common import (
+    add_redraw_arguments,
+    client,
+    console,
+    one_line_errors,
+    placement,
+    redraw,
+    when,
+)
 from schemas.jobs import JOB_STATES, TERMINAL_STATES
 
 HELP = "list jobs: active ones newest first (--all for finished ones too)"
@@ -39,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "-o", "--output", choices=("table", "wide", "json"), default="table", help="output format"
     )
     parser.add_argument("--watch", "-w", action="store_true", help="redraw every --interval s")
-    parser.add_argument("--interval", type=float, default=2.0, help="seconds between redraws")
+    add_redraw_arguments(parser)
 
 
 def fetch(
@@ -132,17 +139,9 @@ def run(args: argparse.Namespace) -> int:
         if not args.watch:
             console().print(table(select(api, args), wide=wide))
             return 0
-        try:
-            with Live(console=console(), auto_refresh=False, screen=False) as live:
-                while True:
-                    stamp = datetime.now().strftime("%H:%M:%S")
-                    live.update(
-                        Group(
-                            f"every {args.interval:g}s, {stamp}",
-                            table(select(api, args), wide=wide),
-                        ),
-                        refresh=True,
-                    )
-                    time.sleep(args.interval)
-        except KeyboardInterrupt:
-            return 0
+
+        def render() -> Group:
+            stamp = datetime.now().strftime("%H:%M:%S")
+            return Group(f"every {args.interval:g}s, {stamp}", table(select(api, args), wide=wide))
+
+        return redraw(render, interval=args.interval, iterations=args.iterations)

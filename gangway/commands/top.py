@@ -1,25 +1,31 @@
 """`gangway top`: a live terminal view of the cluster, the top teams and the queue.
 
 Redrawn every `--interval` seconds from the API (GET /v1/cluster, /v1/queues, /v1/jobs);
-`--once` draws it once and exits (for scripts, and the tests). A team's token sees its own
-queue and jobs; the cluster's totals are everyone's.
+`--once` draws it once and exits (for scripts); `-n N` stops after N drawings. Piped or
+redirected, each drawing is printed as a plain snapshot after the last (like `top -b`).
+A team's token sees its own queue and jobs; the cluster's totals are everyone's.
 """
 
 from __future__ import annotations
 
 import argparse
-import time
 from datetime import UTC, datetime
 from typing import Any
 
 from rich.console import Group, RenderableType
-from rich.live import Live
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
 from gangway.client import GangwayClient
-from gangway.commands._common import client, console, one_line_errors, when
+from gangway.commands._common import (
+    add_redraw_arguments,
+    client,
+    console,
+    one_line_errors,
+    redraw,
+    when,
+)
 from gangway.commands.jobs import ACTIVE_STATES, age, fetch, order
 
 HELP = "a live view of the cluster, the queue and the top teams"
@@ -30,7 +36,7 @@ TOP_JOBS = 15
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--interval", type=float, default=2.0, help="seconds between redraws")
+    add_redraw_arguments(parser)
     parser.add_argument("--once", action="store_true", help="draw once and exit")
 
 
@@ -139,10 +145,6 @@ def run(args: argparse.Namespace) -> int:
         if args.once:
             console().print(screen(api))
             return 0
-        try:
-            with Live(console=console(), auto_refresh=False, screen=True) as live:
-                while True:
-                    live.update(screen(api), refresh=True)
-                    time.sleep(args.interval)
-        except KeyboardInterrupt:
-            return 0
+        return redraw(
+            lambda: screen(api), interval=args.interval, iterations=args.iterations, screen=True
+        )

@@ -14,7 +14,7 @@ from schemas.jobs import JobSubmitted
 from services.admission.service import Admission
 from services.admission.settings import AdmissionSettings
 from services.runtime.consumer import EventConsumer, wait_started
-from services.runtime.metrics import new_registry, start_metrics_server
+from services.runtime.metrics import ConsumerLag, new_registry, start_metrics_server
 from services.runtime.migrate import migrate_settings
 from services.runtime.signals import stop_on_signals
 from services.runtime.store import EventStore
@@ -28,6 +28,7 @@ async def serve(settings: AdmissionSettings) -> int:
     await migrate_settings(settings)
     registry = new_registry()
     decided = Counter("gangway_admission_decisions", "Jobs admitted or rejected", registry=registry)
+    consumer_lag = ConsumerLag("admission", registry)
     server = start_metrics_server(settings.metrics_port, registry)
     store = await EventStore.connect(settings, producer=settings.service_name)
     try:
@@ -51,6 +52,7 @@ async def serve(settings: AdmissionSettings) -> int:
             topics=[Topics.from_settings(settings).jobs],
             handlers={JobSubmitted.type: handle},
         )
+        consumer_lag.watch("events", consumer)
         task = asyncio.create_task(consumer.run(stop))
         await wait_started(consumer, task)
         log.info("admission ready")

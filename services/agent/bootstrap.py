@@ -11,7 +11,7 @@ from services.agent.log_server import LogServer, create_app
 from services.agent.settings import AgentSettings
 from services.runtime.consumer import wait_started
 from services.runtime.discovery import discover
-from services.runtime.metrics import start_metrics_server
+from services.runtime.metrics import ConsumerLag, start_metrics_server
 from services.runtime.store import EventStore
 
 log = logging.getLogger("services.agent")
@@ -43,6 +43,7 @@ async def run(settings: AgentSettings, stop: asyncio.Event) -> None:
         if recovered:
             log.warning("%d ranks of a previous agent stopped and recorded", recovered)
         consumer = agent.consumer()
+        ConsumerLag("agent", agent.registry).watch("events", consumer)
         consume = asyncio.create_task(consumer.run(stop))
         beat = asyncio.create_task(agent.heartbeat_loop(stop))
         await wait_started(consumer, consume)

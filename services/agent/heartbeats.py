@@ -9,10 +9,15 @@ from typing import Any
 from schemas.nodes import NodeRegistered
 from schemas.telemetry import GpuSample, NodeHeartbeat
 from services.agent.faults import HEALTHY, Fault
+from services.agent.gpm import GpmSmActivity
 
 log = logging.getLogger(__name__)
 
 HEALTHY_TEMPERATURE_C = 55.0
+# A simulated busy GPU: NVML's utilization says a kernel ran nearly all the time; GPM's SM
+# activity, how much of the GPU it filled (a real training step rarely fills every SM).
+BUSY_UTILIZATION = 95.0
+BUSY_SM_ACTIVITY = 70.0
 NIC_EXPECTED_GBPS = 400.0
 
 
@@ -28,7 +33,8 @@ def synthetic_heartbeat(
             "temperature_c": HEALTHY_TEMPERATURE_C + (15.0 if gpu.index in busy else 0.0),
             "ecc_uncorrected": 0,
             "xid_errors": [],
-            "utilization": 95.0 if gpu.index in busy else 0.0,
+            "utilization": BUSY_UTILIZATION if gpu.index in busy else 0.0,
+            "sm_activity": BUSY_SM_ACTIVITY if gpu.index in busy else 0.0,
             "memory_used_mb": gpu.memory_mb // 2 if gpu.index in busy else 0,
         }
         readings.update(fault.gpus.get(gpu.index, {}))
@@ -43,7 +49,8 @@ def synthetic_heartbeat(
 
 
 class NvmlSampler:
-    """Reads temperature, utilisation, memory and ECC counters of the host's GPUs.
+    """Reads temperature, utilisation, memory and ECC counters of the host's GPUs, and their
+    SM activity through NVML GPM where the GPU offers it (services/agent/gpm.py).
 
     XIDs reach NVML as events; the sampler registers for them once and drains what arrived
     since the last heartbeat.
@@ -65,6 +72,7 @@ class NvmlSampler:
         except Exception:  # not every driver or GPU supports XID events
             log.warning("NVML XID events unavailable", exc_info=True)
             self.event_set = None
+        self.gpm = GpmSmActivity(nvml, self.handles)
 
     def _xids(self) -> dict[int, list[int]]:
         found: dict[int, list[int]] = {}
@@ -81,9 +89,14 @@ class NvmlSampler:
     def heartbeat(self, node_id: str, at: datetime, fault: Fault = HEALTHY) -> NodeHeartbeat:
         nvml = self.nvml
         xids = self._xids()
+        sm_activity = self.gpm.read()
         gpus = []
         for index, handle in enumerate(self.handles):
-            readings: dict[str, Any] = {"index": index, "xid_errors": xids.get(index, [])}
+            readings: dict[str, Any] = {
+                "index": index,
+                "xid_errors": xids.get(index, []),
+                "sm_activity": sm_activity.get(index),
+            }
             try:
                 readings["temperature_c"] = float(
                     nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)

@@ -146,6 +146,7 @@ class ApiBootstrap:
             consumer = TelemetryConsumer(
                 self.settings, name=group, handler=context.activity.observe
             )
+            self.metrics.consumer_lag.watch("telemetry", consumer)
             try:
                 await consumer.run(self._stop)
             except Exception:

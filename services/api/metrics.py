@@ -18,6 +18,7 @@ from services.api.activity import GpuActivity
 from services.api.feed import ReadModelFeed
 from services.api.observability import ObservabilityCollector
 from services.api.projections.cluster import summarize
+from services.runtime.metrics import ConsumerLag
 
 
 class ApiMetrics:
@@ -39,6 +40,9 @@ class ApiMetrics:
         # GPUs' utilization from telemetry, set by the bootstrap.
         self.activity: GpuActivity | None = None
         self.registry.register(_ReadModelCollector(lambda: self._feed))
+        # The read models' distance from the log head (fed by the bus or the log poll, the
+        # same lag either way) and the telemetry consumer's, watched by the bootstrap.
+        self.consumer_lag = ConsumerLag("api", self.registry)
         self.registry.register(
             ObservabilityCollector(
                 lambda: None if self._feed is None else self._feed.models, lambda: self.activity
@@ -47,6 +51,7 @@ class ApiMetrics:
 
     def watch(self, feed: ReadModelFeed) -> None:
         self._feed = feed
+        self.consumer_lag.watch("events", lambda: float(feed.lag))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

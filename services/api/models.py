@@ -199,6 +199,23 @@ class TeamCreatedView(View):
     token: str = Field(description="shown once; only its sha256 is recorded")
 
 
+class TeamView(View):
+    name: str
+    parent: str | None
+    queue: str
+    guaranteed_gpus: int = Field(description="of the team's queue, as configured now")
+    max_gpus: int | None = Field(description="the borrowing ceiling; null: none")
+    allocated_gpus: int
+    borrowed_gpus: int = Field(description="allocated beyond the guarantee")
+    running_jobs: int
+    pending_jobs: int
+    created_at: datetime
+
+
+class TeamList(View):
+    items: list[TeamView]
+
+
 class QueueConfig(QuotaBody):
     weight: float = Field(default=1.0, gt=0, le=1_000_000)
 

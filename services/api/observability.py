@@ -65,16 +65,19 @@ class ObservabilityCollector(Collector):
         self,
         models: Callable[[], ReadModels | None],
         activity: Callable[[], GpuActivity | None] = lambda: None,
+        clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
         self._models = models
         self._activity = activity
+        self._clock = clock
 
     def collect(self) -> Iterator[Metric]:
         models = self._models()
         if models is None:
             return
-        now = datetime.now(UTC)
+        now = self._clock()
         yield from self._jobs(models)
+        yield from self._overdue(models, now)
         yield from self._gpus(models)
         activity = self._activity()
         if activity is not None:
@@ -89,18 +92,56 @@ class ObservabilityCollector(Collector):
         for state in JOB_STATES:
             gauge.add_metric([state], states.get(state, 0))
         yield gauge
-        preemptions: Counter[tuple[str, str]] = Counter()
-        for job in models.jobs.values():
-            if job.preemptions:
-                preemptions[(job.priority, job.spec.team)] += job.preemptions
         counter = CounterMetricFamily(
             "gangway_preemptions",
-            "Preemptions requested, by the victim's priority class and team",
-            labels=["priority", "team"],
+            "Preemptions requested (checkpoint, then stop), by the victim's priority class and "
+            "team and the cause (preempted for another job, node_drained, suspended, "
+            "max_runtime)",
+            labels=["priority", "team", "reason"],
         )
-        for (priority, team), count in sorted(preemptions.items()):
-            counter.add_metric([priority, team], count)
+        for (priority, team, cause), count in sorted(models.usage.preemptions.items()):
+            counter.add_metric([priority, team, cause], count)
         yield counter
+        counter = CounterMetricFamily(
+            "gangway_requeues",
+            "Gangs released back to the queue, by team and requeue code (preempted, "
+            "node_drained, node_lost, gpu_unhealthy, task_failed …)",
+            labels=["team", "reason"],
+        )
+        for (team, code), count in sorted(models.usage.requeues.items()):
+            counter.add_metric([team, code], count)
+        yield counter
+
+    @staticmethod
+    def _overdue(models: ReadModels, now: datetime) -> Iterator[Metric]:
+        """Waiting jobs whose estimated start (their reservation's plan) has passed: an
+        estimate that keeps slipping is what the alert on jobs pending far past their estimate
+        watches. One series per class that has waiting jobs, 0 when none is late."""
+        late: Counter[str] = Counter()
+        longest: dict[str, float] = {}
+        for job in models.jobs.values():
+            if job.state not in WAITING_STATES:
+                continue
+            longest.setdefault(job.priority, 0.0)
+            if job.estimated_start is not None and job.estimated_start < now:
+                late[job.priority] += 1
+                behind = (now - job.estimated_start).total_seconds()
+                longest[job.priority] = max(longest[job.priority], behind)
+        count = GaugeMetricFamily(
+            "gangway_pending_past_estimate_jobs",
+            "Waiting jobs whose estimated start has passed, by priority class",
+            labels=["priority"],
+        )
+        seconds = GaugeMetricFamily(
+            "gangway_pending_past_estimate_seconds",
+            "How far the most overdue waiting job is past its estimated start, by priority class",
+            labels=["priority"],
+        )
+        for priority in sorted(longest):
+            count.add_metric([priority], late.get(priority, 0))
+            seconds.add_metric([priority], round(longest[priority], 3))
+        yield count
+        yield seconds
 
     @staticmethod
     def _gpus(models: ReadModels) -> Iterator[Metric]:
@@ -135,10 +176,13 @@ class ObservabilityCollector(Collector):
 
     @staticmethod
     def _busy(models: ReadModels, activity: GpuActivity, now: datetime) -> Iterator[Metric]:
-        """Allocated GPUs' real use (NVML utilization), by team and GPU type: the sum of the
-        sampled GPUs' utilization, and its ratio to the GPUs sampled."""
+        """Allocated GPUs' real use, by team and GPU type: the sum of the sampled GPUs' NVML
+        utilization, and its ratio to the GPUs sampled; likewise their SM activity (NVML GPM)
+        where the GPUs report it."""
         busy: dict[tuple[str, str], float] = defaultdict(float)
         sampled: Counter[tuple[str, str]] = Counter()
+        sm_active: dict[tuple[str, str], float] = defaultdict(float)
+        sm_sampled: Counter[tuple[str, str]] = Counter()
         for node_id, held in models.allocations.items():
             node = models.nodes.get(node_id)
             gpu_type = node.gpu_type if node is not None else "unknown"
@@ -150,6 +194,10 @@ class ObservabilityCollector(Collector):
                     if used is not None:
                         busy[key] += used
                         sampled[key] += 1
+                    active = activity.sm_activity(node_id, gpu, now)
+                    if active is not None:
+                        sm_active[key] += active
+                        sm_sampled[key] += 1
         gauge = GaugeMetricFamily(
             "gangway_team_gpus_busy",
             "Allocated GPUs' NVML utilization summed (1 = one GPU fully busy), by team and type",
@@ -165,6 +213,22 @@ class ObservabilityCollector(Collector):
             ratio.add_metric(list(key), round(busy[key] / count, 6))
         yield gauge
         yield ratio
+        sm_gauge = GaugeMetricFamily(
+            "gangway_team_gpus_sm_active",
+            "Allocated GPUs' SM activity (NVML GPM) summed (1 = every SM of one GPU busy), "
+            "by team and GPU type",
+            labels=["team", "gpu_type"],
+        )
+        sm_ratio = GaugeMetricFamily(
+            "gangway_team_gpu_sm_active_ratio",
+            "Mean share of SMs busy (NVML GPM) on a team's allocated GPUs that report it",
+            labels=["team", "gpu_type"],
+        )
+        for key, count in sorted(sm_sampled.items()):
+            sm_gauge.add_metric(list(key), round(sm_active[key], 6))
+            sm_ratio.add_metric(list(key), round(sm_active[key] / count, 6))
+        yield sm_gauge
+        yield sm_ratio
 
     @staticmethod
     def _waits(models: ReadModels) -> Iterator[Metric]:

@@ -12,6 +12,7 @@ from core.admission import policy_violation
 from core.mig import profile_names
 from core.policy import DEFAULT_PRIORITY_CLASSES
 from schemas.jobs import JobSpec, illegal_env_names
+from services.api.capacity import capacity_problem
 from services.api.problems import ProblemError
 from services.api.projections.model import ReadModels
 
@@ -87,3 +88,6 @@ def check_submission(spec: JobSpec, models: ReadModels) -> None:
     if violation is not None:
         code, reason = violation
         raise ProblemError(403, code.replace("_", "-"), reason)
+    too_large = capacity_problem(spec, models, queue_chain(models, queue))
+    if too_large is not None:
+        raise too_large

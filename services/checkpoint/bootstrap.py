@@ -16,6 +16,22 @@ from services.runtime.topics import Topics
 log = logging.getLogger(__name__)
 
 
+def consumer_of(
+    settings: CheckpointSettings, store: EventStore, service: CheckpointService
+) -> EventConsumer:
+    """The service's consumer of the log, its lag reported on the service's metrics."""
+    topics = Topics.from_settings(settings)
+    consumer = EventConsumer(
+        settings,
+        store.pool,
+        name="checkpoint",
+        topics=[topics.jobs, topics.checkpoints],
+        handlers=service.handlers(),
+    )
+    service.metrics.consumer_lag.watch("events", consumer)
+    return consumer
+
+
 async def run(settings: CheckpointSettings, stop: asyncio.Event) -> None:
     store = await EventStore.connect(settings, producer="checkpoint")
     service = CheckpointService(settings, store)
@@ -23,14 +39,7 @@ async def run(settings: CheckpointSettings, stop: asyncio.Event) -> None:
         await asyncio.to_thread(service.root.mkdir, parents=True, exist_ok=True)
         if settings.metrics_port is not None:
             start_metrics_server(settings.metrics_port, service.registry)
-        topics = Topics.from_settings(settings)
-        consumer = EventConsumer(
-            settings,
-            store.pool,
-            name="checkpoint",
-            topics=[topics.jobs, topics.checkpoints],
-            handlers=service.handlers(),
-        )
+        consumer = consumer_of(settings, store, service)
         await service.rebuild_periodic()
         resumed = await service.resume_pending()
         if resumed:

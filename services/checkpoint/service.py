@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-from prometheus_client import Counter, Gauge
 
 from schemas.checkpoints import (
     CheckpointCommitted,
@@ -38,6 +37,7 @@ from schemas.jobs import (
     PreemptionRequested,
 )
 from schemas.reasons import RequeueCode
+from services.checkpoint.metrics import CheckpointMetrics
 from services.checkpoint.periodic import PeriodicCheckpoints
 from services.checkpoint.retention import checkpoints_to_prune
 from services.checkpoint.settings import CheckpointSettings
@@ -90,18 +90,9 @@ class CheckpointService:
         self.periodic = PeriodicCheckpoints(settings.checkpoint_min_interval_s)
         self._collecting: set[str] = set()
         self.registry = new_registry()
-        self.outcomes = Counter(
-            "gangway_checkpoint_outcomes",
-            "Checkpoints by outcome",
-            ["outcome"],
-            registry=self.registry,
-        )
-        self.team_bytes = Gauge(
-            "gangway_checkpoint_bytes",
-            "Checkpoint storage held, per team (as of the last sweep)",
-            ["team"],
-            registry=self.registry,
-        )
+        self.metrics = CheckpointMetrics.create(self.registry)
+        self.outcomes = self.metrics.outcomes
+        self.team_bytes = self.metrics.team_bytes
 
     def handlers(self) -> dict[str, EventHandler]:
         handlers: dict[str, EventHandler] = {
@@ -266,6 +257,11 @@ class CheckpointService:
             return result
         await self.store.append(result.stream, None, [result], Metadata.caused_by(cause))
         self.outcomes.labels(result.type).inc()
+        if isinstance(result, CheckpointCommitted):
+            request = cause.payload
+            assert isinstance(request, CheckpointRequested | PreemptionRequested)
+            took = (datetime.now(UTC) - cause.recorded_at).total_seconds()
+            self.metrics.committed(request, took, sum(shard.bytes for shard in result.shards))
         log.info("%s %s of job %s", result.type, checkpoint_id, job_id)
         await self.prune(job_id)
         return result

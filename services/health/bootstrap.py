@@ -9,7 +9,7 @@ from services.health.rules import HEALTH_PRODUCER
 from services.health.service import HealthService
 from services.health.settings import HealthSettings
 from services.runtime.consumer import TelemetryConsumer, wait_started
-from services.runtime.metrics import start_metrics_server
+from services.runtime.metrics import ConsumerLag, start_metrics_server
 from services.runtime.store import EventStore
 
 log = logging.getLogger(__name__)
@@ -23,6 +23,7 @@ async def run(settings: HealthSettings, stop: asyncio.Event) -> None:
             start_metrics_server(settings.metrics_port, service.registry)
         await service.follow_log()
         consumer = TelemetryConsumer(settings, name="health", handler=service.on_telemetry)
+        ConsumerLag("health", service.registry).watch("telemetry", consumer)
         consume = asyncio.create_task(consumer.run(stop))
         poll = asyncio.create_task(service.poll_log(stop))
         await wait_started(consumer, consume)

@@ -15,7 +15,7 @@ from services.runtime.consumer import TelemetryConsumer
 from services.runtime.discovery import discover
 from services.runtime.errors import DATABASE_UNAVAILABLE
 from services.runtime.leadership import Leadership, compete
-from services.runtime.metrics import start_metrics_server
+from services.runtime.metrics import ConsumerLag, start_metrics_server
 from services.runtime.retry import Outage, until_available
 from services.runtime.store import EventStore
 
@@ -42,6 +42,7 @@ async def run(settings: InventorySettings, stop: asyncio.Event) -> None:
         return
     try:
         inventory = Inventory(settings, store)
+        consumer_lag = ConsumerLag("inventory", inventory.registry)
         if settings.metrics_port is not None:
             start_metrics_server(settings.metrics_port, inventory.registry)
         added = await until_available(
@@ -66,7 +67,7 @@ async def run(settings: InventorySettings, stop: asyncio.Event) -> None:
             if leadership is None:
                 return
             try:
-                await _lead(inventory, leadership, settings, stop)
+                await _lead(inventory, leadership, settings, stop, consumer_lag)
             finally:
                 inventory.leadership = None
                 await leadership.release()
@@ -79,6 +80,7 @@ async def _lead(
     leadership: Leadership,
     settings: InventorySettings,
     stop: asyncio.Event,
+    consumer_lag: ConsumerLag,
 ) -> None:
     """Judge liveness until `stop` is set or the leadership is lost (then return)."""
     inventory.restart_clock()
@@ -92,6 +94,7 @@ async def _lead(
     # Its own stop: losing the leadership ends this term's consumer, not the process.
     term = asyncio.Event()
     consumer = TelemetryConsumer(settings, name="inventory", handler=inventory.on_telemetry)
+    consumer_lag.watch("telemetry", consumer)
     consume = asyncio.create_task(_consume(consumer, term))
     probe = BusProbe(settings)
     check = asyncio.create_task(inventory.check_forever(stop, leadership, probe))

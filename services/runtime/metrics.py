@@ -17,7 +17,9 @@ from typing import Any, Protocol
 from wsgiref.simple_server import make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, make_wsgi_app
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
+from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
 
@@ -186,4 +188,65 @@ class FollowerMetrics:
                 f"Log position the {service} has folded up to",
                 registry=registry,
             ),
+        )
+
+
+class Lagging(Protocol):
+    """A consumer loop (runtime/consumer.py) or anything else that knows how far it trails."""
+
+    @property
+    def lag(self) -> int: ...
+
+
+LagSource = Lagging | Callable[[], float]
+
+CONSUMER_LAG = "gangway_consumer_lag_messages"
+
+
+class ConsumerLag(Collector):
+    """`gangway_consumer_lag_messages{service, consumer}`: one series per consuming service and
+    what it consumes (`events`: the log, through the bus or read from PostgreSQL; `telemetry`:
+    heartbeats and samples), so one alert and one panel cover every service. The consumer
+    loops and their consumer groups come and go (a new term, a reconnect): `watch` replaces
+    the source of a name; a loop is held weakly, so a finished one is not kept alive."""
+
+    def __init__(self, service: str, registry: CollectorRegistry | None = None) -> None:
+        self.service = service
+        self._sources: dict[str, weakref.ref[Any] | Callable[[], float]] = {}
+        if registry is not None:
+            registry.register(self)
+
+    def watch(self, consumer: str, source: LagSource) -> None:
+        if hasattr(source, "lag"):
+            self._sources[consumer] = weakref.ref(source)
+        else:
+            assert callable(source)
+            self._sources[consumer] = source
+
+    def lags(self) -> dict[str, float]:
+        found: dict[str, float] = {}
+        for consumer, source in list(self._sources.items()):
+            if isinstance(source, weakref.ref):
+                loop = source()
+                if loop is not None:
+                    found[consumer] = float(loop.lag)
+            else:
+                found[consumer] = float(source())
+        return found
+
+    def describe(self) -> Iterable[Metric]:
+        return [self._family()]
+
+    def collect(self) -> Iterable[Metric]:
+        family = self._family()
+        for consumer, lag in sorted(self.lags().items()):
+            family.add_metric([self.service, consumer], lag)
+        return [family]
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
+            CONSUMER_LAG,
+            "Messages (log events or telemetry) a service's consumer has not processed yet",
+            labels=["service", "consumer"],
         )

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from core.state import SchedulerState
 from schemas.jobs import WAITING_STATES
-from services.runtime.metrics import FollowerMetrics
+from services.runtime.metrics import ConsumerLag, FollowerMetrics
 
 
 @dataclass(frozen=True)
@@ -23,11 +23,18 @@ class SchedulerMetrics:
     gpus_total: Gauge
     leader_epoch: Gauge
     is_leader: Gauge
+    consumer_lag: ConsumerLag
 
     @classmethod
     def create(cls, registry: CollectorRegistry) -> SchedulerMetrics:
+        follower = FollowerMetrics.create("scheduler", registry)
+        # The scheduler folds the log from PostgreSQL; its lag is the same events-behind-head
+        # figure as gangway_scheduler_lag_events, under the name every service reports.
+        consumer_lag = ConsumerLag("scheduler", registry)
+        consumer_lag.watch("events", lambda: _gauge_value(follower.lag_events))
         return cls(
-            follower=FollowerMetrics.create("scheduler", registry),
+            follower=follower,
+            consumer_lag=consumer_lag,
             cycle_seconds=Histogram(
                 "gangway_scheduler_cycle_seconds",
                 "Time of one scheduling cycle (the core's schedule call)",
@@ -78,3 +85,7 @@ class SchedulerMetrics:
             self.pending_jobs.labels(pc.name).set(pending.get(pc.name, 0))
         self.gpus_allocated.set(state.allocated_gpus)
         self.gpus_total.set(state.total_gpus)
+
+
+def _gauge_value(gauge: Gauge) -> float:
+    return float(next(iter(gauge.collect())).samples[0].value)

@@ -19,6 +19,8 @@ NOW = datetime(2026, 11, 22, tzinfo=UTC)
 def test_a_healthy_simulated_node_looks_healthy_to_the_health_rules() -> None:
     heartbeat = synthetic_heartbeat(NODE, NOW, busy={0, 1})
     assert len(heartbeat.gpus) == 8
+    # SM activity as GPM would report it: some for the busy GPUs, none for the idle ones.
+    assert [g.sm_activity for g in heartbeat.gpus[:3]] == [70.0, 70.0, 0.0]
     assert HealthMonitor().observe_heartbeat(heartbeat) == []
 
 
@@ -46,9 +48,7 @@ def test_a_malformed_fault_file_is_ignored(tmp_path: Path) -> None:
     assert list(FaultReader(tmp_path).current()) == ["n0003"]
 
 
-@pytest.mark.parametrize(
-    "text", ['[1, 2]', '{"gpus": {"0": {"voltage": 3}}}', '{"gpus": [1]}']
-)
+@pytest.mark.parametrize("text", ["[1, 2]", '{"gpus": {"0": {"voltage": 3}}}', '{"gpus": [1]}'])
 def test_a_fault_that_is_not_one_is_refused(text: str) -> None:
     with pytest.raises(ValueError):
         parse_fault(text)

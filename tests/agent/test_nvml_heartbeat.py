@@ -105,3 +105,125 @@ def test_an_injected_fault_overrides_the_real_reading() -> None:
     fault = parse_fault('{"gpus": {"0": {"temperature_c": 99}}}')
     heartbeat = NvmlSampler(FakeDriver(2)).heartbeat("host-a", NOW, fault)
     assert heartbeat.gpus[0].temperature_c == 99
+
+
+@dataclass
+class GpmSupport:
+    isSupportedDevice: int  # NVML's field name
+
+
+@dataclass
+class GpmSample:
+    """A GPU's SM-busy counter when sampled (a fake of NVML's opaque sample)."""
+
+    handle: int = -1
+    busy_cycles: int = 0
+    cycles: int = 0
+
+
+@dataclass
+class GpmMetric:
+    metricId: int = 0
+    nvmlReturn: int = 0
+    value: float = 0.0
+
+
+class GpmMetricsGet:
+    def __init__(self) -> None:
+        self.version = 0
+        self.numMetrics = 0
+        self.sample1: GpmSample | None = None
+        self.sample2: GpmSample | None = None
+        self.metrics = [GpmMetric() for _ in range(8)]
+
+
+class GpmDriver(FakeDriver):
+    """A Hopper host: GPM on the GPUs in `gpm`; each GPU's SMs busy `sm_busy[i]` percent."""
+
+    NVML_SUCCESS = 0
+    NVML_GPM_METRICS_GET_VERSION = 1
+    NVML_GPM_METRIC_SM_UTIL = 2
+    c_nvmlGpmMetricsGet_t = GpmMetricsGet
+
+    def __init__(self, gpus: int, gpm: set[int]) -> None:
+        super().__init__(gpus)
+        self.gpm = gpm
+        self.sm_busy = dict.fromkeys(range(gpus), 0.0)
+        self.clock = dict.fromkeys(range(gpus), 0)
+        self.busy = dict.fromkeys(range(gpus), 0.0)
+        self.live: list[GpmSample] = []
+
+    def run(self, cycles: int) -> None:
+        """Let the GPUs run `cycles` cycles at their SM activity."""
+        for index in self.clock:
+            self.clock[index] += cycles
+            self.busy[index] += cycles * self.sm_busy[index] / 100
+
+    def nvmlGpmQueryDeviceSupport(self, handle: int) -> GpmSupport:
+        return GpmSupport(isSupportedDevice=int(handle in self.gpm))
+
+    def nvmlGpmSampleAlloc(self) -> GpmSample:
+        sample = GpmSample()
+        self.live.append(sample)
+        return sample
+
+    def nvmlGpmSampleFree(self, sample: GpmSample) -> None:
+        self.live.remove(sample)
+
+    def nvmlGpmSampleGet(self, handle: int, sample: GpmSample) -> GpmSample:
+        assert handle in self.gpm
+        sample.handle, sample.busy_cycles = handle, int(self.busy[handle])
+        sample.cycles = self.clock[handle]
+        return sample
+
+    def nvmlGpmMetricsGet(self, request: GpmMetricsGet) -> GpmMetricsGet:
+        first, second = request.sample1, request.sample2
+        assert first is not None and second is not None and first.handle == second.handle
+        assert request.metrics[0].metricId == self.NVML_GPM_METRIC_SM_UTIL
+        elapsed = second.cycles - first.cycles
+        busy = second.busy_cycles - first.busy_cycles
+        request.metrics[0].value = 100.0 * busy / elapsed if elapsed else 0.0
+        return request
+
+
+def test_sm_activity_comes_from_gpm_between_two_heartbeats_on_gpus_that_offer_it() -> None:
+    driver = GpmDriver(2, gpm={0})
+    sampler = NvmlSampler(driver)
+    first = sampler.heartbeat("host-a", NOW)
+    assert [g.sm_activity for g in first.gpus] == [None, None]  # one sample is no interval
+    driver.sm_busy[0] = 40.0
+    driver.run(1000)
+    second = sampler.heartbeat("host-a", NOW)
+    assert second.gpus[0].sm_activity == 40.0
+    assert second.gpus[1].sm_activity is None  # no GPM on GPU 1: none, not 0
+    driver.sm_busy[0] = 75.0
+    driver.run(1000)
+    assert sampler.heartbeat("host-a", NOW).gpus[0].sm_activity == 75.0
+    assert len(driver.live) == 1  # every sample but the latest freed
+
+
+def test_a_failed_gpm_reading_reports_nothing_and_leaks_no_sample() -> None:
+    class Flaky(GpmDriver):
+        failing = False
+
+        def nvmlGpmSampleGet(self, handle: int, sample: GpmSample) -> GpmSample:
+            if self.failing:
+                raise Timeout
+            return super().nvmlGpmSampleGet(handle, sample)
+
+    driver = Flaky(1, gpm={0})
+    sampler = NvmlSampler(driver)
+    sampler.heartbeat("host-a", NOW)
+    driver.failing = True
+    assert sampler.heartbeat("host-a", NOW).gpus[0].sm_activity is None
+    assert len(driver.live) == 1  # the failed sample freed, the last good one kept
+    driver.failing = False
+    driver.sm_busy[0] = 50.0
+    driver.run(100)
+    assert sampler.heartbeat("host-a", NOW).gpus[0].sm_activity == 50.0
+
+
+def test_a_driver_without_gpm_reports_no_sm_activity() -> None:
+    sampler = NvmlSampler(FakeDriver(2))
+    sampler.heartbeat("host-a", NOW)
+    assert [g.sm_activity for g in sampler.heartbeat("host-a", NOW).gpus] == [None, None]

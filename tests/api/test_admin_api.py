@@ -106,3 +106,33 @@ async def test_the_openapi_document_is_served_with_stable_operation_ids(api: Api
         "createTeam",
     } <= operations
     assert (await api.client.get("/docs")).status_code == 200
+
+
+async def test_the_admin_lists_every_team_and_a_team_sees_only_its_own(api: Api) -> None:
+    nlp = await api.create_team("nlp", guaranteed_gpus=16)
+    await api.create_team("vision")
+    await api.submit(nlp, tasks=1, gpus_per_task=2)
+    everyone = await api.client.get("/v1/teams", headers=api.as_admin())
+    assert everyone.status_code == 200
+    assert [t["name"] for t in everyone.json()["items"]] == ["nlp", "vision"]
+    first = everyone.json()["items"][0]
+    assert (first["queue"], first["guaranteed_gpus"], first["max_gpus"]) == ("nlp", 16, 64)
+    assert (first["pending_jobs"], first["allocated_gpus"]) == (1, 0)
+
+    own = await api.client.get("/v1/teams", headers=nlp)
+    assert [t["name"] for t in own.json()["items"]] == ["nlp"]
+    assert (await api.client.get("/v1/teams/nlp", headers=nlp)).json()["name"] == "nlp"
+    other = await api.client.get("/v1/teams/vision", headers=nlp)
+    assert other.status_code == 403
+    assert other.headers["content-type"] == "application/problem+json"
+    missing = await api.client.get("/v1/teams/nobody", headers=api.as_admin())
+    assert missing.status_code == 404
+    assert (await api.client.get("/v1/teams")).status_code == 401
+
+
+async def test_a_reconfigured_queue_shows_in_its_teams_quota(api: Api) -> None:
+    await api.create_team("nlp", guaranteed_gpus=8)
+    quota = {"guaranteed_gpus": 24, "max_gpus": 32}
+    assert (await api.client.put("/v1/queues/nlp", json=quota, headers=api.as_admin())).is_success
+    [team] = (await api.client.get("/v1/teams", headers=api.as_admin())).json()["items"]
+    assert (team["guaranteed_gpus"], team["max_gpus"]) == (24, 32)

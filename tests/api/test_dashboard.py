@@ -241,7 +241,10 @@ async def test_gpu_activity_from_telemetry_colours_the_grid_and_feeds_the_metric
     heartbeat = NodeHeartbeat(
         node_id="n1",
         at=now - timedelta(seconds=5),
-        gpus=[GpuSample(index=0, utilization=90), GpuSample(index=1, utilization=10)],
+        gpus=[
+            GpuSample(index=0, utilization=90, sm_activity=60),
+            GpuSample(index=1, utilization=10),  # a GPU without GPM: no SM activity
+        ],
     )
     await activity.observe(heartbeat)
     # A late redelivery of an older sample changes nothing.
@@ -268,9 +271,14 @@ async def test_gpu_activity_from_telemetry_colours_the_grid_and_feeds_the_metric
     # nlp's gang holds n1's GPUs 0 and 1: 90% and 10% busy.
     assert families[("gangway_team_gpus_busy", *nlp)] == pytest.approx(1.0)
     assert families[("gangway_team_gpu_utilization_ratio", *nlp)] == pytest.approx(0.5)
+    # SM activity (GPM): only GPU 0 reports it, 60% of its SMs busy.
+    assert families[("gangway_team_gpus_sm_active", *nlp)] == pytest.approx(0.6)
+    assert families[("gangway_team_gpu_sm_active_ratio", *nlp)] == pytest.approx(0.6)
     # vision's GPUs sent nothing: no figure rather than a made-up 0%.
     assert not any(
-        key[0] == "gangway_team_gpus_busy" and ("team", "vision") in key for key in families
+        key[0] in ("gangway_team_gpus_busy", "gangway_team_gpus_sm_active")
+        and ("team", "vision") in key
+        for key in families
     )
 
 

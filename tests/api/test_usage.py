@@ -21,11 +21,12 @@ from schemas.jobs import (
     JobRequeued,
     JobSucceeded,
     PreemptionRequested,
+    ReservationPlanned,
     TaskStarted,
 )
 from services.api.observability import ObservabilityCollector, unusable_free_gpus
 from services.api.projections.model import ReadModels
-from services.api.projections.usage import report
+from services.api.projections.usage import preemption_cause, report
 from services.runtime import EventStore
 from tests.api.builders import node, reserved, submitted
 from tests.api.conftest import Api
@@ -60,8 +61,8 @@ class Clock:
             )
 
 
-def started(job_id: str, ranks: int) -> list[Event]:
-    return [TaskStarted(job_id=job_id, attempt=1, rank=r, node_id="n1") for r in range(ranks)]
+def started(job_id: str, ranks: int, attempt: int = 1) -> list[Event]:
+    return [TaskStarted(job_id=job_id, attempt=attempt, rank=r, node_id="n1") for r in range(ranks)]
 
 
 def test_allocated_from_reservation_to_release_used_while_all_ranks_run() -> None:
@@ -215,7 +216,13 @@ def test_queue_waits_and_work_lost_since_the_last_checkpoint() -> None:
     )
     clock.at(
         4,
-        PreemptionRequested(job_id="j1", attempt=1, preemptor_job_id=None, reason="x", grace_s=0),
+        PreemptionRequested(
+            job_id="j1",
+            attempt=1,
+            preemptor_job_id="j9",
+            reason="preempted for job j9 (priority production)",
+            grace_s=0,
+        ),
     )
     clock.at(5, JobRequeued(job_id="j1", attempt=1, code="preempted", reason="x"))
     clock.at(5.5, reserved("j1", [("n1", [0, 1])], attempt=2))  # waited 30 min
@@ -245,7 +252,67 @@ def test_queue_waits_and_work_lost_since_the_last_checkpoint() -> None:
     )
     assert found[("gangway_team_gpus_allocated", ("gpu_type", "H100"), ("team", "nlp"))] == 2
     assert found[("gangway_jobs", ("state", "reserved"))] == 1
-    assert found[("gangway_preemptions_total", ("priority", "research"), ("team", "nlp"))] == 1
+    preempted = (("priority", "research"), ("reason", "preempted"), ("team", "nlp"))
+    assert found[("gangway_preemptions_total", *preempted)] == 1
+    assert found[("gangway_requeues_total", ("reason", "preempted"), ("team", "nlp"))] == 1
+
+
+def test_preemptions_and_requeues_are_counted_by_their_cause() -> None:
+    clock = Clock()
+    clock.at(0, node("n1"), node("n2"), submitted("j1", tasks=1, gpus_per_task=2))
+    clock.at(0, JobAdmitted(job_id="j1", queue="nlp", priority="research"))
+    clock.at(1, reserved("j1", [("n1", [0, 1])]), *started("j1", 1))
+    # Its node drains: checkpoint and move (no preemptor), then requeued for the drain.
+    drain = "node n1 is draining: checkpoint and move"
+    clock.at(
+        2,
+        PreemptionRequested(job_id="j1", attempt=1, preemptor_job_id=None, reason=drain, grace_s=0),
+    )
+    clock.at(3, JobRequeued(job_id="j1", attempt=1, code="node_drained", reason=drain))
+    # Then its second node is lost under it: a requeue without any preemption.
+    clock.at(4, reserved("j1", [("n2", [0, 1])], attempt=2), *started("j1", 1, attempt=2))
+    clock.at(5, JobRequeued(job_id="j1", attempt=2, code="node_lost", reason="n2 lost"))
+    book = clock.models.usage
+    assert book.preemptions == {("research", "nlp", "node_drained"): 1}
+    assert book.requeues == {("nlp", "node_drained"): 1, ("nlp", "node_lost"): 1}
+
+
+def test_waiting_jobs_past_their_estimated_start_are_counted_with_the_longest_delay() -> None:
+    clock = Clock()
+    clock.at(0, node("n1"))
+    for job in ("late", "later", "on-time"):
+        clock.at(0, submitted(job, tasks=1, gpus_per_task=8))
+        clock.at(0, JobAdmitted(job_id=job, queue="nlp", priority="research"))
+    clock.at(0, submitted("fresh", tasks=1, gpus_per_task=8))  # no estimate yet
+    clock.at(0, JobAdmitted(job_id="fresh", queue="nlp", priority="production"))
+    clock.at(0, planned("late", MIDNIGHT + timedelta(hours=2)))
+    clock.at(0, planned("later", MIDNIGHT + timedelta(hours=5)))
+    clock.at(0, planned("on-time", MIDNIGHT + timedelta(hours=9)))
+    found = samples(clock.models, now=MIDNIGHT + timedelta(hours=8))
+    research, production = ("priority", "research"), ("priority", "production")
+    assert found[("gangway_pending_past_estimate_jobs", research)] == 2
+    assert found[("gangway_pending_past_estimate_seconds", research)] == 6 * 3600
+    assert found[("gangway_pending_past_estimate_jobs", production)] == 0
+    assert found[("gangway_pending_past_estimate_seconds", production)] == 0
+
+
+def planned(job_id: str, start_at: datetime) -> ReservationPlanned:
+    return ReservationPlanned(job_id=job_id, start_at=start_at, nodes=["n1"])
+
+
+@pytest.mark.parametrize(
+    ("reason", "cause"),
+    [
+        ("preempted for job j2 (reclaiming guaranteed capacity)", "preempted"),
+        ("preempted for job j2 (its reservation is overdue)", "preempted"),
+        ("node n4 is draining: checkpoint and move", "node_drained"),
+        ("suspended by request: checkpoint, then stop", "suspended"),
+        ("ran past max_runtime_s (60 s): checkpoint, then stop", "max_runtime"),
+        ("something new", "other"),
+    ],
+)
+def test_a_preemptions_cause_is_one_of_a_few_labels(reason: str, cause: str) -> None:
+    assert preemption_cause(reason) == cause
 
 
 def test_free_gpus_no_waiting_task_fits_are_fragmentation() -> None:
@@ -262,10 +329,13 @@ def test_free_gpus_no_waiting_task_fits_are_fragmentation() -> None:
     assert found[("gangway_gpus_free_unusable_ratio",)] == 0.2
 
 
-def samples(models: ReadModels) -> dict[tuple[Any, ...], float]:
+def samples(models: ReadModels, now: datetime | None = None) -> dict[tuple[Any, ...], float]:
     """What a scrape of the collector shows: (name, sorted label pairs…) -> value."""
     registry = CollectorRegistry()
-    registry.register(ObservabilityCollector(lambda: models))
+    if now is None:
+        registry.register(ObservabilityCollector(lambda: models))
+    else:
+        registry.register(ObservabilityCollector(lambda: models, clock=lambda: now))
     text = generate_latest(registry).decode()
     return {
         (sample.name, *sorted(sample.labels.items())): sample.value

@@ -195,3 +195,61 @@ def test_a_body_that_never_arrives_whole_gets_408_and_a_closed_connection(api_ur
     status_line = received.split(b"\r\n", 1)[0]
     assert status_line == b"HTTP/1.1 408 Request Timeout", received
     assert b"request-timeout" in received
+
+
+@pytest.mark.usefixtures("teams")
+@pytest.mark.parametrize(
+    ("fields", "slug", "detail"),
+    [
+        # nlp may use at most 64 GPUs: a gang of 72 could never start, whatever it waits for.
+        (
+            {"tasks": 9, "gpus_per_task": 8},
+            "over-quota-max",
+            "needs 72 GPUs but queue 'nlp' may never use more than 64",
+        ),
+        # The fleet is one node of 8 GPUs.
+        (
+            {"tasks": 2, "gpus_per_task": 8},
+            "gang-too-large",
+            "needs 2 tasks of 8 GPUs but the cluster can hold at most 1",
+        ),
+        (
+            {"tasks": 3, "gpus_per_task": 4, "topology": {"require": "node"}},
+            "gang-too-large",
+            "needs 3 tasks of 4 GPUs but one node can hold at most 2",
+        ),
+        (
+            {"tasks": 1, "gpus_per_task": 16},
+            "task-too-large",
+            "a task needs 16 GPUs in one NVLink domain but the largest node has 8",
+        ),
+        (
+            {"tasks": 4, "gpus_per_task": 4, "topology": {"tp_size": 16}},
+            "task-too-large",
+            "a tensor-parallel group needs 16 GPUs in one NVLink domain but the largest node has 8",
+        ),
+    ],
+)
+async def test_a_gang_no_wait_could_place_is_refused_at_submit_with_admissions_reason(
+    api: Api, store: EventStore, fields: dict[str, object], slug: str, detail: str
+) -> None:
+    problem = await rejected(api, store, {**VALID, **fields}, 422, slug)
+    assert problem["detail"] == detail
+
+
+@pytest.mark.usefixtures("teams")
+async def test_a_gang_whose_minimum_fits_is_accepted_and_a_new_node_makes_room(
+    api: Api, store: EventStore
+) -> None:
+    elastic = {**VALID, "tasks": 4, "gpus_per_task": 4, "min_tasks": 2}
+    assert (await api.client.post("/v1/jobs", json=elastic, headers=api.teams["nlp"])).is_success
+    wide = {**VALID, "tasks": 2, "gpus_per_task": 8}
+    await rejected(api, store, wide, 422, "gang-too-large")
+    await store.append("node-n2", 0, [node("n2")])
+    async with asyncio.timeout(30):
+        while True:
+            if len((await api.client.get("/v1/nodes", headers=api.as_admin())).json()["items"]) > 1:
+                break
+            await asyncio.sleep(0.05)
+    response = await api.client.post("/v1/jobs", json=wide, headers=api.teams["nlp"])
+    assert response.status_code == 201, response.text

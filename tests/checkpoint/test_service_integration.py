@@ -84,6 +84,31 @@ async def test_every_shard_written_commits_the_checkpoint_once(
     assert (directory / MANIFEST).is_file()
 
 
+async def test_a_commit_is_measured_once_its_duration_and_its_size_in_bytes(
+    settings: Settings, store: EventStore, tmp_path: Path
+) -> None:
+    cause = await request(store, world=2)
+    directory = checkpoint_dir(tmp_path, JOB, checkpoint_id_for(1, cause.event_id))
+    for rank in range(2):
+        write_shard(directory, rank, b"state" * rank + b"!", step=4)
+    checkpoints = service(settings, store, tmp_path)
+    registry = checkpoints.registry
+    requested = {"trigger": "requested"}  # neither periodic nor an eviction
+    assert registry.get_sample_value("gangway_checkpoint_size_bytes_count", requested) == 0
+    committed = await checkpoints.collect(JOB, 1, cause, wait_s=10)
+    await checkpoints.collect(JOB, 1, cause, wait_s=10)  # a redelivery measures nothing
+    assert isinstance(committed, CheckpointCommitted)
+    assert registry.get_sample_value("gangway_checkpoint_size_bytes_count", requested) == 1
+    assert (
+        registry.get_sample_value("gangway_checkpoint_size_bytes_sum", requested)
+        == 7
+        == sum(shard.bytes for shard in committed.shards)
+    )
+    assert registry.get_sample_value("gangway_checkpoint_duration_seconds_count", requested) == 1
+    periodic = {"trigger": "periodic"}
+    assert registry.get_sample_value("gangway_checkpoint_duration_seconds_count", periodic) == 0
+
+
 async def test_a_damaged_shard_is_recorded_as_corrupted(
     settings: Settings, store: EventStore, tmp_path: Path
 ) -> None:

@@ -140,6 +140,33 @@ def test_nodes_and_queues_print_tables(api_url: str, capsys: pytest.CaptureFixtu
     assert "QUEUE" in capsys.readouterr().out
 
 
+def test_teams_prints_each_visible_team_with_its_quota(
+    api_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    admin = {"Authorization": f"Bearer {os.environ['GANGWAY_TOKEN']}"}
+    tokens = {}
+    for name, guaranteed in (("nlp", 16), ("vision", 8)):
+        body = {"name": name, "guaranteed_gpus": guaranteed, "max_gpus": 32}
+        response = httpx.post(f"{api_url}/v1/teams", json=body, headers=admin)
+        tokens[name] = response.json()["token"]
+    assert main(["teams"]) == 0
+    out = capsys.readouterr().out
+    assert "TEAM" in out and "GUARANTEED" in out
+    rows = [
+        [cell.strip() for cell in line.strip("│ ").split("│")]
+        for line in out.splitlines()
+        if "nlp" in line or "vision" in line
+    ]
+    assert [row[:4] for row in rows] == [["nlp", "-", "16", "32"], ["vision", "-", "8", "32"]]
+    assert main(["teams", "-o", "json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [(t["name"], t["guaranteed_gpus"]) for t in listed] == [("nlp", 16), ("vision", 8)]
+    # A team's token sees its own team only.
+    monkeypatch.setenv("GANGWAY_TOKEN", tokens["vision"])
+    assert main(["teams", "-o", "json"]) == 0
+    assert [t["name"] for t in json.loads(capsys.readouterr().out)] == ["vision"]
+
+
 def test_events_follow_prints_events_recorded_after_it_started(
     api_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -178,6 +205,35 @@ def test_drain_and_undrain_a_node(
     assert capsys.readouterr().out == "node n1 is ready\n"
     assert main(["undrain", "n1"]) == 1
     assert "not drained" in capsys.readouterr().err
+
+
+def test_submit_of_a_gang_the_cluster_could_never_hold_says_so_and_fails(
+    api_url: str, settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async def register() -> None:
+        store = await EventStore.connect(settings)
+        try:
+            await store.append("node-n1", 0, [node("n1")])
+        finally:
+            await store.close()
+
+    asyncio.run(register())
+    admin = {"Authorization": f"Bearer {os.environ['GANGWAY_TOKEN']}"}
+    deadline = time.monotonic() + 30
+    while not httpx.get(f"{api_url}/v1/nodes", headers=admin).json()["items"]:
+        assert time.monotonic() < deadline, "the API never saw the node"
+        time.sleep(0.05)
+    ensure_team()
+    spec = tmp_path / "wide.yaml"
+    spec.write_text("name: wide\nteam: nlp\ntasks: 2\ngpus_per_task: 8\ncommand: [x]\n")
+    assert main(["submit", str(spec)]) == 2  # the spec's fault, as for any invalid spec
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "gangway: invalid job spec: needs 2 tasks of 8 GPUs but the cluster can hold at most 1\n"
+    )
+    assert main(["jobs", "--all", "-o", "json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
 
 
 def test_why_shows_a_failed_checkpoint_and_what_the_job_resumes_from(

@@ -133,6 +133,22 @@ def test_top_draws_the_cluster_the_teams_and_the_queue(
     assert "8/8 allocated" in out  # the one node's 8 GPUs, held by the running gang
 
 
+def test_top_and_jobs_watch_print_plain_snapshots_when_piped(
+    api_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job_id = submit(tmp_path, capsys)
+    # Captured output is no terminal: no live redraw (which printed nothing), but a snapshot
+    # after the other, each in full.
+    assert main(["top", "-n", "2", "--interval", "0.01"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("gangway top") == 2 and out.count("Top teams") == 2
+    assert out.count(job_id) == 2
+    assert "\x1b[" not in out  # plain text, no terminal control sequences
+    assert main(["jobs", "--watch", "-n", "3", "--interval", "0.01"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("every 0.01s") == 3 and out.count(job_id) == 3
+
+
 def test_job_shows_the_command_elapsed_time_and_where_the_logs_are(
     api_url: str, settings: Settings, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -64,6 +64,21 @@ def _holds(job: JobReadModel | None) -> bool:
     return job is not None and job.holds_gpus
 
 
+# Why a gang was asked to checkpoint and stop, in the requeue codes' words where one fits:
+# a closed set for a metric's label, read off the scheduler's stable wording of the reason.
+PREEMPTION_CAUSES: tuple[tuple[str, str], ...] = (
+    ("preempted for job", "preempted"),
+    ("is draining", "node_drained"),
+    ("suspended by request", "suspended"),
+    ("max_runtime", "max_runtime"),
+)
+
+
+def preemption_cause(reason: str | None) -> str:
+    text = reason or ""
+    return next((cause for marker, cause in PREEMPTION_CAUSES if marker in text), "other")
+
+
 # Queue wait histogram buckets, seconds: a minute to a week.
 WAIT_BUCKETS: tuple[float, ...] = (
     1,
@@ -108,6 +123,10 @@ class UsageBook:
     # (team, cause: the requeue code, or `failed`) -> GPU-seconds of work since the last
     # committed checkpoint, thrown away when an attempt ended early.
     lost_gpu_seconds: dict[tuple[str, str], float] = field(default_factory=dict)
+    # (priority class, team, cause) -> preemptions requested (checkpoint, then stop).
+    preemptions: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    # (team, requeue code) -> gangs released back to the queue.
+    requeues: dict[tuple[str, str], int] = field(default_factory=dict)
     # job id -> its open intervals (one per GPU type of its placement).
     _open_allocated: dict[str, list[Interval]] = field(default_factory=dict)
     _open_used: dict[str, list[Interval]] = field(default_factory=dict)
@@ -132,6 +151,7 @@ class UsageBook:
     ) -> None:
         """Open or close the job's intervals on the transition `before` → `after` at `at`."""
         self._account_wait(before, after, at)
+        self._account_evictions(before, after)
         if _uses(before) and not _holds(after):
             self._account_loss(after, at)
         self._step(
@@ -155,6 +175,16 @@ class UsageBook:
         if since is not None and _holds(after):
             key = (after.priority, after.spec.team)
             self.waits.setdefault(key, WaitHistogram()).observe((at - since).total_seconds())
+
+    def _account_evictions(self, before: JobReadModel | None, after: JobReadModel) -> None:
+        if before is None:
+            return
+        if after.preemptions > before.preemptions:
+            key = (after.priority, after.spec.team, preemption_cause(after.reason))
+            self.preemptions[key] = self.preemptions.get(key, 0) + 1
+        if after.state == "queued" and _holds(before) and after.reason_code:
+            requeue = (after.spec.team, after.reason_code)
+            self.requeues[requeue] = self.requeues.get(requeue, 0) + 1
 
     def _account_loss(self, after: JobReadModel, at: datetime) -> None:
         if after.state == "succeeded":

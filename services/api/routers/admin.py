@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, status
 
 from schemas.jobs import NAME_PATTERN
-from services.api.deps import Admin, Context, Models
+from services.api.deps import Admin, Caller, Context, Models
 from services.api.models import (
     DrainBody,
     NodeView,
@@ -16,8 +16,10 @@ from services.api.models import (
     QueueView,
     TeamCreate,
     TeamCreatedView,
+    TeamList,
 )
 from services.api.problems import PROBLEM_RESPONSES
+from services.api.routers.teams import team_view
 from services.api.strict import StrictJsonRoute
 from services.api.views import node_view, queue_view
 
@@ -40,6 +42,21 @@ async def create_team(
     # `models`: the quota tree is checked against read models caught up with the log.
     token = await context.commands.create_team(body)
     return TeamCreatedView(name=body.name, queue=body.name, token=token)
+
+
+@router.get(
+    "/teams",
+    operation_id="listTeams",
+    tags=["teams"],
+    summary="Teams by name: the admin sees every team, a team's token its own",
+)
+async def list_teams(caller: Caller, models: Models) -> TeamList:
+    visible = (
+        team
+        for name, team in sorted(models.teams.items())
+        if caller.is_admin or name == caller.team
+    )
+    return TeamList(items=[team_view(team, models) for team in visible])
 
 
 @router.put("/queues/{name}", operation_id="configureQueue", summary="Set a queue's quota")

@@ -1,6 +1,8 @@
-"""/v1/teams/{team}/…: a team's policy (set by the admin), named tokens and secrets.
+"""/v1/teams/{team}/…: a team, its policy (set by the admin), named tokens and secrets.
 
-Tokens and secrets are the admin's or that team's own; a secret's value is write-only.
+Tokens and secrets are the admin's or that team's own; a secret's value is write-only. The
+list of teams (GET /v1/teams) is beside their creation, in routers/admin.py; both answer with
+`team_view`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from services.api.models import (
     SecretView,
     TeamPolicyBody,
     TeamPolicyView,
+    TeamView,
     TokenCreate,
     TokenCreatedView,
     TokenList,
@@ -25,8 +28,10 @@ from services.api.models import (
 )
 from services.api.problems import PROBLEM_RESPONSES, not_found
 from services.api.projections.model import ReadModels
+from services.api.projections.queues import TeamRecord
 from services.api.strict import StrictJsonRoute
 from services.api.validation import PRIORITY_CLASSES
+from services.api.views import queue_view
 
 router = APIRouter(
     prefix="/v1/teams/{team}",
@@ -39,6 +44,33 @@ Team = Annotated[str, Path(pattern=NAME_PATTERN, description="the team's name")]
 SecretName = Annotated[str, Path(pattern=NAME_PATTERN, description="the secret's name")]
 TokenId = Annotated[str, Path(pattern=TOKEN_ID_PATTERN, description="the token's id")]
 NO_CONTENT = status.HTTP_204_NO_CONTENT
+
+
+def team_view(team: TeamRecord, models: ReadModels) -> TeamView:
+    """A team with its queue's quota as configured now and what it holds and waits for."""
+    queue = models.queues.get(team.name)
+    usage = queue_view(queue, models) if queue is not None else None
+    return TeamView(
+        name=team.name,
+        parent=team.parent,
+        queue=team.name,
+        guaranteed_gpus=usage.guaranteed_gpus if usage else team.guaranteed_gpus,
+        max_gpus=usage.max_gpus if usage else team.max_gpus,
+        allocated_gpus=usage.allocated_gpus if usage else 0,
+        borrowed_gpus=usage.borrowed_gpus if usage else 0,
+        running_jobs=usage.running_jobs if usage else 0,
+        pending_jobs=usage.pending_jobs if usage else 0,
+        created_at=team.created_at,
+    )
+
+
+@router.get("", operation_id="getTeam", summary="A team: its quota, what it holds and waits for")
+async def get_team(team: Team, caller: Caller, models: Models) -> TeamView:
+    caller.require_team(team)
+    record = models.teams.get(team)
+    if record is None:
+        raise not_found(f"team {team}")
+    return team_view(record, models)
 
 
 def _policy_view(team: str, models: ReadModels) -> TeamPolicyView:
