@@ -41,7 +41,7 @@ from core.placement import FreeIndex, Snapshot
 from core.preemption import preempt
 from core.quota import QuotaBook
 from core.reactions import react
-from core.state import CoreJob
+from core.state import CoreJob, rank_host
 from core.surface import PlanningSurface
 from schemas.jobs import JobDeferred
 
@@ -125,10 +125,13 @@ def _release_into(ctx: CycleContext, snap: Snapshot) -> None:
     jobs = ctx.state.job_records
     for job_id in sorted(ctx.released):
         job = jobs[job_id]
+        cpus, memory = rank_host(job.spec)
         for rank, (node_index, mask) in enumerate(job.ranks):
             if job.still_runs(rank):
                 continue
             snap.release(node_index, mask)
+            if cpus or memory:
+                snap.shift_host(node_index, -cpus, -memory)
 
 
 def explain(ctx: CycleContext, waiting: list[CoreJob]) -> None:
