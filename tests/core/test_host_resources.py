@@ -301,3 +301,32 @@ def test_dominant_resource_fair_share_orders_the_next_jobs() -> None:
 
     assert history.job(gpu_next).state == "running"
     assert history.job(cpu_next).state == "queued"
+
+
+def test_a_gang_short_of_cpus_preempts_the_cpu_only_work_that_holds_them() -> None:
+    history = History("groups:\n  - {count: 1, gpus: 8, cpus: 16}")
+    prep = history.submit(a_job().cpu_only(16).priority("best-effort"))[0]
+    history.run()
+    urgent = history.submit(a_job().gpus(1).cpus(8).priority("production"))[0]
+
+    history.run()
+
+    assert history.job(prep).state == "preempting"
+    history.evict(prep)
+    history.run(2)
+    assert history.job(urgent).state == "running"
+    assert history.auditor.violations == []
+
+
+def test_a_gang_that_asks_no_cpus_never_preempts_cpu_only_work() -> None:
+    """Evicting a CPU-only gang frees no GPU: a gang of GPUs alone gains nothing by it."""
+    history = History("groups:\n  - {count: 1, gpus: 1, cpus: 16}")
+    history.submit(a_job().gpus(1).priority("best-effort").estimate(3600))
+    prep = history.submit(a_job().cpu_only(16).priority("best-effort"))[0]
+    history.run()
+    urgent = history.submit(a_job().gpus(1).priority("production"))[0]
+
+    history.run()
+
+    assert history.job(prep).state == "running"
+    assert history.job(urgent).state == "queued"
