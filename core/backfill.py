@@ -14,6 +14,7 @@ from core.placement import Allocation, Shape, Snapshot, find_placement
 from core.quota import QuotaBook
 from core.reservation import plan_reservation, runtime_estimate
 from core.shape import describe_need
+from core.slo import headroom_blocks
 from core.state import CoreJob, bits
 from core.surface import PlanningSurface
 from schemas.jobs import GangReserved, RankPlacement, ReservationPlanned
@@ -115,6 +116,8 @@ def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: Quot
             head_start is not None and now + runtime_estimate(job, policy) <= head_start
         )
         allocation = _try_place(snap, shape, avoid, failed)
+        if allocation is not None and headroom_blocks(ctx, snap, job, shape, allocation):
+            continue
         if allocation is not None:
             _bind(ctx, snap, job, shape, allocation, quota)
             budget -= 1

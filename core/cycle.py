@@ -41,6 +41,7 @@ from core.placement import FreeIndex, Snapshot
 from core.preemption import preempt
 from core.quota import QuotaBook
 from core.reactions import react
+from core.slo import refill_headroom
 from core.state import CoreJob, rank_host
 from core.surface import PlanningSurface
 from schemas.jobs import JobDeferred
@@ -112,6 +113,7 @@ def _run(ctx: CycleContext, free_index: FreeIndex) -> CycleResult:
         placed = place(ctx, snap, gate(ctx, past_backoff(ctx, waiting)), quota)
         if ctx.policy.preemption and not ctx.policy.is_fifo:
             preempt(ctx, snap, placed.blocked, quota)
+            refill_headroom(ctx, snap, quota)
     explain(ctx, waiting)
     # A moment already reached was acted on (or needs nothing) in this very cycle.
     future = [moment for moment in ctx.wakeups if moment > ctx.now]

@@ -13,6 +13,7 @@ from core.placement import Allocation, Shape, Snapshot, find_placement
 from core.policy import PriorityClass, SchedulingPolicy
 from core.quota import QuotaBook
 from core.reservation import has_overrun
+from core.slo import bounded_victims
 from core.state import CoreJob, popcount
 from core.surface import PlanningSurface
 from schemas.jobs import PreemptionRequested
@@ -240,6 +241,10 @@ def plan_preemption(
             borrowers.append(victim)
         if len(everyone) < MAX_CANDIDATES:
             everyone.append(victim)
+    if preemptor.priority == policy.inference_class:
+        # Bounded blast radius, the least lost work first (core/slo.py).
+        borrowers = bounded_victims(borrowers, now, policy)
+        everyone = bounded_victims(everyone, now, policy)
     # Borrowers first: within the everyone tier, too, a borrower outranks a lender.
     borrowing = {v.job_id for v in borrowers}
     everyone.sort(key=lambda v: 0 if v.job_id in borrowing else 1)

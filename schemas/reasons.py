@@ -30,6 +30,7 @@ DeferCode = Literal[
     "array_limit",  # its array already runs max_parallel elements
     "insufficient_cpus",  # free GPUs, but no node among them has the CPUs a task asks
     "insufficient_memory",  # free GPUs, but no node among them has the memory a task asks
+    "inference_headroom",  # placing it would take the free GPUs kept for inference-critical
 ]
 
 # JobRequeued.code: why a gang was released and its job waits again.
