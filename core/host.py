@@ -42,22 +42,37 @@ def place_on_hosts(snap: Snapshot, shape: Shape, avoid_reserved: bool) -> Alloca
     """
     cpus, memory = shape.cpus_milli, shape.memory_mb
     wanted = shape.units
+    gpu_type, require = shape.gpu_type, shape.require
+    reserved = snap.reserved if avoid_reserved else frozenset()
+    taken, count = snap.host_taken, snap.count
     ranked: list[tuple[tuple[int, int, int, int], int, int]] = []
+    # One pass over the fleet, inlined (Snapshot.host_units per node costs several times more).
     for node in snap.nodes:
-        if not node.schedulable:
-            continue
-        if shape.gpu_type is not None and node.gpu_type != shape.gpu_type:
+        if not node.schedulable or (gpu_type is not None and node.gpu_type != gpu_type):
             continue
         index = node.index
-        if avoid_reserved and index in snap.reserved:
+        if index in reserved:
             continue
-        units = snap.host_units(index, cpus, memory, cap=wanted)
+        took_cpus, took_memory = taken.get(index, (0, 0))
+        units = wanted
+        free_cpus = None
+        if node.cpus_milli is not None:
+            free_cpus = node.cpus_milli - node.cpus_bound_milli - took_cpus
+            if cpus:
+                units = min(units, max(0, free_cpus) // cpus)
+        if memory and node.memory_mb is not None:
+            units = min(
+                units, max(0, node.memory_mb - node.memory_bound_mb - took_memory) // memory
+            )
         if units <= 0:
             continue
-        free_cpus, _ = snap.host_free(index)
-        declared = 0 if free_cpus is not None else 1
-        key = (snap.count.get(index, 0), declared, free_cpus or 0, index)
-        domain = {"node": index, "rack": node.rack_id, "block": node.block_id}.get(shape.require, 0)
+        key = (count.get(index, 0), 0 if free_cpus is not None else 1, free_cpus or 0, index)
+        if require == "none":
+            domain = 0
+        elif require == "node":
+            domain = index
+        else:
+            domain = node.rack_id if require == "rack" else node.block_id
         ranked.append((key, units, domain))
     ranked.sort()
     if shape.require == "none":

@@ -364,12 +364,14 @@ def _place_in_pool(
                 level = level - snap.reserved
                 if not level:
                     continue
-            if snap.unit_host != (0, 0):
+            best = min(level)
+            if snap.unit_host != (0, 0) and snap.node_units(best, u, False) < units:
                 # Free GPUs are not enough: the node's CPUs and memory must hold the tasks too.
-                level = {i for i in level if snap.node_units(i, u, False) >= units}
-                if not level:
+                fitting = [i for i in level if snap.node_units(i, u, False) >= units]
+                if not fitting:
                     continue
-            return [(min(level), units)]
+                best = min(fitting)
+            return [(best, units)]
     if shape.require == "node" or units == 1:
         return None
     blocks = [b for b in snap.pool_blocks.get(pool, ()) if snap.block_free[b] >= u]
