@@ -54,6 +54,7 @@ def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: Quot
     enforce = policy.enforce_quotas and not fifo
     failed: dict[FailureKey, int] = {}
     fits_unreserved: dict[Shape, tuple[int, bool]] = {}
+    host_blocks: dict[tuple[Shape, bool], tuple[int, tuple[DeferCode, str] | None]] = {}
     placed = Placed()
     blocked = placed.blocked
     head: CoreJob | None = None
@@ -142,7 +143,7 @@ def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: Quot
             continue
         if avoid and head is not None and _fits_unreserved(snap, shape, failed, fits_unreserved):
             outcomes[job.job_id] = Outcome("backfill_blocked", f"{job.need}; {_BACKFILL_BLOCKED}")
-        elif (blocker := _host_blocker(snap, shape, avoid)) is not None:
+        elif (blocker := _host_blocker(snap, shape, avoid, host_blocks)) is not None:
             outcomes[job.job_id] = Outcome(blocker[0], f"{job.need}; {blocker[1]}")
         else:
             outcomes[job.job_id] = Outcome("no_capacity", f"{job.need}; {_NO_CAPACITY}")
@@ -189,10 +190,22 @@ def _fits_unreserved(
     return fits
 
 
-def _host_blocker(snap: Snapshot, shape: Shape, avoid: bool) -> tuple[DeferCode, str] | None:
+def _host_blocker(
+    snap: Snapshot,
+    shape: Shape,
+    avoid: bool,
+    known: dict[tuple[Shape, bool], tuple[int, tuple[DeferCode, str] | None]],
+) -> tuple[DeferCode, str] | None:
+    """The CPUs or memory that keep the gang out (core/host.py); the answer for a shape
+    holds until the snapshot changes."""
     if not (shape.asks_host or shape.cpu_only):
         return None
-    return host_blocker(snap, shape, avoid)
+    seen = known.get((shape, avoid))
+    if seen is not None and seen[0] == snap.changes:
+        return seen[1]
+    blocker = host_blocker(snap, shape, avoid)
+    known[(shape, avoid)] = (snap.changes, blocker)
+    return blocker
 
 
 def _infeasible(ctx: CycleContext, shape: Shape) -> str | None:

@@ -238,6 +238,7 @@ class Snapshot:
 
     def shift_host(self, index: int, cpus_milli: int, memory_mb: int) -> None:
         """Take (positive) or give back (negative) host resources on a node, for planning."""
+        self.changes += 1  # an answer computed before may no longer hold
         before = self.host_taken.get(index, (0, 0))
         for undo in self._host_journals:
             if index not in undo:

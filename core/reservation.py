@@ -89,12 +89,16 @@ def plan_reservation(
         tries = 0
         freed_at_last_try = -1
         freed = 0
-        step = max(shape.unit_gpus, shape.min_gpus // 8, 1)
+        # Progress is counted in what the head needs: GPUs, or a CPU-only head's CPUs.
+        cpu_only = shape.cpu_only
+        if cpu_only:
+            step = max(shape.cpus_milli, shape.cpus_milli * shape.min_units // 8)
+        else:
+            step = max(shape.unit_gpus, shape.min_gpus // 8)
         for end, _, ranks, (cpus, memory) in ends:
             for index, mask in ranks:
                 planning.release(index, mask)
-                # A CPU-only rank frees host resources only: it counts as one step of progress.
-                freed += mask.bit_count() or 1
+                freed += cpus if cpu_only else mask.bit_count()
                 if cpus or memory:
                     planning.shift_host(index, -cpus, -memory)
             if planning.total_free < shape.min_gpus:
