@@ -117,7 +117,7 @@ def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: Quot
             head_start is not None and now + runtime_estimate(job, policy) <= head_start
         )
         allocation = _try_place(snap, shape, avoid, failed)
-        if allocation is not None and headroom_blocks(ctx, snap, job, shape, allocation):
+        if allocation is not None and headroom_blocks(ctx, snap, job, shape, allocation, quota):
             continue
         if allocation is not None:
             _bind(ctx, snap, job, shape, allocation, quota)

@@ -43,16 +43,26 @@ def is_inference(job: CoreJob, policy: SchedulingPolicy) -> bool:
 
 
 def headroom_blocks(
-    ctx: CycleContext, snap: Snapshot, job: CoreJob, shape: Shape, allocation: Allocation
+    ctx: CycleContext,
+    snap: Snapshot,
+    job: CoreJob,
+    shape: Shape,
+    allocation: Allocation,
+    quota: QuotaBook,
 ) -> bool:
     """Whether placing `allocation` for a job of another class would eat into the headroom;
-    if so, the job's reason says it (and it waits: it is no head and preempts no one)."""
+    if so, the job's reason says it (and it waits: it is no head and preempts no one).
+
+    A job its queue's guarantee covers may take it (invariant 4: a team always reaches its
+    guarantee); the refill then takes the headroom back from borrowed work."""
     policy = ctx.policy
     headroom = policy.inference_headroom_gpus
     if headroom <= 0 or policy.is_fifo or shape.cpu_only or is_inference(job, policy):
         return False
     taken = sum(units for _, units in allocation) * shape.unit_gpus
     if snap.total_free - taken >= headroom:
+        return False
+    if job.priority != policy.idle_only_priority and quota.within_guarantee(job.queue, taken):
         return False
     ctx.outcomes[job.job_id] = Outcome(
         INFERENCE_HEADROOM,

@@ -129,3 +129,16 @@ def test_the_first_gang_placed_in_the_headroom_is_by_the_inference_class_only() 
     assert history.job(production).state == "queued"
     assert history.deferrals(production)[-1].code == "inference_headroom"
     assert history.events(GangReserved, production) == []
+
+
+def test_a_job_within_its_guarantee_may_take_the_headroom_which_borrowers_then_refill() -> None:
+    history = History("2x8:2:1", HEADROOM)
+    history.team("owner", guaranteed=8)
+    borrowed = full_of_training(history, 3, 4)  # 12 GPUs of a queue without guarantee
+    owned = history.submit(a_job().team("owner").gpus(4).priority("research"))[0]
+
+    history.run()
+
+    assert history.job(owned).state == "running"
+    (victim,) = history.events(PreemptionRequested)
+    assert victim.job_id in borrowed
