@@ -12,6 +12,7 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.host import host_rejection
 from core.shape import ranks_per_unit, unit_gpus
 from schemas.base import Event
 from schemas.jobs import JobAdmitted, JobRejected, JobSpec
@@ -82,6 +83,9 @@ class NodeShape:
     gpus: int
     rack: str
     block: str
+    # The host the node declared (None: not declared, not limited).
+    cpus: int | None = None
+    memory_mb: int | None = None
 
 
 @dataclass
@@ -119,7 +123,15 @@ class AdmissionCatalog:
         self.queues[event.name] = QueueLimits(event.name, event.parent, event.max_gpus)
 
     def _on_node_registered(self, event: NodeRegistered) -> None:
-        shape = NodeShape(event.node_id, event.gpu_type, len(event.gpus), event.rack, event.block)
+        shape = NodeShape(
+            event.node_id,
+            event.gpu_type,
+            len(event.gpus),
+            event.rack,
+            event.block,
+            event.cpus,
+            event.memory_mb,
+        )
         if self.nodes.get(event.node_id) != shape:
             self.nodes[event.node_id] = shape
             self._largest_by_type = None
@@ -218,12 +230,12 @@ def admit(
     if not types:
         return reject("no_nodes", "no node is registered in the cluster")
 
+    host = host_rejection(spec, catalog.nodes.values())
+    if host is not None:
+        return reject(*host)
     if spec.gpus_per_task == 0:
-        # The spec is valid (DESIGN §8) but the whole-GPU placement has nothing to place: the
-        # node CPU and memory ledger (core/sharing.py) is not wired into the cycle yet.
-        return reject(
-            "cpu_only_unsupported", "CPU-only tasks are not scheduled by this scheduler yet"
-        )
+        # A CPU-only task (DESIGN §8): no GPU rule applies; core/host.py places it.
+        return JobAdmitted(job_id=job_id, queue=queue, priority=spec.priority)
     needed_gpus = spec.gang_min_tasks * spec.gpus_per_task
     for limits in chain:
         if limits.max_gpus is not None and needed_gpus > limits.max_gpus:

@@ -731,6 +731,10 @@ class Auditor:
 
     def _fits(self, shape: Shape, evicted: set[str]) -> bool:
         """Whether the gang would fit the free GPUs plus those of the `evicted` gangs."""
+        if shape.asks_host or shape.cpu_only:
+            # This model counts GPUs only: whether CPUs or memory were short it cannot tell,
+            # so the rules that ask it (idle capacity, borrowers first) do not judge such gangs.
+            return False
         held = {slot for slot, (job, _) in self._bound.items() if job not in evicted}
         # A GPU stays held while a rank of a released gang still runs on it (invariant 1 on
         # the hardware): the core places nothing there until that rank exits.

@@ -9,10 +9,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from core.context import CycleContext, Outcome
+from core.host import host_blocker, host_infeasible
 from core.placement import Allocation, Shape, Snapshot, find_placement
 from core.quota import QuotaBook
 from core.reservation import plan_reservation, runtime_estimate
 from core.shape import describe_need
+from core.slo import headroom_blocks
 from core.state import CoreJob, bits
 from core.surface import PlanningSurface
 from schemas.jobs import GangReserved, RankPlacement, ReservationPlanned
@@ -32,7 +34,7 @@ _STILL_TRUE_WHEN_FULL: frozenset[DeferCode] = frozenset(
     {"no_capacity", "backfill_blocked", "preempting"}
 )
 
-FailureKey = tuple[str | None, int, str, bool]
+FailureKey = tuple[str | None, int, str, bool, int, int]
 # Jobs in line whose reservation cannot be planned at all, passed over for the head in one
 # cycle before the next such job stays the head without one (each costs a plan).
 MAX_UNPLANNED_HEADS = 4
@@ -52,6 +54,7 @@ def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: Quot
     enforce = policy.enforce_quotas and not fifo
     failed: dict[FailureKey, int] = {}
     fits_unreserved: dict[Shape, tuple[int, bool]] = {}
+    host_blocks: dict[tuple[Shape, bool], tuple[int, tuple[DeferCode, str] | None]] = {}
     placed = Placed()
     blocked = placed.blocked
     head: CoreJob | None = None
@@ -65,6 +68,7 @@ def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: Quot
         if (
             snap.total_free == 0
             and head is not None
+            and not shape.cpu_only
             and not job.awaiting_victims
             and job.reason_code in _STILL_TRUE_WHEN_FULL
         ):
@@ -113,6 +117,8 @@ def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: Quot
             head_start is not None and now + runtime_estimate(job, policy) <= head_start
         )
         allocation = _try_place(snap, shape, avoid, failed)
+        if allocation is not None and headroom_blocks(ctx, snap, job, shape, allocation, quota):
+            continue
         if allocation is not None:
             _bind(ctx, snap, job, shape, allocation, quota)
             budget -= 1
@@ -137,6 +143,8 @@ def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: Quot
             continue
         if avoid and head is not None and _fits_unreserved(snap, shape, failed, fits_unreserved):
             outcomes[job.job_id] = Outcome("backfill_blocked", f"{job.need}; {_BACKFILL_BLOCKED}")
+        elif (blocker := _host_blocker(snap, shape, avoid, host_blocks)) is not None:
+            outcomes[job.job_id] = Outcome(blocker[0], f"{job.need}; {blocker[1]}")
         else:
             outcomes[job.job_id] = Outcome("no_capacity", f"{job.need}; {_NO_CAPACITY}")
     return placed
@@ -182,11 +190,32 @@ def _fits_unreserved(
     return fits
 
 
+def _host_blocker(
+    snap: Snapshot,
+    shape: Shape,
+    avoid: bool,
+    known: dict[tuple[Shape, bool], tuple[int, tuple[DeferCode, str] | None]],
+) -> tuple[DeferCode, str] | None:
+    """The CPUs or memory that keep the gang out (core/host.py); the answer for a shape
+    holds until the snapshot changes."""
+    if not (shape.asks_host or shape.cpu_only):
+        return None
+    seen = known.get((shape, avoid))
+    if seen is not None and seen[0] == snap.changes:
+        return seen[1]
+    blocker = host_blocker(snap, shape, avoid)
+    known[(shape, avoid)] = (snap.changes, blocker)
+    return blocker
+
+
 def _infeasible(ctx: CycleContext, shape: Shape) -> str | None:
     """Why the gang could never fit this cluster as it is (empty), or None; once per shape."""
     if shape in ctx.infeasibility:
         return ctx.infeasibility[shape]
     why = _why_infeasible(ctx.state, shape)
+    if why is None:
+        host = host_infeasible(ctx.state, shape)
+        why = None if host is None else f"{describe_need(shape)}; {host}"
     ctx.infeasibility[shape] = why
     return why
 
@@ -221,7 +250,9 @@ def _bind(
     quota: QuotaBook,
 ) -> None:
     ranks = snap.commit(shape, allocation)
-    ctx.placed_gangs.append((ctx.now + runtime_estimate(job, ctx.policy), ranks))
+    ctx.placed_gangs.append(
+        (ctx.now + runtime_estimate(job, ctx.policy), ranks, (shape.cpus_milli, shape.memory_mb))
+    )
     nodes = ctx.state.node_records
     ctx.emit(
         # Built without re-validation: the core constructs these from checked state, and a

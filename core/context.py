@@ -54,8 +54,11 @@ class CycleContext:
     wakeups: list[float] = field(default_factory=list)
     # Why a shape could never fit the cluster as it is (None: it could), asked once per shape.
     infeasibility: dict[Shape, str | None] = field(default_factory=dict)
-    # Gangs bound in this cycle, (estimated end, ranks), for the head's reservation.
-    placed_gangs: list[tuple[float, list[tuple[int, int]]]] = field(default_factory=list)
+    # Gangs bound in this cycle, (estimated end, ranks, each rank's host ask as (thousandths
+    # of a CPU, MB)), for the head's reservation.
+    placed_gangs: list[tuple[float, list[tuple[int, int]], tuple[int, int]]] = field(
+        default_factory=list
+    )
 
     @classmethod
     def start(cls, state: PlanningSurface, now: float) -> CycleContext:

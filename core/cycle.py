@@ -41,7 +41,8 @@ from core.placement import FreeIndex, Snapshot
 from core.preemption import preempt
 from core.quota import QuotaBook
 from core.reactions import react
-from core.state import CoreJob
+from core.slo import refill_headroom
+from core.state import CoreJob, rank_host
 from core.surface import PlanningSurface
 from core.timers import GangTimers
 from schemas.jobs import JobDeferred
@@ -118,6 +119,7 @@ def _run(ctx: CycleContext, free_index: FreeIndex, timers: GangTimers | None) ->
         placed = place(ctx, snap, gate(ctx, past_backoff(ctx, waiting)), quota)
         if ctx.policy.preemption and not ctx.policy.is_fifo:
             preempt(ctx, snap, placed.blocked, quota)
+            refill_headroom(ctx, snap, quota)
     explain(ctx, waiting)
     # A moment already reached was acted on (or needs nothing) in this very cycle.
     future = [moment for moment in ctx.wakeups if moment > ctx.now]
@@ -131,10 +133,13 @@ def _release_into(ctx: CycleContext, snap: Snapshot) -> None:
     jobs = ctx.state.job_records
     for job_id in sorted(ctx.released):
         job = jobs[job_id]
+        cpus, memory = rank_host(job.spec)
         for rank, (node_index, mask) in enumerate(job.ranks):
             if job.still_runs(rank):
                 continue
             snap.release(node_index, mask)
+            if cpus or memory:
+                snap.shift_host(node_index, -cpus, -memory)
 
 
 def explain(ctx: CycleContext, waiting: list[CoreJob]) -> None:

@@ -9,9 +9,10 @@ import math
 from datetime import UTC, datetime
 
 from core.context import CycleContext, Outcome
+from core.drf import dominant_usage
 from core.policy import SchedulingPolicy
 from core.quota import QuotaBook
-from core.state import CoreJob, QueueRecord, decayed_usage
+from core.state import CoreJob, HostCapacity, QueueRecord
 from schemas.reasons import RETRY_BACKOFF
 
 # Smaller sorts first. The first element is the tier; keys of one tier have one shape, and
@@ -19,17 +20,23 @@ from schemas.reasons import RETRY_BACKOFF
 OrderKey = tuple[float, ...]
 
 
-def fair_share(queue: QueueRecord | None, now: float, policy: SchedulingPolicy) -> float:
-    """The queue's recent GPU usage over its entitlement (guarantee, else 1 GPU) and weight.
+def fair_share(
+    queue: QueueRecord | None,
+    now: float,
+    policy: SchedulingPolicy,
+    capacity: HostCapacity | None = None,
+) -> float:
+    """The queue's recent dominant-resource usage over its entitlement (guarantee, else 1 GPU)
+    and weight.
 
-    GPUs are the dominant (and only scheduled) resource; usage decays with the policy's
-    half-life, so a team that ran big last week is not punished forever.
+    The usage is that of the queue's dominant resource among GPUs, CPUs and memory (DRF), in
+    GPU-equivalents of the fleet's `capacity` (core/drf.py); without CPUs or memory declared
+    (or no capacity given) it is the GPU usage. It decays with the policy's half-life, so a
+    team that ran big last week is not punished forever.
     """
     if queue is None:
         return 0.0
-    usage = decayed_usage(
-        queue.decayed_usage, queue.allocated, now - queue.usage_at, policy.fair_share_half_life_s
-    )
+    usage = dominant_usage(queue, now, policy.fair_share_half_life_s, capacity)
     average_gpus = usage * math.log(2) / policy.fair_share_half_life_s
     return average_gpus / (max(queue.guaranteed_gpus, 1) * queue.weight)
 
@@ -75,12 +82,13 @@ def order(ctx: CycleContext, quota: QuotaBook) -> list[CoreJob]:
         candidates.sort(key=lambda job: job.seq)  # strict arrival order
         return candidates
     queues = state.queue_records
+    capacity = state.host_capacity()
     shares: dict[str, float] = {}
     keyed = []
     for job in candidates:
         share = shares.get(job.queue)
         if share is None:
-            share = fair_share(queues.get(job.queue), now, policy)
+            share = fair_share(queues.get(job.queue), now, policy, capacity)
             shares[job.queue] = share
         rank = policy.priority_class(job.priority).rank
         aged = is_aged(job, now, policy)

@@ -12,6 +12,10 @@ without `require` the gang still widens when it must.
 
 `find_placement` only reads; `Snapshot.commit` binds a found placement. A placement is thus a
 tentative allocation that is committed whole or simply dropped.
+
+CPUs and memory (core/host.py): a task's host ask bounds how many units a node can take, read
+from the node's record less what this snapshot's trials took or gave back; a CPU-only gang is
+placed on hosts alone.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 
+from core.host import place_on_hosts
 from core.shape import Shape, shape_of
 from core.state import FreeCapacityWatch, NodeRecord, popcount
 from core.surface import PlanningSurface
@@ -39,12 +44,14 @@ class Snapshot:
     """
 
     __slots__ = (
+        "_host_journals",
         "_journals",
         "block_free",
         "block_racks",
         "changes",
         "count",
         "free",
+        "host_taken",
         "levels",
         "nodes",
         "pool_blocks",
@@ -53,6 +60,7 @@ class Snapshot:
         "rack_nodes",
         "reserved",
         "total_free",
+        "unit_host",
     )
 
     def __init__(self, nodes: Sequence[NodeRecord], free: Mapping[int, int]) -> None:
@@ -73,6 +81,12 @@ class Snapshot:
         self.changes = 0
         # One undo record per open trial: node index → its free mask before the trial.
         self._journals: list[dict[int, int]] = []
+        # Host resources (thousandths of a CPU, MB) this snapshot's trials took from a node
+        # (negative: gave back) beyond what the node's record says is bound, and their undo.
+        self.host_taken: dict[int, tuple[int, int]] = {}
+        self._host_journals: list[dict[int, tuple[int, int]]] = []
+        # The host ask of one unit of the gang being placed (set by find_placement).
+        self.unit_host: tuple[int, int] = (0, 0)
         for index in sorted(free):
             self._add(index, free[index])
 
@@ -84,14 +98,19 @@ class Snapshot:
         touches, not a copy of the whole index. Trials nest.
         """
         undo: dict[int, int] = {}
+        host_undo: dict[int, tuple[int, int]] = {}
         reserved = self.reserved
         self._journals.append(undo)
+        self._host_journals.append(host_undo)
         try:
             yield self
         finally:
             self._journals.pop()
+            self._host_journals.pop()
             for index, mask in undo.items():
                 self._set(index, mask)
+            for index, taken in host_undo.items():
+                self.host_taken[index] = taken
             self.reserved = reserved
 
     def _add(self, index: int, mask: int) -> None:
@@ -170,7 +189,10 @@ class Snapshot:
             key=lambda item: (self.nodes[item[0]].block_id, self.nodes[item[0]].rack_id, item[0]),
         )
         for index, units in ordered:
-            mask = self.free[index]
+            mask = self.free.get(index, 0)  # a CPU-only gang may land where no GPU is free
+            if shape.asks_host:
+                tasks = units * shape.tasks_per_unit
+                self.shift_host(index, shape.cpus_milli * tasks, shape.memory_mb * tasks)
             for _ in range(units * shape.tasks_per_unit):
                 taken = 0
                 for _ in range(shape.gpus_per_task):
@@ -186,7 +208,42 @@ class Snapshot:
     def node_units(self, index: int, unit_gpus: int, avoid_reserved: bool) -> int:
         if avoid_reserved and index in self.reserved:
             return 0
-        return self.count.get(index, 0) // unit_gpus
+        units = self.count.get(index, 0) // unit_gpus
+        if units and self.unit_host != (0, 0):
+            units = min(units, self.host_units(index, *self.unit_host, cap=units))
+        return units
+
+    # ---------------------------------------------------------------- host resources
+
+    def host_free(self, index: int) -> tuple[int | None, int | None]:
+        """The node's free CPUs (thousandths) and memory (MB); None: not declared, not limited."""
+        node = self.nodes[index]
+        cpus_taken, memory_taken = self.host_taken.get(index, (0, 0))
+        cpus = node.cpus_milli
+        memory = node.memory_mb
+        return (
+            None if cpus is None else cpus - node.cpus_bound_milli - cpus_taken,
+            None if memory is None else memory - node.memory_bound_mb - memory_taken,
+        )
+
+    def host_units(self, index: int, cpus_milli: int, memory_mb: int, cap: int) -> int:
+        """How many asks of (CPUs, memory) the node's free host holds, at most `cap`."""
+        free_cpus, free_memory = self.host_free(index)
+        units = cap
+        if cpus_milli and free_cpus is not None:
+            units = min(units, max(0, free_cpus) // cpus_milli)
+        if memory_mb and free_memory is not None:
+            units = min(units, max(0, free_memory) // memory_mb)
+        return units
+
+    def shift_host(self, index: int, cpus_milli: int, memory_mb: int) -> None:
+        """Take (positive) or give back (negative) host resources on a node, for planning."""
+        self.changes += 1  # an answer computed before may no longer hold
+        before = self.host_taken.get(index, (0, 0))
+        for undo in self._host_journals:
+            if index not in undo:
+                undo[index] = before
+        self.host_taken[index] = (before[0] + cpus_milli, before[1] + memory_mb)
 
     def rack_units(self, rack: int, unit_gpus: int, avoid_reserved: bool) -> int:
         return sum(self.node_units(i, unit_gpus, avoid_reserved) for i in self.rack_nodes[rack])
@@ -238,6 +295,19 @@ class FreeIndex:
 
 def find_placement(snap: Snapshot, shape: Shape, avoid_reserved: bool) -> Allocation | None:
     """Where the gang fits now, as (node, units) pairs, or None. Never places a part below min."""
+    if shape.cpu_only:
+        return place_on_hosts(snap, shape, avoid_reserved)
+    if not shape.asks_host:
+        return _find(snap, shape, avoid_reserved)
+    per_unit = shape.tasks_per_unit
+    snap.unit_host = (shape.cpus_milli * per_unit, shape.memory_mb * per_unit)
+    try:
+        return _find(snap, shape, avoid_reserved)
+    finally:
+        snap.unit_host = (0, 0)
+
+
+def _find(snap: Snapshot, shape: Shape, avoid_reserved: bool) -> Allocation | None:
     pools = [shape.gpu_type] if shape.gpu_type is not None else sorted(snap.pool_free)
     for pool in pools:
         if snap.pool_free.get(pool, 0) < shape.min_gpus:
@@ -295,7 +365,14 @@ def _place_in_pool(
                 level = level - snap.reserved
                 if not level:
                     continue
-            return [(min(level), units)]
+            best = min(level)
+            if snap.unit_host != (0, 0) and snap.node_units(best, u, False) < units:
+                # Free GPUs are not enough: the node's CPUs and memory must hold the tasks too.
+                fitting = [i for i in level if snap.node_units(i, u, False) >= units]
+                if not fitting:
+                    continue
+                best = min(fitting)
+            return [(best, units)]
     if shape.require == "node" or units == 1:
         return None
     blocks = [b for b in snap.pool_blocks.get(pool, ()) if snap.block_free[b] >= u]

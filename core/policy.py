@@ -69,6 +69,11 @@ class SchedulingPolicy:
     retry_backoff_cap_s: float = 600.0
     # Placements a cycle may make; the rest wait for the next cycle (bounds cycle time).
     max_placements_per_cycle: int = 20_000
+    # SLO class (core/slo.py): the class admitted at once even on a full cluster; free GPUs
+    # no other class may take (0: none kept); the largest gang (in GPUs) evicted for it.
+    inference_class: str = "inference-critical"
+    inference_headroom_gpus: int = 0
+    inference_max_victim_gpus: int = 8
     # A caller-given order of the waiting jobs in place of class, fair share and aging, keyed
     # by job id (ties by arrival). The simulator's baselines (fifo with quotas, clairvoyant
     # oracles) use it to run through the same quotas and placement; knowledge the key holds

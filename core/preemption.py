@@ -8,10 +8,12 @@ from collections.abc import Set
 from dataclasses import dataclass
 
 from core.context import CycleContext, Outcome
+from core.host import release_gang
 from core.placement import Allocation, Shape, Snapshot, find_placement
 from core.policy import PriorityClass, SchedulingPolicy
 from core.quota import QuotaBook
 from core.reservation import has_overrun
+from core.slo import bounded_victims
 from core.state import CoreJob, popcount
 from core.surface import PlanningSurface
 from schemas.jobs import PreemptionRequested
@@ -53,6 +55,8 @@ def preempt(ctx: CycleContext, snap: Snapshot, blocked: list[CoreJob], quota: Qu
         shape = job.shape
         if shape is None or (job.awaiting_victims and ctx.victims_pending(job)):
             continue
+        if shape.cpu_only:
+            continue  # a CPU-only gang waits for CPUs; it evicts no one
         if job.last_preempting_at is not None:
             calm_until = job.last_preempting_at + policy.hysteresis_s
             if now < calm_until:
@@ -217,6 +221,8 @@ def plan_preemption(
             continue
         if shape.gpu_type is not None and gpu_type != shape.gpu_type:
             continue
+        if not victim.bound_gpus and not shape.asks_host:
+            continue  # a CPU-only gang frees nothing a gang of GPUs alone could use
         same_queue = victim.queue == preemptor.queue
         borrower = not same_queue and quota.borrowing(victim.queue) > 0
         # Across queues only borrowed capacity is taken: a gang within its own queue's
@@ -235,6 +241,10 @@ def plan_preemption(
             borrowers.append(victim)
         if len(everyone) < MAX_CANDIDATES:
             everyone.append(victim)
+    if preemptor.priority == policy.inference_class:
+        # Bounded blast radius, the least lost work first (core/slo.py).
+        borrowers = bounded_victims(borrowers, now, policy)
+        everyone = bounded_victims(everyone, now, policy)
     # Borrowers first: within the everyone tier, too, a borrower outranks a lender.
     borrowing = {v.job_id for v in borrowers}
     everyone.sort(key=lambda v: 0 if v.job_id in borrowing else 1)
@@ -309,30 +319,14 @@ def _quota_room(
     return [*chosen, *added]
 
 
-def _release(planning: Snapshot, victims: list[CoreJob]) -> dict[int, int]:
-    """Release the victims' GPUs into the planning snapshot; return what to restore."""
-    before: dict[int, int] = {}
-    for victim in victims:
-        for index, mask in victim.ranks:
-            if index not in before:
-                before[index] = planning.free.get(index, 0)
-            planning.release(index, mask)
-    return before
-
-
-def _restore(planning: Snapshot, before: dict[int, int]) -> None:
-    for index, mask in before.items():
-        planning.set_free(index, mask)
-
-
 def _fits(planning: Snapshot, shape: Shape, victims: list[CoreJob]) -> Allocation | None:
-    before = _release(planning, victims)
-    try:
+    """Where the preemptor would land were the victims gone (their GPUs, CPUs and memory)."""
+    with planning.trial():
+        for victim in victims:
+            release_gang(planning, victim)
         if planning.total_free < shape.min_gpus:
             return None
         return find_placement(planning, shape, False)
-    finally:
-        _restore(planning, before)
 
 
 def _single(planning: Snapshot, shape: Shape, victims: list[CoreJob]) -> list[CoreJob] | None:

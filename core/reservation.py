@@ -5,7 +5,7 @@ from __future__ import annotations
 from core.context import CycleContext
 from core.placement import Allocation, Shape, Snapshot, find_placement
 from core.policy import SchedulingPolicy
-from core.state import CoreJob
+from core.state import CoreJob, rank_host
 
 # Trying a placement after every released gang would cost a placement per running job; after
 # this many failed tries, try again only once a further 1/8 of the need has been freed.
@@ -73,7 +73,7 @@ def plan_reservation(
     with snap.trial() as planning:
         nodes = ctx.state.node_records
         ends = [
-            (estimated_end(job, now, policy), job.seq, job.ranks)
+            (estimated_end(job, now, policy), job.seq, job.ranks, rank_host(job.spec))
             for job in ctx.state.holding_jobs.values()
             if job.job_id not in released
             and job.ranks
@@ -81,16 +81,26 @@ def plan_reservation(
         ]
         # Gangs bound this cycle first among equal ends; (end, seq or -number) is unique, so the
         # sort never compares ranks.
-        ends += [(end, -1 - number, ranks) for number, (end, ranks) in enumerate(ctx.placed_gangs)]
+        ends += [
+            (end, -1 - number, ranks, host)
+            for number, (end, ranks, host) in enumerate(ctx.placed_gangs)
+        ]
         ends.sort()
         tries = 0
         freed_at_last_try = -1
         freed = 0
-        step = max(shape.unit_gpus, shape.min_gpus // 8)
-        for end, _, ranks in ends:
+        # Progress is counted in what the head needs: GPUs, or a CPU-only head's CPUs.
+        cpu_only = shape.cpu_only
+        if cpu_only:
+            step = max(shape.cpus_milli, shape.cpus_milli * shape.min_units // 8)
+        else:
+            step = max(shape.unit_gpus, shape.min_gpus // 8)
+        for end, _, ranks, (cpus, memory) in ends:
             for index, mask in ranks:
                 planning.release(index, mask)
-                freed += mask.bit_count()
+                freed += cpus if cpu_only else mask.bit_count()
+                if cpus or memory:
+                    planning.shift_host(index, -cpus, -memory)
             if planning.total_free < shape.min_gpus:
                 continue
             if tries >= EAGER_TRIES and freed - freed_at_last_try < step:

@@ -18,6 +18,18 @@ class Shape:
     units: int
     min_units: int
     require: str
+    # What each task asks of its node's host: thousandths of a CPU, MB of memory (0: nothing).
+    cpus_milli: int = 0
+    memory_mb: int = 0
+
+    @property
+    def asks_host(self) -> bool:
+        return bool(self.cpus_milli or self.memory_mb)
+
+    @property
+    def cpu_only(self) -> bool:
+        """A task of no GPU at all (preprocessing): placed on CPUs and memory only."""
+        return self.unit_gpus == 0
 
     @property
     def gpus(self) -> int:
@@ -27,8 +39,17 @@ class Shape:
     def min_gpus(self) -> int:
         return self.min_units * self.unit_gpus
 
-    def failure_key(self, avoid_reserved: bool) -> tuple[str | None, int, str, bool]:
-        return (self.gpu_type, self.unit_gpus, self.require, avoid_reserved)
+    def failure_key(self, avoid_reserved: bool) -> tuple[str | None, int, str, bool, int, int]:
+        # A gang that asks more of the host fails where one that asks less may fit: the host
+        # ask is part of the key (after `avoid_reserved`, which callers read as key[3]).
+        return (
+            self.gpu_type,
+            self.unit_gpus,
+            self.require,
+            avoid_reserved,
+            self.cpus_milli,
+            self.memory_mb,
+        )
 
 
 def ranks_per_unit(spec: JobSpec) -> int:
@@ -58,12 +79,16 @@ def shape_of(spec: JobSpec) -> Shape:
         units=units,
         min_units=min(min_units, units),
         require=spec.topology.require,
+        cpus_milli=0 if spec.cpus_per_task is None else round(spec.cpus_per_task * 1000),
+        memory_mb=spec.memory_mb_per_task or 0,
     )
 
 
 def describe_need(shape: Shape) -> str:
     """'needs 64 GPUs (8 tasks x 8) in one rack, tp groups of 8 on one NVLink domain'."""
     tasks = shape.units * shape.tasks_per_unit
+    if shape.cpu_only:
+        return _describe_cpu_only(shape, tasks)
     text = f"needs {shape.gpus} GPU{'s' if shape.gpus != 1 else ''}"
     if tasks > 1:
         text += f" ({tasks} tasks x {shape.gpus_per_task})"
@@ -75,6 +100,33 @@ def describe_need(shape: Shape) -> str:
         text += f" in one {shape.require}"
     if shape.tasks_per_unit > 1:
         text += f", tp groups of {shape.unit_gpus} GPUs each on one node"
+    if shape.min_units < shape.units:
+        text += f" (at least {shape.min_units * shape.tasks_per_unit} tasks)"
+    if shape.asks_host:
+        text += f", {describe_host(shape)} per task"
+    return text
+
+
+def describe_host(shape: Shape) -> str:
+    """'32 CPUs and 64000 MB of memory': what one task asks of its node's host."""
+    parts = []
+    if shape.cpus_milli:
+        parts.append(f"{cpus_text(shape.cpus_milli)} CPU{'s' if shape.cpus_milli != 1000 else ''}")
+    if shape.memory_mb:
+        parts.append(f"{shape.memory_mb} MB of memory")
+    return " and ".join(parts)
+
+
+def cpus_text(milli: int) -> str:
+    """Thousandths of a CPU as a person writes them: 32, 0.5, 1.25."""
+    return f"{milli / 1000:g}" if milli % 1000 else str(milli // 1000)
+
+
+def _describe_cpu_only(shape: Shape, tasks: int) -> str:
+    """'needs 4 tasks of 2 CPUs and 4096 MB of memory, no GPU'."""
+    text = f"needs {tasks} task{'s' if tasks != 1 else ''} of {describe_host(shape)}, no GPU"
+    if shape.require in ("node", "rack", "block"):
+        text += f", in one {shape.require}"
     if shape.min_units < shape.units:
         text += f" (at least {shape.min_units * shape.tasks_per_unit} tasks)"
     return text

@@ -150,6 +150,12 @@ class NodeRecord:
     # → their GPUs: those GPUs go to no new gang until the rank is gone (or the node is lost).
     lingering: dict[tuple[str, int, int], int] = field(default_factory=dict)
     lingering_mask: int = 0
+    # Host resources the node declared (None: it declared none, and they are not limited), in
+    # thousandths of a CPU and MB, and what the bound ranks ask of them (core/host.py).
+    cpus_milli: int | None = None
+    memory_mb: int | None = None
+    cpus_bound_milli: int = 0
+    memory_bound_mb: int = 0
 
     @property
     def schedulable(self) -> bool:
@@ -269,6 +275,15 @@ class CoreJob:
         return self._need
 
 
+@dataclass(frozen=True, slots=True)
+class HostCapacity:
+    """What the schedulable fleet offers: healthy GPUs, declared CPUs (thousandths), memory."""
+
+    gpus: int
+    cpus_milli: int
+    memory_mb: int
+
+
 @dataclass(slots=True, eq=False)
 class FreeCapacityWatch:
     """The nodes whose free GPUs changed since the watcher last looked (it empties the set);
@@ -299,6 +314,11 @@ class QueueRecord:
     # Exponentially decayed GPU usage (GPU·s, decayed), brought up to date at `usage_at`.
     decayed_usage: float = 0.0
     usage_at: float = 0.0
+    # The same for host resources (thousandths of a CPU, MB): fair share is dominant-resource.
+    allocated_cpus_milli: int = 0
+    allocated_memory_mb: int = 0
+    decayed_cpu_usage: float = 0.0
+    decayed_memory_usage: float = 0.0
 
 
 class SchedulerState:
@@ -336,6 +356,7 @@ class SchedulerState:
         self._version = 0
         self._node_generation = 0
         self._profile: tuple[int, dict[str, int], dict[str, int]] | None = None
+        self._host_profile: tuple[int, HostCapacity] | None = None
         self._handlers: dict[type[Event], Callable[[Any, float], None]] = {
             JobSubmitted: self._on_submitted,
             JobAdmitted: self._on_admitted,
@@ -454,6 +475,23 @@ class SchedulerState:
             capacity[pool] = capacity.get(pool, 0) + healthy
         self._profile = (self._node_generation, biggest, capacity)
         return biggest, capacity
+
+    def host_capacity(self) -> HostCapacity:
+        """The schedulable fleet's healthy GPUs, declared CPUs (thousandths) and memory (MB):
+        the denominators of dominant-resource fair share. Cached until a node event changes it."""
+        cached = self._host_profile
+        if cached is not None and cached[0] == self._node_generation:
+            return cached[1]
+        gpus = cpus = memory = 0
+        for node in self._node_list:
+            if not node.schedulable:
+                continue
+            gpus += popcount(node.all_mask & ~node.unhealthy_mask)
+            cpus += node.cpus_milli or 0
+            memory += node.memory_mb or 0
+        capacity = HostCapacity(gpus, cpus, memory)
+        self._host_profile = (self._node_generation, capacity)
+        return capacity
 
     def queue_usage(self, queue: str) -> int:
         record = self._queues.get(queue)
@@ -763,9 +801,15 @@ class SchedulerState:
             gpus += popcount(mask)
             if node.lost or (mask & node.unhealthy_mask) or node.draining:
                 self._attention.add(job.job_id)
+        cpus, memory = rank_host(job.spec)
+        if cpus or memory:
+            for node_index, _ in ranks:
+                host = self._node_list[node_index]
+                host.cpus_bound_milli += cpus
+                host.memory_bound_mb += memory
         self._allocated += gpus
         job.bound_gpus = gpus
-        self._charge(job.queue, gpus, at)
+        self._charge(job.queue, gpus, at, cpus * len(ranks), memory * len(ranks))
         self._set_state(job, "reserved")
 
     def _on_task_started(self, event: TaskStarted, at: float) -> None:
@@ -836,6 +880,12 @@ class SchedulerState:
         touched: set[int] = set()
         for node_index, _ in job.ranks:
             touched.add(node_index)
+        cpus, memory = rank_host(job.spec)
+        if cpus or memory:
+            for node_index, _ in job.ranks:
+                host = self._node_list[node_index]
+                host.cpus_bound_milli -= cpus
+                host.memory_bound_mb -= memory
         gpus = 0
         for node_index in sorted(touched):
             node = self._node_list[node_index]
@@ -849,7 +899,8 @@ class SchedulerState:
             if node.draining:
                 self._draining.add(node_index)
         self._allocated -= gpus
-        self._charge(job.queue, -gpus, at)
+        ranks = len(job.ranks)
+        self._charge(job.queue, -gpus, at, -cpus * ranks, -memory * ranks)
         job.released_ranks = job.ranks
         job.ranks = []
         job.bound_gpus = 0
@@ -1005,6 +1056,7 @@ class SchedulerState:
                 all_mask=all_mask,
                 labels=dict(event.labels),
             )
+            _declare_host(node, event)
             self._nodes[event.node_id] = node
             self._node_list.append(node)
             self._place_in_topology(node)
@@ -1022,6 +1074,7 @@ class SchedulerState:
             node.gpu_count = popcount(all_mask)
             node.all_mask = all_mask
             node.labels = dict(event.labels)
+            _declare_host(node, event)
             self._place_in_topology(node)
             for watch in self._free_watches:
                 watch.changed = None  # its rack, block or pool may have changed
@@ -1134,19 +1187,31 @@ class SchedulerState:
         if event.parent is not None:
             self._queue(event.parent)
 
-    def _charge(self, queue_name: str, gpus: int, at: float) -> None:
-        """Account `gpus` more (or fewer) GPUs to the queue and decay its usage up to `at`."""
+    def _charge(
+        self, queue_name: str, gpus: int, at: float, cpus_milli: int = 0, memory_mb: int = 0
+    ) -> None:
+        """Account `gpus` more (or fewer) GPUs, and the ranks' CPUs and memory, to the queue
+        and decay its usage up to `at`."""
         queue = self._queue(queue_name)
         self._decay(queue, at)
         queue.allocated += gpus
+        queue.allocated_cpus_milli += cpus_milli
+        queue.allocated_memory_mb += memory_mb
 
     def _decay(self, queue: QueueRecord, at: float) -> None:
+        elapsed = at - queue.usage_at
+        half_life = self.policy.fair_share_half_life_s
         queue.decayed_usage = decayed_usage(
-            queue.decayed_usage,
-            queue.allocated,
-            at - queue.usage_at,
-            self.policy.fair_share_half_life_s,
+            queue.decayed_usage, queue.allocated, elapsed, half_life
         )
+        if queue.allocated_cpus_milli or queue.decayed_cpu_usage:
+            queue.decayed_cpu_usage = decayed_usage(
+                queue.decayed_cpu_usage, queue.allocated_cpus_milli, elapsed, half_life
+            )
+        if queue.allocated_memory_mb or queue.decayed_memory_usage:
+            queue.decayed_memory_usage = decayed_usage(
+                queue.decayed_memory_usage, queue.allocated_memory_mb, elapsed, half_life
+            )
         queue.usage_at = max(queue.usage_at, at)
 
 
@@ -1156,6 +1221,19 @@ def _gated(job: CoreJob) -> bool:
         return True
     bounded = spec is not None and spec.array is not None and spec.array.max_parallel is not None
     return job.array_id is not None and bounded
+
+
+def rank_host(spec: JobSpec | None) -> tuple[int, int]:
+    """What one rank of the job asks of its node's host: thousandths of a CPU, MB of memory."""
+    if spec is None:
+        return 0, 0
+    cpus = spec.cpus_per_task
+    return (0 if cpus is None else round(cpus * 1000)), spec.memory_mb_per_task or 0
+
+
+def _declare_host(node: NodeRecord, event: NodeRegistered) -> None:
+    node.cpus_milli = None if event.cpus is None else event.cpus * 1000
+    node.memory_mb = event.memory_mb
 
 
 def decayed_usage(previous: float, allocated: int, elapsed: float, half_life_s: float) -> float:

@@ -13,7 +13,14 @@ from collections.abc import Set as AbstractSet
 from typing import Protocol
 
 from core.policy import SchedulingPolicy
-from core.state import CoreJob, FreeCapacityWatch, HoldingWatch, NodeRecord, QueueRecord
+from core.state import (
+    CoreJob,
+    FreeCapacityWatch,
+    HoldingWatch,
+    HostCapacity,
+    NodeRecord,
+    QueueRecord,
+)
 
 
 class PlanningSurface(Protocol):
@@ -52,6 +59,8 @@ class PlanningSurface(Protocol):
     def free_masks(self) -> Mapping[int, int]: ...
 
     def capacity_profile(self) -> tuple[dict[str, int], dict[str, int]]: ...
+
+    def host_capacity(self) -> HostCapacity: ...
 
     def watch_free_capacity(self) -> FreeCapacityWatch: ...
 

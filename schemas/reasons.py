@@ -28,6 +28,9 @@ DeferCode = Literal[
     "held",  # held by request: never placed until released
     "dependency",  # a job it depends on has not ended as its condition needs yet
     "array_limit",  # its array already runs max_parallel elements
+    "insufficient_cpus",  # free GPUs, but no node among them has the CPUs a task asks
+    "insufficient_memory",  # free GPUs, but no node among them has the memory a task asks
+    "inference_headroom",  # placing it would take the free GPUs kept for inference-critical
 ]
 
 # JobRequeued.code: why a gang was released and its job waits again.
@@ -54,7 +57,8 @@ RejectCode = Literal[
     "gang_too_large",
     "priority_not_allowed",  # the team's policy does not grant this priority class
     "non_preemptible_not_allowed",  # the team's policy does not allow non-preemptible jobs
-    "cpu_only_unsupported",  # a CPU-only task: the scheduler places GPU tasks only (so far)
+    # No longer decided (CPU-only tasks are scheduled): kept for events recorded before.
+    "cpu_only_unsupported",
 ]
 
 DEFER_CODES: frozenset[str] = frozenset(get_args(DeferCode))

@@ -46,6 +46,8 @@ async def wired(settings: SchedulerSettings) -> AsyncIterator[Wiring]:
         policy = SchedulingPolicy(
             retry_backoff_base_s=settings.scheduler_retry_backoff_base_s,
             retry_backoff_cap_s=settings.scheduler_retry_backoff_cap_s,
+            inference_headroom_gpus=settings.scheduler_inference_headroom_gpus,
+            inference_max_victim_gpus=settings.scheduler_inference_max_victim_gpus,
         )
         yield Wiring(
             store=EventStore(pool, producer=settings.service_name),

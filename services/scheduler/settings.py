@@ -30,5 +30,9 @@ class SchedulerSettings(Settings):
     # Retry backoff of failed gangs (core/retry.py): base·2^(failures-1), capped, jittered.
     scheduler_retry_backoff_base_s: float = Field(default=10.0, ge=0)
     scheduler_retry_backoff_cap_s: float = Field(default=600.0, ge=0)
+    # SLO class (core/slo.py): free GPUs kept for inference-critical work (0: none), and the
+    # largest gang (GPUs) preemption may evict for it.
+    scheduler_inference_headroom_gpus: int = Field(default=0, ge=0)
+    scheduler_inference_max_victim_gpus: int = Field(default=8, ge=1)
     # How often a standby tries the lock and catches up with the log meanwhile.
     scheduler_standby_poll_s: float = Field(default=0.5, gt=0)

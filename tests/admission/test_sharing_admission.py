@@ -1,12 +1,25 @@
-"""Admission of slice, share and CPU-only jobs while the scheduler places whole GPUs only."""
+"""Admission of slice, share and CPU-only jobs, and of CPU and memory asks (DESIGN §8)."""
 
 from __future__ import annotations
 
 from core.admission import AdmissionCatalog, admit
 from schemas.jobs import JobAdmitted, JobRejected, JobSpec
-from tests.admission.test_admission_rules import CLASSES, catalog, job
+from schemas.nodes import NodeRegistered
+from tests.admission.test_admission_rules import CLASSES, catalog, job, node, rejection
 
 __all__ = ["catalog"]
+
+
+def with_host(event: NodeRegistered, cpus: int, memory_mb: int) -> NodeRegistered:
+    return event.model_copy(update={"cpus": cpus, "memory_mb": memory_mb})
+
+
+def declared(catalog: AdmissionCatalog) -> AdmissionCatalog:
+    """The fixture's fleet, every node declaring 64 CPUs and 512 GB (a0: 16 CPUs, 64 GB)."""
+    for name, rack in (("n0", "r0"), ("n1", "r0"), ("n2", "r1"), ("n3", "r1")):
+        catalog.apply(with_host(node(name, rack=rack), 64, 524_288))
+    catalog.apply(with_host(node("a0", gpus=4, rack="r2", gpu_type="A100"), 16, 65_536))
+    return catalog
 
 
 def test_slice_and_share_jobs_are_admitted(catalog: AdmissionCatalog) -> None:
@@ -14,7 +27,61 @@ def test_slice_and_share_jobs_are_admitted(catalog: AdmissionCatalog) -> None:
         assert isinstance(admit("j1", spec, catalog, CLASSES), JobAdmitted)
 
 
-def test_a_cpu_only_job_is_refused_with_a_reason_not_a_crash(catalog: AdmissionCatalog) -> None:
+def test_a_cpu_only_job_is_admitted_into_its_teams_queue(catalog: AdmissionCatalog) -> None:
     spec = JobSpec(name="prep", team="nlp", gpus_per_task=0, cpus_per_task=4)
     result = admit("j1", spec, catalog, CLASSES)
-    assert isinstance(result, JobRejected) and result.code == "cpu_only_unsupported"
+    assert isinstance(result, JobAdmitted) and result.queue == "nlp"
+
+
+def test_a_cpu_only_job_on_a_fleet_that_declares_no_cpus_is_admitted(
+    catalog: AdmissionCatalog,
+) -> None:
+    """Undeclared host resources are not limited: any CPU ask fits."""
+    spec = job(gpus_per_task=0, cpus_per_task=256, tasks=1000)
+    assert isinstance(admit("j1", spec, catalog, CLASSES), JobAdmitted)
+
+
+def test_a_task_asking_more_cpus_than_any_node_has_is_refused(catalog: AdmissionCatalog) -> None:
+    declared(catalog)
+    result = admit("j1", job(gpus_per_task=8, cpus_per_task=96), catalog, CLASSES)
+    assert rejection(result) == "task_too_large"
+    assert isinstance(result, JobRejected)
+    assert result.reason == "a task needs 96 CPUs but the largest node has 64"
+
+
+def test_a_task_asking_more_memory_than_any_node_has_is_refused(
+    catalog: AdmissionCatalog,
+) -> None:
+    declared(catalog)
+    small = job(gpus_per_task=0, cpus_per_task=1, memory_mb_per_task=1)
+    assert isinstance(admit("j1", small, catalog, CLASSES), JobAdmitted)
+    result = admit(
+        "j2", job(gpus_per_task=0, cpus_per_task=1, memory_mb_per_task=600_000), catalog, CLASSES
+    )
+    assert rejection(result) == "task_too_large"
+
+
+def test_the_cpus_of_a_node_too_small_for_the_gpus_do_not_count(catalog: AdmissionCatalog) -> None:
+    """An 8-GPU task can only run on the 8-GPU nodes (64 CPUs), not beside the A100's 4 GPUs."""
+    declared(catalog)
+    assert rejection(admit("j1", job(gpus_per_task=8, cpus_per_task=65), catalog, CLASSES)) == (
+        "task_too_large"
+    )
+    assert isinstance(admit("j2", job(gpus_per_task=8, cpus_per_task=64), catalog, CLASSES),
+                      JobAdmitted)  # fmt: skip
+
+
+def test_a_cpu_only_gang_larger_than_the_fleet_is_refused(catalog: AdmissionCatalog) -> None:
+    """4 nodes x 64 CPUs + 16 on a0 = 272 CPUs: 17 tasks of 16 fit, 18 never will; in one
+    node, 4 tasks of 16."""
+    declared(catalog)
+    assert isinstance(
+        admit("j1", job(gpus_per_task=0, cpus_per_task=16, tasks=17), catalog, CLASSES),
+        JobAdmitted,
+    )
+    assert (
+        rejection(admit("j2", job(gpus_per_task=0, cpus_per_task=16, tasks=18), catalog, CLASSES))
+        == "gang_too_large"
+    )
+    one_node = job(gpus_per_task=0, cpus_per_task=16, tasks=5, topology={"require": "node"})
+    assert rejection(admit("j3", one_node, catalog, CLASSES)) == "gang_too_large"

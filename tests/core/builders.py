@@ -60,6 +60,19 @@ class JobBuilder:
     def tasks(self, tasks: int) -> JobBuilder:
         return self._set(tasks=tasks)
 
+    def cpus(self, per_task: float) -> JobBuilder:
+        return self._set(cpus_per_task=per_task)
+
+    def memory(self, mb_per_task: int) -> JobBuilder:
+        return self._set(memory_mb_per_task=mb_per_task)
+
+    def checkpoint_every(self, seconds: float) -> JobBuilder:
+        return self._set(checkpoint={"interval_s": seconds})
+
+    def cpu_only(self, cpus_per_task: float) -> JobBuilder:
+        """A task of no GPU (preprocessing): `gpus_per_task: 0` and its CPUs."""
+        return self._set(gpus_per_task=0, cpus_per_task=cpus_per_task)
+
     def min_tasks(self, tasks: int) -> JobBuilder:
         return self._set(min_tasks=tasks)
 

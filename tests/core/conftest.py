@@ -31,6 +31,4 @@ settings.register_profile(
     deadline=None,
     suppress_health_check=_QUIET,
 )
-settings.load_profile(
-    os.environ.get("GANGWAY_HYPOTHESIS_PROFILE") or "ci"
-)
+settings.load_profile(os.environ.get("GANGWAY_HYPOTHESIS_PROFILE") or "ci")

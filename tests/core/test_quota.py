@@ -247,8 +247,6 @@ def test_a_reclaim_that_frees_gpus_outside_the_ceiling_also_makes_room_under_it(
 
     history.run()
 
-    assert sorted(p.job_id for p in history.events(PreemptionRequested)) == sorted(
-        [under, outside]
-    )
+    assert sorted(p.job_id for p in history.events(PreemptionRequested)) == sorted([under, outside])
     assert history.job(owner).reason_code == "preempting"
     assert history.auditor.violations == []

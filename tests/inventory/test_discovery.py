@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,3 +125,13 @@ def test_a_changed_node_is_registered_again() -> None:
     before = load_cluster_spec("1x8")[0]
     after = before.model_copy(update={"labels": {"pool": "new"}})
     assert registrations_to_append([after], {before.node_id: before}) == [after]
+
+
+def test_nvml_discovery_reports_the_hosts_cpus_and_memory_from_the_os() -> None:
+    """CPUs and memory are scheduled resources (DESIGN §8): an NVML host declares what the OS
+    says it has."""
+    node = nvml_node(node_id="host-a", rack="r0", block="b0", nvml=FakeDriver(count=2))
+    assert node is not None
+    assert node.cpus == os.cpu_count()
+    pages = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert node.memory_mb == pages // (1024 * 1024)
