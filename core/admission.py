@@ -8,7 +8,7 @@ hold, a size above its team's ceiling. Transient shortages are the scheduler's t
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -230,26 +230,42 @@ def admit(
     if not types:
         return reject("no_nodes", "no node is registered in the cluster")
 
+    rejection = capacity_rejection(spec, catalog, chain)
+    if rejection is not None:
+        return reject(*rejection)
+    return JobAdmitted(job_id=job_id, queue=queue, priority=spec.priority)
+
+
+def capacity_rejection(
+    spec: JobSpec, catalog: AdmissionCatalog, chain: Sequence[QueueLimits]
+) -> tuple[RejectCode, str] | None:
+    """What no wait can fix: a gang over a ceiling of its queue chain, or larger than the
+    fleet (CPUs and memory included) could ever hold; None when the job could run some day.
+
+    Admission judges it over the log; the API judges it too, over the same catalog folded from
+    the events it reads, to answer 422 at submit instead of a 201 for a job rejected a moment
+    later. Needs at least one registered node (`no_nodes` is admission's own rule)."""
     host = host_rejection(spec, catalog.nodes.values())
     if host is not None:
-        return reject(*host)
+        return host
     if spec.gpus_per_task == 0:
         # A CPU-only task (DESIGN §8): no GPU rule applies; core/host.py places it.
-        return JobAdmitted(job_id=job_id, queue=queue, priority=spec.priority)
+        return None
     needed_gpus = spec.gang_min_tasks * spec.gpus_per_task
     for limits in chain:
         if limits.max_gpus is not None and needed_gpus > limits.max_gpus:
-            return reject(
+            return (
                 "over_quota_max",
                 f"needs {needed_gpus} GPUs but queue {limits.name!r} may never use more than "
                 f"{limits.max_gpus}",
             )
 
+    types = catalog.gpu_types()
     largest_node = types[spec.gpu_type] if spec.gpu_type is not None else max(types.values())
     group_gpus = unit_gpus(spec)
     if group_gpus > largest_node:
         what = "a task" if group_gpus == spec.gpus_per_task else "a tensor-parallel group"
-        return reject(
+        return (
             "task_too_large",
             f"{what} needs {group_gpus} GPUs in one NVLink domain but the largest node has "
             f"{largest_node}",
@@ -258,12 +274,12 @@ def admit(
     placeable = catalog.placeable_tasks(spec)
     if placeable < spec.gang_min_tasks:
         scope = {"none": "the cluster"}.get(spec.topology.require, f"one {spec.topology.require}")
-        return reject(
+        return (
             "gang_too_large",
             f"needs {spec.gang_min_tasks} tasks of {spec.gpus_per_task} GPUs but {scope} can "
             f"hold at most {placeable}",
         )
-    return JobAdmitted(job_id=job_id, queue=queue, priority=spec.priority)
+    return None
 
 
 def max_placeable_tasks(spec: JobSpec, nodes: Collection[NodeShape]) -> int:

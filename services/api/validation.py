@@ -88,6 +88,6 @@ def check_submission(spec: JobSpec, models: ReadModels) -> None:
     if violation is not None:
         code, reason = violation
         raise ProblemError(403, code.replace("_", "-"), reason)
-    too_large = capacity_problem(spec, models, queue_chain(models, queue))
+    too_large = capacity_problem(spec, models)
     if too_large is not None:
         raise too_large

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from core.admission import AdmissionCatalog
 from schemas.base import Event
 from schemas.checkpoints import CheckpointCommitted
 from schemas.envelope import EventEnvelope
@@ -78,6 +79,9 @@ class ReadModels:
     tenancy: Tenancy = field(default_factory=Tenancy)
     audit: AuditIndex = field(default_factory=AuditIndex)
     usage: UsageBook = field(default_factory=UsageBook)
+    # Admission's own catalogue, folded from the same events, so the API judges what no wait
+    # can fix with admission's rules (services/api/capacity.py) rather than a copy of them.
+    admission: AdmissionCatalog = field(default_factory=AdmissionCatalog)
     stream_versions: dict[str, int] = field(default_factory=dict)
     watermark: Watermark = field(default_factory=Watermark)
     events_applied: int = 0
@@ -108,6 +112,7 @@ class ReadModels:
         handler = _MODEL_FOLDS.get(type(event))
         if handler is not None:
             handler(self, event, envelope.recorded_at, position)
+        self.admission.apply(event)
 
     def _fold_job(self, event: JobEvent, at: datetime, position: int) -> None:
         before = self.jobs.get(event.job_id)
