@@ -55,6 +55,7 @@ from services.runtime import (
 )
 from services.runtime.kafka import client_environment
 from services.runtime.scratch import scratch_database, with_database
+from services.runtime.topics import ensure_topics
 
 # 10,000 GPUs: room for every 1-GPU job of the throughput run without any finishing.
 CLUSTER = "1250x8:16:8"
@@ -90,6 +91,9 @@ async def _running(
         }
     )
     await migrate_settings(settings)
+    # Topics and the roles' rights on them, as the broker's admin, as `make up` does: the
+    # services may not create them.
+    await ensure_topics(settings)
     token_file = state_dir / "admin.token"
     launcher = Launcher(
         state_dir=state_dir,
@@ -355,8 +359,19 @@ async def main() -> None:
     parser.add_argument("--jobs", type=int, default=3000)
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--latency-jobs", type=int, default=200)
+    parser.add_argument(
+        "--state-dir", help="keep the services' logs and pid files here (default: a temporary one)"
+    )
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="gangway-bench-") as tmp:
+    with contextlib.ExitStack() as scope:
+        tmp = args.state_dir or scope.enter_context(
+            tempfile.TemporaryDirectory(prefix="gangway-bench-")
+        )
+        await _bench(args, tmp)
+
+
+async def _bench(args: argparse.Namespace, tmp: str) -> None:
+    if True:
         async with pipeline(Path(tmp)) as (settings, api_url, token):
             api = Connection(api_url, token)
             connections = [Connection(api_url, token) for _ in range(args.clients)]
