@@ -8,12 +8,15 @@ supervisor, compose's restart policy) starts all of them afresh.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import multiprocessing
 import os
 import signal
 import socket
+import sys
 import time
+from collections.abc import Sequence
 from types import FrameType
 
 import uvicorn
@@ -23,8 +26,13 @@ from services.api.settings import ApiSettings
 
 log = logging.getLogger("services.api")
 
-# How long stopping workers may take before they are killed.
-STOP_GRACE_S = 15.0
+# After a signal, how long the workers may take to stop by themselves (the signal reached
+# them too) before they are sent one, and how long that may take before they are killed: the
+# whole stays below the launcher's 15 s before its SIGKILL.
+OWN_STOP_S = 3.0
+STOP_GRACE_S = 10.0
+# prctl(2): the signal a process gets when its parent dies.
+PR_SET_PDEATHSIG = 1
 
 
 def reuse_port_socket(host: str, port: int) -> socket.socket:
@@ -55,6 +63,7 @@ def serve(settings: ApiSettings) -> None:
 
 
 def _worker(index: int) -> None:
+    _stop_with_parent()
     os.environ["GANGWAY_API_WORKER"] = str(index)
     configure_logging(f"api-{index}")
     serve(ApiSettings())
@@ -81,6 +90,10 @@ def run_workers(count: int) -> int:
     while not stopping and all(process.is_alive() for process in workers):
         time.sleep(0.2)
     failed = [p for p in workers if not p.is_alive() and p.exitcode not in (0, None)]
+    if stopping:
+        # A signal to the process group (the launcher's, a terminal's Ctrl-C) reached the
+        # workers too; a second SIGTERM would make uvicorn skip its graceful stop.
+        _join_all(workers, OWN_STOP_S)
     for process in workers:
         if process.is_alive():
             process.terminate()  # SIGTERM: uvicorn finishes its requests and shuts down
@@ -96,6 +109,23 @@ def run_workers(count: int) -> int:
         )
         return 1
     return 0
+
+
+def _join_all(workers: Sequence[multiprocessing.process.BaseProcess], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    for process in workers:
+        process.join(max(0.0, deadline - time.monotonic()))
+
+
+def _stop_with_parent() -> None:
+    """SIGTERM this worker when its parent dies, however (a SIGKILL included): a worker left
+    behind would keep serving the port with nobody watching it."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() == 1:  # the parent died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def configure_logging(name: str) -> None:

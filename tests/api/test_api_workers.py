@@ -71,10 +71,7 @@ def _wait(condition: object, what: str, patience_s: float = 60.0, log: Path | No
         time.sleep(0.1)
 
 
-def test_two_workers_serve_one_port_and_one_exiting_stops_the_api(
-    settings: Settings, tmp_path: Path
-) -> None:
-    url = f"http://127.0.0.1:{free_port()}"
+def _start(settings: Settings, tmp_path: Path, url: str) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "GANGWAY_PG_DSN": settings.pg_dsn,
@@ -85,26 +82,44 @@ def test_two_workers_serve_one_port_and_one_exiting_stops_the_api(
         "GANGWAY_ADMIN_TOKEN": ADMIN_TOKEN,
         "GANGWAY_ADMIN_TOKEN_FILE": str(tmp_path / "admin.token"),
     }
-    log = (tmp_path / "api.log").open("w")
-    api = subprocess.Popen(
-        [sys.executable, "-m", "services.api", "--workers", "2"],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    with (tmp_path / "api.log").open("w") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "services.api", "--workers", "2"],
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+
+def _both_answer(api: subprocess.Popen[bytes], url: str, tmp_path: Path) -> list[int]:
+    def both() -> bool:
+        # Connections spread over the workers: each answers once its app is up.
+        try:
+            answers = {httpx.get(f"{url}/healthz", timeout=5).status_code for _ in range(20)}
+        except httpx.HTTPError:
+            return False
+        return answers == {200} and len(_children(api.pid)) >= 2
+
+    _wait(both, "both workers answer", log=tmp_path / "api.log")
+    return _children(api.pid)
+
+
+def _gone(pid: int) -> bool:
     try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state == "Z"
 
-        def both_answer() -> bool:
-            # Connections spread over the workers: each answers once its app is up.
-            try:
-                answers = {httpx.get(f"{url}/healthz", timeout=5).status_code for _ in range(20)}
-            except httpx.HTTPError:
-                return False
-            return answers == {200} and len(_children(api.pid)) >= 2
 
-        _wait(both_answer, "both workers answer", log=tmp_path / "api.log")
-        workers = _children(api.pid)
+def test_two_workers_serve_one_port_and_one_exiting_stops_the_api(
+    settings: Settings, tmp_path: Path
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    api = _start(settings, tmp_path, url)
+    try:
+        workers = _both_answer(api, url, tmp_path)
         created = httpx.post(
             f"{url}/v1/teams",
             json={"name": "nlp", "guaranteed_gpus": 0, "max_gpus": None},
@@ -117,15 +132,25 @@ def test_two_workers_serve_one_port_and_one_exiting_stops_the_api(
         os.kill(workers[0], signal.SIGKILL)
         assert api.wait(60) == 1
         for pid in workers[1:]:
-            _wait(
-                lambda pid=pid: (
-                    not Path(f"/proc/{pid}").exists()
-                    or "Z" in Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-                ),
-                f"worker {pid} stopped",
-            )
+            _wait(lambda pid=pid: _gone(pid), f"worker {pid} stopped")
     finally:
         if api.poll() is None:
             api.send_signal(signal.SIGTERM)
             api.wait(60)
-        log.close()
+
+
+def test_workers_stop_with_their_parent_even_when_it_is_killed(
+    settings: Settings, tmp_path: Path
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    api = _start(settings, tmp_path, url)
+    try:
+        workers = _both_answer(api, url, tmp_path)
+        api.kill()
+        api.wait(60)
+        for pid in workers:
+            _wait(lambda pid=pid: _gone(pid), f"worker {pid} stopped")
+    finally:
+        if api.poll() is None:
+            api.kill()
+            api.wait(60)
