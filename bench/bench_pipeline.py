@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from core.topology import parse_cluster_spec
 from gangway.launcher import (
     Launcher,
+    api_workers,
     default_services,
     ensure_admin_token,
     free_port,
@@ -419,7 +420,12 @@ async def main() -> None:
     parser.add_argument("--batch-jobs", type=int, default=5000, help="jobs submitted in batches")
     parser.add_argument("--batch-size", type=int, default=500)
     parser.add_argument("--batch-clients", type=int, default=4)
-    parser.add_argument("--api-workers", type=int, default=2, help="API processes on the port")
+    parser.add_argument(
+        "--api-workers",
+        type=int,
+        default=api_workers(),
+        help="API processes on the port (default: as many as make up starts)",
+    )
     parser.add_argument(
         "--behind-api", action="store_true", help="also inject submissions behind the API"
     )
