@@ -35,21 +35,23 @@ STOP_GRACE_S = 10.0
 PR_SET_PDEATHSIG = 1
 
 
-def reuse_port_socket(host: str, port: int) -> socket.socket:
-    """A listening socket on (host, port) that other workers may bind too."""
+def listening_socket(host: str, port: int, *, shared: bool) -> socket.socket:
+    """A listening socket on (host, port); `shared`: one that the other workers may bind too
+    (alone, an address already in use is an error, as it always was)."""
     family, kind, proto, _, address = socket.getaddrinfo(
         host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
     )[0]
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    if shared:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind(address)
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
 
 
-def serve(settings: ApiSettings) -> None:
+def serve(settings: ApiSettings, *, shared: bool = False) -> None:
     config = uvicorn.Config(
         create_app(settings),
         log_level="info",
@@ -59,14 +61,15 @@ def serve(settings: ApiSettings) -> None:
         proxy_headers=False,
     )
     server = uvicorn.Server(config)
-    server.run(sockets=[reuse_port_socket(settings.listen_host, settings.listen_port)])
+    sock = listening_socket(settings.listen_host, settings.listen_port, shared=shared)
+    server.run(sockets=[sock])
 
 
 def _worker(index: int) -> None:
     _stop_with_parent()
     os.environ["GANGWAY_API_WORKER"] = str(index)
     configure_logging(f"api-{index}")
-    serve(ApiSettings())
+    serve(ApiSettings(), shared=True)
 
 
 def run_workers(count: int) -> int:

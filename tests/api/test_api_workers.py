@@ -16,7 +16,7 @@ import pytest
 
 from gangway.launcher import free_port
 from services.api.settings import ApiSettings
-from services.api.workers import reuse_port_socket
+from services.api.workers import listening_socket
 from services.runtime import Settings
 from services.runtime.kafka import client_environment
 from tests.api.conftest import ADMIN_TOKEN
@@ -35,13 +35,16 @@ def test_each_worker_reads_the_bus_in_a_consumer_group_of_its_own() -> None:
     assert second.bus_group == "gw.api-2"
 
 
-def test_workers_bind_the_same_port() -> None:
-    one = reuse_port_socket("127.0.0.1", 0)
+def test_workers_bind_the_same_port_and_a_lone_api_does_not() -> None:
+    one = listening_socket("127.0.0.1", 0, shared=True)
     try:
         port = one.getsockname()[1]
-        two = reuse_port_socket("127.0.0.1", port)
+        two = listening_socket("127.0.0.1", port, shared=True)
         assert two.getsockname()[1] == port
         two.close()
+        # A single API never shares its port with whatever else listens there.
+        with pytest.raises(OSError):
+            listening_socket("127.0.0.1", port, shared=False)
     finally:
         one.close()
 
