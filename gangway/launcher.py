@@ -38,6 +38,8 @@ DEFAULT_CLUSTER = "16x8:4:2"
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 # Metrics ports of `make up`: base + the service's place in the table (the API serves its own).
 DEFAULT_METRICS_PORT_BASE = 9100
+# `make up` starts an API worker per this many cores, unless GANGWAY_API_WORKERS says.
+CORES_PER_API_WORKER = 4
 # The agent's log endpoint: base + this (9150 by default, the agent's and the API's default).
 AGENT_LOG_PORT_OFFSET = 50
 
@@ -87,11 +89,13 @@ def default_services(
     api_url: str = DEFAULT_API_URL,
     scheduler_replicas: int = 2,
     metrics_port_base: int | None = DEFAULT_METRICS_PORT_BASE,
+    api_workers: int = 1,
 ) -> list[ServiceSpec]:
     """The whole system in start order: relay and consumers first, the fleet, then the API.
 
     `metrics_port_base` None gives every process an ephemeral metrics port (tests run beside
-    `make up` on one machine); otherwise each gets base + its index.
+    `make up` on one machine); otherwise each gets base + its index. `api_workers` API
+    processes share the API's port (services/api/__main__.py).
     """
     names = ["relay", "admission"]
     names += ["scheduler"] + [f"scheduler-{i}" for i in range(2, scheduler_replicas + 1)]
@@ -120,6 +124,7 @@ def default_services(
             specs.append(ServiceSpec(name, "services.scheduler", env=env))
         elif name == "api":
             env["GANGWAY_AGENT_LOGS_URL"] = f"http://127.0.0.1:{log_port}"
+            env["GANGWAY_API_WORKERS"] = str(api_workers)
             specs.append(ServiceSpec(name, "services.api", env=env, ready_url=f"{api_url}/readyz"))
         elif name == "agent":
             env["GANGWAY_LOG_PORT"] = str(log_port)
@@ -482,6 +487,18 @@ def _cluster_node_count(cluster: str, root: Path) -> int:
     return len(parse_cluster_spec(text))
 
 
+def api_workers() -> int:
+    """The API processes `make up` starts: GANGWAY_API_WORKERS, else one per CORES_PER_API_WORKER
+    cores, at least one. Each worker keeps read models of its own (every event folded once per
+    worker), so a second one pays only where cores are left over beside PostgreSQL, Kafka and
+    the other services: on the project's 2-core machine it raised the API's CPU per job from
+    1.5 to 2.7 ms (docs/benchmarks.md)."""
+    configured = os.environ.get("GANGWAY_API_WORKERS")
+    if configured:
+        return max(1, int(configured))
+    return max(1, (os.cpu_count() or 1) // CORES_PER_API_WORKER)
+
+
 def service_order(specs: Sequence[ServiceSpec]) -> list[str]:
     """The order to stop them in: the API and the fleet first, the relay last (so the fleet's
     last TaskExited events still reach the bus)."""
@@ -503,7 +520,9 @@ def cmd_up(launcher: Launcher) -> int:
     ensure_admin_token(token_file, os.environ.get("GANGWAY_ADMIN_TOKEN") or None)
     # A second installation on one machine moves its metrics ports (GANGWAY_METRICS_PORT_BASE).
     base = int(os.environ.get("GANGWAY_METRICS_PORT_BASE") or DEFAULT_METRICS_PORT_BASE)
-    specs = default_services(cluster=cluster, api_url=api_url, metrics_port_base=base)
+    specs = default_services(
+        cluster=cluster, api_url=api_url, metrics_port_base=base, api_workers=api_workers()
+    )
     connection = {
         "GANGWAY_PG_DSN": settings.pg_dsn,
         "GANGWAY_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,

@@ -51,6 +51,8 @@ async def serve(settings: AdmissionSettings) -> int:
             name="admission",
             topics=[Topics.from_settings(settings).jobs],
             handlers={JobSubmitted.type: handle},
+            # A fetched batch's decisions go to the log in one append (service.py `batch`).
+            batch_scope=admission.batch,
         )
         consumer_lag.watch("events", consumer)
         task = asyncio.create_task(consumer.run(stop))

@@ -8,9 +8,10 @@ always known, whatever order the bus delivered them in.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections import deque
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
 
 import asyncpg
 
@@ -20,7 +21,7 @@ from schemas.jobs import JobAdmitted, JobRejected, JobSubmitted
 from schemas.nodes import NodeRegistered
 from schemas.teams import QueueConfigured, TeamCreated, TeamPolicyConfigured
 from services.runtime.errors import ConcurrencyConflict, DomainError
-from services.runtime.records import Metadata, RawEvent
+from services.runtime.records import Metadata, RawEvent, StreamAppend
 from services.runtime.store import EventStore
 
 log = logging.getLogger(__name__)
@@ -56,6 +57,8 @@ class Admission:
         self._ahead: deque[RawEvent] = deque()
         self._fetched_until = 0
         self.decided = 0
+        # Decisions taken inside `batch`, appended at its end; None outside a batch.
+        self._staged: list[tuple[StreamAppend, Metadata]] | None = None
 
     async def catch_up(self, until: int | None = None) -> None:
         """Fold the catalogue's events up to `until` (default: the log's head now).
@@ -99,20 +102,44 @@ class Admission:
             self.always_preemptible,
         )
         metadata = Metadata.caused_by(envelope)
-        try:
-            # Usually nothing follows the submission yet: one append, no read.
-            await self.store.append(
-                submitted.stream, envelope.version, [decision], metadata, conn=conn
-            )
-        except ConcurrencyConflict:
-            history = await self.store.read_stream(submitted.stream, conn=conn)
-            if any(e.type in DECISION_TYPES for e in history):
-                return  # decided already (a redelivery, or another admission replica)
-            # Something else came first (a cancel request): decide after it. A conflict
-            # here too is retried by the consumer, which then finds the decision.
-            await self.store.append(
-                submitted.stream, history[-1].version, [decision], metadata, conn=conn
-            )
+        # Usually nothing follows the submission yet: one append after it, no read.
+        append = StreamAppend(submitted.stream, envelope.version, [decision])
+        if self._staged is not None:
+            self._staged.append((append, metadata))  # written with the batch's others
+        else:
+            try:
+                await self.store.append_many([append], metadata, conn=conn)
+            except ConcurrencyConflict:
+                await self._decide_after(append, metadata, conn)
         self.decided += 1
         if isinstance(decision, JobRejected):
             log.info("job %s rejected: %s", submitted.job_id, decision.reason)
+
+    @contextlib.asynccontextmanager
+    async def batch(self, conn: asyncpg.Connection) -> AsyncIterator[None]:
+        """The consumer's scope around one fetched batch (its BatchScope): the decisions
+        taken inside are appended together at its end, in the batch's transaction, in three
+        statements instead of three per job. A batch that fails appends nothing."""
+        self._staged = []
+        try:
+            yield
+            staged = self._staged
+            results = await self.store.append_each(staged, conn=conn) if staged else []
+            for (append, metadata), result in zip(staged, results, strict=True):
+                if isinstance(result, ConcurrencyConflict):
+                    await self._decide_after(append, metadata, conn)
+        finally:
+            self._staged = None
+
+    async def _decide_after(
+        self, append: StreamAppend, metadata: Metadata, conn: asyncpg.Connection
+    ) -> None:
+        """The submission's stream moved on before its decision was written."""
+        history = await self.store.read_stream(append.stream, conn=conn)
+        if any(e.type in DECISION_TYPES for e in history):
+            return  # decided already (a redelivery, or another admission replica)
+        # Something else came first (a cancel request): decide after it. A conflict here too
+        # is retried by the consumer, which then finds the decision.
+        await self.store.append(
+            append.stream, history[-1].version, append.events, metadata, conn=conn
+        )

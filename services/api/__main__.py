@@ -1,29 +1,33 @@
-"""`python -m services.api`: serve the API with uvicorn on the configured host and port."""
+"""`python -m services.api`: serve the API with uvicorn on the configured host and port.
+
+With `GANGWAY_API_WORKERS` (or `--workers`) above one, this process starts that many worker
+processes sharing the port and watches them (services/api/workers.py).
+"""
 
 from __future__ import annotations
 
-import logging
+import argparse
+import sys
 
-import uvicorn
-
-from services.api.app import create_app
 from services.api.settings import ApiSettings
+from services.api.workers import configure_logging, run_workers, serve
 
 
-def main() -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services.api", description=__doc__)
+    parser.add_argument("--workers", type=int, help="worker processes (GANGWAY_API_WORKERS)")
+    args = parser.parse_args(argv)
     settings = ApiSettings()
-    uvicorn.run(
-        create_app(settings),
-        host=settings.listen_host,
-        port=settings.listen_port,
-        log_level="info",
-        # Every change is already an event in the log; a line per request would cost a tenth of
-        # the API's throughput for no new information.
-        access_log=False,
-        proxy_headers=False,
-    )
+    workers = args.workers if args.workers is not None else settings.api_workers
+    if workers < 1:
+        parser.error("--workers must be at least 1")
+    if workers == 1:
+        configure_logging("api")
+        serve(settings)
+        return 0
+    configure_logging("api")
+    return run_workers(workers)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -40,6 +40,12 @@ class ReadModelConsumer(ConsumerLoop):
         await super()._commit(consumer, offsets)
 
     async def process(self, record: ConsumerRecord[bytes, bytes]) -> Outcome:
+        # The API applies its own appends at once, and the log poll may have been first too:
+        # an event the models hold already is left undecoded (the relay's header names its
+        # position; skipping acts on nothing, so an unverified header can do no harm).
+        position = _position(record)
+        if position is not None and self.feed.models.watermark.covers(position):
+            return Outcome.DUPLICATE
         if record.value is None:
             raise Unprocessable("message has no value")
         try:
@@ -49,3 +55,13 @@ class ReadModelConsumer(ConsumerLoop):
         check_signature(record, envelope, self.settings)
         applied = await self.feed.deliver(envelope)
         return Outcome.APPLIED if applied else Outcome.DUPLICATE
+
+
+def _position(record: ConsumerRecord[bytes, bytes]) -> int | None:
+    for key, value in record.headers or ():
+        if key == "position":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None

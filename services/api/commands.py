@@ -93,7 +93,7 @@ class Commands:
     ) -> None:
         self.store = store
         self.feed = feed
-        self.limiter = limiter or SubmissionLimiter()
+        self.limiter = limiter or SubmissionLimiter(store.pool)
 
     async def submit(
         self, principal: Principal, spec: JobSpec, *, idempotency_key: str | None = None
@@ -106,7 +106,7 @@ class Commands:
             return self.feed.models.jobs[planned.events[0].job_id]
         _require_storable(spec)
         check_submission(spec, self.feed.models)
-        self._within_limits(spec.team)
+        await self._within_limits(spec.team)
         if idempotency_key is not None:
             return await self._submit_once(principal, spec, idempotency_key)
         for _ in range(ATTEMPTS):
@@ -135,7 +135,7 @@ class Commands:
         for team in sorted({spec.team for spec in specs}):
             principal.require_team(team)
             count = sum(s.array.count if s.array else 1 for s in specs if s.team == team)
-            self._within_limits(team, count)
+            await self._within_limits(team, count)
         unseen = {
             dependency.job
             for spec in specs
@@ -413,7 +413,7 @@ class Commands:
         await self._append(event.stream, None, [event])
         return self.feed.models.queues[name]
 
-    def _within_limits(self, team: str, count: int = 1) -> None:
+    async def _within_limits(self, team: str, count: int = 1) -> None:
         """429 when the team is at its pending cap (or `count` more jobs would pass it) or
         past its submission rate (a request of several jobs takes one submission's turn)."""
         models = self.feed.models
@@ -428,7 +428,7 @@ class Commands:
                 f"{policy.max_pending_jobs}",
                 headers={"Retry-After": retry_after(PENDING_RETRY_AFTER_S)},
             )
-        wait = self.limiter.take(team, policy.submissions_per_second)
+        wait = await self.limiter.take(team, policy.submissions_per_second)
         if wait is not None:
             raise ProblemError(
                 429,

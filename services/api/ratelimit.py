@@ -1,46 +1,40 @@
 """Per-team submission rate: a token bucket per team, refilled at the team's policy rate.
 
-The bucket is per API process (a rate is a short-term property; several processes each hold
-a team to its rate, which bounds the total at rate times processes). The clock is injected.
+The bucket lives in PostgreSQL (migrations/0037), not in a process: several API workers share
+one port and each request may land on any of them, so a bucket per process would let a team
+submit at its rate times the number of workers. Taking from the bucket is one round trip
+(`submission_take`: the row's lock serialises concurrent takes, the database's clock refills
+it); a team without a rate costs none.
 """
 
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+
+import asyncpg
+
+_TAKE = "SELECT granted, tokens FROM submission_take($1, $2, $3, $4)"
 
 
-@dataclass(slots=True)
-class _Bucket:
-    tokens: float
-    updated: float
-
-
-@dataclass(slots=True)
 class SubmissionLimiter:
-    clock: Callable[[], float] = time.monotonic
-    _buckets: dict[str, _Bucket] = field(default_factory=dict)
+    """The teams' shared buckets, in the database of `pool`."""
 
-    def take(self, team: str, rate: float | None, count: int = 1) -> float | None:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+
+    async def take(self, team: str, rate: float | None, count: int = 1) -> float | None:
         """Spend `count` submissions of `team`: None when allowed, else the seconds to wait.
 
-        The burst is one second's worth (at least one submission).
+        The burst is one second's worth (at least `count`, so that a request is never refused
+        for ever).
         """
         if rate is None:
             return None
-        burst = max(1.0, rate)
-        now = self.clock()
-        bucket = self._buckets.get(team)
-        if bucket is None:
-            bucket = self._buckets[team] = _Bucket(burst, now)
-        bucket.tokens = min(burst, bucket.tokens + (now - bucket.updated) * rate)
-        bucket.updated = now
-        if bucket.tokens >= count:
-            bucket.tokens -= count
+        burst = max(float(count), rate)
+        granted, tokens = await self.pool.fetchrow(_TAKE, team, rate, burst, float(count))
+        if granted:
             return None
-        return (count - bucket.tokens) / rate
+        return (count - float(tokens)) / rate
 
 
 def retry_after(seconds: float) -> str:

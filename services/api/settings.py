@@ -33,6 +33,11 @@ class ApiSettings(Settings):
     catch_up_interval_s: float = Field(default=2.0, gt=0)
     # Unset: "<topic_prefix>.api", so that stacks sharing a broker never share a group.
     consumer_group: str | None = None
+    # Worker processes `python -m services.api` starts on the one port (SO_REUSEPORT), and
+    # which of them this process is (set by the parent): each worker's read models need every
+    # event, so each has a consumer group of its own (`bus_group`).
+    api_workers: int = Field(default=1, ge=1, le=64)
+    api_worker: int = Field(default=1, ge=1)
     # Where a node's agent serves its ranks' logs (services/agent/log_server.py), a template
     # over the node's `{node}` id and `{hostname}` (one URL: the simulated fleet's one agent);
     # how often a followed log is polled for more output.
@@ -50,4 +55,5 @@ class ApiSettings(Settings):
 
     @property
     def bus_group(self) -> str:
-        return self.consumer_group or f"{self.topic_prefix}.api"
+        group = self.consumer_group or f"{self.topic_prefix}.api"
+        return group if self.api_worker == 1 else f"{group}-{self.api_worker}"

@@ -13,7 +13,8 @@ import contextlib
 import logging
 import traceback
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -37,6 +38,10 @@ from services.runtime.topics import Topics, ensure_topics
 log = logging.getLogger(__name__)
 
 EventHandler = Callable[[EventEnvelope, asyncpg.Connection], Awaitable[None]]
+# Wraps the handling of one fetched batch inside its transaction: what the handlers stage is
+# written once, at the scope's end, before the commit (admission appends a batch's decisions in
+# one statement); a batch that fails leaves the scope with its exception and stages nothing.
+BatchScope = Callable[[asyncpg.Connection], AbstractAsyncContextManager[None]]
 TelemetryMessage = NodeHeartbeat | StepTimeSample
 TelemetryHandler = Callable[[TelemetryMessage], Awaitable[None]]
 
@@ -288,8 +293,10 @@ class EventConsumer(ConsumerLoop):
         topics: Sequence[str],
         handlers: Mapping[str, EventHandler],
         registry: EventRegistry = REGISTRY,
+        batch_scope: BatchScope | None = None,
     ) -> None:
         super().__init__(settings, name=name, topics=topics)
+        self.batch_scope = batch_scope
         unknown = [t for t in handlers if t not in registry.types]
         if unknown:
             raise ValueError(f"handlers for unregistered event types: {unknown}")
@@ -317,7 +324,11 @@ class EventConsumer(ConsumerLoop):
         envelope = self.decode(record)
         if envelope is None:
             return Outcome.SKIPPED
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with (
+            self.pool.acquire() as conn,
+            conn.transaction(),
+            (self.batch_scope or _no_scope)(conn),
+        ):
             return await self._apply(conn, envelope)
 
     async def _apply(self, conn: asyncpg.Connection, envelope: EventEnvelope) -> Outcome:
@@ -381,7 +392,11 @@ class EventConsumer(ConsumerLoop):
     async def _apply_batch(self, staged: Sequence[_Staged]) -> list[Outcome]:
         todo = [s.envelope.event_id for s in staged if s.envelope is not None and not s.reason]
         outcomes: list[Outcome] = []
-        async with self.pool.acquire() as conn, conn.transaction():
+        async with (
+            self.pool.acquire() as conn,
+            conn.transaction(),
+            (self.batch_scope or _no_scope)(conn),
+        ):
             fresh = (
                 {r[0] for r in await conn.fetch(_INBOX_MANY, self.name, todo)} if todo else set()
             )
@@ -404,6 +419,11 @@ class EventConsumer(ConsumerLoop):
                         raise _RetryBatch(index) from error
                     outcomes.append(Outcome.APPLIED)
         return outcomes
+
+
+@contextlib.asynccontextmanager
+async def _no_scope(_conn: asyncpg.Connection) -> AsyncIterator[None]:
+    yield
 
 
 @dataclass(slots=True)

@@ -161,6 +161,22 @@ class EventStore:
             return await self._group_commit.submit(request)
         return await self._append_alone(request, leadership, conn)
 
+    async def append_each(
+        self, appends: Sequence[tuple[StreamAppend, Metadata]], *, conn: asyncpg.Connection
+    ) -> list[list[EventEnvelope] | ConcurrencyConflict]:
+        """Independent appends, each with its own metadata, inside the caller's transaction
+        and in three statements whatever their number (a consumer writing a batch's reactions
+        at once): each gets its envelopes, or its ConcurrencyConflict and writes nothing."""
+        requests = []
+        for append, metadata in appends:
+            if not append.events:
+                raise ValueError(f"an append to {append.stream!r} without events")
+            payloads = _check_appends([append], self.registry)
+            requests.append(_Request([append], metadata, None, payloads))
+        if not requests:
+            return []
+        return await self._write(conn, requests)
+
     async def _append_alone(
         self, request: _Request, leadership: str, conn: asyncpg.Connection | None = None
     ) -> list[EventEnvelope]:

@@ -7,10 +7,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+from aiokafka import ConsumerRecord
 
 from schemas.jobs import JobAdmitted
 from services.api.app import create_app
+from services.api.bus import ReadModelConsumer
+from services.api.feed import ReadModelFeed
+from services.api.projections.model import ReadModels
 from services.runtime import EventStore, OutboxRelay, Settings
+from services.runtime.consumer import Outcome, Unprocessable
 from tests.api.conftest import ADMIN_TOKEN, api_settings
 from tests.integration.support import running
 
@@ -44,3 +49,34 @@ async def test_events_of_other_services_reach_the_read_models_through_the_bus(
                 if job["state"] == "queued":
                     break
                 await asyncio.sleep(0.1)
+
+
+def record(position: int, value: bytes) -> ConsumerRecord[bytes, bytes]:
+    return ConsumerRecord(
+        topic="t.jobs",
+        partition=0,
+        offset=position,
+        timestamp=0,
+        timestamp_type=0,
+        key=b"job-x",
+        value=value,
+        checksum=None,
+        serialized_key_size=5,
+        serialized_value_size=len(value),
+        headers=[("position", str(position).encode())],
+    )
+
+
+async def test_the_bus_leaves_events_the_models_hold_undecoded(
+    settings: Settings, store: EventStore
+) -> None:
+    feed = ReadModelFeed(store, ReadModels())
+    for position in (1, 2, 4):
+        feed.models.watermark.mark(position)
+    consumer = ReadModelConsumer(settings, feed, group="g")
+    # Applied already (its own append, or the log poll first): not even parsed.
+    for position in (1, 2, 4):
+        assert await consumer.process(record(position, b"not json")) is Outcome.DUPLICATE
+    # Not applied yet: parsed, and this one is refused as undecodable (a dead letter).
+    with pytest.raises(Unprocessable):
+        await consumer.process(record(3, b"not json"))

@@ -41,6 +41,13 @@ def test_watermark_advances_only_over_contiguous_positions() -> None:
     assert watermark.position == 4
 
 
+def test_watermark_covers_every_applied_position_and_no_other() -> None:
+    watermark = Watermark()
+    for position in (1, 2, 5):
+        watermark.mark(position)
+    assert [p for p in range(1, 8) if watermark.covers(p)] == [1, 2, 5]
+
+
 def test_a_reserved_gang_is_allocated_on_its_nodes_until_it_finishes() -> None:
     log = Log()
     models = ReadModels()

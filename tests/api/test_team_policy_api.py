@@ -3,9 +3,15 @@ caps (403 and 429 problems), recorded as events in the log."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import httpx
 import pytest
 
 from schemas.teams import TeamPolicyConfigured
+from services.api.app import create_app
 from services.runtime import EventStore
 from tests.api.conftest import Api
 
@@ -104,6 +110,59 @@ async def test_a_team_past_its_submission_rate_gets_429_with_retry_after(api: Ap
     assert response.status_code == 429, response.text
     assert response.json()["type"] == "https://gangway.dev/problems/rate-limited"
     assert 1 <= int(response.headers["retry-after"]) <= 3600
+
+
+@contextlib.asynccontextmanager
+async def another_worker(api: Api) -> AsyncIterator[httpx.AsyncClient]:
+    """A second API process's app on the same database (as `--workers 2` runs it): nothing
+    in memory shared with the first."""
+    app = create_app(api.settings.model_copy(update={"api_worker": 2}), use_bus=False)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://gangway.test"
+        ) as client,
+    ):
+        yield client
+
+
+async def test_a_teams_submission_rate_holds_across_api_workers(api: Api) -> None:
+    nlp = await api.create_team("nlp")
+    vision = await api.create_team("vision")
+    for team in ("nlp", "vision"):
+        response = await api.client.put(
+            f"/v1/teams/{team}/policy",
+            json={"submissions_per_second": 1 / 3600},
+            headers=api.as_admin(),
+        )
+        assert response.status_code == 200, response.text
+    async with another_worker(api) as second:
+        assert (await api.client.post("/v1/jobs", json=JOB, headers=nlp)).status_code == 201
+        # The other worker holds the team to the same bucket: no second submission this hour.
+        response = await second.post("/v1/jobs", json=JOB, headers=nlp)
+        assert response.status_code == 429, response.text
+        assert response.json()["type"] == "https://gangway.dev/problems/rate-limited"
+        batch = await second.post("/v1/jobs:batch", json={"jobs": [JOB, JOB]}, headers=nlp)
+        assert batch.status_code == 429, batch.text
+        # Another team has a bucket of its own.
+        other = await second.post("/v1/jobs", json={**JOB, "team": "vision"}, headers=vision)
+        assert other.status_code == 201, other.text
+
+
+async def test_concurrent_submissions_over_two_workers_share_one_burst(api: Api) -> None:
+    nlp = await api.create_team("nlp")
+    # A burst of one and no refill to speak of: of six submissions racing over two workers,
+    # exactly one passes.
+    await set_policy(api, submissions_per_second=1 / 3600)
+    async with another_worker(api) as second:
+        answers = await asyncio.gather(
+            *(
+                (api.client if i % 2 else second).post("/v1/jobs", json=JOB, headers=nlp)
+                for i in range(6)
+            )
+        )
+    statuses = sorted(response.status_code for response in answers)
+    assert statuses == [201, 429, 429, 429, 429, 429], [r.text for r in answers]
 
 
 async def test_a_team_reads_its_own_policy_but_not_anothers(api: Api) -> None:

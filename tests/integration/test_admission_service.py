@@ -104,6 +104,7 @@ async def test_submissions_on_the_bus_are_each_decided_once_in_their_job_stream(
         name="admission",
         topics=[Topics.from_settings(settings).jobs],
         handlers={"JobSubmitted": deciding.on_submitted},
+        batch_scope=deciding.batch,  # as the service wires it: a batch's decisions at once
     )
     async with running(OutboxRelay(store, settings)), running(consumer) as task:
         await started(consumer, task)
@@ -131,3 +132,78 @@ async def test_a_submission_already_followed_by_a_cancel_request_is_decided_afte
     await handle(admission(store), envelope)
     history = await store.read_stream("job-quick")
     assert [e.type for e in history] == ["JobSubmitted", "JobCancelRequested", "JobAdmitted"]
+
+
+async def handle_batch(admission: Admission, envelopes: list[EventEnvelope]) -> None:
+    async with (
+        admission.store.pool.acquire() as conn,
+        conn.transaction(),
+        admission.batch(conn),
+    ):
+        for envelope in envelopes:
+            await admission.on_submitted(envelope, conn)
+
+
+async def test_a_batch_of_submissions_is_decided_in_one_append_in_log_order(
+    store: EventStore,
+) -> None:
+    await register_nodes(store)
+    await create_team(store)
+    envelopes = [
+        await submit(store, f"b{i}", team="vision" if i != 2 else "nobody") for i in range(5)
+    ]
+    head = await store.head()
+    await handle_batch(admission(store), envelopes)
+    written = await store.read_all(head)
+    # One decision per job, each in its own stream, caused by its own submission; the
+    # decisions are consecutive in the log (one write) and in the batch's order.
+    assert [e.stream for e in written] == [f"job-b{i}" for i in range(5)]
+    assert [e.position for e in written] == list(range(head + 1, head + 6))
+    assert [e.causation_id for e in written] == [e.event_id for e in envelopes]
+    assert [e.type for e in written] == [
+        "JobAdmitted",
+        "JobAdmitted",
+        "JobRejected",
+        "JobAdmitted",
+        "JobAdmitted",
+    ]
+
+
+async def test_a_batch_that_fails_appends_none_of_its_decisions(store: EventStore) -> None:
+    await register_nodes(store)
+    await create_team(store)
+    envelopes = [await submit(store, f"f{i}") for i in range(3)]
+    head = await store.head()
+    deciding = admission(store)
+    with pytest.raises(RuntimeError, match="the batch's last handler failed"):
+        async with (
+            store.pool.acquire() as conn,
+            conn.transaction(),
+            deciding.batch(conn),
+        ):
+            for envelope in envelopes:
+                await deciding.on_submitted(envelope, conn)
+            raise RuntimeError("the batch's last handler failed")
+    assert await store.head() == head
+    # Applied again (as the consumer retries a batch), each job is decided once.
+    await handle_batch(deciding, envelopes)
+    for i in range(3):
+        assert len(await decisions(store, f"f{i}")) == 1
+
+
+async def test_in_a_batch_a_job_whose_stream_moved_on_is_decided_after_it_and_a_decided_one_is_left(
+    store: EventStore,
+) -> None:
+    await register_nodes(store)
+    await create_team(store)
+    quick, decided, plain = [await submit(store, name) for name in ("quick", "done", "plain")]
+    await store.append("job-quick", 1, [JobCancelRequested(job_id="quick", by="vision")])
+    await handle(admission(store), decided)  # another replica decided it already
+    await handle_batch(admission(store), [quick, decided, plain])
+    assert [e.type for e in await store.read_stream("job-quick")] == [
+        "JobSubmitted",
+        "JobCancelRequested",
+        "JobAdmitted",
+    ]
+    assert len(await decisions(store, "done")) == 1
+    assert len(await decisions(store, "plain")) == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from uuid import uuid4
 
 import asyncpg
 import pytest
@@ -80,6 +81,49 @@ async def test_appends_committed_together_keep_their_own_outcomes(store: EventSt
     assert all(isinstance(r, ConcurrencyConflict) for r in results[5:])
     assert [e.position for e in await store.read_all()] == list(range(1, 12))
     assert [e.version for e in await store.read_stream("job-taken")] == [1]
+
+
+async def test_appends_written_together_in_a_transaction_keep_their_own_outcomes_and_metadata(
+    store: EventStore,
+) -> None:
+    await store.append("job-moved", 0, deferrals("moved", 1))
+    causes = [Metadata(correlation_id=uuid4(), causation_id=uuid4()) for _ in range(3)]
+    async with store.pool.acquire() as conn, conn.transaction():
+        results = await store.append_each(
+            [
+                (StreamAppend("job-x", 0, deferrals("x", 1)), causes[0]),
+                (StreamAppend("job-moved", 0, deferrals("moved", 1, tag="late")), causes[1]),
+                (StreamAppend("job-y", 0, deferrals("y", 2)), causes[2]),
+            ],
+            conn=conn,
+        )
+    first, refused, last = results
+    assert isinstance(refused, ConcurrencyConflict)
+    assert (refused.stream, refused.expected, refused.actual) == ("job-moved", 0, 1)
+    assert isinstance(first, list) and isinstance(last, list)
+    assert [(e.stream, e.position, e.causation_id) for e in first + last] == [
+        ("job-x", 2, causes[0].causation_id),
+        ("job-y", 3, causes[2].causation_id),
+        ("job-y", 4, causes[2].causation_id),
+    ]
+    assert [e.version for e in await store.read_stream("job-moved")] == [1]
+    assert await store.head() == 4
+
+
+async def test_appends_written_together_are_undone_with_their_transaction(
+    store: EventStore,
+) -> None:
+    with pytest.raises(RuntimeError, match="after the appends"):
+        async with store.pool.acquire() as conn, conn.transaction():
+            await store.append_each(
+                [
+                    (StreamAppend(f"job-u{i}", 0, deferrals(f"u{i}", 1)), Metadata())
+                    for i in range(3)
+                ],
+                conn=conn,
+            )
+            raise RuntimeError("after the appends")
+    assert await store.head() == 0
 
 
 async def test_an_append_to_several_streams_is_all_or_nothing(store: EventStore) -> None:

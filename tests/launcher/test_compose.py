@@ -38,10 +38,15 @@ def test_every_service_the_launcher_starts_is_in_the_compose_file(spec: Any) -> 
     for key, launched in spec.env.items():
         value = DEFAULT_CLUSTER if launched == "16x8:4:2" else launched
         assert key in env, f"{spec.name} lacks {key}"
-        # One port per host there, one per container here; the agent is another host here.
-        if key not in {"GANGWAY_METRICS_PORT", "GANGWAY_AGENT_LOGS_URL"}:
+        # One port per host there, one per container here; the agent is another host here;
+        # the API's workers are as many as each deployment's cores allow.
+        if key not in {"GANGWAY_METRICS_PORT", "GANGWAY_AGENT_LOGS_URL", "GANGWAY_API_WORKERS"}:
             assert env[key] == value, f"{spec.name}: {key}={env[key]}, the launcher says {value}"
     assert env["GANGWAY_METRICS_PORT"] != "0"
+
+
+def test_the_api_runs_several_workers_on_its_port() -> None:
+    assert int(environment("api")["GANGWAY_API_WORKERS"]) >= 2
 
 
 def test_a_standby_scheduler_beside_the_leader() -> None:

@@ -16,6 +16,7 @@ from gangway.launcher import (
     Launcher,
     LauncherError,
     ServiceSpec,
+    api_workers,
     default_services,
     ensure_admin_token,
     read_env_file,
@@ -121,6 +122,20 @@ def test_the_system_runs_every_service_and_the_fleet_of_the_cluster() -> None:
     assert specs["agent"].argv(sys.executable)[-2:] == ["--cluster", "4x8"]
     assert specs["inventory"].env["GANGWAY_CLUSTER"] == "4x8"
     assert all(spec.buildable() for spec in specs.values())
+
+
+def test_make_up_starts_the_api_workers_asked_for_or_one_per_four_cores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GANGWAY_API_WORKERS", "3")
+    assert api_workers() == 3
+    [api] = [s for s in default_services(api_workers=api_workers()) if s.name == "api"]
+    assert api.env["GANGWAY_API_WORKERS"] == "3"
+    monkeypatch.delenv("GANGWAY_API_WORKERS")
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert api_workers() == 1  # the project's 2-core machine: a second one costs more than it gives
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert api_workers() == 4
 
 
 def test_a_pid_file_naming_a_stranger_is_not_trusted(launcher: Launcher) -> None:

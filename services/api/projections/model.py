@@ -51,6 +51,10 @@ class Watermark:
     position: int = 0
     _ahead: set[int] = field(default_factory=set)
 
+    def covers(self, position: int) -> bool:
+        """Whether the event at `position` has been applied."""
+        return position <= self.position or position in self._ahead
+
     def mark(self, position: int) -> None:
         if position <= self.position:
             return
