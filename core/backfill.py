@@ -48,6 +48,7 @@ class Placed:
 def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: QuotaBook) -> Placed:
     """Place jobs in order; the head's id goes to `ctx.result.head_job_id`."""
     policy, now, outcomes = ctx.policy, ctx.now, ctx.outcomes
+    estimates = ctx.state.estimates
     fifo = policy.is_fifo
     enforce = policy.enforce_quotas and not fifo
     failed: dict[FailureKey, int] = {}
@@ -110,7 +111,7 @@ def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: Quot
             )
             continue
         avoid = head is not None and not (
-            head_start is not None and now + runtime_estimate(job, policy) <= head_start
+            head_start is not None and now + runtime_estimate(job, policy, estimates) <= head_start
         )
         allocation = _try_place(snap, shape, avoid, failed)
         if allocation is not None:
@@ -221,7 +222,8 @@ def _bind(
     quota: QuotaBook,
 ) -> None:
     ranks = snap.commit(shape, allocation)
-    ctx.placed_gangs.append((ctx.now + runtime_estimate(job, ctx.policy), ranks))
+    estimate = runtime_estimate(job, ctx.policy, ctx.state.estimates)
+    ctx.placed_gangs.append((ctx.now + estimate, ranks))
     nodes = ctx.state.node_records
     ctx.emit(
         # Built without re-validation: the core constructs these from checked state, and a

@@ -13,6 +13,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from core.estimates import RuntimeEstimates
 from core.policy import SchedulingPolicy
 from core.retry import attempt_size, repeated_oom, retry_delay_s
 from core.shape import Shape, describe_need, shape_of
@@ -325,6 +326,8 @@ class SchedulerState:
         self._version = 0
         self._node_generation = 0
         self._profile: tuple[int, dict[str, int], dict[str, int]] | None = None
+        # Runtimes learned from finished jobs: a fold beside this one, over the same events.
+        self._estimates = RuntimeEstimates()
         self._handlers: dict[type[Event], Callable[[Any, float], None]] = {
             JobSubmitted: self._on_submitted,
             JobAdmitted: self._on_admitted,
@@ -366,6 +369,7 @@ class SchedulerState:
         handler = self._handlers.get(type(event))
         if at > self._clock:
             self._clock = at
+        self._estimates.apply(event, at)
         if handler is None:
             return
         handler(event, at)
@@ -451,6 +455,10 @@ class SchedulerState:
     # ---------------------------------------------------------------- planning surface
     # What the cycle and its planners read. Read-only by contract: only `apply` changes the
     # state; the records handed out are the state's own, for speed, and must not be written.
+
+    @property
+    def estimates(self) -> RuntimeEstimates:
+        return self._estimates
 
     @property
     def version(self) -> int:

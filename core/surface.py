@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Protocol
 
+from core.estimates import RuntimeEstimates
 from core.policy import SchedulingPolicy
 from core.state import CoreJob, FreeCapacityWatch, NodeRecord, QueueRecord
 
@@ -19,6 +20,11 @@ from core.state import CoreJob, FreeCapacityWatch, NodeRecord, QueueRecord
 class PlanningSurface(Protocol):
     @property
     def policy(self) -> SchedulingPolicy: ...
+
+    @property
+    def estimates(self) -> RuntimeEstimates:
+        """Runtimes learned from the log (core/estimates.py)."""
+        ...
 
     @property
     def version(self) -> int:

@@ -57,6 +57,9 @@ class JobBuilder:
     def gpus(self, per_task: int) -> JobBuilder:
         return self._set(gpus_per_task=per_task)
 
+    def named(self, name: str) -> JobBuilder:
+        return self._set(name=name)
+
     def tasks(self, tasks: int) -> JobBuilder:
         return self._set(tasks=tasks)
 

@@ -1,0 +1,265 @@
+"""Runtime estimates learned from the log: how long a job's gang will hold its GPUs.
+
+Most users give no `estimated_runtime_s`, and those who do are often wrong. The scheduler needs
+a guess all the same (the head's reservation, backfill, `why`'s estimated start), so it learns
+one from the jobs that ended: `RuntimeEstimates` is a fold over the recorded events, like the
+state, so a restarted scheduler (or the auditor) replaying the log predicts exactly the same.
+
+What a job "ran" is the time its gangs held GPUs, summed over its attempts (from each
+GangReserved to the release of that attempt): what a reservation needs to know. Jobs that
+succeeded or failed teach it (a failure holds GPUs as long as it ran); a cancelled job does not
+(its length was a person's decision, not the job's).
+
+Samples are kept per key, from the most specific to the most general:
+
+1. the same job name in the same team (a job run again, an array's elements);
+2. the name's prefix in the same team (`resnet50-lr0.1` and `resnet50-lr0.2` share `resnet50`);
+3. the team and the gang's GPU count;
+4. the team;
+5. the GPU count;
+6. every job.
+
+A prediction comes from the most specific key with `MIN_SAMPLES` samples: the `QUANTILE`
+of its last `WINDOW` samples (recent work counts, old habits fade). The spec carries no user
+identity (a team's tokens are the team's), so "by user" is by team here.
+
+A user's own estimate is combined, not replaced: once a team's finished jobs show how far
+their estimates were off (the ratio of what ran to what was estimated, a median over the last
+`WINDOW`), an estimate is scaled by that ratio. An estimate, learned or given, is never a
+limit: nothing is preempted or killed for running past it (only `max_runtime_s` ends a job);
+the reservations that counted on it are planned again.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from collections import deque
+from dataclasses import dataclass, field
+
+from schemas.base import Event
+from schemas.jobs import (
+    GangReserved,
+    JobCancelled,
+    JobFailed,
+    JobRejected,
+    JobRequeued,
+    JobSpec,
+    JobSubmitted,
+    JobSucceeded,
+    JobSuspended,
+    JobUpdated,
+)
+
+# Samples a key needs before it predicts (fewer: a more general key speaks).
+MIN_SAMPLES = 3
+# The last samples a key keeps.
+WINDOW = 64
+# Which quantile of a key's samples is the prediction: a little above the median, since a
+# backfilled job that runs longer than planned delays the head, and one shorter costs nothing.
+QUANTILE = 0.6
+# A job past its estimate is planned to run at least this much longer (it has not ended yet).
+MIN_REMAINING_S = 60.0
+
+# The name's stem: what comes before the first separator or digit run that follows a letter.
+_PREFIX = re.compile(r"^[A-Za-z]+[A-Za-z0-9]*?(?=[-_.:/]|\d+$)")
+
+Key = tuple[str | int, ...]
+
+
+def name_prefix(name: str) -> str | None:
+    """The family a job name belongs to (`bert-large-lr3` → `bert`), or None when the name is
+    its own family (nothing to strip)."""
+    match = _PREFIX.match(name)
+    if match is None or match.group(0) == name:
+        return None
+    return match.group(0)
+
+
+def keys_of(spec: JobSpec) -> tuple[Key, ...]:
+    """The keys the job's runtime is learned under, most specific first."""
+    gpus = spec.tasks * max(spec.gpus_per_task, 1)
+    keys: list[Key] = [("name", spec.team, spec.name)]
+    prefix = name_prefix(spec.name)
+    if prefix is not None:
+        keys.append(("prefix", spec.team, prefix))
+    keys += [("team-gpus", spec.team, gpus), ("team", spec.team), ("gpus", gpus), ("all",)]
+    return tuple(keys)
+
+
+@dataclass(slots=True)
+class Samples:
+    """A key's last `WINDOW` samples, with a sorted copy for quantiles (rebuilt on change)."""
+
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
+    _sorted: list[float] | None = None
+
+    def add(self, value: float) -> None:
+        self.recent.append(value)
+        self._sorted = None
+
+    def __len__(self) -> int:
+        return len(self.recent)
+
+    @property
+    def ordered(self) -> list[float]:
+        if self._sorted is None:
+            self._sorted = sorted(self.recent)
+        return self._sorted
+
+    def quantile(self, q: float = QUANTILE) -> float:
+        ordered = self.ordered
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    def quantile_above(self, floor: float, q: float = QUANTILE) -> float | None:
+        """The quantile of the samples longer than `floor`: what a job that has already run
+        `floor` seconds may still run, by jobs like it that ran that long. None: none did."""
+        ordered = self.ordered
+        first = bisect.bisect_right(ordered, floor)
+        above = len(ordered) - first
+        if above == 0:
+            return None
+        return ordered[first + min(above - 1, int(q * above))]
+
+
+@dataclass(slots=True)
+class _Live:
+    keys: tuple[Key, ...]
+    team: str
+    user_estimate_s: float | None
+    attempt: int = 0
+    bound_at: float | None = None
+    held_s: float = 0.0
+
+
+class RuntimeEstimates:
+    """The estimator's state, folded from events: `apply(event, at)`, then ask."""
+
+    def __init__(self) -> None:
+        self._samples: dict[Key, Samples] = {}
+        # Ratio of what ran to what the user estimated, per team and overall.
+        self._ratios: dict[Key, Samples] = {}
+        self._live: dict[str, _Live] = {}
+        self.learned = 0
+
+    # ---------------------------------------------------------------- fold
+
+    def apply(self, event: Event, at: float) -> None:
+        kind = type(event)
+        if kind is JobSubmitted:
+            assert isinstance(event, JobSubmitted)
+            if event.job_id not in self._live:
+                spec = event.spec
+                self._live[event.job_id] = _Live(keys_of(spec), spec.team, spec.estimated_runtime_s)
+            return
+        if kind is GangReserved:
+            assert isinstance(event, GangReserved)
+            live = self._live.get(event.job_id)
+            if live is not None and live.bound_at is None:
+                live.attempt, live.bound_at = event.attempt, at
+            return
+        if kind is JobRequeued or kind is JobSuspended:
+            assert isinstance(event, JobRequeued | JobSuspended)
+            live = self._live.get(event.job_id)
+            if live is not None and (event.attempt is None or event.attempt == live.attempt):
+                self._unbind(live, at)
+            return
+        if kind is JobSucceeded or kind is JobFailed:
+            assert isinstance(event, JobSucceeded | JobFailed)
+            live = self._live.pop(event.job_id, None)
+            if live is not None:
+                self._unbind(live, at)
+                if live.held_s > 0:
+                    self._learn(live, succeeded=kind is JobSucceeded)
+            return
+        if kind is JobCancelled or kind is JobRejected:
+            self._live.pop(str(getattr(event, "job_id", "")), None)
+            return
+        if kind is JobUpdated:
+            assert isinstance(event, JobUpdated)
+            live = self._live.get(event.job_id)
+            estimate = event.changes.estimated_runtime_s
+            if live is not None and estimate is not None:
+                live.user_estimate_s = estimate
+
+    @staticmethod
+    def _unbind(live: _Live, at: float) -> None:
+        if live.bound_at is not None:
+            live.held_s += max(0.0, at - live.bound_at)
+            live.bound_at = None
+
+    def _learn(self, live: _Live, succeeded: bool) -> None:
+        for key in live.keys:
+            self._samples.setdefault(key, Samples()).add(live.held_s)
+        if succeeded and live.user_estimate_s is not None:
+            ratio = live.held_s / live.user_estimate_s
+            for key in (("team", live.team), ("all",)):
+                self._ratios.setdefault(key, Samples()).add(ratio)
+        self.learned += 1
+
+    # ---------------------------------------------------------------- ask
+
+    def samples_for(self, keys: tuple[Key, ...]) -> Samples | None:
+        """The most specific key's samples that may speak, or None."""
+        for key in keys:
+            found = self._samples.get(key)
+            if found is not None and len(found) >= MIN_SAMPLES:
+                return found
+        return None
+
+    def estimate_ratio(self, team: str) -> float | None:
+        """How far the team's estimates were off (ran / estimated), or None: not known yet."""
+        for key in (("team", team), ("all",)):
+            found = self._ratios.get(key)
+            if found is not None and len(found) >= MIN_SAMPLES:
+                return found.quantile(0.5)
+        return None
+
+    def keys(self, job_id: str, spec: JobSpec) -> tuple[Key, ...]:
+        live = self._live.get(job_id)
+        return live.keys if live is not None else keys_of(spec)
+
+    def total_s(self, job_id: str, spec: JobSpec) -> float | None:
+        """The job's predicted whole runtime (every attempt), or None: nothing to go by."""
+        return _combine(self, spec, self.samples_for(self.keys(job_id, spec)))
+
+    def remaining_s(self, job_id: str, spec: JobSpec) -> float | None:
+        """How long the job's next (or current) attempt is predicted to hold its GPUs; None:
+        nothing to go by.
+
+        The whole predicted runtime, as a user's estimate counts today: an attempt after a
+        preemption or a failure resumes from a checkpoint of unknown age, so what earlier
+        attempts held is not taken off (an estimate too long costs a backfill; one too short
+        delays a reservation).
+        """
+        return self.total_s(job_id, spec)
+
+    def beyond_s(self, job_id: str, spec: JobSpec, ran_s: float) -> float | None:
+        """An attempt that has held GPUs `ran_s` seconds, past its estimate: how much longer
+        jobs like it that ran that long went on; None when none did."""
+        samples = self.samples_for(self.keys(job_id, spec))
+        if samples is None:
+            return None
+        longer = samples.quantile_above(ran_s)
+        return None if longer is None else max(MIN_REMAINING_S, longer - ran_s)
+
+
+def _combine(estimates: RuntimeEstimates, spec: JobSpec, samples: Samples | None) -> float | None:
+    given = spec.estimated_runtime_s
+    if given is not None:
+        ratio = estimates.estimate_ratio(spec.team)
+        predicted = given if ratio is None else given * ratio
+    elif samples is not None:
+        predicted = samples.quantile()
+    else:
+        return None
+    if spec.max_runtime_s is not None:
+        predicted = min(predicted, spec.max_runtime_s)
+    return predicted
+
+
+def predicted_runtime_s(estimates: RuntimeEstimates, spec: JobSpec) -> float | None:
+    """The predicted whole runtime of a job of this spec (seconds), or None: no estimate given
+    and nothing learned yet. The one prediction every user of estimates reads (reservations,
+    backfill, ordering by predicted length)."""
+    return _combine(estimates, spec, estimates.samples_for(keys_of(spec)))
