@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from core.checkpointing import checkpoint_interval_s
 from core.context import CycleContext, Outcome
 from core.placement import Allocation, Shape, Snapshot, find_placement
 from core.quota import QuotaBook
@@ -225,6 +226,16 @@ def _bind(
     estimate = runtime_estimate(job, ctx.policy, ctx.state.estimates)
     ctx.placed_gangs.append((ctx.now + estimate, ranks))
     nodes = ctx.state.node_records
+    interval = None
+    if job.spec is not None and job.spec.checkpoint.interval_s is not None:
+        interval = checkpoint_interval_s(
+            ctx.state.checkpoints,
+            job.job_id,
+            job.spec,
+            nodes[ranks[0][0]].gpu_type,
+            len({index for index, _ in ranks}),
+            ctx.now,
+        )
     ctx.emit(
         # Built without re-validation: the core constructs these from checked state, and a
         # cycle binding thousands of ranks would otherwise spend its time in validators.
@@ -237,6 +248,7 @@ def _bind(
                 )
                 for rank, (index, mask) in enumerate(ranks)
             ],
+            checkpoint_interval_s=interval,
         )
     )
     quota.charge(job.queue, sum(mask.bit_count() for _, mask in ranks))

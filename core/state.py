@@ -13,6 +13,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from core.checkpointing import CheckpointKnowledge
 from core.estimates import RuntimeEstimates
 from core.policy import SchedulingPolicy
 from core.retry import attempt_size, repeated_oom, retry_delay_s
@@ -328,6 +329,8 @@ class SchedulerState:
         self._profile: tuple[int, dict[str, int], dict[str, int]] | None = None
         # Runtimes learned from finished jobs: a fold beside this one, over the same events.
         self._estimates = RuntimeEstimates()
+        # Checkpoint costs and failure rates, for `checkpoint: {interval_s: auto}`.
+        self._checkpoints = CheckpointKnowledge()
         self._handlers: dict[type[Event], Callable[[Any, float], None]] = {
             JobSubmitted: self._on_submitted,
             JobAdmitted: self._on_admitted,
@@ -370,6 +373,7 @@ class SchedulerState:
         if at > self._clock:
             self._clock = at
         self._estimates.apply(event, at)
+        self._checkpoints.apply(event, at)
         if handler is None:
             return
         handler(event, at)
@@ -459,6 +463,10 @@ class SchedulerState:
     @property
     def estimates(self) -> RuntimeEstimates:
         return self._estimates
+
+    @property
+    def checkpoints(self) -> CheckpointKnowledge:
+        return self._checkpoints
 
     @property
     def version(self) -> int:

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Protocol
 
+from core.checkpointing import CheckpointKnowledge
 from core.estimates import RuntimeEstimates
 from core.policy import SchedulingPolicy
 from core.state import CoreJob, FreeCapacityWatch, NodeRecord, QueueRecord
@@ -24,6 +25,11 @@ class PlanningSurface(Protocol):
     @property
     def estimates(self) -> RuntimeEstimates:
         """Runtimes learned from the log (core/estimates.py)."""
+        ...
+
+    @property
+    def checkpoints(self) -> CheckpointKnowledge:
+        """Checkpoint costs and failure rates seen in the log (core/checkpointing.py)."""
         ...
 
     @property
