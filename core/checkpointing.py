@@ -50,6 +50,19 @@ CLUSTER_COST_WINDOW = 64
 # daily is no periodic checkpoint to speak of.
 MIN_AUTO_INTERVAL_S = 60.0
 MAX_AUTO_INTERVAL_S = 24 * HOUR_S
+_FOLDED: frozenset[type[Event]] = frozenset(
+    {
+        CheckpointRequested,
+        PreemptionRequested,
+        CheckpointCommitted,
+        CheckpointFailed,
+        CheckpointCorrupted,
+        NodeRegistered,
+        NodeRecovered,
+        NodeLost,
+        GpuUnhealthy,
+    }
+)
 
 
 def young_daly_interval(checkpoint_cost_s: float, failure_rate: float) -> float:
@@ -91,6 +104,8 @@ class CheckpointKnowledge:
 
     def apply(self, event: Event, at: float) -> None:
         kind = type(event)
+        if kind not in _FOLDED:
+            return  # most of a log: one set lookup
         if kind is CheckpointRequested or kind is PreemptionRequested:
             job_id = str(getattr(event, "job_id", ""))
             # The first request stands while it is outstanding (a preemption during a periodic

@@ -65,6 +65,19 @@ MIN_REMAINING_S = 60.0
 _PREFIX = re.compile(r"^[A-Za-z]+[A-Za-z0-9]*?(?=[-_.:/]|\d+$)")
 
 Key = tuple[str | int, ...]
+_FOLDED: frozenset[type[Event]] = frozenset(
+    {
+        JobSubmitted,
+        GangReserved,
+        JobRequeued,
+        JobSuspended,
+        JobSucceeded,
+        JobFailed,
+        JobCancelled,
+        JobRejected,
+        JobUpdated,
+    }
+)
 
 
 def name_prefix(name: str) -> str | None:
@@ -146,6 +159,8 @@ class RuntimeEstimates:
 
     def apply(self, event: Event, at: float) -> None:
         kind = type(event)
+        if kind not in _FOLDED:
+            return  # most of a log (ranks starting and exiting, reasons): one set lookup
         if kind is JobSubmitted:
             assert isinstance(event, JobSubmitted)
             if event.job_id not in self._live:
