@@ -106,10 +106,13 @@ class Samples:
 
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
     _sorted: list[float] | None = None
+    # The prediction (the QUANTILE), asked for every running gang in every cycle.
+    _predicted: float | None = None
 
     def add(self, value: float) -> None:
         self.recent.append(value)
         self._sorted = None
+        self._predicted = None
 
     def __len__(self) -> int:
         return len(self.recent)
@@ -123,6 +126,12 @@ class Samples:
     def quantile(self, q: float = QUANTILE) -> float:
         ordered = self.ordered
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    @property
+    def predicted(self) -> float:
+        if self._predicted is None:
+            self._predicted = self.quantile()
+        return self._predicted
 
     def quantile_above(self, floor: float, q: float = QUANTILE) -> float | None:
         """The quantile of the samples longer than `floor`: what a job that has already run
@@ -154,6 +163,10 @@ class RuntimeEstimates:
         self._ratios: dict[Key, Samples] = {}
         self._live: dict[str, _Live] = {}
         self.learned = 0
+        # Which key speaks for a job changes only when some key first reaches MIN_SAMPLES
+        # (a new generation); the cycle asks for every running gang's end every time.
+        self._generation = 0
+        self._resolved: dict[str, tuple[int, Samples | None]] = {}
 
     # ---------------------------------------------------------------- fold
 
@@ -182,13 +195,16 @@ class RuntimeEstimates:
         if kind is JobSucceeded or kind is JobFailed:
             assert isinstance(event, JobSucceeded | JobFailed)
             live = self._live.pop(event.job_id, None)
+            self._resolved.pop(event.job_id, None)
             if live is not None:
                 self._unbind(live, at)
                 if live.held_s > 0:
                     self._learn(live, succeeded=kind is JobSucceeded)
             return
         if kind is JobCancelled or kind is JobRejected:
-            self._live.pop(str(getattr(event, "job_id", "")), None)
+            job_id = str(getattr(event, "job_id", ""))
+            self._live.pop(job_id, None)
+            self._resolved.pop(job_id, None)
             return
         if kind is JobUpdated:
             assert isinstance(event, JobUpdated)
@@ -205,7 +221,10 @@ class RuntimeEstimates:
 
     def _learn(self, live: _Live, succeeded: bool) -> None:
         for key in live.keys:
-            self._samples.setdefault(key, Samples()).add(live.held_s)
+            samples = self._samples.setdefault(key, Samples())
+            samples.add(live.held_s)
+            if len(samples) == MIN_SAMPLES:
+                self._generation += 1
         if succeeded and live.user_estimate_s is not None:
             ratio = live.held_s / live.user_estimate_s
             for key in (("team", live.team), ("all",)):
@@ -230,13 +249,19 @@ class RuntimeEstimates:
                 return found.quantile(0.5)
         return None
 
-    def keys(self, job_id: str, spec: JobSpec) -> tuple[Key, ...]:
+    def _samples_of(self, job_id: str, spec: JobSpec) -> Samples | None:
+        resolved = self._resolved.get(job_id)
+        if resolved is not None and resolved[0] == self._generation:
+            return resolved[1]
         live = self._live.get(job_id)
-        return live.keys if live is not None else keys_of(spec)
+        samples = self.samples_for(live.keys if live is not None else keys_of(spec))
+        if live is not None:
+            self._resolved[job_id] = (self._generation, samples)
+        return samples
 
     def total_s(self, job_id: str, spec: JobSpec) -> float | None:
         """The job's predicted whole runtime (every attempt), or None: nothing to go by."""
-        return _combine(self, spec, self.samples_for(self.keys(job_id, spec)))
+        return _combine(self, spec, self._samples_of(job_id, spec))
 
     def remaining_s(self, job_id: str, spec: JobSpec) -> float | None:
         """How long the job's next (or current) attempt is predicted to hold its GPUs; None:
@@ -252,7 +277,7 @@ class RuntimeEstimates:
     def beyond_s(self, job_id: str, spec: JobSpec, ran_s: float) -> float | None:
         """An attempt that has held GPUs `ran_s` seconds, past its estimate: how much longer
         jobs like it that ran that long went on; None when none did."""
-        samples = self.samples_for(self.keys(job_id, spec))
+        samples = self._samples_of(job_id, spec)
         if samples is None:
             return None
         longer = samples.quantile_above(ran_s)
@@ -265,7 +290,7 @@ def _combine(estimates: RuntimeEstimates, spec: JobSpec, samples: Samples | None
         ratio = estimates.estimate_ratio(spec.team)
         predicted = given if ratio is None else given * ratio
     elif samples is not None:
-        predicted = samples.quantile()
+        predicted = samples.predicted
     else:
         return None
     if spec.max_runtime_s is not None:
