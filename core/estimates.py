@@ -33,6 +33,7 @@ the reservations that counted on it are planned again.
 from __future__ import annotations
 
 import bisect
+import math
 import re
 from collections import deque
 from dataclasses import dataclass, field
@@ -109,10 +110,14 @@ class Samples:
     # The prediction (the QUANTILE), asked for every running gang in every cycle.
     _predicted: float | None = None
 
+    # Bumped by every sample: answers memoised against it hold until it moves.
+    changes: int = 0
+
     def add(self, value: float) -> None:
         self.recent.append(value)
         self._sorted = None
         self._predicted = None
+        self.changes += 1
 
     def __len__(self) -> int:
         return len(self.recent)
@@ -136,12 +141,18 @@ class Samples:
     def quantile_above(self, floor: float, q: float = QUANTILE) -> float | None:
         """The quantile of the samples longer than `floor`: what a job that has already run
         `floor` seconds may still run, by jobs like it that ran that long. None: none did."""
+        return self.above(floor, q)[0]
+
+    def above(self, floor: float, q: float = QUANTILE) -> tuple[float | None, float, float]:
+        """`quantile_above(floor)`, and the range of floors [low, high) that give the same
+        answer (those with the same samples at or below them)."""
         ordered = self.ordered
         first = bisect.bisect_right(ordered, floor)
+        low = ordered[first - 1] if first > 0 else -math.inf
         above = len(ordered) - first
         if above == 0:
-            return None
-        return ordered[first + min(above - 1, int(q * above))]
+            return None, low, math.inf
+        return ordered[first + min(above - 1, int(q * above))], low, ordered[first]
 
 
 @dataclass(slots=True)
@@ -167,6 +178,9 @@ class RuntimeEstimates:
         # (a new generation); the cycle asks for every running gang's end every time.
         self._generation = 0
         self._resolved: dict[str, tuple[int, Samples | None]] = {}
+        # An overrunning gang's expected length (a longer sample, or None), for the range of
+        # run times that give the same answer: (samples, their changes, low, high, length).
+        self._longer: dict[str, tuple[Samples, int, float, float, float | None]] = {}
 
     # ---------------------------------------------------------------- fold
 
@@ -196,6 +210,7 @@ class RuntimeEstimates:
             assert isinstance(event, JobSucceeded | JobFailed)
             live = self._live.pop(event.job_id, None)
             self._resolved.pop(event.job_id, None)
+            self._longer.pop(event.job_id, None)
             if live is not None:
                 self._unbind(live, at)
                 if live.held_s > 0:
@@ -205,6 +220,7 @@ class RuntimeEstimates:
             job_id = str(getattr(event, "job_id", ""))
             self._live.pop(job_id, None)
             self._resolved.pop(job_id, None)
+            self._longer.pop(job_id, None)
             return
         if kind is JobUpdated:
             assert isinstance(event, JobUpdated)
@@ -259,20 +275,23 @@ class RuntimeEstimates:
             self._resolved[job_id] = (self._generation, samples)
         return samples
 
-    def total_s(self, job_id: str, spec: JobSpec) -> float | None:
-        """The job's predicted whole runtime (every attempt), or None: nothing to go by."""
-        return _combine(self, spec, self._samples_of(job_id, spec))
-
     def remaining_s(self, job_id: str, spec: JobSpec) -> float | None:
-        """How long the job's next (or current) attempt is predicted to hold its GPUs; None:
-        nothing to go by.
+        """How long the job's next (or current) attempt is predicted to hold its GPUs: its
+        predicted whole runtime; None: nothing to go by.
 
-        The whole predicted runtime, as a user's estimate counts today: an attempt after a
-        preemption or a failure resumes from a checkpoint of unknown age, so what earlier
-        attempts held is not taken off (an estimate too long costs a backfill; one too short
-        delays a reservation).
+        An attempt after a preemption or a failure resumes from a checkpoint of unknown age, so
+        what earlier attempts held is not taken off (as a user's estimate counts): an estimate
+        too long costs a backfill, one too short delays a reservation.
         """
-        return self.total_s(job_id, spec)
+        # Asked for every running gang in every cycle: the memo inlined.
+        resolved = self._resolved.get(job_id)
+        if resolved is not None and resolved[0] == self._generation:
+            samples = resolved[1]
+        else:
+            samples = self._samples_of(job_id, spec)
+        if spec.estimated_runtime_s is None and spec.max_runtime_s is None:
+            return None if samples is None else samples.predicted
+        return _combine(self, spec, samples)
 
     def beyond_s(self, job_id: str, spec: JobSpec, ran_s: float) -> float | None:
         """An attempt that has held GPUs `ran_s` seconds, past its estimate: how much longer
@@ -280,7 +299,18 @@ class RuntimeEstimates:
         samples = self._samples_of(job_id, spec)
         if samples is None:
             return None
-        longer = samples.quantile_above(ran_s)
+        known = self._longer.get(job_id)
+        if (
+            known is not None
+            and known[0] is samples
+            and known[1] == samples.changes
+            and known[2] <= ran_s < known[3]
+        ):
+            longer = known[4]  # the same samples, the same ones at or below ran_s: the same
+        else:
+            longer, low, high = samples.above(ran_s)
+            if job_id in self._live:
+                self._longer[job_id] = (samples, samples.changes, low, high, longer)
         return None if longer is None else max(MIN_REMAINING_S, longer - ran_s)
 
 

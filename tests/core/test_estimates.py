@@ -218,3 +218,19 @@ def test_a_restarted_scheduler_replaying_the_log_predicts_the_same() -> None:
             history.state.estimates, probe
         )
     assert replayed.estimates.learned == history.state.estimates.learned == 9
+
+
+def test_an_overrunning_gangs_expected_end_does_not_depend_on_when_it_was_asked() -> None:
+    """The live scheduler asks every cycle, a restarted one once: both get the same answer."""
+    history = History("1x8")
+    run_jobs(history, [(f"train-{n}", n * 900.0) for n in range(1, 9)])
+    running = history.submit(a_job().named("train-9").gpus(8))[0]
+    history.run()
+    live = history.state.estimates
+    spec_of = history.state.job_records[running].spec
+    assert spec_of is not None
+    for ran in (100.0, 1000.0, 1800.0, 2000.0, 3700.0, 5000.0, 7300.0, 9000.0):
+        asked_often = live.beyond_s(running, spec_of, ran)
+        asked_once = history.replayed().estimates.beyond_s(running, spec_of, ran)
+        assert asked_often == asked_once, ran
+    assert live.beyond_s(running, spec_of, 9000.0) is None  # none of them ran that long
