@@ -107,8 +107,9 @@ class Samples:
 
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))
     _sorted: list[float] | None = None
-    # The prediction (the QUANTILE), asked for every running gang in every cycle.
+    # The prediction (the QUANTILE) and the median, asked for every running gang each cycle.
     _predicted: float | None = None
+    _median: float | None = None
 
     # Bumped by every sample: answers memoised against it hold until it moves.
     changes: int = 0
@@ -117,6 +118,7 @@ class Samples:
         self.recent.append(value)
         self._sorted = None
         self._predicted = None
+        self._median = None
         self.changes += 1
 
     def __len__(self) -> int:
@@ -131,6 +133,12 @@ class Samples:
     def quantile(self, q: float = QUANTILE) -> float:
         ordered = self.ordered
         return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    @property
+    def median(self) -> float:
+        if self._median is None:
+            self._median = self.quantile(0.5)
+        return self._median
 
     @property
     def predicted(self) -> float:
@@ -178,6 +186,9 @@ class RuntimeEstimates:
         # (a new generation); the cycle asks for every running gang's end every time.
         self._generation = 0
         self._resolved: dict[str, tuple[int, Samples | None]] = {}
+        # Each team's ratio, until some ratio is learned: (ratios learned, ratio).
+        self._ratio_changes = 0
+        self._team_ratio: dict[str, tuple[int, float | None]] = {}
         # An overrunning gang's expected length (a longer sample, or None), for the range of
         # run times that give the same answer: (samples, their changes, low, high, length).
         self._longer: dict[str, tuple[Samples, int, float, float, float | None]] = {}
@@ -245,6 +256,7 @@ class RuntimeEstimates:
             ratio = live.held_s / live.user_estimate_s
             for key in (("team", live.team), ("all",)):
                 self._ratios.setdefault(key, Samples()).add(ratio)
+            self._ratio_changes += 1
         self.learned += 1
 
     # ---------------------------------------------------------------- ask
@@ -259,11 +271,17 @@ class RuntimeEstimates:
 
     def estimate_ratio(self, team: str) -> float | None:
         """How far the team's estimates were off (ran / estimated), or None: not known yet."""
+        known = self._team_ratio.get(team)
+        if known is not None and known[0] == self._ratio_changes:
+            return known[1]
+        ratio = None
         for key in (("team", team), ("all",)):
             found = self._ratios.get(key)
             if found is not None and len(found) >= MIN_SAMPLES:
-                return found.quantile(0.5)
-        return None
+                ratio = found.median
+                break
+        self._team_ratio[team] = (self._ratio_changes, ratio)
+        return ratio
 
     def _samples_of(self, job_id: str, spec: JobSpec) -> Samples | None:
         resolved = self._resolved.get(job_id)
