@@ -30,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from core.audit_sharing import SharingAudit
+from core.estimates import RuntimeEstimates
 from core.policy import SchedulingPolicy
 from core.shape import Shape, ranks_per_unit, shape_of
 from schemas.base import Event
@@ -222,6 +223,8 @@ class Auditor:
         # recorded nodes are the reserved ones only in that cycle (several cycles may share
         # one instant).
         self._reservation_cycle = False
+        # Runtimes learned from the log, as the scheduler learns them (core/estimates.py).
+        self._estimates = RuntimeEstimates()
         # Invariant 1 for slices and shares (core/audit_sharing.py).
         self._sharing = SharingAudit()
 
@@ -242,6 +245,7 @@ class Auditor:
             self._reservation_cycle = False
         for message in self._sharing.observe(event, position, at):
             self._flag(1, message, position)
+        self._estimates.apply(event, at)
         if isinstance(event, JobEvent):
             self._observe_job(event, position, at)
         elif isinstance(event, NodeRegistered):
@@ -780,8 +784,15 @@ class Auditor:
         if at - job.waiting_since >= policy.aging_max_wait_s:
             return  # an aged job goes before the head
         spec = job.spec
+        # The estimate the scheduler planned with: learned from the same log when the policy
+        # learns runtimes (core/estimates.py), else what the spec states.
+        learned = self._estimates.remaining_s(job_id, spec) if policy.learned_runtimes else None
         estimate = (
-            spec.estimated_runtime_s or spec.max_runtime_s or (policy.default_runtime_estimate_s)
+            learned
+            if learned is not None
+            else spec.estimated_runtime_s
+            or spec.max_runtime_s
+            or (policy.default_runtime_estimate_s)
         )
         guarantee = self._guarantee(job.queue)
         least = self._subtree(job.queue, self._least_usage)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from core.checkpointing import checkpoint_interval_s
 from core.context import CycleContext, Outcome
 from core.host import host_blocker, host_infeasible
 from core.placement import Allocation, Shape, Snapshot, find_placement
@@ -50,6 +51,7 @@ class Placed:
 def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: QuotaBook) -> Placed:
     """Place jobs in order; the head's id goes to `ctx.result.head_job_id`."""
     policy, now, outcomes = ctx.policy, ctx.now, ctx.outcomes
+    estimates = ctx.state.estimates
     fifo = policy.is_fifo
     enforce = policy.enforce_quotas and not fifo
     failed: dict[FailureKey, int] = {}
@@ -114,7 +116,7 @@ def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: Quot
             )
             continue
         avoid = head is not None and not (
-            head_start is not None and now + runtime_estimate(job, policy) <= head_start
+            head_start is not None and now + runtime_estimate(job, policy, estimates) <= head_start
         )
         allocation = _try_place(snap, shape, avoid, failed)
         if allocation is not None and headroom_blocks(ctx, snap, job, shape, allocation, quota):
@@ -250,10 +252,19 @@ def _bind(
     quota: QuotaBook,
 ) -> None:
     ranks = snap.commit(shape, allocation)
-    ctx.placed_gangs.append(
-        (ctx.now + runtime_estimate(job, ctx.policy), ranks, (shape.cpus_milli, shape.memory_mb))
-    )
+    estimate = runtime_estimate(job, ctx.policy, ctx.state.estimates)
+    ctx.placed_gangs.append((ctx.now + estimate, ranks, (shape.cpus_milli, shape.memory_mb)))
     nodes = ctx.state.node_records
+    interval = None
+    if job.spec is not None and job.spec.checkpoint.interval_s is not None:
+        interval = checkpoint_interval_s(
+            ctx.state.checkpoints,
+            job.job_id,
+            job.spec,
+            nodes[ranks[0][0]].gpu_type,
+            len({index for index, _ in ranks}),
+            ctx.now,
+        )
     ctx.emit(
         # Built without re-validation: the core constructs these from checked state, and a
         # cycle binding thousands of ranks would otherwise spend its time in validators.
@@ -266,6 +277,7 @@ def _bind(
                 )
                 for rank, (index, mask) in enumerate(ranks)
             ],
+            checkpoint_interval_s=interval,
         )
     )
     quota.charge(job.queue, sum(mask.bit_count() for _, mask in ranks))

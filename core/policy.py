@@ -54,6 +54,9 @@ class SchedulingPolicy:
     hysteresis_s: float = 600.0
     # Used for backfill planning when a job gives no estimated_runtime_s.
     default_runtime_estimate_s: float = 4 * 3600.0
+    # Runtimes learned from finished jobs stand in for (or correct) users' estimates
+    # (core/estimates.py); off, only what the spec states counts.
+    learned_runtimes: bool = True
     # A job past its estimate is planned to end this long after `now` (it may end any moment).
     overrun_grace_s: float = 300.0
     # A reservation is re-announced only when its start moves by more than this, or its nodes.

@@ -12,7 +12,6 @@ from core.host import release_gang
 from core.placement import Allocation, Shape, Snapshot, find_placement
 from core.policy import PriorityClass, SchedulingPolicy
 from core.quota import QuotaBook
-from core.reservation import has_overrun
 from core.slo import bounded_victims
 from core.state import CoreJob, popcount
 from core.surface import PlanningSurface
@@ -67,12 +66,9 @@ def preempt(ctx: CycleContext, snap: Snapshot, blocked: list[CoreJob], quota: Qu
             credited = True
         pclass = policy.priority_class(job.priority)
         reclaiming = quota.within_guarantee(job.queue, shape.min_gpus)
-        overrun_head = (
-            job.job_id == ctx.result.head_job_id
-            and job.estimated_start is not None
-            and job.estimated_start <= now
-        )
-        if not (pclass.can_preempt or reclaiming or overrun_head):
+        # An overdue reservation is no ground: gangs running past their estimates are not
+        # evicted for it (an estimate is never a limit); the reservation is planned again.
+        if not (pclass.can_preempt or reclaiming):
             continue
         if job.priority == policy.idle_only_priority:
             continue
@@ -80,7 +76,6 @@ def preempt(ctx: CycleContext, snap: Snapshot, blocked: list[CoreJob], quota: Qu
             pclass.rank,
             reclaiming,
             job.queue if reclaiming else "",
-            overrun_head,
             *shape.failure_key(False),
         )
         if key in failed and shape.min_units >= failed[key]:
@@ -95,7 +90,6 @@ def preempt(ctx: CycleContext, snap: Snapshot, blocked: list[CoreJob], quota: Qu
             shape=shape,
             pclass=pclass,
             reclaiming=reclaiming,
-            overrun_head=overrun_head,
             excluded=ctx.released | taken,
             now=now,
             policy=policy,
@@ -110,13 +104,7 @@ def preempt(ctx: CycleContext, snap: Snapshot, blocked: list[CoreJob], quota: Qu
         for victim in plan:
             taken.add(victim.job_id)
             quota.charge(victim.queue, -victim.bound_gpus)
-            why = (
-                "reclaiming guaranteed capacity"
-                if reclaiming
-                else "its reservation is overdue"
-                if overrun_head and not pclass.can_preempt
-                else f"priority {job.priority}"
-            )
+            why = "reclaiming guaranteed capacity" if reclaiming else f"priority {job.priority}"
             ctx.emit(
                 PreemptionRequested(
                     job_id=victim.job_id,
@@ -191,8 +179,6 @@ class PreemptionRequest:
     pclass: PriorityClass
     # Its queue stays within its guarantee: it may take back what other queues borrow.
     reclaiming: bool
-    # It is the head and its reservation's start has passed: overrunning gangs may go.
-    overrun_head: bool
     # Gangs already released or chosen this cycle.
     excluded: Set[str]
     now: float
@@ -204,7 +190,7 @@ def plan_preemption(
 ) -> list[CoreJob] | None:
     """The whole gangs to evict so that the preemptor fits, or None (then nobody is evicted)."""
     shape, preemptor, pclass = request.shape, request.preemptor, request.pclass
-    reclaiming, overrun_head, excluded = request.reclaiming, request.overrun_head, request.excluded
+    reclaiming, excluded = request.reclaiming, request.excluded
     now, policy = request.now, request.policy
     # Queues on the preemptor's chain the gang would take past their max: evictions under
     # them must make that room too (a sibling's borrowing may fill a parent's ceiling).
@@ -229,11 +215,7 @@ def plan_preemption(
         # guarantee is safe from other teams, whatever their class (invariant 4).
         reachable = same_queue or borrower
         allowed = reachable and (
-            (pclass.can_preempt and vrank < pclass.rank)
-            or (reclaiming and borrower)
-            # An estimate is a hint, never a limit: an overdue reservation only ever
-            # evicts work of a lower class that ran past its own estimate.
-            or (overrun_head and vrank < pclass.rank and has_overrun(victim, now, policy))
+            (pclass.can_preempt and vrank < pclass.rank) or (reclaiming and borrower)
         )
         if not allowed:
             continue

@@ -274,7 +274,7 @@ def over_max_runtime(ctx: CycleContext, job: CoreJob) -> str | None:
 def note_estimated_end(ctx: CycleContext, job: CoreJob) -> None:
     """With backfill, a gang's expected end is when the head's reservation may move."""
     if ctx.policy.backfill:
-        ctx.wakeups.append(estimated_end(job, ctx.now, ctx.policy))
+        ctx.wakeups.append(estimated_end(job, ctx.now, ctx.policy, ctx.state.estimates))
 
 
 def lost_hardware(ctx: CycleContext, job: CoreJob) -> tuple[RequeueCode, str] | None:

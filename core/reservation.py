@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from core.context import CycleContext
+from core.estimates import RuntimeEstimates
 from core.placement import Allocation, Shape, Snapshot, find_placement
 from core.policy import SchedulingPolicy
 from core.state import CoreJob, rank_host
@@ -12,10 +13,16 @@ from core.state import CoreJob, rank_host
 EAGER_TRIES = 16
 
 
-def runtime_estimate(job: CoreJob, policy: SchedulingPolicy) -> float:
+def runtime_estimate(
+    job: CoreJob, policy: SchedulingPolicy, estimates: RuntimeEstimates | None = None
+) -> float:
     """How long the job's gang is expected to hold its GPUs: the one rule for backfill (does a
     job end before the head's start?) and for reservations (when does a running gang end?).
 
+    - what `estimates` learned from the log (core/estimates.py), when the policy learns
+      runtimes and there is something to go by: the user's `estimated_runtime_s` scaled by how
+      far the team's estimates were off, else the runtime of jobs like it, capped by
+      `max_runtime_s`;
     - `estimated_runtime_s` when given: a hint, never a limit, but capped by `max_runtime_s`,
       since the job is ended there whatever it estimated;
     - else `max_runtime_s` when given: the only bound the user stated, and a safe one (the
@@ -28,6 +35,10 @@ def runtime_estimate(job: CoreJob, policy: SchedulingPolicy) -> float:
     spec = job.spec
     if spec is None:
         return policy.default_runtime_estimate_s
+    if estimates is not None and policy.learned_runtimes:
+        learned = estimates.remaining_s(job.job_id, spec)
+        if learned is not None:
+            return learned
     if spec.estimated_runtime_s is not None:
         if spec.max_runtime_s is not None:
             return min(spec.estimated_runtime_s, spec.max_runtime_s)
@@ -37,27 +48,39 @@ def runtime_estimate(job: CoreJob, policy: SchedulingPolicy) -> float:
     return policy.default_runtime_estimate_s
 
 
-def estimated_end(job: CoreJob, now: float, policy: SchedulingPolicy) -> float:
+def estimated_end(
+    job: CoreJob, now: float, policy: SchedulingPolicy, estimates: RuntimeEstimates | None = None
+) -> float:
     """When the gang is expected to release its GPUs.
 
-    A gang being preempted leaves by its grace deadline; one past its estimate may end at any
-    moment, so it is planned to end shortly after `now` (and becomes a preemption candidate for
-    an overdue head: an overrun cannot push a reservation back forever).
+    A gang being preempted leaves by its grace deadline. One past its estimate may end at any
+    moment: it is planned to end `overrun_grace_s` after `now`, or, when jobs like it were
+    learned, when those that ran as long went on to end. Either way the estimate moved, never
+    the job: it runs on (an estimate is never a limit) and the reservation is planned again.
     """
     if job.state == "preempting" and job.preempt_requested_at is not None:
         return max(now, job.preempt_requested_at + job.preempt_grace_s)
     started = job.held_since
     if started is None:
         started = now
-    end = started + runtime_estimate(job, policy)
-    if end <= now:
-        return now + policy.overrun_grace_s
-    return end
+    end = started + runtime_estimate(job, policy, estimates)
+    if end > now:
+        return end
+    later = policy.overrun_grace_s
+    if estimates is not None and policy.learned_runtimes and job.spec is not None:
+        beyond = estimates.beyond_s(job.job_id, job.spec, now - started)
+        if beyond is not None:
+            later = max(later, beyond)
+    return now + later
 
 
-def has_overrun(job: CoreJob, now: float, policy: SchedulingPolicy) -> bool:
+def has_overrun(
+    job: CoreJob, now: float, policy: SchedulingPolicy, estimates: RuntimeEstimates | None = None
+) -> bool:
+    """Whether the gang runs past its estimate (a fact for plans and reasons, never grounds
+    to stop or evict it)."""
     started = job.held_since
-    return started is not None and now > started + runtime_estimate(job, policy)
+    return started is not None and now > started + runtime_estimate(job, policy, estimates)
 
 
 def plan_reservation(
@@ -69,11 +92,12 @@ def plan_reservation(
     yet in the state, but hold GPUs all the same; those it released hold none.
     """
     now, policy, released = ctx.now, ctx.policy, ctx.released
+    estimates = ctx.state.estimates
     # The plan ignores reservations (its placements pass avoid_reserved=False): it is the head's.
     with snap.trial() as planning:
         nodes = ctx.state.node_records
         ends = [
-            (estimated_end(job, now, policy), job.seq, job.ranks, rank_host(job.spec))
+            (estimated_end(job, now, policy, estimates), job.seq, job.ranks, rank_host(job.spec))
             for job in ctx.state.holding_jobs.values()
             if job.job_id not in released
             and job.ranks

@@ -13,6 +13,8 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from core.checkpointing import CheckpointKnowledge
+from core.estimates import RuntimeEstimates
 from core.policy import SchedulingPolicy
 from core.retry import attempt_size, repeated_oom, retry_delay_s
 from core.shape import Shape, describe_need, shape_of
@@ -357,6 +359,10 @@ class SchedulerState:
         self._node_generation = 0
         self._profile: tuple[int, dict[str, int], dict[str, int]] | None = None
         self._host_profile: tuple[int, HostCapacity] | None = None
+        # Runtimes learned from finished jobs: a fold beside this one, over the same events.
+        self._estimates = RuntimeEstimates()
+        # Checkpoint costs and failure rates, for `checkpoint: {interval_s: auto}`.
+        self._checkpoints = CheckpointKnowledge()
         self._handlers: dict[type[Event], Callable[[Any, float], None]] = {
             JobSubmitted: self._on_submitted,
             JobAdmitted: self._on_admitted,
@@ -398,6 +404,8 @@ class SchedulerState:
         handler = self._handlers.get(type(event))
         if at > self._clock:
             self._clock = at
+        self._estimates.apply(event, at)
+        self._checkpoints.apply(event, at)
         if handler is None:
             return
         handler(event, at)
@@ -500,6 +508,14 @@ class SchedulerState:
     # ---------------------------------------------------------------- planning surface
     # What the cycle and its planners read. Read-only by contract: only `apply` changes the
     # state; the records handed out are the state's own, for speed, and must not be written.
+
+    @property
+    def estimates(self) -> RuntimeEstimates:
+        return self._estimates
+
+    @property
+    def checkpoints(self) -> CheckpointKnowledge:
+        return self._checkpoints
 
     @property
     def version(self) -> int:

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Protocol
 
+from core.checkpointing import CheckpointKnowledge
+from core.estimates import RuntimeEstimates
 from core.policy import SchedulingPolicy
 from core.state import (
     CoreJob,
@@ -26,6 +28,16 @@ from core.state import (
 class PlanningSurface(Protocol):
     @property
     def policy(self) -> SchedulingPolicy: ...
+
+    @property
+    def estimates(self) -> RuntimeEstimates:
+        """Runtimes learned from the log (core/estimates.py)."""
+        ...
+
+    @property
+    def checkpoints(self) -> CheckpointKnowledge:
+        """Checkpoint costs and failure rates seen in the log (core/checkpointing.py)."""
+        ...
 
     @property
     def version(self) -> int:

@@ -14,10 +14,10 @@ visited would have added. It is a cache of the state, kept up to date from the s
 holding watch: a gang that enters, changes within or leaves the holding states gets fresh
 entries, and its old ones, recognised by their token, are dropped when they reach the top.
 
-The entries rest on a gang's estimate being a function of its spec and the policy
-(core/reservation.py `runtime_estimate`): a job's spec does not change while it holds a gang,
-and a new policy object rebuilds the timers. An estimate that came to depend on anything else
-would have to rebuild them too.
+The entries rest on a gang's estimate being a function of its spec, the policy and the
+runtimes learned so far (core/reservation.py `runtime_estimate`, core/estimates.py): a job's
+spec does not change while it holds a gang, a new policy object rebuilds the timers, and
+whatever the estimator learns (a job ended) rebuilds the estimated ends.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import heapq
 import weakref
 from typing import TYPE_CHECKING
 
-from core.reservation import runtime_estimate
+from core.reservation import estimated_end, runtime_estimate
 from core.state import CoreJob, HoldingWatch
 from core.surface import PlanningSurface
 
@@ -59,6 +59,7 @@ class GangTimers:
         "_ends",
         "_finalizer",
         "_latest_now",
+        "_learned",
         "_next",
         "_order",
         "_overrun",
@@ -84,6 +85,8 @@ class GangTimers:
         # Gangs visited in every cycle (being preempted, or with no binding time).
         self._always: set[str] = set()
         self._latest_now = float("-inf")
+        # How many jobs the estimator had learned from when the estimated ends were pushed.
+        self._learned = -1
 
     def gangs_to_visit(
         self, state: PlanningSurface, now: float, attention: set[str]
@@ -137,10 +140,13 @@ class GangTimers:
                     break
             for end in held:
                 heapq.heappush(ends, end)
-            overrun = self._overrun
-            if len(overrun) > sum(1 for job_id in visit if job_id in overrun):
-                # estimated_end: a gang past its estimate may end at any moment after `now`.
-                wakeup = min(wakeup, now + state.policy.overrun_grace_s)
+            # estimated_end: a gang past its estimate may end at any moment after `now`, or
+            # when jobs like it that ran as long ended (learned runtimes).
+            policy, estimates = state.policy, state.estimates
+            for job_id in self._overrun:
+                if job_id not in visit:
+                    moment = estimated_end(holding[job_id], now, policy, estimates)
+                    wakeup = min(wakeup, moment)
         order = self._order
         gangs = [holding[job_id] for job_id in sorted(visit, key=order.__getitem__)]
         return gangs, (None if wakeup == float("inf") else wakeup)
@@ -164,6 +170,8 @@ class GangTimers:
             if changes:
                 watch.changes = []
                 self._apply(state, changes)
+            if state.estimates.learned != self._learned:
+                self._rebuild_ends(state)
         self._latest_now = now
         if len(self._deadlines) + len(self._ends) > 4 * len(self._token) + 1024:
             self._compact()
@@ -182,6 +190,7 @@ class GangTimers:
         self._overrun = {}
         self._always = set()
         self._latest_now = float("-inf")
+        self._learned = state.estimates.learned
         self._next = 0
         for job in state.holding_jobs.values():
             self._next += 1
@@ -220,8 +229,20 @@ class GangTimers:
         if spec is not None and spec.max_runtime_s is not None and job.started_at is not None:
             moment = job.started_at + spec.max_runtime_s
             heapq.heappush(self._deadlines, (moment, _LIMIT, token, job.job_id))
-        end = job.held_since + runtime_estimate(job, policy)
+        end = job.held_since + runtime_estimate(job, policy, state.estimates)
         heapq.heappush(self._ends, (end, token, job.job_id))
+
+    def _rebuild_ends(self, state: PlanningSurface) -> None:
+        """The estimated ends again, under what the estimator has learned since."""
+        self._learned = state.estimates.learned
+        policy, estimates, token = state.policy, state.estimates, self._token
+        self._overrun = {}
+        self._ends = [
+            (job.held_since + runtime_estimate(job, policy, estimates), token[job_id], job_id)
+            for job_id, job in state.holding_jobs.items()
+            if job_id not in self._always and job.held_since is not None and job_id in token
+        ]
+        heapq.heapify(self._ends)
 
     def _compact(self) -> None:
         token = self._token

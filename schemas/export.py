@@ -73,6 +73,13 @@ def _loosened(old: Any, new: Any) -> Any:
     if not isinstance(old, dict) or not isinstance(new, dict):
         return old
     out = dict(old)
+    before_any, after_any = old.get("anyOf"), new.get("anyOf")
+    if isinstance(before_any, list) and isinstance(after_any, list):
+        # A union that gained alternatives (a number that may now also be "auto") still lets
+        # through every payload one of its old alternatives did.
+        kept = [_structure(alternative) for alternative in after_any]
+        if all(_structure(alternative) in kept for alternative in before_any):
+            out["anyOf"] = after_any
     for key in _LOWER_BOUNDS + _UPPER_BOUNDS:
         before, after = old.get(key), new.get(key)
         if not isinstance(before, int | float) or not isinstance(after, int | float):

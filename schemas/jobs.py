@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     Field,
@@ -28,6 +28,7 @@ ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 MIG_PROFILE_PATTERN = r"^[1-8]g\.[0-9]{1,3}gb(\+me)?$"
 MAX_CPUS_PER_TASK = 1024
 SharingMode = Literal["mps", "timeslice"]
+PositiveSeconds = Annotated[float, Field(gt=0)]
 
 RequiredLocality = Literal["node", "rack", "block", "none"]
 PreferredLocality = Literal["rack", "block", "none"]
@@ -46,7 +47,12 @@ class TopologySpec(Message):
 
 
 class CheckpointSpec(Message):
-    interval_s: float | None = Field(default=None, gt=0)
+    """Periodic checkpoints: every `interval_s` seconds of a gang's run, or `auto`: the
+    Young-Daly interval from the job's measured checkpoint cost and the failure rate seen on
+    its kind of node (core/checkpointing.py), chosen when each gang starts; None: only the
+    checkpoints a preemption or a drain asks for."""
+
+    interval_s: PositiveSeconds | Literal["auto"] | None = None
 
 
 # ---- pipelines and arrays (DESIGN §8 "Running jobs like people do")
@@ -335,6 +341,11 @@ class GangReserved(JobEvent):
     type = "GangReserved"
     attempt: int = Field(ge=1)
     ranks: list[RankPlacement] = Field(min_length=1)
+    # The attempt's periodic checkpoint interval: the spec's, or the one the scheduler chose
+    # for `checkpoint: {interval_s: auto}` (recorded so that it is auditable; the agent tells
+    # the ranks, the checkpoint service requests by it). None: no periodic checkpoints, or a
+    # gang reserved before intervals were recorded (the spec then says).
+    checkpoint_interval_s: float | None = Field(default=None, gt=0)
 
 
 class TaskStarted(JobEvent):

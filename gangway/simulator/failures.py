@@ -13,15 +13,18 @@ comes back after `node_repair_s`, a faulty GPU after `gpu_repair_s`.
 
 The Young-Daly interval sqrt(2 C / lambda) minimises checkpoint writing plus rework for a job
 whose checkpoint takes C seconds and whose gang fails at rate lambda: the sum of its nodes'
-and GPUs' failure rates.
+and GPUs' failure rates. Its one definition is the core's (core/checkpointing.py), which live
+jobs with `checkpoint: {interval_s: auto}` get too.
 """
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+# Re-exported: the simulator reads the core's one definition.
+from core.checkpointing import young_daly_interval as young_daly_interval
 
 HOUR_S = 3600.0
 
@@ -53,13 +56,6 @@ class FailureConfig:
         if self.node_mtbf_h is not None:
             rate += nodes / (self.node_mtbf_h * HOUR_S)
         return rate
-
-
-def young_daly_interval(checkpoint_cost_s: float, failure_rate: float) -> float:
-    """sqrt(2 C MTBF); infinite (never checkpoint periodically) when nothing can fail."""
-    if failure_rate <= 0:
-        return math.inf
-    return math.sqrt(2.0 * checkpoint_cost_s / failure_rate)
 
 
 @dataclass(frozen=True, slots=True)

@@ -282,6 +282,7 @@ class Agent:
                 step_file=workdir / STEP_FILE,
                 agent_env=os.environ,
                 gpu_memory_mb={g.index: g.memory_mb for g in self.nodes[placement.node_id].gpus},
+                checkpoint_interval_s=reserved.checkpoint_interval_s,
             )
             if view.array_index is not None:
                 env["GANGWAY_ARRAY_INDEX"] = str(view.array_index)

@@ -158,9 +158,15 @@ def rank_env(
     step_file: Path | None = None,
     gpu_memory_mb: Mapping[int, int] | None = None,
     mig_uuids: MigUuids | None = None,
+    checkpoint_interval_s: float | None = None,
 ) -> dict[str, str]:
     """The rank's environment: a few of the agent's variables, the job's env, then Gangway's
-    (which the job cannot override: they describe the placement)."""
+    (which the job cannot override: they describe the placement).
+
+    GANGWAY_CHECKPOINT_INTERVAL_S is the attempt's periodic checkpoint interval as its
+    GangReserved records it (the spec's, or the Young-Daly one chosen for `auto`), else the
+    spec's number; empty when the job has no periodic checkpoints (a rank that checkpoints
+    on its own may pace itself by it)."""
     env = {key: agent_env[key] for key in INHERITED_ENV if key in agent_env}
     # Python's output reaches rank.log (and `gangway logs -f`) as it is printed, not when the
     # rank ends; a job may still ask for buffering in its env.
@@ -176,6 +182,7 @@ def rank_env(
             "GANGWAY_NODE_ID": placement.node_id,
             "GANGWAY_CHECKPOINT_DIR": "" if checkpoint_dir is None else str(checkpoint_dir),
             "GANGWAY_CHECKPOINT_REQUEST": str(checkpoint_request),
+            "GANGWAY_CHECKPOINT_INTERVAL_S": _interval_text(spec, checkpoint_interval_s),
         }
     )
     if step_file is not None:
@@ -183,3 +190,10 @@ def rank_env(
     # A slice's MIG device, an MPS share's limits (services/agent/devices.py).
     env.update(device_env(spec, placement, gpu_memory_mb=gpu_memory_mb, mig_uuids=mig_uuids))
     return env
+
+
+def _interval_text(spec: JobSpec, recorded: float | None) -> str:
+    interval = recorded
+    if interval is None and spec.checkpoint.interval_s != "auto":
+        interval = spec.checkpoint.interval_s
+    return "" if interval is None else f"{interval:.10g}"

@@ -107,15 +107,21 @@ class CheckpointService:
     # ------------------------------------------------------------------ periodic requests
 
     async def interval_of(self, job_id: str) -> float | None:
+        """The spec's fixed interval (None for `auto`: the scheduler chooses it per gang)."""
         for envelope in await self.store.read_stream(f"job-{job_id}"):
             if isinstance(envelope.payload, JobSubmitted):
-                return envelope.payload.spec.checkpoint.interval_s
+                interval = envelope.payload.spec.checkpoint.interval_s
+                return None if interval == "auto" else interval
         return None
 
     async def on_gang_reserved(self, envelope: EventEnvelope, conn: asyncpg.Connection) -> None:
         event = envelope.payload
         assert isinstance(event, GangReserved)
-        interval = await self.interval_of(event.job_id)
+        # The interval the scheduler recorded for this gang (the spec's, or Young-Daly's for
+        # `auto`); a gang reserved before intervals were recorded goes by the spec.
+        interval = event.checkpoint_interval_s
+        if interval is None:
+            interval = await self.interval_of(event.job_id)
         self.periodic.started(event.job_id, event.attempt, interval, time.monotonic())
 
     async def on_gang_released(self, envelope: EventEnvelope, conn: asyncpg.Connection) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from schemas.base import Event
 from schemas.checkpoints import CheckpointCommitted, CheckpointShard
 from schemas.jobs import (
+    CheckpointSpec,
     GangReserved,
     JobCancelled,
     JobRequeued,
@@ -108,3 +109,23 @@ def test_the_latest_committed_checkpoint_is_the_one_to_resume_from() -> None:
     second = CheckpointCommitted(job_id="j1", attempt=2, checkpoint_id="a2", step=9, shards=[shard])
     assert latest_checkpoint([first, second]) == second
     assert latest_checkpoint([]) is None
+
+
+def test_the_ranks_are_told_their_checkpoint_interval() -> None:
+    """The interval the gang's GangReserved records (Young-Daly's for `auto`), else the
+    spec's number; empty without periodic checkpoints."""
+
+    def interval_of(spec: JobSpec, recorded: float | None) -> str:
+        return rank_env(
+            spec=spec, job_id="j1", attempt=1, placement=gang().ranks[0], world_size=2,
+            checkpoint_dir=None, checkpoint_request=Path("/w/req.json"), agent_env={},
+            checkpoint_interval_s=recorded,
+        )["GANGWAY_CHECKPOINT_INTERVAL_S"]
+
+    auto = SPEC.model_copy(update={"checkpoint": CheckpointSpec(interval_s="auto")})
+    fixed = SPEC.model_copy(update={"checkpoint": CheckpointSpec(interval_s=1800)})
+    assert interval_of(auto, 2683.3) == "2683.3"
+    assert interval_of(fixed, None) == "1800"
+    assert interval_of(fixed, 1800.0) == "1800"
+    assert interval_of(SPEC, None) == ""
+    assert interval_of(auto, None) == ""  # reserved before intervals were recorded

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from core import (
     Auditor,
@@ -56,6 +56,12 @@ class JobBuilder:
 
     def gpus(self, per_task: int) -> JobBuilder:
         return self._set(gpus_per_task=per_task)
+
+    def named(self, name: str) -> JobBuilder:
+        return self._set(name=name)
+
+    def checkpoint_every(self, interval_s: float | Literal["auto"]) -> JobBuilder:
+        return self._set(checkpoint={"interval_s": interval_s})
 
     def tasks(self, tasks: int) -> JobBuilder:
         return self._set(tasks=tasks)

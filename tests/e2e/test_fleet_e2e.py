@@ -327,3 +327,26 @@ async def test_malformed_telemetry_is_dead_lettered_and_the_services_go_on(
         )
     finally:
         heal(fault_dir(system), node)
+
+
+async def test_a_job_with_an_automatic_interval_is_given_one_and_its_ranks_are_told(
+    system: System,
+) -> None:
+    """`checkpoint: {interval_s: auto}`: the scheduler records the Young-Daly interval in the
+    gang's GangReserved (nothing measured yet: the priors') and every rank gets it."""
+    job_id = await submit(
+        system,
+        tasks=1,
+        checkpoint={"interval_s": "auto"},
+        command=["sh", "-c", 'echo "interval=$GANGWAY_CHECKPOINT_INTERVAL_S"; sleep 600'],
+    )
+    gang = await running_gang(system, job_id, 1)
+    assert gang.checkpoint_interval_s is not None and gang.checkpoint_interval_s > 60
+
+    async def told() -> str:
+        async with system.client() as api:
+            response = await api.get(f"/v1/jobs/{job_id}/logs")
+        return response.text if "interval=" in response.text else ""
+
+    output = await eventually(told, what="the rank printed its interval")
+    assert f"interval={gang.checkpoint_interval_s:.10g}" in output

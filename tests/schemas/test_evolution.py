@@ -96,3 +96,18 @@ def test_narrowing_a_bound_is_breaking() -> None:
 
 def test_the_exported_json_schemas_match_the_models() -> None:
     assert compare_with_exported() == []
+
+
+def test_a_union_that_gains_an_alternative_is_not_breaking() -> None:
+    """`checkpoint.interval_s` took a number or null; it may now also be "auto"."""
+    number = {"type": "number", "exclusiveMinimum": 0}
+    old = _schema({"a": {"anyOf": [number, {"type": "null"}]}}, [])
+    new = _schema({"a": {"anyOf": [number, {"const": "auto"}, {"type": "null"}]}}, [])
+    assert breaking_changes(old, new) == []
+
+
+def test_a_union_that_loses_an_alternative_is_breaking() -> None:
+    number = {"type": "number", "exclusiveMinimum": 0}
+    old = _schema({"a": {"anyOf": [number, {"const": "auto"}, {"type": "null"}]}}, [])
+    new = _schema({"a": {"anyOf": [number, {"type": "null"}]}}, [])
+    assert breaking_changes(old, new) == ["field 'a' changed its schema"]

@@ -1,0 +1,236 @@
+"""Runtime estimates learned from the log (core/estimates.py): jobs like a finished one are
+predicted to run as long; the head's reservation, backfill and `why`'s estimated start use the
+prediction; a replay predicts the same; an estimate is never a limit."""
+
+from __future__ import annotations
+
+from core.estimates import RuntimeEstimates, name_prefix, predicted_runtime_s
+from core.policy import SchedulingPolicy
+from core.reservation import runtime_estimate
+from schemas.jobs import JobSpec, PreemptionRequested, ReservationPlanned
+from tests.core.builders import History, a_job
+
+HOUR = 3600.0
+
+
+def finish(history: History, job_id: str, after_s: float) -> None:
+    """The job's gang runs `after_s` seconds, then its ranks exit 0 and it succeeds."""
+    history.run()
+    history.advance(after_s)
+    history.exit(job_id, 0)
+    history.run()
+
+
+def run_jobs(history: History, builders: list[tuple[str, float]], team: str = "team-a") -> None:
+    """(name, seconds) jobs of one GPU, one after the other, each succeeding after its time."""
+    for name, seconds in builders:
+        job = history.submit(a_job().named(name).gpus(1).team(team))[0]
+        finish(history, job, seconds)
+        assert history.job(job).state == "succeeded"
+
+
+def spec(name: str, team: str = "team-a", gpus: int = 1, **fields: object) -> JobSpec:
+    return JobSpec.model_validate({"name": name, "team": team, "gpus_per_task": gpus, **fields})
+
+
+def test_a_job_run_again_is_predicted_to_run_as_long_as_its_last_runs() -> None:
+    history = History("1x8")
+    run_jobs(history, [("train", HOUR), ("train", HOUR), ("train", HOUR)])
+
+    predicted = predicted_runtime_s(history.state.estimates, spec("train"))
+
+    assert predicted is not None
+    assert HOUR <= predicted <= HOUR + 10  # the gang held its GPUs an hour (and a cycle)
+
+
+def test_nothing_is_predicted_before_enough_jobs_ended() -> None:
+    history = History("1x8")
+    run_jobs(history, [("train", HOUR), ("train", HOUR)])
+
+    assert predicted_runtime_s(history.state.estimates, spec("train")) is None
+    assert predicted_runtime_s(RuntimeEstimates(), spec("train")) is None
+
+
+def test_an_unknown_name_falls_back_to_its_prefix_then_its_team_then_everyone() -> None:
+    history = History("1x8")
+    run_jobs(history, [("bert-base-1", 600.0), ("bert-base-2", 600.0), ("bert-large", 600.0)])
+    run_jobs(history, [("etl", 2 * HOUR), ("etl", 2 * HOUR), ("etl", 2 * HOUR)], team="team-b")
+    estimates = history.state.estimates
+
+    by_prefix = predicted_runtime_s(estimates, spec("bert-large-lr3"))
+    by_team = predicted_runtime_s(estimates, spec("gpt"))
+    by_everyone = predicted_runtime_s(estimates, spec("anything", team="team-c", gpus=4))
+
+    assert by_prefix is not None and by_prefix < HOUR
+    assert by_team is not None and by_team < HOUR  # team-a's jobs, not team-b's
+    assert by_everyone is not None and by_everyone > HOUR  # the 0.6 quantile of all six
+
+
+def test_a_name_prefix_is_the_stem_before_a_separator_or_a_trailing_number() -> None:
+    assert name_prefix("bert-large-lr3") == "bert"
+    assert name_prefix("resnet50_seed7") == "resnet50"
+    assert name_prefix("train7") == "train"
+    assert name_prefix("train") is None
+    assert name_prefix("7-up") is None
+
+
+def test_a_teams_estimates_are_scaled_by_how_far_they_were_off() -> None:
+    """The team's users say an hour and their jobs run two: an hour now means two."""
+    history = History("1x8")
+    for _ in range(3):
+        job = history.submit(a_job().named("sweep").gpus(1).estimate(HOUR))[0]
+        finish(history, job, 2 * HOUR)
+
+    predicted = predicted_runtime_s(history.state.estimates, spec("new", estimated_runtime_s=HOUR))
+    capped = predicted_runtime_s(
+        history.state.estimates,
+        spec("new", estimated_runtime_s=HOUR, max_runtime_s=1.5 * HOUR),
+    )
+
+    assert predicted is not None and 2 * HOUR <= predicted <= 2 * HOUR + 10
+    assert capped == 1.5 * HOUR  # only max_runtime_s ends a job: nothing is planned past it
+
+
+def test_a_cancelled_job_teaches_nothing_a_failed_one_does() -> None:
+    history = History("1x8")
+    for _ in range(3):
+        job = history.submit(a_job().named("flaky").gpus(1))[0]
+        history.run()
+        history.advance(HOUR)
+        history.cancel(job)
+        history.run(cycles=2)
+    assert predicted_runtime_s(history.state.estimates, spec("flaky")) is None
+
+    for _ in range(3):
+        job = history.submit(a_job().named("flaky").gpus(1).retries(0))[0]
+        finish_code(history, job, 600.0, code=1)
+        assert history.job(job).state == "failed"
+    predicted = predicted_runtime_s(history.state.estimates, spec("flaky"))
+    assert predicted is not None and predicted < HOUR
+
+
+def finish_code(history: History, job_id: str, after_s: float, code: int) -> None:
+    history.run()
+    history.advance(after_s)
+    history.exit(job_id, code)
+    history.run(cycles=2)
+
+
+def test_the_head_reservation_and_its_estimated_start_follow_learned_runtimes() -> None:
+    """Nobody gave an estimate: the running `train` is expected to end after the hour such
+    jobs ran, not after the policy's default of four hours, and `why` says so."""
+    history = History("1x8")
+    run_jobs(history, [("train", HOUR), ("train", HOUR), ("train", HOUR)])
+    running = history.submit(a_job().named("train").gpus(8))[0]
+    history.run()
+    started = history.now - 1
+    head = history.submit(a_job().named("eval").gpus(8))[0]
+
+    history.run()
+
+    view = history.job(head)
+    assert view.reason_code == "reserved_head"
+    assert view.estimated_start is not None
+    assert started + HOUR <= view.estimated_start <= started + HOUR + 10
+    assert history.job(running).state == "running"
+
+
+def test_without_learning_the_head_waits_for_the_policys_default_estimate() -> None:
+    history = History("1x8", policy=SchedulingPolicy(learned_runtimes=False))
+    run_jobs(history, [("train", HOUR), ("train", HOUR), ("train", HOUR)])
+    history.submit(a_job().named("train").gpus(8))
+    history.run()
+    started = history.now - 1
+    head = history.submit(a_job().named("eval").gpus(8))[0]
+
+    history.run()
+
+    assert history.job(head).estimated_start == started + 4 * HOUR
+
+
+def test_a_job_learned_short_backfills_before_the_reservation() -> None:
+    """`probe` jobs ran ten minutes: one may start on the head's reserved GPUs, which stay
+    busy for the hour `train` runs; a job only known by its team's runs (the 0.6 quantile of
+    ten minutes and an hour: an hour) may not."""
+    history = History("2x8:2:1")
+    run_jobs(history, [("probe", 600.0)] * 3 + [("train", HOUR)] * 3)
+    history.submit(a_job().named("train").gpus(4))
+    history.run()
+    head = history.submit(a_job().named("big").gpus(8).tasks(2))[0]
+    history.run()
+    assert history.job(head).reason_code == "reserved_head"
+
+    probe = history.submit(a_job().named("probe").gpus(4))[0]
+    unknown = history.submit(a_job().named("other").gpus(4))[0]
+    history.run()
+
+    assert history.job(probe).state == "running"
+    assert history.job(unknown).state == "queued"
+    assert history.job(unknown).reason_code == "backfill_blocked"
+
+
+def test_an_overrun_replans_the_reservation_from_jobs_that_ran_as_long() -> None:
+    """Most `train` runs took an hour, a third three: one past its hour is not evicted; the
+    head behind it is planned again for when such long runs ended."""
+    history = History("1x8")
+    run_jobs(history, [("train", HOUR), ("train", HOUR), ("train", 3 * HOUR)] * 2)
+    running = history.submit(a_job().named("train").gpus(8).priority("best-effort"))[0]
+    history.run()
+    started = history.now - 1
+    head = history.submit(a_job().named("eval").gpus(8).priority("research"))[0]
+    history.run()
+    first = history.job(head).estimated_start
+    assert first is not None and first < started + 1.1 * HOUR
+
+    history.run(cycles=4, every_s=HOUR / 2)
+
+    assert history.events(PreemptionRequested, running) == []
+    assert history.job(running).state == "running"
+    planned = history.events(ReservationPlanned, head)[-1].start_at.timestamp()
+    assert started + 3 * HOUR <= planned <= started + 3 * HOUR + 10
+
+
+def test_a_restarted_scheduler_replaying_the_log_predicts_the_same() -> None:
+    history = History("2x8:2:1")
+    history.team("team-b")
+    run_jobs(history, [("bert-a", 600.0), ("bert-b", 900.0), ("etl", HOUR)] * 2)
+    for _ in range(3):
+        job = history.submit(a_job().named("sweep").team("team-b").gpus(2).estimate(HOUR))[0]
+        finish(history, job, 1.5 * HOUR)
+    waiting = history.submit(
+        a_job().named("bert-c").gpus(8).tasks(2),
+        a_job().named("sweep").team("team-b").gpus(8).estimate(600),
+        a_job().named("etl").gpus(4),
+    )
+    history.run()
+
+    replayed = history.replayed()
+
+    policy = history.policy
+    for job_id in waiting:
+        live_job = history.state.job_records[job_id]
+        replayed_job = replayed.job_records[job_id]
+        assert runtime_estimate(replayed_job, policy, replayed.estimates) == runtime_estimate(
+            live_job, policy, history.state.estimates
+        )
+    for probe in (spec("bert-z"), spec("sweep", team="team-b", estimated_runtime_s=60), spec("x")):
+        assert predicted_runtime_s(replayed.estimates, probe) == predicted_runtime_s(
+            history.state.estimates, probe
+        )
+    assert replayed.estimates.learned == history.state.estimates.learned == 9
+
+
+def test_an_overrunning_gangs_expected_end_does_not_depend_on_when_it_was_asked() -> None:
+    """The live scheduler asks every cycle, a restarted one once: both get the same answer."""
+    history = History("1x8")
+    run_jobs(history, [(f"train-{n}", n * 900.0) for n in range(1, 9)])
+    running = history.submit(a_job().named("train-9").gpus(8))[0]
+    history.run()
+    live = history.state.estimates
+    spec_of = history.state.job_records[running].spec
+    assert spec_of is not None
+    for ran in (100.0, 1000.0, 1800.0, 2000.0, 3700.0, 5000.0, 7300.0, 9000.0):
+        asked_often = live.beyond_s(running, spec_of, ran)
+        asked_once = history.replayed().estimates.beyond_s(running, spec_of, ran)
+        assert asked_often == asked_once, ran
+    assert live.beyond_s(running, spec_of, 9000.0) is None  # none of them ran that long
