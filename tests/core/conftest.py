@@ -5,8 +5,8 @@
 - `dev` (`GANGWAY_HYPOTHESIS_PROFILE=dev`): a new random seed every run, to explore. What it
   found is settled in docs/testing.md (property tests, Open); it stays opt-in so that a run
   of `make test` is reproducible.
-- `mutation` (`make mutation` sets it): derandomized and fewer examples, so that each mutant's
-  run stays short.
+- `mutation` (`make mutation` sets it): derandomized, fewer examples and no shrinking, so that
+  each mutant's run stays short: a mutant needs a verdict, not a minimal example.
 
 `GANGWAY_HYPOTHESIS_PROFILE` names a profile explicitly.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 _QUIET = [HealthCheck.too_slow]
 
@@ -28,6 +28,7 @@ settings.register_profile(
     max_examples=30,
     derandomize=True,
     database=None,
+    phases=[Phase.explicit, Phase.generate],
     deadline=None,
     suppress_health_check=_QUIET,
 )
