@@ -24,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,7 +97,9 @@ def main() -> int:
     # A fresh run each time: mutmut's cached map of tests to functions and its old verdicts
     # would otherwise outlive changes to the tests.
     shutil.rmtree(ROOT / "mutants", ignore_errors=True)
+    started = time.monotonic()
     _run_mutmut(modules, args.budget_s, args.max_children)
+    print(f"mutmut ran {time.monotonic() - started:.0f} s with {args.max_children} children")
     killed = total = unchecked = 0
     survivors: list[str] = []
     for module in modules:

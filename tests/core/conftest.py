@@ -25,7 +25,7 @@ settings.register_profile(
 )
 settings.register_profile(
     "mutation",
-    max_examples=30,
+    max_examples=15,
     derandomize=True,
     database=None,
     phases=[Phase.explicit, Phase.generate],
