@@ -246,3 +246,28 @@ def test_a_head_behind_a_released_gangs_stopping_ranks_is_planned_the_overrun_gr
 
     assert history.job(head).state == "reserved"
     assert history.auditor.violations == []
+
+
+def test_a_typed_head_counts_the_stopping_ranks_of_every_gang_released_on_its_gpu_type() -> None:
+    # Two best-effort gangs share the only H100 node; an H100 production job preempts both,
+    # and both are released in one cycle with their ranks still stopping. Those ranks on the
+    # head's GPU type, of both gangs, make its reservation; the A100 node is no use to it.
+    history = History(
+        "groups:\n- {count: 1, gpus: 8, gpu_type: A100}\n- {count: 1, gpus: 8, gpu_type: H100}\n",
+        POLICY,
+    )
+    history.occupy("n0000", 8)
+    for _ in range(2):
+        history.occupy("n0001", 4, a_job().priority("best-effort").gpu_type("H100"))
+    head = history.submit(a_job().gpus(8).gpu_type("H100").priority("production"))[0]
+    history.cycle()
+    history.advance(POLICY.preemption_grace_s + 1)
+
+    history.cycle()  # both gangs are released, their ranks still run
+
+    assert history.job(head).reason_code == "reserved_head"
+    planned = history.events(ReservationPlanned, head)[-1]
+    assert (planned.start_at.timestamp(), planned.nodes) == (
+        history.now + POLICY.overrun_grace_s,
+        ["n0001"],
+    )

@@ -312,3 +312,19 @@ def test_a_typed_gang_clears_nodes_of_a_pool_with_no_free_gpu_at_all() -> None:
 
     assert history.job(head).reason_code == "reserved_head"
     assert sorted(victims(history)) == sorted(small)
+
+
+def test_at_most_eight_preemptors_evict_in_one_cycle_the_ninth_waits_for_the_next() -> None:
+    # Sixteen 1-GPU research gangs fill the cluster; nine 1-GPU production jobs could each
+    # take one. A cycle lets eight preemptors evict (MAX_PREEMPTORS_PER_CYCLE); the ninth
+    # evicts in the next cycle.
+    history = History("2x8:2:1")
+    history.submit(*(a_job().gpus(1).priority("research") for _ in range(16)))
+    history.run()
+    history.submit(*(a_job().gpus(1).priority("production") for _ in range(9)))
+
+    history.cycle()
+    assert len({p.preemptor_job_id for p in history.events(PreemptionRequested)}) == 8
+
+    history.cycle()
+    assert len({p.preemptor_job_id for p in history.events(PreemptionRequested)}) == 9
