@@ -328,3 +328,25 @@ def test_at_most_eight_preemptors_evict_in_one_cycle_the_ninth_waits_for_the_nex
 
     history.cycle()
     assert len({p.preemptor_job_id for p in history.events(PreemptionRequested)}) == 9
+
+
+def test_the_preemptor_says_whom_it_preempts_and_each_victim_says_why() -> None:
+    # Eight 1-GPU research gangs fill the node; an 8-GPU production job evicts all eight. Its
+    # reason names the first three and counts the rest; each victim is told by whom and why.
+    history = History("1x8:1:1")
+    gangs = history.submit(*(a_job().gpus(1).priority("research") for _ in range(8)))
+    history.run()
+    preemptor = history.submit(a_job().gpus(8).priority("production"))[0]
+
+    history.cycle()
+
+    first = ", ".join(victims(history)[:3])
+    assert sorted(victims(history)) == sorted(gangs)
+    assert history.job(preemptor).reason == (
+        f"needs 8 GPUs in one NVLink domain; preempting {first} and 5 more; "
+        "starts once they checkpoint (within 120 s)"
+    )
+    assert {p.reason for p in history.events(PreemptionRequested)} == {
+        f"preempted for job {preemptor} (priority production)"
+    }
+    assert history.cycles[-1].preemptions == 8
