@@ -109,6 +109,12 @@ def plan_reservation(
             (end, -1 - number, ranks, host)
             for number, (end, ranks, host) in enumerate(ctx.placed_gangs)
         ]
+        stopping = _stopping(ctx, shape)
+        if stopping:
+            # Stopping ranks gave their CPUs and memory back at release (core/host.py).
+            ends.append(
+                (now + policy.overrun_grace_s, -1 - len(ctx.placed_gangs), stopping, (0, 0))
+            )
         ends.sort()
         tries = 0
         freed_at_last_try = -1
@@ -140,3 +146,19 @@ def plan_reservation(
                 last = ends[-1][0] if ends else now
                 return max(last, now), allocation
         return None
+
+
+def _stopping(ctx: CycleContext, shape: Shape) -> list[tuple[int, int]]:
+    """The GPUs of released gangs' ranks that have not exited yet, (node index, mask) in the
+    head's pool: earlier releases' (lingering on their node) and this cycle's. A rank may take
+    its stop timeout to die; it ends any moment, so the plan frees them `overrun_grace_s` after
+    now, as it does an overrunning gang's. Left out, a head that waits only for them got no
+    reservation and read "it does not fit even when the running gangs end"."""
+    nodes, jobs = ctx.state.node_records, ctx.state.job_records
+    stopping = [(index, node.lingering_mask) for index, node in enumerate(nodes) if node.lingering]
+    for job_id in sorted(ctx.released):
+        job = jobs[job_id]
+        stopping += [place for rank, place in enumerate(job.ranks) if job.still_runs(rank)]
+    if shape.gpu_type is None:
+        return stopping
+    return [(index, mask) for index, mask in stopping if nodes[index].gpu_type == shape.gpu_type]

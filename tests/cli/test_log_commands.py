@@ -9,6 +9,7 @@ import pytest
 from gangway.cli import main
 from schemas.base import Event
 from schemas.jobs import JobAdmitted, JobDeferred, TaskStarted
+from schemas.nodes import NodeDrained
 from services.runtime import EventStore, Settings
 from tests.api.builders import node, reserved, submitted
 
@@ -80,6 +81,19 @@ def test_audit_of_a_gpu_bound_twice_lists_the_violation_and_exits_1(
     assert main(["audit"]) == 1
     out = capsys.readouterr().out
     assert "a GPU is bound to at most one gang" in out
+
+
+def test_audit_reports_a_broken_scheduling_rule_by_its_name_and_exits_1(
+    log_env: Settings, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A scheduling promise of DESIGN §3, not an invariant: a node is reported drained while a
+    # gang still holds GPUs on it (the auditor's `drain` rule).
+    record(log_env, node("n1"), *running_job("a", [0, 1]), NodeDrained(node_id="n1"))
+    assert main(["audit"]) == 1
+    out = capsys.readouterr().out
+    assert "a node is reported drained only when no gang holds it" in out
+    assert "node n1 reported drained while job a still holds GPUs on it" in out
+    assert "1 invariant violation(s)" in out
 
 
 def test_an_unreachable_log_is_a_one_line_error(

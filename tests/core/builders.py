@@ -72,9 +72,6 @@ class JobBuilder:
     def memory(self, mb_per_task: int) -> JobBuilder:
         return self._set(memory_mb_per_task=mb_per_task)
 
-    def checkpoint_every(self, seconds: float) -> JobBuilder:
-        return self._set(checkpoint={"interval_s": seconds})
-
     def cpu_only(self, cpus_per_task: float) -> JobBuilder:
         """A task of no GPU (preprocessing): `gpus_per_task: 0` and its CPUs."""
         return self._set(gpus_per_task=0, cpus_per_task=cpus_per_task)

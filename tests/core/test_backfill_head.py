@@ -19,28 +19,32 @@ def settle(history: History) -> None:
 
 
 def test_a_job_whose_reservation_cannot_be_planned_leaves_the_head_to_the_next_in_line() -> None:
-    """The only live H100 node is held by a rank of a gang released when its other node was
-    lost: a 1-GPU H100 job, first in line, fits nowhere even once every running gang ends.
-    It holds no reservation, so the A100 gang behind it stays the head and keeps its nodes:
-    a long 1-GPU job may not backfill onto them (found by the random property tests)."""
+    """Three GPUs of each H100 node are broken (5 healthy each): a gang of three 3-GPU H100
+    tasks, first in line, passes the cluster's capacity check (10 GPUs, units of 3) yet fits
+    nowhere even once every running gang ends (one unit per node). It holds no reservation,
+    so the A100 gang behind it stays the head and keeps its nodes: a long 1-GPU job may not
+    backfill onto them. (Found by the random property tests, where a rank of a released gang
+    held the only node a job could use; such ranks are now planned to end, see
+    test_reservation_rules.py.)"""
     history = History(MIXED)  # H100: n0000, n0001; A100: n0002, n0003
-    lost = history.submit(a_job().gpus(8).tasks(2).gpu_type("H100"))[0]
+    for node in ("n0000", "n0001"):
+        for gpu in (5, 6, 7):
+            history.break_gpu(node, gpu)
     history.submit(*(a_job().gpus(4).gpu_type("A100").estimate(1000) for _ in range(2)))
     settle(history)
-    history.lose("n0000")
-    settle(history)
-    assert history.job(lost).state == "queued"
     big = history.submit(a_job().gpus(8).tasks(2).gpu_type("A100"))[0]
     long = history.submit(a_job().gpus(1).gpu_type("A100").estimate(5000))[0]
     settle(history)
     assert history.job(big).reason_code == "reserved_head"
     assert history.job(long).reason_code == "backfill_blocked"
 
-    first = history.submit(a_job().gpus(1).gpu_type("H100").priority("inference-critical"))[0]
+    first = history.submit(
+        a_job().gpus(3).tasks(3).gpu_type("H100").priority("inference-critical")
+    )[0]
     settle(history)
 
     assert history.job(first).reason == (
-        "needs 1 GPU of type H100; it does not fit even when the running gangs end"
+        "needs 9 GPUs (3 tasks x 3) of type H100; it does not fit even when the running gangs end"
     )
     assert history.job(big).reason_code == "reserved_head"
     assert history.job(long).state == "queued"

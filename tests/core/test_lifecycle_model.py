@@ -465,8 +465,10 @@ class Lifecycle(RuleBasedStateMachine):
             assert self.history.auditor.unexplained() == []
 
 
+# 80 examples, or fewer where the profile asks for fewer (`mutation`: each mutant's run short).
+_PROFILE_EXAMPLES = settings.default.max_examples if settings.default is not None else 80
 Lifecycle.TestCase.settings = settings(
-    max_examples=80,
+    max_examples=min(80, _PROFILE_EXAMPLES),
     stateful_step_count=50,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

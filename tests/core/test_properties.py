@@ -273,7 +273,7 @@ def _examples(share: float) -> settings:
     """A fraction of the profile's examples (the determinism and replay tests play twice)."""
     profile = settings.default
     examples = profile.max_examples if profile is not None else 100
-    return settings(max_examples=max(10, int(examples * share)))
+    return settings(max_examples=max(5, int(examples * share)))
 
 
 @given(cluster=clusters, policy=policies, tree=trees, ops=operations)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from schemas.jobs import PreemptionRequested
 from tests.core.builders import History, a_job
 
@@ -102,6 +104,34 @@ def test_a_reclaimer_whose_victim_was_backfilled_again_reclaims_anew() -> None:
     history.run(cycles=2)
     assert history.job(owner).state == "running"
     assert history.auditor.violations == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="open (docs/testing.md, Open): a preemptor awaiting its victims holds no claim on the "
+    "free GPUs its plan counted on, so backfill gives them away during the victims' grace",
+)
+def test_no_borrower_takes_the_free_gpus_a_reclaim_counted_on_while_its_victim_leaves() -> None:
+    """The dev profile's invariant-4 report, made small. Gamma (guaranteed 4) reclaims the one
+    4-GPU node: 2 GPUs are free, beta's borrowed 2-GPU gang is the victim. While the victim
+    checkpoints, the preemptor is no head and holds no reservation, so beta's next 2-GPU job
+    lands on the free GPUs; once the victim leaves, the preemptor fits nowhere and must
+    reclaim again after its hysteresis (each round, a requeued victim may refill)."""
+    history = History("1x4:1:1")
+    history.team("gamma", guaranteed=4).team("beta")
+    victim = history.submit(a_job().gpus(2).team("beta").estimate(86400))[0]
+    history.run()
+    owner = history.submit(a_job().gpus(4).team("gamma"))[0]
+    waiting = history.submit(a_job().gpus(2).team("beta").estimate(86400))[0]
+    history.run()
+    assert [p.job_id for p in history.events(PreemptionRequested)] == [victim]
+
+    history.run()  # the victim is still checkpointing
+
+    assert history.job(waiting).state == "queued"
+    history.evict(victim)
+    history.run()
+    assert history.job(owner).state == "running"
 
 
 def test_a_team_reclaims_a_whole_node_from_small_borrowers_scattered_over_the_cluster() -> None:

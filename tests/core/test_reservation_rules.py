@@ -206,3 +206,68 @@ def test_a_head_that_fits_only_after_the_last_untried_end_is_planned_at_that_end
 
     [planned] = history.events(ReservationPlanned)
     assert (planned.start_at.timestamp(), planned.nodes) == (T0 + 2900, ["n0003"])
+
+
+# ------------------------------------------------- ranks of a released gang, still stopping
+
+
+def test_a_head_behind_a_released_gangs_stopping_ranks_is_planned_the_overrun_grace_after_now() -> (
+    None
+):
+    # A production job preempts the best-effort gang on the only node; its grace is over and
+    # the gang is released, but its ranks have not exited yet (a rank may take its stop
+    # timeout to die): their GPUs go to nobody until they do. They end any moment, as an
+    # overrunning gang does, so the head is planned there `overrun_grace_s` after now; it used
+    # to get no reservation and read "it does not fit even when the running gangs end".
+    history = History("1x8", POLICY)
+    best_effort = history.submit(a_job().gpus(8).priority("best-effort"))[0]
+    history.run()
+    head = history.submit(a_job().gpus(8).priority("production"))[0]
+    history.cycle()
+    assert history.job(best_effort).state == "preempting"
+    history.advance(POLICY.preemption_grace_s + 1)
+
+    history.cycle()  # the grace is over: the gang is released, its ranks still run
+
+    assert history.job(best_effort).state == "queued"
+    assert history.job(head).state == "queued"
+    assert history.job(head).reason_code == "reserved_head"
+    planned = history.events(ReservationPlanned, head)[-1]
+    assert (planned.start_at.timestamp(), planned.nodes) == (
+        history.now + POLICY.overrun_grace_s,
+        ["n0000"],
+    )
+    history.advance(1)
+    history.cycle()  # a later cycle: the ranks linger on their node
+    assert history.job(head).reason_code == "reserved_head"
+
+    history.exit(best_effort, -9, reason="stopped")
+    history.cycle()
+
+    assert history.job(head).state == "reserved"
+    assert history.auditor.violations == []
+
+
+def test_a_typed_head_counts_the_stopping_ranks_of_every_gang_released_on_its_gpu_type() -> None:
+    # Two best-effort gangs share the only H100 node; an H100 production job preempts both,
+    # and both are released in one cycle with their ranks still stopping. Those ranks on the
+    # head's GPU type, of both gangs, make its reservation; the A100 node is no use to it.
+    history = History(
+        "groups:\n- {count: 1, gpus: 8, gpu_type: A100}\n- {count: 1, gpus: 8, gpu_type: H100}\n",
+        POLICY,
+    )
+    history.occupy("n0000", 8)
+    for _ in range(2):
+        history.occupy("n0001", 4, a_job().priority("best-effort").gpu_type("H100"))
+    head = history.submit(a_job().gpus(8).gpu_type("H100").priority("production"))[0]
+    history.cycle()
+    history.advance(POLICY.preemption_grace_s + 1)
+
+    history.cycle()  # both gangs are released, their ranks still run
+
+    assert history.job(head).reason_code == "reserved_head"
+    planned = history.events(ReservationPlanned, head)[-1]
+    assert (planned.start_at.timestamp(), planned.nodes) == (
+        history.now + POLICY.overrun_grace_s,
+        ["n0001"],
+    )

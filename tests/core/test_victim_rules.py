@@ -256,3 +256,97 @@ def test_an_overdue_head_that_cannot_preempt_by_class_evicts_nothing_run_past_it
     assert victims(history) == []
     assert history.job(late).state == "running"
     assert history.job(head).reason_code == "reserved_head"
+
+
+def test_when_borrowers_alone_cannot_make_room_a_borrower_still_goes_before_an_own_gang() -> None:
+    # n0 holds a fixed 2-GPU gang, an older 2-GPU research gang borrowed by team beta, and two
+    # younger 2-GPU research gangs of alpha's own. The production preemptor of alpha needs 4
+    # GPUs on the node: beta's borrowed gang alone frees only 2, so one more gang must go,
+    # and the borrower is still the first of the two (not both of alpha's younger gangs,
+    # which the victim order of age alone would take).
+    history = History("1x8:1:1")
+    history.occupy("n0000", 2)
+    borrowed = history.occupy("n0000", 2, a_job().team("beta").priority("research"))
+    history.advance(600)
+    own = [history.occupy("n0000", 2, a_job().priority("research")) for _ in range(2)]
+
+    history.submit(a_job().gpus(4).priority("production"))
+    history.cycle()
+
+    assert victims(history) == [borrowed, own[0]]
+    assert history.job(own[1]).state == "running"
+
+
+def test_nodes_cleared_with_the_fewest_gpus_evicted_beat_the_victim_order() -> None:
+    # A 2x8 gang needs two whole nodes. n0 and n1 each have 4 free GPUs and a 4-GPU research
+    # gang; n2 is one 8-GPU best-effort gang, first in victim order (the lowest class). Node
+    # by node, clearing n0 and n1 evicts 8 GPUs; taking victims in order would evict the
+    # best-effort gang and one more (12 GPUs) and still land on two nodes.
+    history = History("3x8:3:1")
+    small = [history.occupy(node, 4, a_job().priority("research")) for node in ("n0000", "n0001")]
+    history.occupy("n0002", 8, a_job().priority("best-effort"))
+
+    history.submit(a_job().gpus(8).tasks(2).priority("inference-critical"))
+    history.cycle()
+
+    assert sorted(victims(history)) == sorted(small)
+
+
+def test_a_typed_gang_clears_nodes_of_a_pool_with_no_free_gpu_at_all() -> None:
+    # Every H100 GPU is busy with 4-GPU research gangs, none of which alone makes room for a
+    # typed 2x8 gang: it clears both nodes, counting the free units of a pool that has none
+    # (and that no plan of this cycle touched: the head is an A100 job, held by a gang that
+    # cannot be preempted).
+    history = History(
+        "groups:\n- {count: 1, gpus: 8, gpu_type: A100}\n- {count: 2, gpus: 8, gpu_type: H100}\n"
+    )
+    history.occupy("n0000", 8)
+    small = [
+        history.occupy(node, 4, a_job().priority("research").gpu_type("H100"))
+        for node in ("n0001", "n0001", "n0002", "n0002")
+    ]
+    head = history.submit(a_job().gpus(8).gpu_type("A100").priority("production"))[0]
+
+    history.submit(a_job().gpus(8).tasks(2).gpu_type("H100").priority("production"))
+    history.cycle()
+
+    assert history.job(head).reason_code == "reserved_head"
+    assert sorted(victims(history)) == sorted(small)
+
+
+def test_at_most_eight_preemptors_evict_in_one_cycle_the_ninth_waits_for_the_next() -> None:
+    # Sixteen 1-GPU research gangs fill the cluster; nine 1-GPU production jobs could each
+    # take one. A cycle lets eight preemptors evict (MAX_PREEMPTORS_PER_CYCLE); the ninth
+    # evicts in the next cycle.
+    history = History("2x8:2:1")
+    history.submit(*(a_job().gpus(1).priority("research") for _ in range(16)))
+    history.run()
+    history.submit(*(a_job().gpus(1).priority("production") for _ in range(9)))
+
+    history.cycle()
+    assert len({p.preemptor_job_id for p in history.events(PreemptionRequested)}) == 8
+
+    history.cycle()
+    assert len({p.preemptor_job_id for p in history.events(PreemptionRequested)}) == 9
+
+
+def test_the_preemptor_says_whom_it_preempts_and_each_victim_says_why() -> None:
+    # Eight 1-GPU research gangs fill the node; an 8-GPU production job evicts all eight. Its
+    # reason names the first three and counts the rest; each victim is told by whom and why.
+    history = History("1x8:1:1")
+    gangs = history.submit(*(a_job().gpus(1).priority("research") for _ in range(8)))
+    history.run()
+    preemptor = history.submit(a_job().gpus(8).priority("production"))[0]
+
+    history.cycle()
+
+    first = ", ".join(victims(history)[:3])
+    assert sorted(victims(history)) == sorted(gangs)
+    assert history.job(preemptor).reason == (
+        f"needs 8 GPUs in one NVLink domain; preempting {first} and 5 more; "
+        "starts once they checkpoint (within 120 s)"
+    )
+    assert {p.reason for p in history.events(PreemptionRequested)} == {
+        f"preempted for job {preemptor} (priority production)"
+    }
+    assert history.cycles[-1].preemptions == 8
