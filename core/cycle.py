@@ -56,7 +56,9 @@ class Planner:
     The free-capacity index (kept up to date from the nodes the state says changed), the
     holding gangs' timers (kept up to date from the gangs the state says changed) and the
     memo of the last quiet cycle: a state that has not changed since a cycle that decided
-    nothing, asked again before that cycle's next time-driven wake-up, gets that answer at once.
+    nothing, asked again at that same moment, gets that answer at once. Not at a later moment,
+    even before the next wake-up: fair share decays with the clock (core/ordering.py), so the
+    order of two queues may turn at any instant, and a fresh planner would decide on it.
     """
 
     __slots__ = ("_free_index", "_quiet", "_timers")
@@ -67,9 +69,9 @@ class Planner:
         # Without them every holding gang is visited in every cycle: the same decisions and
         # wake-ups, slower (the reference the timers are tested against).
         self._timers = GangTimers() if timers else None
-        # (state, its version, next wake-up) of the last cycle that decided nothing; the
-        # state held weakly, as by the index: a planner never keeps a state alive.
-        self._quiet: tuple[weakref.ref[PlanningSurface], int, float] | None = None
+        # (state, its version, its moment, next wake-up) of the last cycle that decided
+        # nothing; the state held weakly, as by the index: a planner never keeps a state alive.
+        self._quiet: tuple[weakref.ref[PlanningSurface], int, float, float] | None = None
 
     def schedule(self, state: PlanningSurface, now: float) -> CycleResult:
         """Decide what to do at `now`. Pure with respect to the state's contents."""
@@ -78,15 +80,15 @@ class Planner:
             quiet is not None
             and quiet[0]() is state
             and quiet[1] == state.version
-            and now < quiet[2]
+            and now == quiet[2]
         ):
-            return CycleResult(skipped=True, next_wakeup=quiet[2])
+            return CycleResult(skipped=True, next_wakeup=quiet[3])
         result = _run(CycleContext.start(state, now), self._free_index, self._timers)
         if result.decisions:
             self._quiet = None
         else:
             wakeup = result.next_wakeup if result.next_wakeup is not None else float("inf")
-            self._quiet = (weakref.ref(state), state.version, wakeup)
+            self._quiet = (weakref.ref(state), state.version, now, wakeup)
         return result
 
 
