@@ -56,6 +56,9 @@ class CycleContext:
     infeasibility: dict[Shape, str | None] = field(default_factory=dict)
     # Gangs bound in this cycle, (estimated end, ranks), for the head's reservation.
     placed_gangs: list[tuple[float, list[tuple[int, int]]]] = field(default_factory=list)
+    # The gangs already leaving were credited to their queues' quota (preemption.credit_leaving):
+    # once per cycle, whichever preemption phase comes first.
+    leaving_credited: bool = False
 
     @classmethod
     def start(cls, state: PlanningSurface, now: float) -> CycleContext:
