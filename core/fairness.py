@@ -60,7 +60,8 @@ def lost_work_s(victim: CoreJob, run_s: float, write_s: float, grace_s: float) -
 def eviction_cost_gpu_s(victim: CoreJob, now: float, ctx: CycleContext) -> float:
     """The victim's GPUs times the checkpoint write plus the work lost since its checkpoint."""
     policy = ctx.policy
-    run_s = now - (victim.held_since or now)
+    held_since = victim.held_since
+    run_s = 0.0 if held_since is None else now - held_since
     write_s = policy.checkpoint_write_estimate_s
     lost = lost_work_s(victim, run_s, write_s, policy.preemption_grace_s)
     return victim.bound_gpus * (write_s + lost)
@@ -71,7 +72,8 @@ def _eligible_at(victim: CoreJob, preemptor_gpus: int, ctx: CycleContext) -> flo
     and the victim has run its fairness minimum (with no periodic checkpoint cost changing
     over time this is exact; otherwise it is checked again then)."""
     policy = ctx.policy
-    started = victim.held_since or ctx.now
+    held_since = victim.held_since
+    started = ctx.now if held_since is None else held_since
     cost = eviction_cost_gpu_s(victim, ctx.now, ctx)
     worth = started + policy.fairness_gain_factor * cost / max(preemptor_gpus, 1)
     return max(started + policy.fairness_min_runtime_s, worth)
@@ -178,7 +180,8 @@ def _pool(ctx: CycleContext, queue: str, rank: int) -> list[tuple[int, CoreJob]]
         if is_protected(victim, now, policy, ctx.wakeups):
             continue
         level = job_level(victim, now, policy)
-        entries.append((level, victim.held_since or now, victim.seq, victim))
+        held_since = victim.held_since
+        entries.append((level, now if held_since is None else held_since, victim.seq, victim))
     entries.sort(key=lambda entry: (-entry[0], -entry[1], entry[2]))
     return [(level, victim) for level, _, _, victim in entries]
 
