@@ -16,8 +16,10 @@ A waiting job may have a running gang of its own queue and priority class evicte
 - large gangs do not pay for small jobs: a gang over `fairness_protected_gang_gpus` GPUs is
   never evicted for a job of at most that many.
 
-Only the waiting job's own queue gives up capacity, so a team's fairness never costs another
-team (the guarantees of DESIGN §4 are untouched), and only within a class (priorities are the
+It works within a team's guaranteed share: only a queue with a guarantee, and only where the
+job, once its victims are gone, runs within that guarantee. Only the waiting job's own queue
+gives up capacity, so a team's fairness never costs another team (the guarantees of DESIGN §4
+are untouched), and only within a class (priorities are the
 priority planner's business, core/preemption.py). The victims of the highest level go first,
 the youngest of a level first (the least sunk into the attempt).
 """
@@ -105,6 +107,9 @@ def preempt_for_fairness(
         if now < calm_until:
             ctx.wakeups.append(calm_until)
             continue
+        guarantee = quota.guarantee(job.queue)
+        if guarantee <= 0:
+            continue  # fairness works within a team's guaranteed share: none, nothing to share
         rank = policy.priority_class(job.priority).rank
         level = job_level(job, now, policy)
         key = (job.queue, rank, level)
@@ -135,7 +140,11 @@ def preempt_for_fairness(
             continue
         attempts += 1
         credit_leaving(ctx, quota)
+        if quota.within_guarantee(job.queue, shape.min_gpus) and _others_borrow(ctx, quota, job):
+            continue  # it may reclaim borrowed GPUs (core/preemption.py): borrowers go first
         chosen = _plan(snap, quota, job, victims)
+        if chosen is not None and not _within_guarantee(quota, job, shape.min_gpus, chosen):
+            chosen = None
         if chosen is None:
             failed[key] = min(failed.get(key, shape.min_gpus), shape.min_gpus)
             continue
@@ -165,6 +174,19 @@ def preempt_for_fairness(
             f"{job.need}; preempting {names}{more} (they have received more service); starts "
             f"once they checkpoint (within {policy.preemption_grace_s:g} s)",
         )
+
+
+def _others_borrow(ctx: CycleContext, quota: QuotaBook, job: CoreJob) -> bool:
+    """Whether a queue off the job's own chain holds more than its guarantee."""
+    own = quota.chain(job.queue)
+    return any(quota.borrowing(name) > 0 for name in ctx.state.queue_records if name not in own)
+
+
+def _within_guarantee(quota: QuotaBook, job: CoreJob, gpus: int, victims: list[CoreJob]) -> bool:
+    """Whether the job's queue stays within its guarantee once the victims are gone and the
+    job runs: fairness reorders a team's guaranteed share, it never makes the team borrow."""
+    freed = sum(victim.bound_gpus for victim in victims)
+    return quota.usage.get(job.queue, 0) - freed + gpus <= quota.guarantee(job.queue)
 
 
 def _pool(ctx: CycleContext, queue: str, rank: int) -> list[tuple[int, CoreJob]]:

@@ -80,7 +80,7 @@ class SchedulingPolicy:
     # and the gain (the waiter's GPUs x the victim's run so far, the LAS guess of what is
     # left of it) is `fairness_gain_factor` times the cost (the victim's GPUs x the
     # checkpoint write plus the work lost since its last checkpoint).
-    fairness_preemption: bool = False
+    fairness_preemption: bool = True
     fairness_level_gap: int = 1
     fairness_min_runtime_s: float = 600.0
     fairness_gain_factor: float = 2.0

@@ -52,7 +52,7 @@ def test_a_short_job_overtakes_a_long_one_of_its_team_by_checkpoint_then_evict()
 
 
 def test_without_fairness_preemption_the_short_job_waits_for_the_long_one() -> None:
-    history = _team(History("1x8:1:1", policy=SchedulingPolicy()))
+    history = _team(History("1x8:1:1", policy=SchedulingPolicy(fairness_preemption=False)))
     _long_running(history)
     short = history.submit(a_job().gpus(1).team("alpha"))[0]
 

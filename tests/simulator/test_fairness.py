@@ -11,6 +11,7 @@ from schemas.jobs import PreemptionRequested
 from tests.simulator.builders import simulate, write_trace
 
 FAIR = SchedulingPolicy(fairness_preemption=True)
+PLAIN = SchedulingPolicy(fairness_preemption=False)
 HEADER = "job_id,submit_time,num_gpus,duration_s,tenant,estimated_runtime_s"
 QUOTAS = {"red": Quota("red", 16, 16), "blue": Quota("blue", 16, 16)}
 
@@ -30,7 +31,7 @@ def test_a_short_job_overtakes_a_long_one_of_its_tenant_in_simulated_time(tmp_pa
     )
     quotas = {"red": Quota("red", 8, 8)}
     _, fair = simulate(trace, "2x8", quotas=quotas, scheduling=FAIR)
-    _, plain = simulate(trace, "2x8", quotas=quotas)
+    _, plain = simulate(trace, "2x8", quotas=quotas, scheduling=PLAIN)
     short_fair = next(r for r in fair.records if r.job_id == "short")
     short_plain = next(r for r in plain.records if r.job_id == "short")
     assert short_fair.queue_s is not None and short_fair.queue_s < 200  # the write, the grace
@@ -53,7 +54,7 @@ def test_the_same_trace_gives_the_same_fairness_decisions(tmp_path: Path) -> Non
     trace = _trace(tmp_path)
     first, _ = simulate(trace, "4x8:2:2", quotas=QUOTAS, scheduling=FAIR)
     again, _ = simulate(trace, "4x8:2:2", quotas=QUOTAS, scheduling=FAIR)
-    plain, _ = simulate(trace, "4x8:2:2", quotas=QUOTAS)
+    plain, _ = simulate(trace, "4x8:2:2", quotas=QUOTAS, scheduling=PLAIN)
     assert first.log is not None and again.log is not None and plain.log is not None
     assert first.log == again.log
     assert first.log != plain.log
