@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from core import SchedulingPolicy, schedule
 from core.attained import attained_service, service_level
+from core.fairness import lost_work_s
 from schemas.jobs import GangReserved, JobRequeued, PreemptionRequested, TaskExited
 from tests.core.builders import History, a_job
 
@@ -197,3 +198,25 @@ def test_attained_service_survives_a_scheduler_restart_by_replay() -> None:
         schedule(replayed, history.now + 60).decisions
         == schedule(history.state, history.now + 60).decisions
     )
+
+
+def test_work_lost_since_the_last_checkpoint_counts_against_an_eviction() -> None:
+    """A checkpoint slower than the grace loses the work since the last periodic one: a gang
+    with none would lose its whole run, which a 1-GPU job's wait never repays."""
+    policy = SchedulingPolicy(
+        fairness_preemption=True,
+        las_thresholds_gpu_s=(3600.0,),
+        checkpoint_write_estimate_s=300.0,  # over the 120 s grace
+    )
+    history = _team(History("1x8:1:1", policy=policy))
+    long = _long_running(history, seconds=7200.0)
+    history.submit(a_job().gpus(1).team("alpha"))
+
+    history.run(cycles=3, every_s=600)
+
+    assert history.events(PreemptionRequested) == []
+    assert history.job(long).state == "running"
+    spec = history.state.job_records[long].spec
+    assert spec is not None and spec.checkpoint.interval_s is None
+    assert lost_work_s(history.state.job_records[long], 1900.0, 300.0, 120.0) == 1900.0
+    assert lost_work_s(history.state.job_records[long], 1900.0, 60.0, 120.0) == 0.0
