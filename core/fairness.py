@@ -90,8 +90,9 @@ def preempt_for_fairness(
         return
     taken: set[str] = set()
     pools: dict[tuple[str, int], list[tuple[int, CoreJob]]] = {}
-    failed: dict[tuple[str, int, int], int] = {}
+    failed: dict[tuple[str, int, int, bool], int] = {}
     preemptors = attempts = 0
+    others_borrow: dict[str, bool] = {}
     for job in waiting:
         if preemptors >= MAX_FAIRNESS_PREEMPTORS_PER_CYCLE or attempts >= MAX_FAIRNESS_ATTEMPTS:
             break
@@ -112,13 +113,20 @@ def preempt_for_fairness(
             continue  # fairness works within a team's guaranteed share: none, nothing to share
         rank = policy.priority_class(job.priority).rank
         level = job_level(job, now, policy)
-        key = (job.queue, rank, level)
+        small = shape.min_gpus <= policy.fairness_protected_gang_gpus
+        key = (job.queue, rank, level, small)
         if key in failed and shape.min_gpus >= failed[key]:
             continue
+        credit_leaving(ctx, quota)
+        if quota.within_guarantee(job.queue, shape.min_gpus):
+            borrowed = others_borrow.get(job.queue)
+            if borrowed is None:
+                borrowed = others_borrow[job.queue] = _others_borrow(ctx, quota, job)
+            if borrowed:
+                continue  # it may reclaim borrowed GPUs (core/preemption.py): borrowers first
         pool = pools.get((job.queue, rank))
         if pool is None:
             pool = pools[(job.queue, rank)] = _pool(ctx, job.queue, rank)
-        small = shape.min_gpus <= policy.fairness_protected_gang_gpus
         victims: list[CoreJob] = []
         soonest: float | None = None
         for vlevel, victim in pool:
@@ -138,10 +146,11 @@ def preempt_for_fairness(
                 ctx.wakeups.append(soonest)
             failed[key] = min(failed.get(key, shape.min_gpus), shape.min_gpus)
             continue
+        if not _within_guarantee(quota, job, shape.min_gpus, victims):
+            # Even every victim gone leaves it borrowing: fairness never makes a team borrow.
+            failed[key] = min(failed.get(key, shape.min_gpus), shape.min_gpus)
+            continue
         attempts += 1
-        credit_leaving(ctx, quota)
-        if quota.within_guarantee(job.queue, shape.min_gpus) and _others_borrow(ctx, quota, job):
-            continue  # it may reclaim borrowed GPUs (core/preemption.py): borrowers go first
         chosen = _plan(snap, quota, job, victims)
         if chosen is not None and not _within_guarantee(quota, job, shape.min_gpus, chosen):
             chosen = None
