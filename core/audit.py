@@ -641,6 +641,16 @@ class Auditor:
                 over[name] = beyond
         return over
 
+    def _excess_after(self, queue: str, gpus: int, evicted: set[str]) -> dict[str, int]:
+        """`_excess` once the `evicted` gangs are gone: borrowers of other queues make no
+        room under a ceiling of the preemptor's own chain that they are not under (a queue
+        at its max evicting its own gangs, as preemption for fairness does)."""
+        usage = self._staying()
+        for job_id in evicted:
+            other = self._jobs[job_id]
+            usage[other.queue] = usage.get(other.queue, 0) - len(other.gang)
+        return self._excess(queue, gpus, usage)
+
     def _borrowing(self, queue: str) -> bool:
         """Whether the queue holds more than its guarantee, net of gangs under eviction."""
         return self._subtree(queue, self._staying()) > self._guarantee(queue)
@@ -690,7 +700,9 @@ class Auditor:
             )
         elif not borrower:
             borrowers = self._eligible_borrowers(preemptor, shape, at)
-            if self._fits(shape, borrowers):
+            if self._fits(shape, borrowers) and not self._excess_after(
+                preemptor.queue, shape.min_gpus, borrowers
+            ):
                 self._broken(
                     "borrowers_first",
                     f"{who} of queue {victim.queue} (not borrowing) although evicting "

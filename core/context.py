@@ -59,6 +59,9 @@ class CycleContext:
     placed_gangs: list[tuple[float, list[tuple[int, int]], tuple[int, int]]] = field(
         default_factory=list
     )
+    # The gangs already leaving were credited to their queues' quota (preemption.credit_leaving):
+    # once per cycle, whichever preemption phase comes first.
+    leaving_credited: bool = False
 
     @classmethod
     def start(cls, state: PlanningSurface, now: float) -> CycleContext:

@@ -14,7 +14,8 @@ The phases, in order (as in Kueue's scheduler):
 4. place     — each job in order: quota, then a topology-fit placement committed whole;
 5. backfill  — the first job that cannot start becomes the head: a reservation on concrete
                nodes is planned and later jobs may only start where they do not delay it;
-6. preempt   — checkpoint-then-evict whole gangs for jobs entitled to them;
+6. preempt   — checkpoint-then-evict whole gangs for jobs entitled to them; then, when the
+               policy asks, for attained service within a queue (core/fairness.py);
 7. explain   — a reason (and estimated start) for every job still waiting, recorded on change.
 
 Each phase is a function of one `CycleContext` (core/context.py): `react` (core/reactions.py),
@@ -35,6 +36,7 @@ import weakref
 
 from core.backfill import place
 from core.context import CycleContext, CycleResult
+from core.fairness import preempt_for_fairness
 from core.gating import gate
 from core.ordering import order, past_backoff
 from core.placement import FreeIndex, Snapshot
@@ -122,6 +124,7 @@ def _run(ctx: CycleContext, free_index: FreeIndex, timers: GangTimers | None) ->
         if ctx.policy.preemption and not ctx.policy.is_fifo:
             preempt(ctx, snap, placed.blocked, quota)
             refill_headroom(ctx, snap, quota)
+            preempt_for_fairness(ctx, snap, waiting, quota)
     explain(ctx, waiting)
     # A moment already reached was acted on (or needs nothing) in this very cycle.
     future = [moment for moment in ctx.wakeups if moment > ctx.now]

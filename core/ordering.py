@@ -1,4 +1,5 @@
-"""Who goes first: priority class, then dominant-resource fair share, then age; aging on top.
+"""Who goes first: priority class, then dominant-resource fair share, then attained service
+(core/attained.py: least service level first, Tiresias' 2D-LAS), then age; aging on top.
 
 A job still in its retry backoff (core/retry.py) is held out of placement and says until when.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime
 
+from core.attained import job_level
 from core.context import CycleContext, Outcome
 from core.drf import dominant_usage
 from core.policy import SchedulingPolicy
@@ -54,19 +56,32 @@ def gangway_key(
     aged: bool,
     victims_released: bool,
     within_guarantee: bool,
+    level: int = 0,
 ) -> OrderKey:
     """Smaller sorts first.
 
     A preemptor whose victims are gone goes first (it paid for its GPUs); then aged jobs, oldest
     first, whatever their class (aging bounds every wait); then jobs their queue's guarantee
     covers before jobs that would borrow (so that a borrower never takes what a guarantee must
-    reclaim a moment later); then class rank, fair share, age.
+    reclaim a moment later); then class rank, fair share, attained-service level (least
+    first: short work goes first without knowing runtimes), age.
+
+    Aging bounds what the level costs a job: a job passed over by lower levels for the
+    policy's aging_max_wait_s since it last began waiting moves to tier 1, ahead of them all.
     """
     if victims_released:
         return (0, -rank, job.seq)
     if aged:
         return (1, job.queued_at or 0.0, job.seq)
-    return (2, 0 if within_guarantee else 1, -rank, share, job.submitted_at or 0.0, job.seq)
+    return (
+        2,
+        0 if within_guarantee else 1,
+        -rank,
+        share,
+        level,
+        job.submitted_at or 0.0,
+        job.seq,
+    )
 
 
 def order(ctx: CycleContext, quota: QuotaBook) -> list[CoreJob]:
@@ -96,7 +111,8 @@ def order(ctx: CycleContext, quota: QuotaBook) -> list[CoreJob]:
             ctx.wakeups.append(job.queued_at + policy.aging_max_wait_s)
         shape = job.shape
         within = shape is not None and quota.within_guarantee(job.queue, shape.min_gpus)
-        key = gangway_key(job, rank, share, aged, ctx.victims_released(job), within)
+        level = job_level(job, now, policy)
+        key = gangway_key(job, rank, share, aged, ctx.victims_released(job), within, level)
         keyed.append((key, job))
     keyed.sort(key=lambda pair: pair[0])
     return [job for _, job in keyed]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Literal
 
 PolicyName = Literal["gangway", "fifo"]
@@ -77,6 +78,25 @@ class SchedulingPolicy:
     inference_class: str = "inference-critical"
     inference_headroom_gpus: int = 0
     inference_max_victim_gpus: int = 8
+    # Attained service (core/attained.py, Tiresias' 2D-LAS): a job's GPU-seconds received so
+    # far, all attempts together, put it on a level; level k holds service below the k-th
+    # threshold. Within a queue and class, a lower level goes first (then age).
+    las_thresholds_gpu_s: tuple[float, ...] = (3600.0, 36_000.0, 360_000.0)
+    # Preemption for fairness (core/fairness.py): a waiting job may have a running gang of its
+    # own queue and class evicted (checkpoint-then-evict) when that gang sits at least
+    # `fairness_level_gap` levels higher, has run `fairness_min_runtime_s` in this attempt,
+    # and the gain (the waiter's GPUs x the victim's run so far, the LAS guess of what is
+    # left of it) is `fairness_gain_factor` times the cost (the victim's GPUs x the
+    # checkpoint write plus the work lost since its last checkpoint).
+    fairness_preemption: bool = True
+    fairness_level_gap: int = 1
+    fairness_min_runtime_s: float = 600.0
+    fairness_gain_factor: float = 2.0
+    # Until the log says how long a job's checkpoints take: what one is assumed to take.
+    checkpoint_write_estimate_s: float = 60.0
+    # Gangs over this many GPUs are never evicted for fairness by a smaller job: the small
+    # jobs' gain must not be paid by the large gangs.
+    fairness_protected_gang_gpus: int = 8
     # A caller-given order of the waiting jobs in place of class, fair share and aging, keyed
     # by job id (ties by arrival). The simulator's baselines (fifo with quotas, clairvoyant
     # oracles) use it to run through the same quotas and placement; knowledge the key holds
@@ -95,6 +115,9 @@ class SchedulingPolicy:
         if len(classes) != len(self.priority_classes):
             raise ValueError("priority class names must be unique")
         self._classes.update(classes)
+        thresholds = self.las_thresholds_gpu_s
+        if any(b <= a for a, b in pairwise(thresholds)) or any(t <= 0 for t in thresholds):
+            raise ValueError("las_thresholds_gpu_s must be positive and increasing")
 
     @property
     def is_fifo(self) -> bool:

@@ -32,6 +32,9 @@ def credit_leaving(ctx: CycleContext, quota: QuotaBook) -> None:
     leaves as surely: counted, its team looked like a borrower, and a gang of the same team
     within its guarantee was taken for another team.
     """
+    if ctx.leaving_credited:
+        return
+    ctx.leaving_credited = True
     for job in ctx.state.holding_jobs.values():
         leaving = job.state == "preempting" or job.job_id in ctx.handled
         if leaving and job.job_id not in ctx.released:
@@ -112,6 +115,7 @@ def preempt(ctx: CycleContext, snap: Snapshot, blocked: list[CoreJob], quota: Qu
                     preemptor_job_id=job.job_id,
                     reason=f"preempted for job {job.job_id} ({why})",
                     grace_s=policy.preemption_grace_s,
+                    code="reclaim" if reclaiming else "priority",
                 )
             )
             ctx.result.preemptions += 1

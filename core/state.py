@@ -236,6 +236,9 @@ class CoreJob:
     preempt_requested_at: float | None = None
     preempt_grace_s: float = 0.0
     preemptor_id: str | None = None
+    # Attained service (core/attained.py): GPU-seconds its released gangs ran, all attempts
+    # together (the running gang's share is added from `started_at` when asked).
+    attained_gpu_s: float = 0.0
     # Hysteresis: when this job was last preempted, and when it last caused a preemption.
     last_preempted_at: float | None = None
     last_preempting_at: float | None = None
@@ -917,6 +920,9 @@ class SchedulerState:
         self._allocated -= gpus
         ranks = len(job.ranks)
         self._charge(job.queue, -gpus, at, -cpus * ranks, -memory * ranks)
+        if job.started_at is not None:
+            # Folded from the log's own times, so that replay gives the same service.
+            job.attained_gpu_s += job.bound_gpus * max(0.0, at - job.started_at)
         job.released_ranks = job.ranks
         job.ranks = []
         job.bound_gpus = 0

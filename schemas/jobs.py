@@ -16,7 +16,12 @@ from pydantic import (
 )
 
 from schemas.base import Event, Message
-from schemas.reasons import DeferCodeField, RejectCodeField, RequeueCodeField
+from schemas.reasons import (
+    DeferCodeField,
+    PreemptCodeField,
+    RejectCodeField,
+    RequeueCodeField,
+)
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 MAX_GANG_TASKS = 4096
@@ -379,6 +384,8 @@ class PreemptionRequested(JobEvent):
     preemptor_job_id: str | None
     reason: str
     grace_s: float = Field(ge=0)
+    # On which grounds (schemas/reasons.py); None in events recorded before codes were given.
+    code: PreemptCodeField | None = None
 
 
 class JobRequeued(JobEvent):

@@ -43,6 +43,14 @@ RequeueCode = Literal[
     "gpu_unhealthy",  # a GPU of the gang became unhealthy
 ]
 
+# PreemptionRequested.code: on which grounds a gang is evicted.
+PreemptCode = Literal[
+    "priority",  # for a job of a higher priority class
+    "reclaim",  # its queue borrows what the preemptor's guarantee reclaims
+    "overdue_reservation",  # no longer emitted (an estimate is never a limit); kept for old logs
+    "fairness",  # it has received much more service than a waiting job of its queue
+]
+
 # JobRejected.code: why admission refused a job for good.
 RejectCode = Literal[
     "unknown_team",
@@ -64,6 +72,7 @@ RejectCode = Literal[
 DEFER_CODES: frozenset[str] = frozenset(get_args(DeferCode))
 REQUEUE_CODES: frozenset[str] = frozenset(get_args(RequeueCode))
 REJECT_CODES: frozenset[str] = frozenset(get_args(RejectCode))
+PREEMPT_CODES: frozenset[str] = frozenset(get_args(PreemptCode))
 
 
 def _any_code(value: Any) -> str:
@@ -79,6 +88,9 @@ def _any_code(value: Any) -> str:
 DeferCodeField = Annotated[DeferCode, PlainValidator(_any_code), WithJsonSchema({"type": "string"})]
 RequeueCodeField = Annotated[
     RequeueCode, PlainValidator(_any_code), WithJsonSchema({"type": "string"})
+]
+PreemptCodeField = Annotated[
+    PreemptCode, PlainValidator(_any_code), WithJsonSchema({"type": "string"})
 ]
 RejectCodeField = Annotated[
     RejectCode, PlainValidator(_any_code), WithJsonSchema({"type": "string"})

@@ -32,12 +32,13 @@ def simulate(
     policy: str = "gangway",
     quotas: dict[str, Quota] | None = None,
     config: SimulationConfig | None = None,
+    scheduling: SchedulingPolicy | None = None,
 ) -> tuple[Simulation, SimulationResult]:
     nodes = parse_cluster_spec(cluster)
     simulation = Simulation(
         read_trace(trace, node_gpus=max(len(node.gpus) for node in nodes)),
         nodes,
-        policy=SchedulingPolicy(),
+        policy=scheduling or SchedulingPolicy(),
         quotas=quotas,
         config=config,
         baseline=BY_NAME[policy],

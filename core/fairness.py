@@ -1,0 +1,242 @@
+"""Preemption for fairness: short work first without knowing runtimes (Tiresias' 2D-LAS).
+
+A waiting job may have a running gang of its own queue and priority class evicted
+(checkpoint-then-evict, as every preemption) when that gang has received much more service:
+
+- level: the victim's attained-service level (core/attained.py) is at least
+  `fairness_level_gap` above the waiting job's (hysteresis between levels);
+- minimum runtime: the victim's gang has held its GPUs for `fairness_min_runtime_s` (and its
+  own `min_runtime_s`), and was not itself preempted within the policy's hysteresis window
+  (`is_protected`), so nothing thrashes;
+- gain over cost: under LAS a gang that has run for `r` seconds is expected to run about as
+  long again, so evicting it saves the waiting job about `r` seconds on each of its GPUs;
+  the price is the victim's GPUs times the checkpoint write plus the work lost since its last
+  checkpoint (none when the write fits in the grace period: the eviction's own checkpoint
+  holds everything). The gain must be `fairness_gain_factor` times the cost;
+- large gangs do not pay for small jobs: a gang over `fairness_protected_gang_gpus` GPUs is
+  never evicted for a job of at most that many.
+
+It works within a team's guaranteed share: only a queue with a guarantee, and only where the
+job, once its victims are gone, runs within that guarantee. Only the waiting job's own queue
+gives up capacity, so a team's fairness never costs another team (the guarantees of DESIGN §4
+are untouched), and only within a class (priorities are the
+priority planner's business, core/preemption.py). The victims of the highest level go first,
+the youngest of a level first (the least sunk into the attempt).
+"""
+
+from __future__ import annotations
+
+from core.attained import job_level
+from core.context import CycleContext, Outcome
+from core.placement import Snapshot, find_placement
+from core.preemption import (
+    _by_node,
+    _greedy,
+    _quota_room,
+    _single,
+    credit_leaving,
+    is_protected,
+)
+from core.quota import QuotaBook
+from core.state import CoreJob
+from schemas.jobs import PreemptionRequested
+
+# Waiting jobs that capacity or their queue's ceiling holds back: those fairness may help.
+_HELPED_CODES = frozenset(
+    {"quota_ceiling", "no_capacity", "backfill_blocked", "reserved_head", "behind_head"}
+)
+MAX_FAIRNESS_PREEMPTORS_PER_CYCLE = 8
+MAX_FAIRNESS_ATTEMPTS = 16
+
+
+def lost_work_s(victim: CoreJob, run_s: float, write_s: float, grace_s: float) -> float:
+    """Seconds of the victim's work an eviction now would lose."""
+    if write_s <= grace_s:
+        return 0.0  # the eviction's checkpoint is written in time and holds all progress
+    interval = victim.spec.checkpoint.interval_s if victim.spec is not None else None
+    if not isinstance(interval, int | float):
+        return run_s  # no periodic checkpoints, or `auto`: counted as none (the safe side)
+    return run_s % interval
+
+
+def eviction_cost_gpu_s(victim: CoreJob, now: float, ctx: CycleContext) -> float:
+    """The victim's GPUs times the checkpoint write plus the work lost since its checkpoint."""
+    policy = ctx.policy
+    held_since = victim.held_since
+    run_s = 0.0 if held_since is None else now - held_since
+    write_s = policy.checkpoint_write_estimate_s
+    lost = lost_work_s(victim, run_s, write_s, policy.preemption_grace_s)
+    return victim.bound_gpus * (write_s + lost)
+
+
+def _eligible_at(victim: CoreJob, preemptor_gpus: int, ctx: CycleContext) -> float:
+    """From when the gain of evicting the victim for `preemptor_gpus` GPUs outweighs its cost
+    and the victim has run its fairness minimum (with no periodic checkpoint cost changing
+    over time this is exact; otherwise it is checked again then)."""
+    policy = ctx.policy
+    held_since = victim.held_since
+    started = ctx.now if held_since is None else held_since
+    cost = eviction_cost_gpu_s(victim, ctx.now, ctx)
+    worth = started + policy.fairness_gain_factor * cost / max(preemptor_gpus, 1)
+    return max(started + policy.fairness_min_runtime_s, worth)
+
+
+def preempt_for_fairness(
+    ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: QuotaBook
+) -> None:
+    """Phase 6b of the cycle (after the priority planner): evictions for attained service."""
+    policy, now = ctx.policy, ctx.now
+    if not policy.fairness_preemption or policy.order_key is not None:
+        return
+    taken: set[str] = set()
+    pools: dict[tuple[str, int], list[tuple[int, CoreJob]]] = {}
+    failed: dict[tuple[str, int, int, bool], int] = {}
+    preemptors = attempts = 0
+    others_borrow: dict[str, bool] = {}
+    for job in waiting:
+        if preemptors >= MAX_FAIRNESS_PREEMPTORS_PER_CYCLE or attempts >= MAX_FAIRNESS_ATTEMPTS:
+            break
+        shape = job.shape
+        outcome = ctx.outcomes.get(job.job_id)
+        if shape is None or outcome is None or outcome.code not in _HELPED_CODES:
+            continue
+        if job.job_id in ctx.handled or job.priority == policy.idle_only_priority:
+            continue
+        if job.awaiting_victims and ctx.victims_pending(job):
+            continue
+        calm_until = (job.last_preempting_at or -policy.hysteresis_s) + policy.hysteresis_s
+        if now < calm_until:
+            ctx.wakeups.append(calm_until)
+            continue
+        guarantee = quota.guarantee(job.queue)
+        if guarantee <= 0:
+            continue  # fairness works within a team's guaranteed share: none, nothing to share
+        rank = policy.priority_class(job.priority).rank
+        level = job_level(job, now, policy)
+        small = shape.min_gpus <= policy.fairness_protected_gang_gpus
+        key = (job.queue, rank, level, small)
+        if key in failed and shape.min_gpus >= failed[key]:
+            continue
+        credit_leaving(ctx, quota)
+        if quota.within_guarantee(job.queue, shape.min_gpus):
+            borrowed = others_borrow.get(job.queue)
+            if borrowed is None:
+                borrowed = others_borrow[job.queue] = _others_borrow(ctx, quota, job)
+            if borrowed:
+                continue  # it may reclaim borrowed GPUs (core/preemption.py): borrowers first
+        pool = pools.get((job.queue, rank))
+        if pool is None:
+            pool = pools[(job.queue, rank)] = _pool(ctx, job.queue, rank)
+        victims: list[CoreJob] = []
+        soonest: float | None = None
+        for vlevel, victim in pool:
+            if vlevel < level + policy.fairness_level_gap:
+                break  # the pool is sorted by level, highest first
+            if victim.job_id in taken or victim.job_id in ctx.released:
+                continue
+            if small and victim.bound_gpus > policy.fairness_protected_gang_gpus:
+                continue
+            eligible_at = _eligible_at(victim, shape.min_gpus, ctx)
+            if eligible_at > now:
+                soonest = eligible_at if soonest is None else min(soonest, eligible_at)
+                continue
+            victims.append(victim)
+        if not victims:
+            if soonest is not None:
+                ctx.wakeups.append(soonest)
+            failed[key] = min(failed.get(key, shape.min_gpus), shape.min_gpus)
+            continue
+        if not _within_guarantee(quota, job, shape.min_gpus, victims):
+            # Even every victim gone leaves it borrowing: fairness never makes a team borrow.
+            failed[key] = min(failed.get(key, shape.min_gpus), shape.min_gpus)
+            continue
+        attempts += 1
+        chosen = _plan(snap, quota, job, victims)
+        if chosen is not None and not _within_guarantee(quota, job, shape.min_gpus, chosen):
+            chosen = None
+        if chosen is None:
+            failed[key] = min(failed.get(key, shape.min_gpus), shape.min_gpus)
+            continue
+        preemptors += 1
+        for victim in chosen:
+            taken.add(victim.job_id)
+            quota.charge(victim.queue, -victim.bound_gpus)
+            vlevel = job_level(victim, now, policy)
+            ctx.emit(
+                PreemptionRequested(
+                    job_id=victim.job_id,
+                    attempt=victim.attempt,
+                    preemptor_job_id=job.job_id,
+                    reason=(
+                        f"preempted for job {job.job_id} (fairness: attained-service level "
+                        f"{vlevel} against {level})"
+                    ),
+                    grace_s=policy.preemption_grace_s,
+                    code="fairness",
+                )
+            )
+            ctx.result.preemptions += 1
+        names = ", ".join(victim.job_id for victim in chosen[:3])
+        more = f" and {len(chosen) - 3} more" if len(chosen) > 3 else ""
+        ctx.outcomes[job.job_id] = Outcome(
+            "preempting",
+            f"{job.need}; preempting {names}{more} (they have received more service); starts "
+            f"once they checkpoint (within {policy.preemption_grace_s:g} s)",
+        )
+
+
+def _others_borrow(ctx: CycleContext, quota: QuotaBook, job: CoreJob) -> bool:
+    """Whether a queue off the job's own chain holds more than its guarantee."""
+    own = quota.chain(job.queue)
+    return any(quota.borrowing(name) > 0 for name in ctx.state.queue_records if name not in own)
+
+
+def _within_guarantee(quota: QuotaBook, job: CoreJob, gpus: int, victims: list[CoreJob]) -> bool:
+    """Whether the job's queue stays within its guarantee once the victims are gone and the
+    job runs: fairness reorders a team's guaranteed share, it never makes the team borrow."""
+    freed = sum(victim.bound_gpus for victim in victims)
+    return quota.usage.get(job.queue, 0) - freed + gpus <= quota.guarantee(job.queue)
+
+
+def _pool(ctx: CycleContext, queue: str, rank: int) -> list[tuple[int, CoreJob]]:
+    """The queue's gangs of that class that may be preempted at all, highest level first,
+    then the youngest."""
+    policy, now = ctx.policy, ctx.now
+    entries: list[tuple[int, float, int, CoreJob]] = []
+    for victim in ctx.state.holding_jobs.values():
+        if victim.queue != queue or not victim.ranks or victim.job_id in ctx.handled:
+            continue
+        if policy.priority_class(victim.priority).rank != rank:
+            continue
+        if is_protected(victim, now, policy, ctx.wakeups):
+            continue
+        level = job_level(victim, now, policy)
+        held_since = victim.held_since
+        entries.append((level, now if held_since is None else held_since, victim.seq, victim))
+    entries.sort(key=lambda entry: (-entry[0], -entry[1], entry[2]))
+    return [(level, victim) for level, _, _, victim in entries]
+
+
+def _plan(
+    snap: Snapshot, quota: QuotaBook, job: CoreJob, victims: list[CoreJob]
+) -> list[CoreJob] | None:
+    """The victims to evict so that the job fits its queue's ceilings and the cluster."""
+    shape = job.shape
+    assert shape is not None
+    excess = quota.excess(job.queue, shape.min_gpus)
+    if find_placement(snap, shape, False) is not None:
+        if not excess:
+            return None  # only a reservation holds it back: nothing to evict for
+        return _quota_room(quota, excess, victims, [])
+    if snap.total_free + sum(v.bound_gpus for v in victims) < shape.min_gpus:
+        return None
+    with snap.trial() as planning:
+        planning.reserved = frozenset()
+        chosen = (
+            _single(planning, shape, victims)
+            or _by_node(planning, shape, victims)
+            or _greedy(planning, shape, victims)
+        )
+    if chosen is not None and excess:
+        chosen = _quota_room(quota, excess, victims, chosen)
+    return chosen
