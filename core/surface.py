@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from typing import Protocol
 
+from core.live_sharing import LiveSharing
 from core.policy import SchedulingPolicy
 from core.state import CoreJob, FreeCapacityWatch, NodeRecord, QueueRecord
 
@@ -27,6 +28,11 @@ class PlanningSurface(Protocol):
 
     @property
     def node_records(self) -> Sequence[NodeRecord]: ...
+
+    @property
+    def sharing(self) -> LiveSharing:
+        """MIG geometries, slices and soft shares (core/live_sharing.py)."""
+        ...
 
     def node_record(self, node_id: str) -> NodeRecord | None: ...
 
