@@ -28,6 +28,10 @@ DeferCode = Literal[
     "held",  # held by request: never placed until released
     "dependency",  # a job it depends on has not ended as its condition needs yet
     "array_limit",  # its array already runs max_parallel elements
+    "no_mig_slice",  # no free MIG instance of its profile, and no re-partition planned for it
+    "awaiting_repartition",  # a GPU is being re-partitioned to hold its slice
+    "no_gpu_share",  # no soft-shared GPU of its team has room, and no whole GPU is free
+    "share_other_team",  # the GPUs with room are soft-shared by another team
 ]
 
 # JobRequeued.code: why a gang was released and its job waits again.
