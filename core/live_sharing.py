@@ -38,6 +38,14 @@ WHOLE_GANG = "(gang)"
 RankKey = tuple[str, int, int]
 
 
+def as_number(amount: GpuAmount) -> int | float:
+    """An exact amount as a person (and JSON) reads it: whole numbers stay ints, a fraction is
+    shown to 4 decimals (1/7 → 0.1429); the exact value is what is added up."""
+    if isinstance(amount, int) or amount.denominator == 1:
+        return int(amount)
+    return round(float(amount), 4)
+
+
 def task_gpus(spec: JobSpec) -> GpuAmount:
     """What one task of the job counts of GPUs: its whole GPUs, a slice's compute slices over 7
     (every MIG model has 7), or a share's thousandths."""
@@ -238,6 +246,14 @@ class LiveSharing:
             if gpu.geometry or gpu.shares or gpu.slices:
                 mask |= 1 << gpu.index
         return mask
+
+    def spots_of(self, job_id: str) -> list[Spot]:
+        """Where the job's slices and shares are (its GPU each), rank by rank."""
+        holders = self.by_job.get(job_id)
+        if not holders:
+            return []
+        found = (self.ledger.holders.get(holder) for _, holder in sorted(holders.items()))
+        return [held[1] for held in found if held is not None]
 
     def jobs_on(self, node_id: str, gpu_index: int) -> set[str]:
         """The jobs holding a slice or share of one GPU."""

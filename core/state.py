@@ -538,6 +538,8 @@ class SchedulerState:
         for node_index, mask in job.ranks:
             node_id = self._node_list[node_index].node_id
             placement.setdefault(node_id, []).extend(bits(mask))
+        for spot in self._sharing.spots_of(job.job_id):
+            placement.setdefault(spot.node_id, []).extend(spot.gpus)
         for gpus in placement.values():
             gpus.sort()
         spec = job.spec
