@@ -44,7 +44,7 @@ async def system(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Asyn
 
 async def run_pair(system: System, team: str, specs: list[dict[str, Any]]) -> list[str]:
     """Submit the jobs, wait until all run; their ids."""
-    token = await system.create_team(team, guaranteed_gpus=4)
+    token = await system.create_team(team, guaranteed_gpus=1)
     ids: list[str] = []
     async with system.client(token) as api:
         for spec in specs:
