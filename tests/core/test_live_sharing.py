@@ -215,3 +215,20 @@ def test_a_replayed_log_binds_the_same_slices_and_shares() -> None:
                 other.slices,
                 other.shares,
             )
+
+
+def test_a_slice_whose_gpu_breaks_is_requeued_and_placed_again_elsewhere() -> None:
+    history = History(cluster=one_h100(gpus=2))
+    job = history.submit(a_slice())[0]
+    history.run()
+    history.advance(60).run()
+    node_id, gpu, _ = placed_ranks(history, job)[0]
+    history.break_gpu(node_id, gpu)
+    history.run()
+    requeued = [e for e, _ in history.log if getattr(e, "code", None) == "gpu_unhealthy"]
+    assert requeued, "the slice's gang is released when its GPU breaks"
+    history.advance(60).run(cycles=3)  # its retry backoff, then GPU 1 is cut for it
+    history.advance(60).run()
+    assert history.job(job).state == "running"
+    assert placed_ranks(history, job)[0][1] != gpu
+    audit_clean(history)
