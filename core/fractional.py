@@ -43,6 +43,9 @@ from core.sharing import (
 from core.state import CoreJob
 from schemas.jobs import GangReserved, GpuShare, JobSpec, MigSlice, RankPlacement
 
+# Waiting slice tasks a cycle plans re-partitions for (the first in queue order).
+MAX_SLICES_PLANNED = 64
+
 
 @dataclass(slots=True)
 class SharingTrial:
@@ -60,6 +63,11 @@ class SharingTrial:
     touched: set[str] = field(default_factory=set)
     # GPUs of whole gangs this cycle released: idle in the ledger until the cycle ends.
     unmarked: list[tuple[str, int]] = field(default_factory=list)
+    # Answers that hold for the whole cycle, asked by many waiting jobs of few kinds: why a
+    # kind of task waits, why it could never fit, when the first hysteresis hold ends.
+    reasons: dict[tuple[object, ...], Outcome] = field(default_factory=dict)
+    never: dict[tuple[object, ...], str | None] = field(default_factory=dict)
+    hold_ends: list[float | None] = field(default_factory=list)
 
     def sharing_nodes(self) -> set[str]:
         return self.live.sharing_nodes | self.touched if self.touched else self.live.sharing_nodes
@@ -160,7 +168,10 @@ def place_fractional(
             "behind_head", f"{need}; waiting behind the first job in line (backfill is off)"
         )
         return False
-    never = _never_fits(trial.live, spec)
+    kind = (spec.mig_profile, spec.gpu_fraction is not None, spec.gpu_type)
+    if kind not in trial.never:
+        trial.never[kind] = _never_fits(trial.live, spec)
+    never = trial.never[kind]
     if never is not None:
         outcomes[job.job_id] = Outcome("unsatisfiable", f"{need}; {never}")
         return False
@@ -192,7 +203,10 @@ def place_fractional(
         left = spec.tasks - len(spots)
         if ask.kind == "mig":
             trial.unplaced_slices.append((job, ask, spec.tasks))
-        outcomes[job.job_id] = _why_waiting(ctx, ask, need, left)
+        reason_key = (key, need, left)
+        if reason_key not in trial.reasons:
+            trial.reasons[reason_key] = _why_waiting(ctx, ask, need, left)
+        outcomes[job.job_id] = trial.reasons[reason_key]
         return False
     trial.bound.extend(holders)
     nodes_by_id = {spot.node_id: ctx.state.node_record(spot.node_id) for spot in spots}
@@ -319,7 +333,10 @@ def plan_repartitions(ctx: CycleContext, snap: Snapshot, blocked: list[CoreJob])
         return
     live = trial.live
     ledger = live.ledger
+    # The first waiting slice tasks in queue order: a re-partition plan costs about the square
+    # of the slices it looks at, and the rest wait a cycle or two more (a cut takes longer).
     asks = [ask for _, ask, tasks in trial.unplaced_slices for _ in range(tasks)]
+    asks = asks[:MAX_SLICES_PLANNED]
     # The first whole-GPU job that found no GPUs: an idle MIG GPU may go back to whole for it.
     first = next((job for job in blocked if job.spec is not None and not job.spec.fractional), None)
     spec = first.spec if first is not None else None
@@ -518,6 +535,12 @@ def _slots_text(model: MigModel, profile: str) -> str:
 
 def _hold_ends(ctx: CycleContext, trial: SharingTrial) -> float | None:
     """When the first idle GPU of a dynamic node kept by hysteresis may be re-partitioned."""
+    if not trial.hold_ends:
+        trial.hold_ends.append(_first_hold_end(ctx, trial))
+    return trial.hold_ends[0]
+
+
+def _first_hold_end(ctx: CycleContext, trial: SharingTrial) -> float | None:
     soonest: float | None = None
     for node_id in trial.live.sharing_nodes:
         node = trial.live.ledger.nodes[node_id]
