@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 
 from core.checkpointing import checkpoint_interval_s
 from core.context import CycleContext, Outcome
+from core.fractional import place_fractional
 from core.host import host_blocker, host_infeasible
 from core.placement import Allocation, Shape, Snapshot, find_placement
 from core.quota import QuotaBook
@@ -89,6 +90,19 @@ def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: Quot
                 continue
         if fifo and head is not None:
             outcomes[job.job_id] = Outcome("head_of_line", _BEHIND_FIFO)
+            continue
+        if job.spec is not None and job.spec.fractional:
+            # Slices and shares go through the sharing ledger (core/fractional.py).
+            if place_fractional(
+                ctx,
+                snap,
+                job,
+                quota,
+                enforce_quota=enforce,
+                behind_head=head is not None and not policy.backfill,
+                budget_left=budget > 0,
+            ):
+                budget -= 1
             continue
         if enforce:
             hit = quota.ceiling_hit(job.queue, shape.min_gpus)

@@ -8,6 +8,7 @@ released, the jobs handled, why each waiting job waits, when to wake up next).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from core.policy import SchedulingPolicy
 from core.shape import Shape
@@ -15,6 +16,9 @@ from core.state import CoreJob
 from core.surface import PlanningSurface
 from schemas.base import Event
 from schemas.reasons import DeferCode
+
+if TYPE_CHECKING:
+    from core.fractional import SharingTrial
 
 
 @dataclass(slots=True)
@@ -62,6 +66,8 @@ class CycleContext:
     # The gangs already leaving were credited to their queues' quota (preemption.credit_leaving):
     # once per cycle, whichever preemption phase comes first.
     leaving_credited: bool = False
+    # The cycle's tentative slices and shares (core/fractional.py), while it places.
+    sharing: SharingTrial | None = None
 
     @classmethod
     def start(cls, state: PlanningSurface, now: float) -> CycleContext:

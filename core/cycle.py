@@ -37,6 +37,7 @@ import weakref
 from core.backfill import place
 from core.context import CycleContext, CycleResult
 from core.fairness import preempt_for_fairness
+from core.fractional import plan_repartitions, sharing_trial
 from core.gating import gate
 from core.ordering import order, past_backoff
 from core.placement import FreeIndex, Snapshot
@@ -112,7 +113,7 @@ def schedule(state: PlanningSurface, now: float, planner: Planner | None = None)
 def _run(ctx: CycleContext, free_index: FreeIndex, timers: GangTimers | None) -> CycleResult:
     react(ctx, timers)
     state = ctx.state
-    with free_index.snapshot(state) as snap:
+    with free_index.snapshot(state) as snap, sharing_trial(ctx, snap):
         _release_into(ctx, snap)
         quota = QuotaBook(state.queue_records)
         jobs = state.job_records
@@ -121,6 +122,8 @@ def _run(ctx: CycleContext, free_index: FreeIndex, timers: GangTimers | None) ->
             quota.charge(job.queue, -job.bound_gpus)
         waiting = order(ctx, quota)
         placed = place(ctx, snap, gate(ctx, past_backoff(ctx, waiting)), quota)
+        # MIG geometries for waiting slices, a whole GPU back for gangs (core/fractional.py).
+        plan_repartitions(ctx, snap, placed.blocked)
         if ctx.policy.preemption and not ctx.policy.is_fifo:
             preempt(ctx, snap, placed.blocked, quota)
             refill_headroom(ctx, snap, quota)

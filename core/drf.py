@@ -40,7 +40,7 @@ def dominant_usage(
 def dominant_shares(queue: QueueRecord, capacity: HostCapacity) -> dict[str, float]:
     """The queue's current share of each resource of the fleet (what it holds now)."""
     return {
-        "gpus": queue.allocated / capacity.gpus if capacity.gpus else 0.0,
+        "gpus": float(queue.allocated) / capacity.gpus if capacity.gpus else 0.0,
         "cpus": queue.allocated_cpus_milli / capacity.cpus_milli if capacity.cpus_milli else 0.0,
         "memory": queue.allocated_memory_mb / capacity.memory_mb if capacity.memory_mb else 0.0,
     }

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from core.context import CycleContext, Outcome
 from core.host import release_gang
+from core.live_sharing import GpuAmount
 from core.placement import Allocation, Shape, Snapshot, find_placement
 from core.policy import PriorityClass, SchedulingPolicy
 from core.quota import QuotaBook
@@ -160,7 +161,7 @@ class VictimPool:
     def __init__(
         self, state: PlanningSurface, now: float, policy: SchedulingPolicy, wakeups: list[float]
     ) -> None:
-        entries: list[tuple[tuple[int, int, float, int], int, str, CoreJob]] = []
+        entries: list[tuple[tuple[int, GpuAmount, float, int], int, str, CoreJob]] = []
         nodes = state.node_records
         for victim in state.holding_jobs.values():
             if not victim.ranks or is_protected(victim, now, policy, wakeups):
@@ -264,20 +265,20 @@ def plan_preemption(
         return None
 
 
-def _under(quota: QuotaBook, excess: dict[str, int], victims: list[CoreJob]) -> list[CoreJob]:
+def _under(quota: QuotaBook, excess: dict[str, GpuAmount], victims: list[CoreJob]) -> list[CoreJob]:
     """The victims whose eviction gives room under a queue of `excess`."""
     return [v for v in victims if any(queue in excess for queue in quota.chain(v.queue))]
 
 
 def _quota_room(
-    quota: QuotaBook, excess: dict[str, int], victims: list[CoreJob], chosen: list[CoreJob]
+    quota: QuotaBook, excess: dict[str, GpuAmount], victims: list[CoreJob], chosen: list[CoreJob]
 ) -> list[CoreJob] | None:
     """`chosen` and the fewest more victims under the queues in `excess` whose eviction brings
     each back within its max, or None: the first that alone suffices, else victims in order,
     less those the later ones made unnecessary."""
 
     def short(taken: list[CoreJob]) -> bool:
-        freed = dict.fromkeys(excess, 0)
+        freed: dict[str, GpuAmount] = dict.fromkeys(excess, 0)
         for victim in taken:
             for queue in quota.chain(victim.queue):
                 if queue in freed:
@@ -344,7 +345,7 @@ def _by_node(planning: Snapshot, shape: Shape, victims: list[CoreJob]) -> list[C
     for victim in victims:
         for index, mask in victim.ranks:
             on_node.setdefault(index, []).append((victim, popcount(mask)))
-    options: list[tuple[int, int, list[CoreJob]]] = []
+    options: list[tuple[GpuAmount, int, list[CoreJob]]] = []
     for index in sorted(on_node):
         free = planning.count.get(index, 0)
         gained = free

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from core.live_sharing import GpuAmount
 from core.state import QueueRecord
 
 MAX_DEPTH = 16  # a misconfigured parent loop must not hang the cycle
@@ -15,7 +16,7 @@ class QuotaBook:
     def __init__(self, queues: Mapping[str, QueueRecord]) -> None:
         self._queues = queues
         self._chains: dict[str, tuple[str, ...]] = {}
-        self.usage: dict[str, int] = {}
+        self.usage: dict[str, GpuAmount] = {}
         for name, queue in queues.items():
             if queue.allocated:
                 self.charge(name, queue.allocated)
@@ -35,11 +36,11 @@ class QuotaBook:
         self._chains[name] = result
         return result
 
-    def charge(self, name: str, gpus: int) -> None:
+    def charge(self, name: str, gpus: GpuAmount) -> None:
         for queue in self.chain(name):
             self.usage[queue] = self.usage.get(queue, 0) + gpus
 
-    def ceiling_hit(self, name: str, gpus: int) -> tuple[str, int] | None:
+    def ceiling_hit(self, name: str, gpus: GpuAmount) -> tuple[str, int] | None:
         """The first queue on the chain whose max the gang would exceed, with that max."""
         for queue in self.chain(name):
             record = self._queues.get(queue)
@@ -49,13 +50,13 @@ class QuotaBook:
                 return queue, record.max_gpus
         return None
 
-    def excess(self, name: str, gpus: int) -> dict[str, int]:
+    def excess(self, name: str, gpus: GpuAmount) -> dict[str, GpuAmount]:
         """Each queue on the chain whose max the gang would exceed: by how many GPUs.
 
         Evicting gangs of a queue's subtree gives it room again (the preemption planner uses
         this to reclaim a guarantee under a parent's ceiling that a sibling's borrowing filled).
         """
-        over: dict[str, int] = {}
+        over: dict[str, GpuAmount] = {}
         for queue in self.chain(name):
             record = self._queues.get(queue)
             if record is None or record.max_gpus is None:
@@ -69,13 +70,13 @@ class QuotaBook:
         record = self._queues.get(name)
         return record.guaranteed_gpus if record is not None and record.configured else 0
 
-    def within_guarantee(self, name: str, gpus: int) -> bool:
+    def within_guarantee(self, name: str, gpus: GpuAmount) -> bool:
         """Would the queue stay within its guarantee with `gpus` more? (It may then reclaim.)"""
         record = self._queues.get(name)
         if record is None or not record.configured or record.guaranteed_gpus <= 0:
             return False
         return self.usage.get(name, 0) + gpus <= record.guaranteed_gpus
 
-    def borrowing(self, name: str) -> int:
+    def borrowing(self, name: str) -> GpuAmount:
         """GPUs the queue uses beyond its guarantee (0 when it is within it)."""
         return max(0, self.usage.get(name, 0) - self.guarantee(name))

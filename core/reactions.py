@@ -290,6 +290,14 @@ def lost_hardware(ctx: CycleContext, job: CoreJob) -> tuple[RequeueCode, str] | 
                 f"GPU {bits(bad)[0]} of node {node.node_id} became unhealthy; "
                 "the gang restarts whole"
             )
+    # A slice or share holds no whole GPU (its mask is empty): its GPU is in the sharing ledger.
+    for spot in ctx.state.sharing.spots_of(job.job_id):
+        record = ctx.state.node_record(spot.node_id)
+        if record is not None and spot.gpus and record.unhealthy_mask >> spot.gpus[0] & 1:
+            return "gpu_unhealthy", (
+                f"GPU {spot.gpus[0]} of node {spot.node_id} became unhealthy; "
+                "the gang restarts whole"
+            )
     return None
 
 

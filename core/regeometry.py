@@ -72,8 +72,11 @@ def plan_regeometry(
     decisions: list[GeometryDecision] = []
     taken: set[tuple[str, int]] = set()
     unplaced_slices = _without_an_instance(ledger, [a for a in waiting if a.kind == "mig"])
+    # The geometry cut for a set of waiting slices depends on the GPU model only: computed once
+    # per (model, slices), not once per node (a cluster of like nodes asks the same question).
+    fills: dict[tuple[str, tuple[TaskAsk, ...]], tuple[Geometry, list[TaskAsk]]] = {}
     while unplaced_slices:
-        found = _geometry_for_slices(ledger, unplaced_slices, now, hold_s, taken)
+        found = _geometry_for_slices(ledger, unplaced_slices, now, hold_s, taken, fills)
         if found is None:
             break
         decision, served = found
@@ -129,6 +132,7 @@ def _geometry_for_slices(
     now: float,
     hold_s: float | None,
     taken: set[tuple[str, int]],
+    fills: dict[tuple[str, tuple[TaskAsk, ...]], tuple[Geometry, list[TaskAsk]]],
 ) -> tuple[GeometryDecision, list[TaskAsk]] | None:
     best: tuple[tuple[int, int, str, int], GeometryDecision, list[TaskAsk]] | None = None
     for node in ledger.nodes.values():
@@ -142,7 +146,10 @@ def _geometry_for_slices(
         for gpu in node.gpus:
             if (node.node_id, gpu.index) in taken or not may_repartition(node, gpu, now, hold_s):
                 continue
-            geometry, served = _fill(model, fitting)
+            fill_key = (model.name, tuple(fitting))
+            if fill_key not in fills:
+                fills[fill_key] = _fill(model, fitting)
+            geometry, served = fills[fill_key]
             if not served or geometry == gpu.geometry:
                 continue
             # The fewest slices left waiting, then the node with the fewest idle GPUs (keep

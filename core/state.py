@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from core.checkpointing import CheckpointKnowledge
 from core.estimates import RuntimeEstimates
+from core.live_sharing import GpuAmount, LiveSharing, is_fractional, placement_gpus
 from core.policy import SchedulingPolicy
 from core.retry import attempt_size, repeated_oom, retry_delay_s
 from core.shape import Shape, describe_need, shape_of
@@ -43,11 +44,13 @@ from schemas.jobs import (
     JobSuspendRequested,
     JobUpdated,
     PreemptionRequested,
+    RankPlacement,
     ReservationPlanned,
     TaskExited,
     TaskStarted,
 )
 from schemas.nodes import (
+    GpuGeometryChanged,
     GpuRecovered,
     GpuUnhealthy,
     NodeDrained,
@@ -158,6 +161,8 @@ class NodeRecord:
     memory_mb: int | None = None
     cpus_bound_milli: int = 0
     memory_bound_mb: int = 0
+    # GPUs in MIG mode or holding soft shares: out of the whole-GPU pool (core/live_sharing.py).
+    shared_mask: int = 0
 
     @property
     def schedulable(self) -> bool:
@@ -167,7 +172,13 @@ class NodeRecord:
     def free_mask(self) -> int:
         if not self.schedulable:
             return 0
-        return self.all_mask & ~self.unhealthy_mask & ~self.bound_mask & ~self.lingering_mask
+        return (
+            self.all_mask
+            & ~self.unhealthy_mask
+            & ~self.bound_mask
+            & ~self.lingering_mask
+            & ~self.shared_mask
+        )
 
     @property
     def state(self) -> NodeStateName:
@@ -203,7 +214,8 @@ class CoreJob:
     attempt: int = 0
     # The current attempt's gang: rank → (node index, GPU mask), empty when nothing is bound.
     ranks: list[tuple[int, int]] = field(default_factory=list)
-    bound_gpus: int = 0
+    # Exact: whole GPUs as an int, slices and shares as a Fraction (core/live_sharing.py).
+    bound_gpus: GpuAmount = 0
     started_ranks: set[int] = field(default_factory=set)
     exit_codes: dict[int, int] = field(default_factory=dict)
     # Ranks whose exit said they were evicted ("preempted"): under eviction, exits 0 from every
@@ -314,8 +326,8 @@ class QueueRecord:
     max_gpus: int | None = None
     weight: float = 1.0
     configured: bool = False
-    # GPUs bound now to gangs of this queue (not its children).
-    allocated: int = 0
+    # GPUs bound now to gangs of this queue (not its children); exact for slices and shares.
+    allocated: GpuAmount = 0
     # Exponentially decayed GPU usage (GPU·s, decayed), brought up to date at `usage_at`.
     decayed_usage: float = 0.0
     usage_at: float = 0.0
@@ -352,7 +364,9 @@ class SchedulerState:
         self._block_ids: dict[tuple[str, str], int] = {}
         self._seq = 0
         self._clock = 0.0
-        self._allocated = 0
+        self._allocated: GpuAmount = 0
+        # MIG geometries, slices and soft shares (core/live_sharing.py).
+        self._sharing = LiveSharing()
         self._total = 0
         self._unhealthy = 0
         self._lost_gpus = 0
@@ -396,6 +410,7 @@ class SchedulerState:
             NodeUndrained: self._on_undrained,
             GpuUnhealthy: self._on_gpu_unhealthy,
             GpuRecovered: self._on_gpu_recovered,
+            GpuGeometryChanged: self._on_geometry_changed,
             TeamCreated: self._on_team_created,
             QueueConfigured: self._on_queue_configured,
         }
@@ -435,8 +450,14 @@ class SchedulerState:
         return (_node_view(record) for record in self._node_list)
 
     @property
-    def allocated_gpus(self) -> int:
+    def allocated_gpus(self) -> GpuAmount:
+        """GPUs bound to gangs, exactly (a 1g slice of an H100 counts 1/7)."""
         return self._allocated
+
+    @property
+    def sharing(self) -> LiveSharing:
+        """MIG geometries, slices and soft shares (read-only for the cycle, as the rest)."""
+        return self._sharing
 
     @property
     def total_gpus(self) -> int:
@@ -504,7 +525,7 @@ class SchedulerState:
         self._host_profile = (self._node_generation, capacity)
         return capacity
 
-    def queue_usage(self, queue: str) -> int:
+    def queue_usage(self, queue: str) -> GpuAmount:
         record = self._queues.get(queue)
         return 0 if record is None else record.allocated
 
@@ -595,6 +616,8 @@ class SchedulerState:
         for node_index, mask in job.ranks:
             node_id = self._node_list[node_index].node_id
             placement.setdefault(node_id, []).extend(bits(mask))
+        for spot in self._sharing.spots_of(job.job_id):
+            placement.setdefault(spot.node_id, []).extend(spot.gpus)
         for gpus in placement.values():
             gpus.sort()
         spec = job.spec
@@ -604,7 +627,8 @@ class SchedulerState:
             team=job.team,
             queue=job.queue,
             priority=job.priority,
-            gpus=job.bound_gpus if job.ranks else job.gpus,
+            # Whole GPUs here (a slice or share job: its tasks); exact amounts: bound_gpus.
+            gpus=job.bound_gpus if job.ranks and isinstance(job.bound_gpus, int) else job.gpus,
             reason_code=job.reason_code,
             reason=job.reason,
             estimated_start=job.estimated_start,
@@ -781,13 +805,20 @@ class SchedulerState:
         if job is None or job.state in TERMINAL_STATES or job.ranks:
             return  # a gang is bound once per attempt; a second one would double-bind
         ranks: list[tuple[int, int]] = []
+        fractional: list[RankPlacement] = []
+        held: GpuAmount = 0
         for placement in event.ranks:
             node = self._nodes.get(placement.node_id)
             if node is None:
                 return  # placed on a node this state never saw: ignore the whole gang
             mask = 0
-            for gpu in placement.gpus:
-                mask |= 1 << gpu
+            if is_fractional(placement):
+                # A slice or share holds part of its GPU, in the sharing ledger, not the GPU.
+                fractional.append(placement)
+                held += placement_gpus(placement)
+            else:
+                for gpu in placement.gpus:
+                    mask |= 1 << gpu
             ranks.append((node.index, mask))
         job.attempt = event.attempt
         job.ranks = ranks
@@ -808,14 +839,20 @@ class SchedulerState:
         job.reason = None
         job.estimated_start = None
         job.reserved_nodes = ()
+        for placement in fractional:
+            self._sharing.bind(
+                job.job_id, event.attempt, placement.rank, placement, job.spec, job.team
+            )
         touched: dict[int, int] = {}
         for node_index, mask in ranks:
             touched[node_index] = touched.get(node_index, 0) | mask
-        gpus = 0
+        gpus: GpuAmount = held
         for node_index, mask in touched.items():
             node = self._node_list[node_index]
             node.gangs[job.job_id] = node.gangs.get(job.job_id, 0) | mask
             node.bound_mask |= mask
+            if fractional:
+                node.shared_mask = self._sharing.shared_mask(node.node_id)
             self._refresh(node)
             gpus += popcount(mask)
             if node.lost or (mask & node.unhealthy_mask) or node.draining:
@@ -905,11 +942,16 @@ class SchedulerState:
                 host = self._node_list[node_index]
                 host.cpus_bound_milli -= cpus
                 host.memory_bound_mb -= memory
-        gpus = 0
+        gpus: GpuAmount = 0
+        if job.job_id in self._sharing.by_job:
+            still = {rank for rank in range(len(job.ranks)) if job.still_runs(rank)}
+            self._sharing.release(job.job_id, job.attempt, still)
+            gpus = job.bound_gpus - sum(popcount(mask) for _, mask in job.ranks)
         for node_index in sorted(touched):
             node = self._node_list[node_index]
             mask = node.gangs.pop(job.job_id, 0)
             gpus += popcount(mask)
+            node.shared_mask = self._sharing.shared_mask(node.node_id)
             remaining = 0
             for other in node.gangs.values():
                 remaining |= other
@@ -958,6 +1000,12 @@ class SchedulerState:
         self._refresh(node)
 
     def _rank_gone(self, event: TaskExited) -> None:
+        if self._sharing.lingering:
+            shared_node = self._sharing.rank_gone((event.job_id, event.attempt, event.rank))
+            record = self._nodes.get(shared_node or "")
+            if record is not None:
+                record.shared_mask = self._sharing.shared_mask(record.node_id)
+                self._refresh(record)
         node = self._nodes.get(event.node_id)
         if node is None or not node.lingering:
             return
@@ -1047,6 +1095,12 @@ class SchedulerState:
     def _refresh(self, node: NodeRecord, topology_changed: bool = False) -> None:
         if topology_changed:
             self._node_generation += 1
+        self._sharing.sync(
+            node.node_id,
+            node.bound_mask | node.lingering_mask,
+            node.unhealthy_mask,
+            node.schedulable,
+        )
         free = node.free_mask
         if free:
             self._free[node.index] = free
@@ -1100,6 +1154,8 @@ class SchedulerState:
             self._place_in_topology(node)
             for watch in self._free_watches:
                 watch.changed = None  # its rack, block or pool may have changed
+        self._sharing.register(event)
+        node.shared_mask = self._sharing.shared_mask(node.node_id)
         self._refresh(node, topology_changed=True)
 
     def _place_in_topology(self, node: NodeRecord) -> None:
@@ -1117,6 +1173,8 @@ class SchedulerState:
         # are released: those ranks must not hold its GPUs as lingering ones then.
         node.lingering.clear()
         node.lingering_mask = 0
+        self._sharing.node_lost(node.node_id)
+        node.shared_mask = self._sharing.shared_mask(node.node_id)
         for job_id in node.gangs:
             job = self._jobs[job_id]
             for rank, (node_index, _) in enumerate(job.ranks):
@@ -1173,6 +1231,8 @@ class SchedulerState:
         node.unhealthy_mask |= bit
         self._refresh(node, topology_changed=True)
         self._flag_gangs(node, bit)
+        for job_id in self._sharing.jobs_on(node.node_id, event.gpu_index):
+            self._attention.add(job_id)
 
     def _on_gpu_recovered(self, event: GpuRecovered, at: float) -> None:
         node = self._nodes.get(event.node_id)
@@ -1180,6 +1240,13 @@ class SchedulerState:
             return
         node.unhealthy_mask &= ~(1 << event.gpu_index)
         self._refresh(node, topology_changed=True)
+
+    def _on_geometry_changed(self, event: GpuGeometryChanged, at: float) -> None:
+        node = self._nodes.get(event.node_id)
+        if node is None or not self._sharing.set_geometry(event, at):
+            return
+        node.shared_mask = self._sharing.shared_mask(node.node_id)
+        self._refresh(node)
 
     # ---------------------------------------------------------------- queues
 
@@ -1210,10 +1277,15 @@ class SchedulerState:
             self._queue(event.parent)
 
     def _charge(
-        self, queue_name: str, gpus: int, at: float, cpus_milli: int = 0, memory_mb: int = 0
+        self,
+        queue_name: str,
+        gpus: GpuAmount,
+        at: float,
+        cpus_milli: int = 0,
+        memory_mb: int = 0,
     ) -> None:
-        """Account `gpus` more (or fewer) GPUs, and the ranks' CPUs and memory, to the queue
-        and decay its usage up to `at`."""
+        """Account `gpus` more (or fewer) GPUs (exact fractions for slices and shares), and the
+        ranks' CPUs and memory, to the queue and decay its usage up to `at`."""
         queue = self._queue(queue_name)
         self._decay(queue, at)
         queue.allocated += gpus
@@ -1258,13 +1330,15 @@ def _declare_host(node: NodeRecord, event: NodeRegistered) -> None:
     node.memory_mb = event.memory_mb
 
 
-def decayed_usage(previous: float, allocated: int, elapsed: float, half_life_s: float) -> float:
+def decayed_usage(
+    previous: float, allocated: GpuAmount, elapsed: float, half_life_s: float
+) -> float:
     """GPU·seconds with exponential decay: usage `elapsed` seconds later at constant `allocated`."""
     if elapsed <= 0:
         return previous
     rate = math.log(2) / half_life_s
     decay = math.exp(-rate * elapsed)
-    return previous * decay + allocated * (1.0 - decay) / rate
+    return previous * decay + float(allocated) * (1.0 - decay) / rate
 
 
 def _node_view(node: NodeRecord) -> NodeView:

@@ -14,6 +14,7 @@ from typing import Protocol
 
 from core.checkpointing import CheckpointKnowledge
 from core.estimates import RuntimeEstimates
+from core.live_sharing import LiveSharing
 from core.policy import SchedulingPolicy
 from core.state import (
     CoreJob,
@@ -46,6 +47,11 @@ class PlanningSurface(Protocol):
 
     @property
     def node_records(self) -> Sequence[NodeRecord]: ...
+
+    @property
+    def sharing(self) -> LiveSharing:
+        """MIG geometries, slices and soft shares (core/live_sharing.py)."""
+        ...
 
     def node_record(self, node_id: str) -> NodeRecord | None: ...
 

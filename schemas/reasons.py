@@ -31,6 +31,10 @@ DeferCode = Literal[
     "insufficient_cpus",  # free GPUs, but no node among them has the CPUs a task asks
     "insufficient_memory",  # free GPUs, but no node among them has the memory a task asks
     "inference_headroom",  # placing it would take the free GPUs kept for inference-critical
+    "no_mig_slice",  # no free MIG instance of its profile, and no re-partition planned for it
+    "awaiting_repartition",  # a GPU is being re-partitioned to hold its slice
+    "no_gpu_share",  # no soft-shared GPU of its team has room, and no whole GPU is free
+    "share_other_team",  # the GPUs with room are soft-shared by another team
 ]
 
 # JobRequeued.code: why a gang was released and its job waits again.

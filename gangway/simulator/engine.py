@@ -45,6 +45,7 @@ from typing import Final, Literal
 
 from core import Auditor, Planner, SchedulerState, SchedulingPolicy
 from core.admission import AdmissionCatalog, admit
+from core.live_sharing import GpuAmount, as_number, placement_gpus
 from gangway.simulator.baselines import (
     Baseline,
     Candidate,
@@ -165,7 +166,7 @@ class SimulationResult:
     cycles: int
     wall_s: float
     # (time, GPUs allocated) after every timestamp where the allocation changed.
-    timeline: list[tuple[float, int]]
+    timeline: list[tuple[float, int | float]]
     # Failure injection: GPU-seconds of work redone after failures plus those spent writing
     # periodic checkpoints, and how many node and GPU failures struck.
     lost_gpu_s_failures: float = 0.0
@@ -211,14 +212,14 @@ class Simulation:
         self._seq = 0
         self._wakes: set[float] = set()
         self._position = 0
-        self._allocated = 0
+        self._allocated: GpuAmount = 0
         self._allocated_gpu_s = 0.0
-        self._held: dict[str, tuple[float, int]] = {}  # job → (reserved at, GPUs)
+        self._held: dict[str, tuple[float, GpuAmount]] = {}  # job → (reserved at, GPUs)
         self._preemptions = 0
         self._lost_gpu_s = 0.0
         self._finished = 0
         self._cycles = 0
-        self._timeline: list[tuple[float, int]] = []
+        self._timeline: list[tuple[float, int | float]] = []
         failures = self._config.failures
         self._streams: list[FailureStream] = failure_streams(
             failures, [(node.node_id, len(node.gpus)) for node in self._nodes]
@@ -266,8 +267,8 @@ class Simulation:
                 if self._joined:
                     self._srtf_preempt(now)
                 self._cycle(now)
-            if not self._timeline or self._timeline[-1][1] != self._allocated:
-                self._timeline.append((now, self._allocated))
+            if not self._timeline or self._timeline[-1][1] != as_number(self._allocated):
+                self._timeline.append((now, as_number(self._allocated)))
             if progress is not None:
                 progress(self._finished, now)
         return SimulationResult(
@@ -489,7 +490,8 @@ class Simulation:
             case NodeRegistered() | TeamCreated():
                 self._catalog.apply(event)
             case GangReserved():
-                gpus = sum(len(rank.gpus) for rank in event.ranks)
+                # Exact: a slice or share counts its part of a GPU (core/live_sharing.py).
+                gpus = sum((placement_gpus(rank) for rank in event.ranks), 0)
                 self._held[event.job_id] = (at, gpus)
                 self._allocated += gpus
             case PreemptionRequested():

@@ -32,7 +32,7 @@ def _horizontal(version: str) -> dict[str, Any]:
 def write_plot(
     path: str | Path,
     records: Sequence[SimJobMetrics],
-    timeline: Sequence[tuple[float, int]],
+    timeline: Sequence[tuple[float, int | float]],
     *,
     capacity_gpus: int,
     title: str,

@@ -122,6 +122,38 @@ class EventPage(View):
     has_more: bool
 
 
+class SliceView(View):
+    """One MIG instance of a GPU's geometry and who runs in it."""
+
+    profile: str
+    start: int = Field(description="start slot (memory slices)")
+    free: bool
+    job: str | None = Field(default=None, description="the job in it (only your own for teams)")
+
+
+class ShareView(View):
+    """One soft share of a GPU."""
+
+    job: str | None = Field(default=None, description="the job (only your own for teams)")
+    thousandths: int
+    memory_mb: int | None
+    sharing: Literal["mps", "timeslice"]
+
+
+class GpuView(View):
+    """What one GPU is doing: whole for a gang, cut into MIG instances, soft-shared, or idle."""
+
+    index: int
+    mode: Literal["idle", "whole", "mig", "shared", "unhealthy"]
+    job: str | None = Field(default=None, description="the whole-GPU gang's job (own only)")
+    geometry: list[SliceView] = Field(default_factory=list)
+    shares: list[ShareView] = Field(default_factory=list)
+    shared_thousandths: int = 0
+    reconfiguring_until: datetime | None = Field(
+        default=None, description="being re-partitioned: serves nothing until then"
+    )
+
+
 class NodeView(View):
     id: str
     hostname: str
@@ -132,13 +164,20 @@ class NodeView(View):
     state: Literal["ready", "degraded", "draining", "drained", "lost"]
     gpus: int
     healthy_gpus: int
-    allocated_gpus: int
+    allocated_gpus: int | float = Field(
+        description="exact: a 1g slice of an H100 counts 1/7, a 0.25 share 1/4 (4 decimals)"
+    )
     free_gpus: int
     unhealthy_gpu_indices: list[int]
     degraded_signals: list[str]
     reason: str | None
     labels: dict[str, str]
     jobs: dict[str, list[int]] = Field(description="job id → GPU indices (own jobs only for teams)")
+    gpu_model: str | None = None
+    mig: Literal["none", "dynamic", "fixed"] = "none"
+    gpu_details: list[GpuView] = Field(
+        default_factory=list, description="each GPU's geometry and what runs in each slice or share"
+    )
 
 
 class NodeList(View):
@@ -152,8 +191,9 @@ class QueueView(View):
     max_gpus: int | None
     weight: float
     is_team: bool
-    allocated_gpus: int
-    borrowed_gpus: int
+    # Exact sums shown to 4 decimals where slices or shares make them fractional.
+    allocated_gpus: int | float
+    borrowed_gpus: int | float
     pending_jobs: int
     running_jobs: int
 
@@ -167,7 +207,7 @@ class ClusterView(View):
     nodes_by_state: dict[str, int]
     total_gpus: int
     healthy_gpus: int
-    allocated_gpus: int
+    allocated_gpus: int | float
     free_gpus: int
     whole_free_nodes: int
     fragmentation: float = Field(description="share of free GPUs not in wholly free nodes")

@@ -3,13 +3,25 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import Literal
 from uuid import UUID
 
+from core.live_sharing import as_number
 from schemas.envelope import EventEnvelope
 from schemas.jobs import JobState
 from services.api.auth import Principal
-from services.api.models import ArrayView, ClusterView, EventView, JobView, NodeView, QueueView
-from services.api.projections.cluster import ClusterSummary
+from services.api.models import (
+    ArrayView,
+    ClusterView,
+    EventView,
+    GpuView,
+    JobView,
+    NodeView,
+    QueueView,
+    ShareView,
+    SliceView,
+)
+from services.api.projections.cluster import ClusterSummary, node_usage
 from services.api.projections.jobs import JobReadModel
 from services.api.projections.model import ReadModels
 from services.api.projections.nodes import NodeRecord
@@ -82,7 +94,7 @@ def array_view(array_id: str, jobs: list[JobReadModel]) -> ArrayView:
 
 def node_view(node: NodeRecord, models: ReadModels, principal: Principal) -> NodeView:
     held = models.allocated_on(node.id)
-    allocated = {gpu for gpus in held.values() for gpu in gpus}
+    exact, allocated = node_usage(node, models)
     healthy = node.healthy_gpus
     visible_jobs = {
         job_id: list(gpus)
@@ -99,14 +111,86 @@ def node_view(node: NodeRecord, models: ReadModels, principal: Principal) -> Nod
         state=node.state,
         gpus=len(node.gpu_indices),
         healthy_gpus=len(healthy),
-        allocated_gpus=len(allocated),
+        allocated_gpus=as_number(exact),
         free_gpus=sum(1 for gpu in healthy if gpu not in allocated),
         unhealthy_gpu_indices=sorted(node.unhealthy_gpus),
         degraded_signals=list(node.degraded),
         reason=node.reason,
         labels=dict(node.labels),
         jobs=visible_jobs,
+        gpu_model=node.gpu_model,
+        mig=node.mig if node.mig in ("none", "dynamic", "fixed") else "none",
+        gpu_details=gpu_views(node, models, principal),
     )
+
+
+def gpu_views(node: NodeRecord, models: ReadModels, principal: Principal) -> list[GpuView]:
+    """Each GPU's geometry and what runs in each slice or share (job ids a team may see)."""
+
+    def shown(job_id: str) -> str | None:
+        job = models.jobs.get(job_id)
+        visible = principal.is_admin or (job is not None and principal.can_see(job))
+        return job_id if visible else None
+
+    whole: dict[int, str] = {}
+    slices: dict[tuple[int, int], str] = {}
+    shares: dict[int, list[ShareView]] = {}
+    for job_id in sorted(models.allocated_on(node.id)):
+        job = models.jobs.get(job_id)
+        if job is None:
+            continue
+        placed = [r for r in job.ranks if r.node_id == node.id]
+        if not placed:
+            whole.update({gpu: job_id for gpu in models.allocated_on(node.id)[job_id]})
+        for rank in placed:
+            if rank.mig is not None and rank.gpus:
+                slices[(rank.gpus[0], rank.mig.start)] = job_id
+            elif rank.share is not None and rank.gpus:
+                shares.setdefault(rank.gpus[0], []).append(
+                    ShareView(
+                        job=shown(job_id),
+                        thousandths=rank.share.thousandths,
+                        memory_mb=rank.share.memory_mb,
+                        sharing=rank.share.sharing,
+                    )
+                )
+            else:
+                whole.update({gpu: job_id for gpu in rank.gpus})
+    views: list[GpuView] = []
+    for index in node.gpu_indices:
+        geometry = [
+            SliceView(
+                profile=profile,
+                start=start,
+                free=(index, start) not in slices,
+                job=shown(slices[(index, start)]) if (index, start) in slices else None,
+            )
+            for start, profile in node.geometry.get(index, ())
+        ]
+        on_gpu = shares.get(index, [])
+        mode: Literal["idle", "whole", "mig", "shared", "unhealthy"]
+        if index in node.unhealthy_gpus:
+            mode = "unhealthy"
+        elif geometry:
+            mode = "mig"
+        elif on_gpu:
+            mode = "shared"
+        elif index in whole:
+            mode = "whole"
+        else:
+            mode = "idle"
+        views.append(
+            GpuView(
+                index=index,
+                mode=mode,
+                job=shown(whole[index]) if index in whole else None,
+                geometry=geometry,
+                shares=on_gpu,
+                shared_thousandths=sum(share.thousandths for share in on_gpu),
+                reconfiguring_until=node.reconfiguring_until.get(index),
+            )
+        )
+    return views
 
 
 def subtree(name: str, models: ReadModels) -> list[str]:
@@ -122,7 +206,8 @@ def subtree(name: str, models: ReadModels) -> list[str]:
 
 def queue_view(queue: QueueRecord, models: ReadModels) -> QueueView:
     names = subtree(queue.name, models)
-    allocated = sum(max(0, models.allocated_by_queue.get(n, 0)) for n in names)
+    exact = sum(max(0, models.allocated_by_queue.get(n, 0)) for n in names)
+    allocated = as_number(exact)
     return QueueView(
         name=queue.name,
         parent=queue.parent,
@@ -131,7 +216,7 @@ def queue_view(queue: QueueRecord, models: ReadModels) -> QueueView:
         weight=queue.weight,
         is_team=queue.name in models.teams,
         allocated_gpus=allocated,
-        borrowed_gpus=max(0, allocated - queue.guaranteed_gpus),
+        borrowed_gpus=as_number(max(0, exact - queue.guaranteed_gpus)),
         pending_jobs=sum(max(0, models.waiting_by_queue.get(n, 0)) for n in names),
         running_jobs=sum(max(0, models.running_by_queue.get(n, 0)) for n in names),
     )

@@ -83,7 +83,7 @@ class SchedulerMetrics:
         pending = Tally(view.priority for view in state.jobs() if view.state in WAITING_STATES)
         for pc in state.policy.priority_classes:
             self.pending_jobs.labels(pc.name).set(pending.get(pc.name, 0))
-        self.gpus_allocated.set(state.allocated_gpus)
+        self.gpus_allocated.set(float(state.allocated_gpus))
         self.gpus_total.set(state.total_gpus)
 
 

@@ -409,7 +409,7 @@ class SchedulerService:
             log.warning("snapshot not saved: %r", error)
 
     async def _observe(self, *, force: bool = False) -> None:
-        self.metrics.gpus_allocated.set(self.folded.state.allocated_gpus)
+        self.metrics.gpus_allocated.set(float(self.folded.state.allocated_gpus))
         now = time.monotonic()
         if now - self._lag_at >= 1.0 or force:
             self._lag_at = now

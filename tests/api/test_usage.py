@@ -17,10 +17,13 @@ from schemas.base import Event
 from schemas.checkpoints import CheckpointCommitted, CheckpointShard
 from schemas.envelope import EventEnvelope
 from schemas.jobs import (
+    GangReserved,
     JobAdmitted,
     JobRequeued,
     JobSucceeded,
+    MigSlice,
     PreemptionRequested,
+    RankPlacement,
     ReservationPlanned,
     TaskStarted,
 )
@@ -83,6 +86,25 @@ def test_allocated_from_reservation_to_release_used_while_all_ranks_run() -> Non
     assert (row.team, row.gpu_type, row.period_start) == ("nlp", "H100", MIDNIGHT)
     assert row.allocated_gpu_hours == 4 * 8
     assert row.used_gpu_hours == 4 * 6
+
+
+def test_a_slice_is_shown_back_as_its_seventh_of_a_gpu() -> None:
+    clock = Clock()
+    clock.at(0, node("n1"), submitted("s1", tasks=1, gpus_per_task=0, mig_profile="1g.10gb"))
+    clock.at(0, JobAdmitted(job_id="s1", queue="nlp", priority="research"))
+    slice_ = RankPlacement(rank=0, node_id="n1", gpus=[0], mig=MigSlice(profile="1g.10gb", start=3))
+    clock.at(0, GangReserved(job_id="s1", attempt=1, ranks=[slice_]), *started("s1", 1))
+    clock.at(7, JobSucceeded(job_id="s1", attempt=1))
+    [row] = report(
+        clock.models.usage,
+        start=MIDNIGHT,
+        end=MIDNIGHT + timedelta(days=1),
+        by="day",
+        now=MIDNIGHT + timedelta(days=1),
+    )
+    # Seven hours of a seventh of a GPU: one GPU-hour allocated and used.
+    assert row.allocated_gpu_hours == pytest.approx(1.0)
+    assert row.used_gpu_hours == pytest.approx(1.0)
 
 
 def test_a_running_gang_is_split_at_midnight_and_counts_up_to_now() -> None:

@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from core import SchedulingPolicy
+from core.live_sharing import GpuAmount
 from schemas.jobs import GangReserved, PreemptionRequested
 from tests.core.builders import History, a_job
 
@@ -49,7 +50,7 @@ steps = st.lists(
 @given(steps)
 def test_the_headroom_is_only_ever_taken_by_inference(plan: list[Train | Infer | Exit]) -> None:
     history = History("4x8:2:2", POLICY)
-    sizes: dict[str, int] = {}
+    sizes: dict[str, GpuAmount] = {}
     for step in plan:
         if isinstance(step, Train):
             builder = a_job().gpus(step.gpus).tasks(step.tasks).priority(step.priority)

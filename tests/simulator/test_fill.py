@@ -116,3 +116,30 @@ def test_soft_shares_of_two_teams_never_meet_on_a_gpu_in_fill_mode(tmp_path: Pat
     # Two GPUs, two teams: each team gets one GPU, two halves each; the rest waits.
     assert result.placed_jobs == 4
     assert result.allocated_share == pytest.approx(1.0)
+
+
+def test_a_departures_run_places_slices_and_shares_through_the_live_cycle(
+    tmp_path: Path,
+) -> None:
+    # One H100 whose GPU the scheduler may cut: seven 1g.10gb of seven teams share it, then
+    # four quarter shares of one team share a GPU; all finish and nothing breaks a rule.
+    rows = [f"m{n},{n},1,600,team{n},,1g.10gb,,,," for n in range(7)]
+    rows += [f"s{n},{10 + n},1,600,lab,0.25,,,,," for n in range(4)]
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text(
+        "groups:\n  - {count: 1, gpus: 2, gpu_type: H100, mig: dynamic, reconfigure_s: 60}\n"
+    )
+    out = tmp_path / "run.json"
+    code = main(
+        [
+            "simulate", "--trace", str(write(tmp_path, *rows)), "--cluster", str(cluster),
+            "--json", str(out), "--no-progress",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    metrics = json.loads(out.read_text())
+    assert metrics["invariant_violations"] == 0
+    assert metrics["jobs"] == 11
+    # Everything ran at once on two GPUs: the slices after one re-partition (60 s), the shares
+    # at once; so the last job ends 600 s after the cut, not after a queue of 11 x 600 s.
+    assert metrics["makespan_s"] < 2 * 600

@@ -14,6 +14,7 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from core.live_sharing import as_number
 from schemas.jobs import HOLDING_STATES, WAITING_STATES
 from services.api.activity import GpuActivity
 from services.api.auth import Principal
@@ -146,7 +147,7 @@ def _usage(models: ReadModels, principal: Principal, now: datetime) -> list[dict
                 "used_gpu_hours": [round(v, 3) for v in series["used"]],
                 "guaranteed_gpus": queue.guaranteed_gpus if queue else 0,
                 "max_gpus": queue.max_gpus if queue else None,
-                "allocated_gpus": max(0, models.allocated_by_queue.get(team, 0)),
+                "allocated_gpus": as_number(max(0, models.allocated_by_queue.get(team, 0))),
             }
         )
     return result

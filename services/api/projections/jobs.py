@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Final, Literal
 
+from core.live_sharing import GpuAmount, placement_gpus
 from schemas.base import Event
 from schemas.jobs import (
     HOLDING_STATES as GANG_HOLDING_STATES,
@@ -38,6 +39,7 @@ from schemas.jobs import (
     JobSuspendRequested,
     JobUpdated,
     PreemptionRequested,
+    RankPlacement,
     ReservationPlanned,
     TaskExited,
     TaskStarted,
@@ -70,6 +72,8 @@ class JobReadModel:
     # node id -> GPU indices of the current attempt's gang; empty when no gang is held.
     placement: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     gang_ranks: frozenset[int] = frozenset()
+    # The current gang's ranks as placed: a slice's MIG instance, a share's part of its GPU.
+    ranks: tuple[RankPlacement, ...] = ()
     started_ranks: frozenset[int] = frozenset()
     exited_ranks: Mapping[int, int] = field(default_factory=dict)
     # (attempt, rank) -> the node it started on: whose agent holds its log (routers/logs.py).
@@ -88,6 +92,13 @@ class JobReadModel:
     @property
     def gpus(self) -> int:
         return self.spec.total_gpus
+
+    @property
+    def held_gpus(self) -> GpuAmount:
+        """What the current gang holds, exactly (a 1g slice of an H100: 1/7); 0 without one."""
+        if not self.ranks:
+            return sum(len(gpus) for gpus in self.placement.values())
+        return sum((placement_gpus(rank) for rank in self.ranks), 0)
 
     @property
     def terminal(self) -> bool:
@@ -201,6 +212,7 @@ def _on_gang_reserved(job: JobReadModel, event: GangReserved, at: datetime) -> J
         attempt=event.attempt,
         placement={node: tuple(sorted(gpus)) for node, gpus in placement.items()},
         gang_ranks=frozenset(rank.rank for rank in event.ranks),
+        ranks=tuple(event.ranks),
         started_ranks=frozenset(),
         exited_ranks={},
         reason=None,
@@ -373,6 +385,7 @@ def _release(
         state=state,
         placement={},
         gang_ranks=frozenset(),
+        ranks=(),
         started_ranks=frozenset(),
         reason=reason,
         reason_code=code,

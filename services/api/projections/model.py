@@ -73,6 +73,7 @@ class ReadModels:
     team_by_token_sha256: dict[str, str] = field(default_factory=dict)
     # node id -> job id -> GPU indices held there by the job's current gang.
     allocations: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)
+    # Exact: slices and shares count their fraction of a GPU (core/live_sharing.py).
     allocated_by_queue: Counter[str] = field(default_factory=Counter)
     waiting_by_class: Counter[str] = field(default_factory=Counter)
     waiting_by_queue: Counter[str] = field(default_factory=Counter)
@@ -187,7 +188,8 @@ class ReadModels:
 
     def _count(self, job: JobReadModel, sign: int) -> None:
         if job.holds_gpus:
-            self.allocated_by_queue[job.queue] += sign * job.gpus
+            # A Counter adds Fractions exactly as well as ints (its type says int only).
+            self.allocated_by_queue[job.queue] += sign * job.held_gpus  # type: ignore[assignment]
             self.running_by_queue[job.queue] += sign
         elif job.state in WAITING_STATES:
             self.waiting_by_class[job.priority] += sign

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
-from datetime import datetime
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
+from core.mig import mig_model, pack
 from schemas.base import Event
 from schemas.nodes import (
+    GpuGeometryChanged,
     GpuRecovered,
     GpuUnhealthy,
     NodeDegraded,
@@ -45,6 +47,12 @@ class NodeRecord:
     reason: str | None = None
     # The GPU model (its MIG profile table), when the node declared one.
     gpu_model: str | None = None
+    # How its GPUs may be partitioned (none, dynamic, fixed), and each GPU's MIG geometry:
+    # GPU index → (start slot, profile) of its instances; absent: a whole GPU.
+    mig: str = "none"
+    geometry: Mapping[int, tuple[tuple[int, str], ...]] = field(default_factory=dict)
+    # GPUs being re-partitioned: they serve nothing until then.
+    reconfiguring_until: Mapping[int, datetime] = field(default_factory=dict)
 
     @property
     def state(self) -> NodeState:
@@ -95,11 +103,44 @@ def _on_registered(node: NodeRecord | None, event: NodeRegistered, at: datetime)
         labels=tuple(sorted(event.labels.items())),
         registered_at=node.registered_at if node else at,
         updated_at=at,
+        mig=event.mig,
+        geometry=_fixed_geometry(event),
     )
-    # Re-registration refreshes the inventory but keeps what operators decided (drains).
+    # Re-registration refreshes the inventory but keeps what operators decided (drains) and
+    # the geometries the scheduler set.
     if node is not None:
         registered = replace(registered, draining=node.draining, drained=node.drained)
+        if event.mig == "dynamic":
+            registered = replace(
+                registered,
+                geometry=node.geometry,
+                reconfiguring_until=node.reconfiguring_until,
+            )
     return registered
+
+
+def _fixed_geometry(event: NodeRegistered) -> dict[int, tuple[tuple[int, str], ...]]:
+    """A fixed MIG geometry as the scheduler's ledger packs it (core/mig.py), on every GPU."""
+    if event.mig != "fixed":
+        return {}
+    model = mig_model(event.gpu_model or event.gpu_type)
+    packed = pack(model, event.mig_profiles) if model is not None else None
+    if not packed:
+        return {}
+    instances = tuple((i.start, i.profile) for i in packed)
+    return {gpu.index: instances for gpu in event.gpus}
+
+
+def _on_geometry_changed(node: NodeRecord, event: GpuGeometryChanged, at: datetime) -> NodeRecord:
+    geometry = dict(node.geometry)
+    instances = tuple(sorted((i.start, i.profile) for i in event.geometry))
+    if instances:
+        geometry[event.gpu_index] = instances
+    else:
+        geometry.pop(event.gpu_index, None)
+    busy = dict(node.reconfiguring_until)
+    busy[event.gpu_index] = at + timedelta(seconds=event.reconfigure_s)
+    return replace(node, geometry=geometry, reconfiguring_until=busy, updated_at=at)
 
 
 def _known(fold: _KnownFold) -> _Fold:
@@ -156,6 +197,7 @@ _NODE_FOLDS: dict[type[Event], _Fold] = {
     NodeUndrained: _known(_on_undrained),
     GpuUnhealthy: _known(_on_gpu_unhealthy),
     GpuRecovered: _known(_on_gpu_recovered),
+    GpuGeometryChanged: _known(_on_geometry_changed),
 }
 # The event classes the node read model folds (the model routes only these to `evolve_node`).
 NODE_FOLD_TYPES: tuple[type[Event], ...] = tuple(_NODE_FOLDS)

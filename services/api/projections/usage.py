@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Literal
 
+from core.live_sharing import GpuAmount, job_gpus, placement_gpus
 from schemas.jobs import WAITING_STATES
 from services.api.projections.jobs import JobReadModel
 
@@ -37,7 +38,8 @@ class Interval:
     job_id: str
     team: str
     gpu_type: str
-    gpus: int
+    # Exact: a 1g slice of an H100 is 1/7 of a GPU, a 0.25 share 1/4.
+    gpus: GpuAmount
     start: datetime
     end: datetime | None = None
 
@@ -195,7 +197,7 @@ class UsageBook:
         ran_since = min((i.start for i in self._open_used.get(after.id, [])), default=at)
         attempt, checkpoint_at = self._checkpointed.get(after.id, (0, ran_since))
         since = max(ran_since, checkpoint_at) if attempt == after.attempt else ran_since
-        seconds = max(0.0, (at - since).total_seconds()) * after.gpus
+        seconds = max(0.0, (at - since).total_seconds()) * float(job_gpus(after.spec))
         key = (after.spec.team, cause)
         self.lost_gpu_seconds[key] = self.lost_gpu_seconds.get(key, 0.0) + seconds
 
@@ -213,9 +215,14 @@ class UsageBook:
             for interval in open_now.pop(job.id, []):
                 interval.end = at
         elif now and not was:
-            by_type: dict[str, int] = defaultdict(int)
-            for node, gpus in job.placement.items():
-                by_type[gpu_type_of(node) or job.spec.gpu_type or "unknown"] += len(gpus)
+            by_type: dict[str, GpuAmount] = defaultdict(int)
+            if job.ranks:
+                for rank in job.ranks:
+                    kind = gpu_type_of(rank.node_id) or job.spec.gpu_type or "unknown"
+                    by_type[kind] += placement_gpus(rank)
+            else:
+                for node, gpus in job.placement.items():
+                    by_type[gpu_type_of(node) or job.spec.gpu_type or "unknown"] += len(gpus)
             intervals = [
                 Interval(job.id, job.spec.team, gpu_type, count, at)
                 for gpu_type, count in sorted(by_type.items())

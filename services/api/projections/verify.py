@@ -31,7 +31,8 @@ def compare_with_core(models: ReadModels, state: SchedulerState, *, limit: int =
             found.append(f"job {job_id}: placements differ")
         if len(found) >= limit:
             return found
-    allocated = sum(len(g) for held in models.allocations.values() for g in held.values())
+    # Exact on both sides: slices and shares count their fraction of a GPU.
+    allocated = sum((job.held_gpus for job in models.jobs.values() if job.holds_gpus), 0)
     if allocated != state.allocated_gpus:
         found.append(f"allocated GPUs: core {state.allocated_gpus}, read models {allocated}")
     return found[:limit]
