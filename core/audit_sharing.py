@@ -13,8 +13,9 @@ GangReserved and the gang-releasing events, and reports, as invariant-1 violatio
 
 from __future__ import annotations
 
+from core.live_sharing import ask_of_placement
 from core.mig import MigInstance, geometry_problems
-from core.sharing import SharingLedger, Spot, TaskAsk, gpu_problems, share_memory_mb
+from core.sharing import SharingLedger, Spot, gpu_problems, share_memory_mb
 from schemas.base import Event
 from schemas.jobs import (
     GANG_RELEASING_EVENTS,
@@ -79,7 +80,7 @@ class SharingAudit:
             node = self.ledger.nodes.get(rank.node_id)
             if node is None or any(index >= len(node.gpus) for index in rank.gpus):
                 continue  # the main auditor reports GPUs that do not exist
-            ask = _ask(rank, spec, team)
+            ask = ask_of_placement(rank, spec, team)
             spot = Spot(
                 rank.node_id,
                 tuple(rank.gpus),
@@ -120,20 +121,3 @@ class SharingAudit:
         if node.memory_mb is not None and node.memory_used > node.memory_mb:
             found.append(f"{node.memory_used} MB of memory in use of {node.memory_mb}")
         return found
-
-
-def _ask(rank: RankPlacement, spec: JobSpec | None, team: str) -> TaskAsk:
-    cpus = (spec.cpus_per_task or 0.0) if spec is not None else 0.0
-    memory = (spec.memory_mb_per_task or 0) if spec is not None else 0
-    if rank.mig is not None:
-        return TaskAsk(team, mig_profile=rank.mig.profile, cpus=cpus, memory_mb=memory)
-    if rank.share is not None:
-        return TaskAsk(
-            team,
-            thousandths=rank.share.thousandths,
-            gpu_memory_mb=rank.share.memory_mb,
-            sharing=rank.share.sharing,
-            cpus=cpus,
-            memory_mb=memory,
-        )
-    return TaskAsk(team, whole_gpus=len(rank.gpus), cpus=cpus, memory_mb=memory)

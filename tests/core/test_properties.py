@@ -187,32 +187,7 @@ def play(cluster: str, policy: SchedulingPolicy, tree: Tree, ops: list[object]) 
     configure(history, tree)
     nodes = [view.node_id for view in history.state.nodes()]
     for number, op in enumerate(ops):
-        jobs = [view.job_id for view in history.state.jobs()]
-        if isinstance(op, Submit):
-            for copy in range(op.count):  # a burst: several jobs placed in one cycle
-                history.submit(job_of(op, f"p{number:03d}-{copy}"))
-        elif isinstance(op, Exit):
-            running = [v.job_id for v in history.state.jobs() if v.state == "running"]
-            if running:
-                history.exit(running[op.pick % len(running)], op.code)
-        elif isinstance(op, Hardware):
-            node = nodes[op.pick % len(nodes)]
-            if op.kind == "lose":
-                history.lose(node)
-            elif op.kind == "recover":
-                history.recover(node)
-            elif op.kind == "drain":
-                history.drain(node)
-            elif op.kind == "undrain":
-                history.record(NodeUndrained(node_id=node, by="test"))
-            else:
-                history.break_gpu(node, op.pick % 4)
-        elif isinstance(op, Request) and jobs:
-            job = jobs[op.pick % len(jobs)]
-            {"cancel": history.cancel, "suspend": history.suspend, "resume": history.resume}[
-                op.kind
-            ](job)
-        elif isinstance(op, Wait):
+        if not perform(history, op, f"p{number:03d}", nodes) and isinstance(op, Wait):
             # The scheduler runs every few minutes at most while time passes.
             remaining = op.seconds
             while remaining > 300:
@@ -222,6 +197,39 @@ def play(cluster: str, policy: SchedulingPolicy, tree: Tree, ops: list[object]) 
             history.advance(remaining)
         settle(history)
     return history
+
+
+def perform(history: History, op: object, prefix: str, nodes: list[str]) -> bool:
+    """Record what a generated operation (other than a Wait) does; False for a Wait."""
+    jobs = [view.job_id for view in history.state.jobs()]
+    if isinstance(op, Submit):
+        for copy in range(op.count):  # a burst: several jobs placed in one cycle
+            history.submit(job_of(op, f"{prefix}-{copy}"))
+    elif isinstance(op, Exit):
+        running = [v.job_id for v in history.state.jobs() if v.state == "running"]
+        if running:
+            history.exit(running[op.pick % len(running)], op.code)
+    elif isinstance(op, Hardware):
+        node = nodes[op.pick % len(nodes)]
+        if op.kind == "lose":
+            history.lose(node)
+        elif op.kind == "recover":
+            history.recover(node)
+        elif op.kind == "drain":
+            history.drain(node)
+        elif op.kind == "undrain":
+            history.record(NodeUndrained(node_id=node, by="test"))
+        else:
+            history.break_gpu(node, op.pick % 4)
+    elif isinstance(op, Request):
+        if jobs:
+            job = jobs[op.pick % len(jobs)]
+            {"cancel": history.cancel, "suspend": history.suspend, "resume": history.resume}[
+                op.kind
+            ](job)
+    else:
+        return False
+    return True
 
 
 def job_of(op: Submit, job_id: str) -> JobBuilder:

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from core import SchedulingPolicy
 from core.cycle import Planner
 from schemas.base import Event
-from schemas.nodes import NodeUndrained
 from tests.core.builders import History
 from tests.core.test_properties import (
     Exit,
@@ -23,6 +22,7 @@ from tests.core.test_properties import (
     Wait,
     clusters,
     job_of,
+    perform,
     policies,
     submits,
 )
@@ -76,32 +76,7 @@ def test_a_planner_with_timers_decides_as_one_visiting_every_gang(
     planner = Planner()
     nodes = [view.node_id for view in history.state.nodes()]
     for number, op in enumerate(ops):
-        jobs = [view.job_id for view in history.state.jobs()]
-        if isinstance(op, Submit):
-            for copy in range(op.count):
-                history.submit(job_of(op, f"t{number:03d}-{copy}"))
-        elif isinstance(op, Exit):
-            running = [v.job_id for v in history.state.jobs() if v.state == "running"]
-            if running:
-                history.exit(running[op.pick % len(running)], op.code)
-        elif isinstance(op, Hardware):
-            node = nodes[op.pick % len(nodes)]
-            if op.kind == "lose":
-                history.lose(node)
-            elif op.kind == "recover":
-                history.recover(node)
-            elif op.kind == "drain":
-                history.drain(node)
-            elif op.kind == "undrain":
-                history.record(NodeUndrained(node_id=node, by="test"))
-            else:
-                history.break_gpu(node, op.pick % 4)
-        elif isinstance(op, Request) and jobs:
-            job = jobs[op.pick % len(jobs)]
-            {"cancel": history.cancel, "suspend": history.suspend, "resume": history.resume}[
-                op.kind
-            ](job)
-        elif isinstance(op, Wait):
+        if not perform(history, op, f"t{number:03d}", nodes) and isinstance(op, Wait):
             history.advance(op.seconds)
         # Some gangs' ranks start at once, others late or never (their launch times out).
         cycles_agree(history, planner, starts[number % len(starts)])
