@@ -168,7 +168,7 @@ def place_fractional(
             "behind_head", f"{need}; waiting behind the first job in line (backfill is off)"
         )
         return False
-    kind = (spec.mig_profile, spec.gpu_fraction is not None, spec.gpu_type)
+    kind = (spec.mig_profile, spec.gpu_fraction is not None, spec.gpu_type, spec.gpu_memory_mb)
     if kind not in trial.never:
         trial.never[kind] = _never_fits(trial.live, spec)
     never = trial.never[kind]
@@ -456,6 +456,18 @@ def _never_fits(live: LiveSharing, spec: JobSpec) -> str | None:
         return None
     if not any(node.mig != "fixed" for node in nodes):
         return "every GPU of that kind has a fixed MIG geometry: none can be soft-shared"
+    if spec.gpu_memory_mb is not None:
+        # gpu_spots never offers a share more memory than its GPU has, so such an ask would
+        # wait forever under a reason about busy GPUs or another team's shares.
+        largest = max(
+            (gpu.memory_mb for node in nodes if node.mig != "fixed" for gpu in node.gpus),
+            default=0,
+        )
+        if spec.gpu_memory_mb > largest:
+            return (
+                f"a share asks {spec.gpu_memory_mb} MB of GPU memory but the largest GPU "
+                f"that can be soft-shared has {largest} MB"
+            )
     return None
 
 

@@ -195,6 +195,23 @@ def test_a_slice_nothing_can_ever_hold_is_unsatisfiable() -> None:
     assert "no node offers 1g.10gb slices" in why.message
 
 
+def test_a_share_asking_more_gpu_memory_than_any_gpu_has_is_unsatisfiable() -> None:
+    # An H100 has 81,559 MB: a share asking a terabyte can never be placed, whatever is free;
+    # it must not wait forever under a reason that blames the other team or busy GPUs.
+    history = History(cluster=one_h100(mig="none", gpus=2))
+    history.submit(a_share(0.5, team="other"))
+    huge = history.submit(a_share(0.25, team="lab")._set(gpu_memory_mb=1_048_576))[0]
+    history.run()
+    assert history.job(huge).state == "queued"
+    why = history.deferrals(huge)[-1]
+    assert why.code == "unsatisfiable", why
+    assert "1048576 MB" in why.message and "81559 MB" in why.message, why.message
+    # The same share with room in memory is placed: the rule is per ask, not per kind.
+    fits = history.submit(a_share(0.25, team="lab")._set(gpu_memory_mb=20_000))[0]
+    history.run()
+    assert history.job(fits).state == "running"
+
+
 def test_a_replayed_log_binds_the_same_slices_and_shares() -> None:
     history = History(cluster=one_h100(gpus=2))
     history.submit(a_slice(), a_slice("2g.20gb"), a_share(0.5, team="lab"))
