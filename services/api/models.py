@@ -245,8 +245,9 @@ class TeamView(View):
     queue: str
     guaranteed_gpus: int = Field(description="of the team's queue, as configured now")
     max_gpus: int | None = Field(description="the borrowing ceiling; null: none")
-    allocated_gpus: int
-    borrowed_gpus: int = Field(description="allocated beyond the guarantee")
+    # Exact, as a queue's: a slice or share counts its fraction of a GPU.
+    allocated_gpus: int | float
+    borrowed_gpus: int | float = Field(description="allocated beyond the guarantee")
     running_jobs: int
     pending_jobs: int
     created_at: datetime

@@ -9,10 +9,11 @@ from fractions import Fraction
 from schemas.base import Event
 from schemas.jobs import GangReserved, GpuShare, JobAdmitted, MigSlice, RankPlacement
 from schemas.nodes import GpuGeometryChanged, MigInstanceSpec
-from schemas.teams import QueueConfigured
+from schemas.teams import QueueConfigured, TeamCreated
 from services.api.auth import Principal
 from services.api.projections.cluster import summarize
 from services.api.projections.model import ReadModels
+from services.api.routers.teams import team_view
 from services.api.views import node_view, queue_view
 from tests.api.builders import Log, node, submitted
 
@@ -100,3 +101,15 @@ def test_queues_and_the_cluster_count_slices_and_shares_exactly() -> None:
     assert models.allocated_by_queue["lab"] == Fraction(1, 2)
     assert queue_view(models.queues["lab"], models).allocated_gpus == 0.5
     assert summarize(models).allocated_gpus == round(float(Fraction(2, 7) + Fraction(1, 2)), 4)
+
+
+def test_a_team_holding_shares_is_shown_with_its_exact_gpus() -> None:
+    # GET /v1/teams and GET /v1/teams/{team} answered 500 for a team holding a share: the
+    # team view's GPU counts were integers while a queue's hold exact fractions.
+    models = sliced_and_shared()
+    models.apply_all(
+        Log().record(TeamCreated(name="lab", guaranteed_gpus=0, token_sha256="0" * 64))
+    )
+    view = team_view(models.teams["lab"], models)
+    assert view.allocated_gpus == 0.5
+    assert view.borrowed_gpus == 0, "within the queue's guarantee of one GPU"
