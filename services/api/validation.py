@@ -19,6 +19,11 @@ from services.api.projections.model import ReadModels
 PRIORITY_CLASSES: Final = frozenset(pc.name for pc in DEFAULT_PRIORITY_CLASSES)
 # Jobs of this class run on idle capacity only: always preemptible.
 IDLE_ONLY_PRIORITY: Final = "best-effort"
+# Ten years. The scheduler plans starts and ends as timestamps: a runtime past any platform's
+# clock (1e308 s) made every cycle fail on the reservation behind it. Checked here, not in
+# JobSpec, so that the recorded event schemas stay as they are.
+MAX_RUNTIME_S: Final = 10 * 366 * 86_400
+_RUNTIME_FIELDS: Final = ("estimated_runtime_s", "max_runtime_s", "min_runtime_s")
 
 
 def invalid(slug: str, detail: str) -> ProblemError:
@@ -71,6 +76,12 @@ def check_submission(spec: JobSpec, models: ReadModels) -> None:
                 "unknown-mig-profile",
                 f"no GPU model of the cluster has the MIG profile {spec.mig_profile!r} "
                 f"(profiles: {', '.join(sorted(offered)) or 'none'})",
+            )
+    for field in _RUNTIME_FIELDS:
+        seconds = getattr(spec, field)
+        if seconds is not None and seconds > MAX_RUNTIME_S:
+            raise invalid(
+                "runtime-out-of-range", f"{field}: at most {MAX_RUNTIME_S} s (ten years)"
             )
     for name in illegal_env_names(spec.env):
         raise invalid(

@@ -143,6 +143,15 @@ async def test_non_finite_numbers_are_not_json(api: Api, store: EventStore, body
 
 
 @pytest.mark.usefixtures("teams")
+@pytest.mark.parametrize("field", ["estimated_runtime_s", "max_runtime_s", "min_runtime_s"])
+async def test_a_runtime_past_any_clock_is_refused(api: Api, store: EventStore, field: str) -> None:
+    """A finite but absurd runtime (1e308 s) was recorded: the scheduler's reservation of the
+    next head then planned a start past what a timestamp can hold and crashed every cycle."""
+    problem = await rejected(api, store, {**VALID, field: 1e308}, 422, "runtime-out-of-range")
+    assert field in str(problem["detail"])
+
+
+@pytest.mark.usefixtures("teams")
 async def test_an_unpaired_surrogate_in_an_env_key_is_refused(api: Api, store: EventStore) -> None:
     body = b'{"name": "train", "team": "nlp", "env": {"A\\ud800": "x"}}'
     await rejected(api, store, body, 422, "invalid-string")
