@@ -80,9 +80,7 @@ def check_submission(spec: JobSpec, models: ReadModels) -> None:
     for field in _RUNTIME_FIELDS:
         seconds = getattr(spec, field)
         if seconds is not None and seconds > MAX_RUNTIME_S:
-            raise invalid(
-                "runtime-out-of-range", f"{field}: at most {MAX_RUNTIME_S} s (ten years)"
-            )
+            raise invalid("runtime-out-of-range", f"{field}: at most {MAX_RUNTIME_S} s (ten years)")
     for name in illegal_env_names(spec.env):
         raise invalid(
             "invalid-env",
