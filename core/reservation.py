@@ -11,6 +11,10 @@ from core.state import CoreJob, rank_host
 # Trying a placement after every released gang would cost a placement per running job; after
 # this many failed tries, try again only once a further 1/8 of the need has been freed.
 EAGER_TRIES = 16
+# A century: the longest a gang is planned to hold its GPUs. Plans become timestamps (reasons,
+# ReservationPlanned), and an estimate past any clock (a recorded 1e308 s, or a ten-year
+# estimate times a team's learned ratio) made every cycle fail with an OverflowError.
+MAX_PLANNED_RUNTIME_S = 100 * 366 * 86_400
 
 
 def runtime_estimate(
@@ -31,7 +35,14 @@ def runtime_estimate(
 
     Both phases must agree: were a gang with only a limit counted short in the reservation
     plan but long when it backfills, a reservation would be planned on GPUs still held.
+    Whatever the source, it is at most MAX_PLANNED_RUNTIME_S.
     """
+    return min(_runtime_estimate(job, policy, estimates), MAX_PLANNED_RUNTIME_S)
+
+
+def _runtime_estimate(
+    job: CoreJob, policy: SchedulingPolicy, estimates: RuntimeEstimates | None
+) -> float:
     spec = job.spec
     if spec is None:
         return policy.default_runtime_estimate_s

@@ -12,7 +12,12 @@ from __future__ import annotations
 import pytest
 
 from core import SchedulingPolicy
-from core.reservation import estimated_end, has_overrun, runtime_estimate
+from core.reservation import (
+    MAX_PLANNED_RUNTIME_S,
+    estimated_end,
+    has_overrun,
+    runtime_estimate,
+)
 from core.state import CoreJob, JobStateName
 from schemas.jobs import ReservationPlanned
 from tests.core.builders import T0, History, JobBuilder, a_job
@@ -271,3 +276,17 @@ def test_a_typed_head_counts_the_stopping_ranks_of_every_gang_released_on_its_gp
         history.now + POLICY.overrun_grace_s,
         ["n0001"],
     )
+
+
+def test_a_head_behind_a_gang_estimated_past_any_clock_is_still_planned() -> None:
+    # A recorded estimate of 1e308 s made every cycle fail: the head's planned start, a
+    # timestamp, overflowed. A gang is planned to hold its GPUs a century at most.
+    history = History(cluster="groups:\n  - {count: 1, gpus: 1, gpu_type: H100}\n")
+    history.submit(a_job().gpus(1).estimate(1e308))
+    history.run()
+    head = history.submit(a_job().gpus(1))[0]
+    history.run()
+    why = history.deferrals(head)[-1]
+    assert why.code == "reserved_head", why
+    planned = history.events(ReservationPlanned)[-1].start_at.timestamp()
+    assert planned == pytest.approx(T0 + MAX_PLANNED_RUNTIME_S, abs=60)
