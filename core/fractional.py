@@ -524,8 +524,11 @@ def _why_waiting(ctx: CycleContext, ask: TaskAsk, need: str, left: int) -> Outco
     if others:
         return Outcome(
             "share_other_team",
-            f"{need}; no GPU has room{tasks}: the GPUs with room are soft-shared by team "
-            f"{', '.join(sorted(others))}, and a soft-shared GPU hosts one team",
+            # Which teams is not said: a reason is shown to the waiting team, and who else runs
+            # where is not its business (the node view hides other teams' jobs too).
+            f"{need}; no GPU has room{tasks}: the GPUs with room are soft-shared by "
+            f"{'another team' if len(others) == 1 else f'{len(others)} other teams'}, "
+            "and a soft-shared GPU hosts one team",
         )
     return Outcome(
         "no_gpu_share",
