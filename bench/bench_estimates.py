@@ -24,7 +24,6 @@ from pathlib import Path
 
 from core import SchedulingPolicy, parse_cluster_spec
 from gangway.simulator.engine import Simulation
-from gangway.simulator.metrics import compute_metrics
 from gangway.simulator.quotas import read_quotas
 from gangway.simulator.trace import TraceJob, parse_time, read_trace
 
@@ -45,16 +44,7 @@ def run(jobs: list[TraceJob], cluster: str, quotas_path: str | None, mode: str) 
     began = time.perf_counter()
     result = Simulation(jobs, nodes, policy=policy, quotas=quotas).run()
     wall_s = time.perf_counter() - began
-    metrics = compute_metrics(
-        result.records,
-        capacity_gpus=result.capacity_gpus,
-        allocated_gpu_s=result.allocated_gpu_s,
-        preemptions=result.preemptions,
-        lost_gpu_s=result.lost_gpu_s,
-        lost_gpu_s_failures=result.lost_gpu_s_failures,
-        invariant_violations=len(result.violations),
-        wall_s=wall_s,
-    )
+    metrics = result.metrics(wall_s=wall_s)
     keys = (
         "jobs",
         "avg_queue_s",

@@ -185,6 +185,12 @@ def free_thousandths(node: NodeLedger, gpu: GpuLedger, now: float) -> int:
     """The GPU capacity not in use, in thousandths (a MIG GPU: compute slices not held)."""
     if not gpu.healthy or not node.schedulable or now < gpu.busy_until:
         return 0
+    return structural_free(node, gpu)
+
+
+def structural_free(node: NodeLedger, gpu: GpuLedger) -> int:
+    """`free_thousandths` of a GPU that is healthy, schedulable and not being re-partitioned
+    (only such GPUs offer spots)."""
     if gpu.whole is not None:
         return 0
     if gpu.geometry and node.model is not None:

@@ -30,13 +30,13 @@ from typing import TypeVar
 from core.sharing import (
     FULL,
     CheapKey,
-    GpuLedger,
     NodeLedger,
     Spot,
     TaskAsk,
     alike_key,
     cheap_key,
     gpu_spots,
+    structural_free,
 )
 
 __all__ = ["SpotIndex", "StaleIndex"]
@@ -48,20 +48,6 @@ _MigBucket = tuple[str, int, int]  # (profile, free thousandths, idle GPUs)
 
 class StaleIndex(Exception):
     """A spot's key is not its bucket's: the ledger changed without telling the index."""
-
-
-def _structural_free(node: NodeLedger, gpu: GpuLedger) -> int:
-    """`free_thousandths` of a GPU that is healthy, schedulable and not being re-partitioned
-    (only such GPUs offer spots)."""
-    if gpu.whole is not None:
-        return 0
-    if gpu.geometry and node.model is not None:
-        held = 0
-        for instance in gpu.geometry:
-            if instance.start in gpu.slices:
-                held += node.model.profiles[instance.profile].compute_slices
-        return (7 - held) * FULL // 7
-    return FULL - gpu.shared_thousandths
 
 
 class SpotIndex:
@@ -113,7 +99,7 @@ class SpotIndex:
         for gpu in node.gpus:
             if gpu.whole is not None:
                 continue
-            free = _structural_free(node, gpu)
+            free = structural_free(node, gpu)
             if gpu.geometry:
                 for instance in gpu.geometry:
                     if instance.start in gpu.slices:

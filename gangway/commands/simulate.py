@@ -131,7 +131,6 @@ def _run(args: argparse.Namespace) -> int:
     from core import ClusterSpecError, SchedulingPolicy, parse_cluster_spec
     from gangway.simulator.engine import AUTO, Simulation, SimulationConfig
     from gangway.simulator.failures import HOUR_S, FailureConfig
-    from gangway.simulator.metrics import compute_metrics
     from gangway.simulator.quotas import QuotaError, read_quotas
     from gangway.simulator.report import group_table, headline_table
     from gangway.simulator.trace import TraceError, parse_time, read_trace
@@ -247,16 +246,7 @@ def _run(args: argparse.Namespace) -> int:
             progress.update(task, completed=len(jobs), clock=_clock(result.end_s))
     wall_s = time.perf_counter() - began
 
-    metrics: dict[str, Any] = compute_metrics(
-        result.records,
-        capacity_gpus=result.capacity_gpus,
-        allocated_gpu_s=result.allocated_gpu_s,
-        preemptions=result.preemptions,
-        lost_gpu_s=result.lost_gpu_s,
-        lost_gpu_s_failures=result.lost_gpu_s_failures,
-        invariant_violations=len(result.violations),
-        wall_s=wall_s,
-    )
+    metrics: dict[str, Any] = result.metrics(wall_s=wall_s)
     metrics.update(
         policy=args.policy,
         cluster=args.cluster,

@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 from core import Auditor, Planner, SchedulerState, SchedulingPolicy
 from core.admission import AdmissionCatalog, admit
@@ -60,7 +60,7 @@ from gangway.simulator.failures import (
     failure_streams,
     young_daly_interval,
 )
-from gangway.simulator.metrics import SimJobMetrics
+from gangway.simulator.metrics import SimJobMetrics, compute_metrics
 from gangway.simulator.quotas import Quota
 from gangway.simulator.trace import TraceJob
 from schemas.base import Event
@@ -174,6 +174,19 @@ class SimulationResult:
     checkpoint_write_gpu_s: float = 0.0
     node_failures: int = 0
     gpu_failures: int = 0
+
+    def metrics(self, wall_s: float) -> dict[str, Any]:
+        """The run's JSON document (`compute_metrics`), `wall_s` as the caller timed it."""
+        return compute_metrics(
+            self.records,
+            capacity_gpus=self.capacity_gpus,
+            allocated_gpu_s=self.allocated_gpu_s,
+            preemptions=self.preemptions,
+            lost_gpu_s=self.lost_gpu_s,
+            lost_gpu_s_failures=self.lost_gpu_s_failures,
+            invariant_violations=len(self.violations),
+            wall_s=wall_s,
+        )
 
 
 Progress = Callable[[int, float], None]

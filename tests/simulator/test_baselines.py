@@ -6,7 +6,7 @@ from pathlib import Path
 
 from core import SchedulingPolicy
 from gangway.simulator.baselines import Candidate, srtf_preemptions
-from gangway.simulator.metrics import SimJobMetrics, compute_metrics
+from gangway.simulator.metrics import SimJobMetrics
 from gangway.simulator.quotas import Quota
 from schemas.jobs import GangReserved, JobRequeued, JobSpec, JobSucceeded, PreemptionRequested
 from tests.simulator.builders import simulate, write_trace
@@ -21,15 +21,7 @@ def test_two_100_s_jobs_span_100_s_and_use_a_quarter_of_a_node(tmp_path: Path) -
     # and estimated-end wake-ups lie hours later).
     trace = write_trace(tmp_path, "a,0,1,100,t", "b,0,1,100,t")
     _, result = simulate(trace, "1x8")
-    metrics = compute_metrics(
-        result.records,
-        capacity_gpus=result.capacity_gpus,
-        allocated_gpu_s=result.allocated_gpu_s,
-        preemptions=result.preemptions,
-        lost_gpu_s=result.lost_gpu_s,
-        invariant_violations=len(result.violations),
-        wall_s=0.0,
-    )
+    metrics = result.metrics(wall_s=0.0)
     assert metrics["makespan_s"] == 100.0
     assert metrics["gpu_utilization"] == 2 * 100 / (8 * 100)
 

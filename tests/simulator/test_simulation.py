@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gangway.simulator.engine import SimulationConfig
-from gangway.simulator.metrics import SimJobMetrics, compute_metrics
+from gangway.simulator.metrics import SimJobMetrics
 from gangway.simulator.quotas import Quota
 from schemas.jobs import GangReserved, TaskExited, TaskStarted
 from tests.simulator.builders import simulate, write_trace
@@ -22,15 +22,7 @@ def test_fifo_on_one_node_gives_queue_times_known_by_hand(tmp_path: Path) -> Non
     trace = write_trace(tmp_path, "a,0,8,100,t", "b,10,8,50,t")
     _, result = simulate(trace, "1x8", policy="fifo")
     assert queue_times(result.records) == {"a": 0.0, "b": 90.0}
-    metrics = compute_metrics(
-        result.records,
-        capacity_gpus=result.capacity_gpus,
-        allocated_gpu_s=result.allocated_gpu_s,
-        preemptions=result.preemptions,
-        lost_gpu_s=result.lost_gpu_s,
-        invariant_violations=len(result.violations),
-        wall_s=0.0,
-    )
+    metrics = result.metrics(wall_s=0.0)
     assert metrics["avg_queue_s"] == 45.0
     assert metrics["avg_jct_s"] == (100.0 + 140.0) / 2
     assert metrics["makespan_s"] == 150.0
