@@ -47,6 +47,16 @@ class Placed:
     """What placing left: the jobs that wait for capacity (preemption may help them)."""
 
     blocked: list[CoreJob] = field(default_factory=list)
+    # Free GPUs held for preemptors awaiting their victims (node index -> mask), out of the
+    # snapshot while later jobs are placed (`_hold_for_reclaim`).
+    held: dict[int, int] = field(default_factory=dict)
+
+    def give_back_holds(self, snap: Snapshot) -> None:
+        """Put the held GPUs back before the preemption phase: they are idle, and no gang is
+        evicted while idle GPUs could host its preemptor (DESIGN §3), held or not."""
+        for index, mask in self.held.items():
+            snap.set_free(index, snap.free.get(index, 0) | mask)
+        self.held.clear()
 
 
 def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: QuotaBook) -> Placed:
@@ -81,6 +91,7 @@ def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: Quot
         if job.awaiting_victims:
             pending_victims = ctx.victims_pending(job)
             if pending_victims:
+                _hold_for_reclaim(ctx, snap, shape, pending_victims, placed.held)
                 count = len(pending_victims)
                 outcomes[job.job_id] = Outcome(
                     "awaiting_preemption",
@@ -164,6 +175,37 @@ def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: Quot
         else:
             outcomes[job.job_id] = Outcome("no_capacity", f"{job.need}; {_NO_CAPACITY}")
     return placed
+
+
+def _hold_for_reclaim(
+    ctx: CycleContext, snap: Snapshot, shape: Shape, victims: list[str], held: dict[int, int]
+) -> None:
+    """Hold the free GPUs a preemptor will land on once its victims are gone.
+
+    Its preemption plan counted on GPUs free now together with the victims' GPUs; while the
+    victims checkpoint, the preemptor is no head and holds no reservation, so without this a
+    later job in line (a borrower, even the requeued victim) took those free GPUs and the
+    preemptor fit nowhere once its victims left: it reclaimed again after its hysteresis, and
+    a queue within its guarantee waited past the bound of invariant 4. The placement is
+    planned again each cycle (the victims' GPUs as if released), so the hold follows what is
+    free now and ends when the victims are gone and the preemptor is placed. The held GPUs
+    are given back to the snapshot before the preemption phase (`Placed.give_back_holds`).
+    """
+    jobs = ctx.state.job_records
+    with snap.trial():
+        for victim in victims:
+            for index, mask in jobs[victim].ranks:
+                snap.release(index, mask)
+        allocation = find_placement(snap, shape, False)
+        if allocation is None:
+            return
+        ranks = snap.commit(shape, allocation)
+    # Only the GPUs free now are held; the victims' own are still theirs until they leave.
+    for index, mask in ranks:
+        free_now = snap.free.get(index, 0) & mask
+        if free_now:
+            snap.set_free(index, snap.free[index] & ~free_now)
+            held[index] = held.get(index, 0) | free_now
 
 
 def _may_be_head(ctx: CycleContext, job: CoreJob) -> bool:

@@ -124,6 +124,7 @@ def _run(ctx: CycleContext, free_index: FreeIndex, timers: GangTimers | None) ->
         placed = place(ctx, snap, gate(ctx, past_backoff(ctx, waiting)), quota)
         # MIG geometries for waiting slices, a whole GPU back for gangs (core/fractional.py).
         plan_repartitions(ctx, snap, placed.blocked)
+        placed.give_back_holds(snap)
         if ctx.policy.preemption and not ctx.policy.is_fifo:
             preempt(ctx, snap, placed.blocked, quota)
             refill_headroom(ctx, snap, quota)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from schemas.jobs import PreemptionRequested
 from tests.core.builders import History, a_job
 
@@ -69,9 +67,10 @@ def test_a_parent_queue_ceiling_caps_its_children_together() -> None:
 def test_a_reclaimer_whose_victim_was_backfilled_again_reclaims_anew() -> None:
     """The simulator's invariant-4 case (job 69816 of the Philly trace), on one node.
 
-    The free GPU the reclaim counted on is taken while the victim checkpoints; the victim,
-    requeued, backfills onto the GPU it gave up. The reclaimer must not keep waiting for that
-    victim's new gang: once its hysteresis has passed it reclaims again.
+    The free GPU the reclaim counted on is lost while the victim checkpoints (it is held for
+    the reclaim, so no borrower takes it; in the simulator a borrower did, before the hold);
+    the victim, requeued, backfills onto the GPU it gave up. The reclaimer must not keep
+    waiting for that victim's new gang: once its hysteresis has passed it reclaims again.
     """
     history = History("1x8:1:1")
     history.team("alpha", guaranteed=2).team("beta")
@@ -83,8 +82,8 @@ def test_a_reclaimer_whose_victim_was_backfilled_again_reclaims_anew() -> None:
     owner = history.submit(a_job().gpus(2).team("alpha"))[0]
     history.run()
     assert [p.job_id for p in history.events(PreemptionRequested)] == [victim]
-    history.submit(a_job().gpus(1).team("beta"))
-    history.run()  # a borrower takes the free GPU while the victim checkpoints
+    history.break_gpu("n0000", 7)  # the free GPU, while the victim checkpoints
+    history.run()
     history.evict(victim)
     history.run(cycles=2)
     assert history.job(victim).state == "running"  # backfilled onto its own GPU
@@ -106,17 +105,12 @@ def test_a_reclaimer_whose_victim_was_backfilled_again_reclaims_anew() -> None:
     assert history.auditor.violations == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open (docs/testing.md, Open): a preemptor awaiting its victims holds no claim on the "
-    "free GPUs its plan counted on, so backfill gives them away during the victims' grace",
-)
 def test_no_borrower_takes_the_free_gpus_a_reclaim_counted_on_while_its_victim_leaves() -> None:
     """The dev profile's invariant-4 report, made small. Gamma (guaranteed 4) reclaims the one
     4-GPU node: 2 GPUs are free, beta's borrowed 2-GPU gang is the victim. While the victim
-    checkpoints, the preemptor is no head and holds no reservation, so beta's next 2-GPU job
-    lands on the free GPUs; once the victim leaves, the preemptor fits nowhere and must
-    reclaim again after its hysteresis (each round, a requeued victim may refill)."""
+    checkpoints, the preemptor is no head and holds no reservation; the free GPUs its plan
+    counted on are held for it, so beta's next 2-GPU job waits and the preemptor lands as soon
+    as the victim leaves (it used to land there, and the preemptor reclaimed again and again)."""
     history = History("1x4:1:1")
     history.team("gamma", guaranteed=4).team("beta")
     victim = history.submit(a_job().gpus(2).team("beta").estimate(86400))[0]
@@ -132,6 +126,35 @@ def test_no_borrower_takes_the_free_gpus_a_reclaim_counted_on_while_its_victim_l
     history.evict(victim)
     history.run()
     assert history.job(owner).state == "running"
+
+
+def test_a_second_reclaimer_evicts_nobody_while_the_gpus_held_for_the_first_are_idle() -> None:
+    """GPUs held for a reclaim are idle GPUs: no gang is evicted while they could host the
+    preemptor (DESIGN §3). Gamma reclaims 2 of beta's gangs and counts on the 2 free GPUs;
+    alpha, behind it in line, would fit on those 2 free GPUs, so it evicts no one and waits
+    for them, and reclaims from beta once gamma has landed."""
+    history = History("1x8:1:1")
+    history.team("gamma", guaranteed=4).team("alpha", guaranteed=2).team("beta")
+    borrowed = history.submit(*(a_job().gpus(1).team("beta") for _ in range(6)))
+    history.run()
+    gamma = history.submit(a_job().gpus(4).team("gamma"))[0]
+    history.run()
+    victims = [p.job_id for p in history.events(PreemptionRequested)]
+    assert len(victims) == 2 and set(victims) <= set(borrowed)
+    alpha = history.submit(a_job().gpus(2).team("alpha"))[0]
+
+    history.run(cycles=3)
+
+    assert [p.job_id for p in history.events(PreemptionRequested)] == victims
+    assert history.job(alpha).state == "queued"
+    for victim in victims:
+        history.evict(victim)
+    history.run()
+    assert history.job(gamma).state == "running"
+    history.run(cycles=2)
+    reclaims = [p for p in history.events(PreemptionRequested) if p.preemptor_job_id == alpha]
+    assert len(reclaims) == 2
+    assert history.auditor.violations == []
 
 
 def test_a_team_reclaims_a_whole_node_from_small_borrowers_scattered_over_the_cluster() -> None:
