@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from core.estimates import RuntimeEstimates, name_prefix, predicted_runtime_s
 from core.policy import SchedulingPolicy
-from core.reservation import runtime_estimate
+from core.reservation import has_overrun, runtime_estimate
 from schemas.jobs import JobSpec, PreemptionRequested, ReservationPlanned
 from tests.core.builders import History, a_job
 
@@ -234,3 +234,22 @@ def test_an_overrunning_gangs_expected_end_does_not_depend_on_when_it_was_asked(
         asked_once = history.replayed().estimates.beyond_s(running, spec_of, ran)
         assert asked_often == asked_once, ran
     assert live.beyond_s(running, spec_of, 9000.0) is None  # none of them ran that long
+
+
+def test_a_gang_overruns_only_past_its_learned_runtime_not_its_users_estimate() -> None:
+    """The team's users say an hour and their jobs run two: a new one-hour gang of theirs is
+    not overrunning after 90 minutes, only once past the two hours the log taught."""
+    history = History("1x8")
+    for _ in range(3):
+        done = history.submit(a_job().named("sweep").gpus(1).estimate(HOUR))[0]
+        finish(history, done, 2 * HOUR)
+    job_id = history.submit(a_job().named("new").gpus(1).estimate(HOUR))[0]
+    history.run()
+    job = history.state.job_records[job_id]
+    started = job.held_since
+    assert started is not None
+    policy, estimates = history.policy, history.state.estimates
+
+    assert not has_overrun(job, started + 1.5 * HOUR, policy, estimates)
+    assert has_overrun(job, started + 1.5 * HOUR, policy)  # by the user's word alone
+    assert has_overrun(job, started + 2.1 * HOUR, policy, estimates)

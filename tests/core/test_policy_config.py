@@ -25,6 +25,21 @@ def test_two_priority_classes_of_one_name_are_refused() -> None:
         SchedulingPolicy(priority_classes=twice)
 
 
+@pytest.mark.parametrize(
+    "thresholds", [(0.0, 3600.0), (-1.0,), (3600.0, 3600.0), (36_000.0, 3600.0), (1.0, 2.0, 2.0)]
+)
+def test_attained_service_levels_need_positive_increasing_thresholds(
+    thresholds: tuple[float, ...],
+) -> None:
+    with pytest.raises(ValueError, match=r"^las_thresholds_gpu_s must be positive and increasing$"):
+        SchedulingPolicy(las_thresholds_gpu_s=thresholds)
+
+
+@pytest.mark.parametrize("thresholds", [(), (0.5,), (0.5, 1.0, 3600.0)])
+def test_any_positive_increasing_thresholds_make_levels(thresholds: tuple[float, ...]) -> None:
+    assert SchedulingPolicy(las_thresholds_gpu_s=thresholds).las_thresholds_gpu_s == thresholds
+
+
 def test_an_unknown_class_falls_back_to_the_default_class_else_the_lowest() -> None:
     assert SchedulingPolicy().priority_class("gold").name == "research"
     no_default = SchedulingPolicy(default_priority="gold")

@@ -44,6 +44,33 @@ from tests.core.builders import JobBuilder, a_job
             a_job().gpus(2).tasks(8).tp(4).min_tasks(3),
             "needs 16 GPUs (8 tasks x 2), tp groups of 4 GPUs each on one node (at least 4 tasks)",
         ),
+        # What a task asks of its node's host, CPUs as a person writes them.
+        (a_job().gpus(1).cpus(1), "needs 1 GPU, 1 CPU per task"),
+        (a_job().gpus(1).cpus(0.5), "needs 1 GPU, 0.5 CPUs per task"),
+        (a_job().gpus(1).memory(4096), "needs 1 GPU, 4096 MB of memory per task"),
+        (
+            a_job().gpus(8).cpus(32).memory(64000),
+            "needs 8 GPUs in one NVLink domain, 32 CPUs and 64000 MB of memory per task",
+        ),
+        # A CPU-only gang (preprocessing) is worded in tasks, not GPUs.
+        (a_job().cpu_only(1.25), "needs 1 task of 1.25 CPUs, no GPU"),
+        (
+            a_job().cpu_only(2).tasks(4).memory(4096),
+            "needs 4 tasks of 2 CPUs and 4096 MB of memory, no GPU",
+        ),
+        (
+            a_job().cpu_only(1).tasks(2).require("node"),
+            "needs 2 tasks of 1 CPU, no GPU, in one node",
+        ),
+        (
+            a_job().cpu_only(8).tasks(4).require("rack").min_tasks(2),
+            "needs 4 tasks of 8 CPUs, no GPU, in one rack (at least 2 tasks)",
+        ),
+        (
+            a_job().cpu_only(3).tasks(3).require("block"),
+            "needs 3 tasks of 3 CPUs, no GPU, in one block",
+        ),
+        (a_job().cpu_only(16).tasks(2).prefer("rack"), "needs 2 tasks of 16 CPUs, no GPU"),
     ],
 )
 def test_every_explanation_opens_with_the_need_worded_from_the_gangs_shape(

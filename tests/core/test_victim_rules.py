@@ -350,3 +350,19 @@ def test_the_preemptor_says_whom_it_preempts_and_each_victim_says_why() -> None:
         f"preempted for job {preemptor} (priority production)"
     }
     assert history.cycles[-1].preemptions == 8
+
+
+def test_a_cpu_only_gang_is_passed_over_not_the_end_of_the_search_for_gpus() -> None:
+    """A CPU-only gang holds no GPU, so it is first in victim order (the smallest); evicting
+    it frees nothing a gang of GPUs alone could use. It stays, and the search goes on to the
+    research gangs after it."""
+    history = History("rack_size: 1\ngroups:\n  - {count: 1, gpus: 8, cpus: 32}\n")
+    prep = history.submit(a_job().cpu_only(2).priority("research"))[0]
+    research = history.submit(*(a_job().gpus(1).priority("research") for _ in range(8)))
+    history.run()
+
+    history.submit(a_job().gpus(1).priority("production"))
+    history.run()
+
+    assert len(victims(history)) == 1 and victims(history)[0] in research
+    assert history.job(prep).state == "running"
