@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -36,6 +37,89 @@ ROOT = Path(__file__).resolve().parent.parent
 # mutants more) are run by name (--modules placement) when they change. audit.py is checked by
 # its own tests; admission.py and topology.py are input validation and spec parsing.
 DEFAULT_MODULES = ("ordering", "quota", "reservation", "preemption", "shape", "policy")
+# The core tests run against each module's mutants: its rule tests and the scenario tests of
+# the rules it serves, and for every module the whole-policy scenarios, the property tests and
+# the lifecycle model (which reach every rule). mutmut runs, of these, the tests that reach the
+# mutated function (a traced run maps them). The other core tests (cluster spec parsing, MIG
+# geometries, sharing, pipelines, the auditor's own log tests, import purity) reach these
+# modules only incidentally, by building a policy or running a cycle: a mutant that survives
+# ran every selected test, so they would make each survivor cost about twice as much.
+COMMON_TESTS = (
+    "test_policy_rules",
+    "test_properties",
+    "test_lifecycle_model",
+    "test_lifecycle",
+    "test_explanations",
+    "test_replay",
+)
+MODULE_TESTS: dict[str, tuple[str, ...]] = {
+    "ordering": (
+        "test_ordering_rules",
+        "test_ordering",
+        "test_fifo",
+        "test_fairness",
+        "test_fairness_properties",
+        "test_retry",
+        "test_backfill",
+        "test_backfill_head",
+        "test_quota",
+        "test_estimates",
+    ),
+    "quota": (
+        "test_quota_book",
+        "test_quota",
+        "test_victim_rules",
+        "test_preemption",
+        "test_ordering_rules",
+        "test_audit_reclaim",
+        "test_host_resources",
+        "test_fairness",
+    ),
+    "reservation": (
+        "test_reservation_rules",
+        "test_backfill",
+        "test_backfill_head",
+        "test_estimates",
+        "test_runtime_estimate",
+        "test_timers",
+        "test_preemption",
+    ),
+    "preemption": (
+        "test_victim_rules",
+        "test_preemption",
+        "test_quota",
+        "test_fairness",
+        "test_fairness_properties",
+        "test_slo",
+        "test_slo_properties",
+        "test_backfill",
+        "test_audit_reclaim",
+        "test_host_resources",
+        "test_estimates",
+    ),
+    "shape": (
+        "test_shape_rules",
+        "test_gang",
+        "test_topology_placement",
+        "test_host_resources",
+        "test_host_properties",
+        "test_backfill",
+        "test_victim_rules",
+    ),
+    "policy": (
+        "test_policy_config",
+        "test_ordering_rules",
+        "test_fifo",
+        "test_fairness",
+        "test_victim_rules",
+        "test_preemption",
+        "test_reservation_rules",
+        "test_retry",
+        "test_slo",
+    ),
+}
+# Plugins the core tests never use; loaded, their hooks run in every mutant's pytest session.
+_NO_PLUGINS = ("-p", "no:schemathesis", "-p", "no:anyio")
 KILLED = {1, 3, 24, -24, 36, 152, 255}
 SURVIVED = {0, 5, 33}
 
@@ -57,21 +141,76 @@ def _arguments() -> argparse.Namespace:
 # bootstrap; it runs mutmut through this interpreter (a copied venv's console script may
 # carry another interpreter's path).
 _BOOTSTRAP = """
+import json
 import sys
+
+import mutmut.__main__ as mutmut_main
 from mutmut.configuration import config
-config().only_mutate = sys.argv[1].split(",")
-from mutmut.__main__ import cli
-cli(["run", *sys.argv[2:]])
+from mutmut.state import state
+
+only, tests, plugins, module_tests, *args = sys.argv[1:]
+config().only_mutate = only.split(",")
+config().pytest_add_cli_args_test_selection = tests.split(",")
+config().pytest_add_cli_args += plugins.split(",")
+allowed = json.loads(module_tests)
+collect = mutmut_main.collect_source_file_mutation_data
+
+
+def narrowed(*positional, **named):
+    # After the traced run mapped tests to functions: each module's mutants keep its tests.
+    for name, reaching in state().tests_by_mangled_function_name.items():
+        parts = name.split(".")
+        keep = allowed.get(parts[1]) if len(parts) > 2 and parts[0] == "core" else None
+        if keep is not None:
+            reaching.intersection_update(
+                {test for test in reaching if test.split("::")[0].rsplit("/", 1)[-1][:-3] in keep}
+            )
+    return collect(*positional, **named)
+
+
+mutmut_main.collect_source_file_mutation_data = narrowed
+mutmut_main.cli(["run", *args])
 """
 
 
+def _module_tests(modules: list[str]) -> dict[str, list[str]]:
+    """The test modules (file stems) each mutated module is checked against."""
+    return {m: [*COMMON_TESTS, *MODULE_TESTS.get(m, ())] for m in modules}
+
+
+def _test_files(modules: list[str]) -> list[str]:
+    """What mutmut's traced run runs: the tests of any of the modules (all core tests for a
+    module without its own list)."""
+    core = ROOT / "tests" / "core"
+    if any(m not in MODULE_TESTS for m in modules):
+        return [f"tests/core/{path.name}" for path in sorted(core.glob("test_*.py"))]
+    stems = sorted({stem for tests in _module_tests(modules).values() for stem in tests})
+    return [f"tests/core/{stem}.py" for stem in stems]
+
+
 def _run_mutmut(modules: list[str], budget_s: float, children: int, resume: bool) -> None:
-    env = {**os.environ, "GANGWAY_HYPOTHESIS_PROFILE": "mutation"}
+    env = {
+        **os.environ,
+        "GANGWAY_HYPOTHESIS_PROFILE": "mutation",
+        "GANGWAY_MUTATION_KILLS": str(ROOT / "mutants" / "kills.txt"),
+    }
     # Named mutants are always run again; without names mutmut runs only those it has no
     # verdict for.
     names = [] if resume else [f"core.{module}.*" for module in modules]
     files = ",".join(f"core/{module}.py" for module in modules)
-    command = [sys.executable, "-c", _BOOTSTRAP, files, "--max-children", str(children), *names]
+    allowed = {m: tests for m, tests in _module_tests(modules).items() if m in MODULE_TESTS}
+    command = [
+        sys.executable,
+        "-c",
+        _BOOTSTRAP,
+        files,
+        ",".join(_test_files(modules)),
+        ",".join(_NO_PLUGINS),
+        json.dumps(allowed),
+        "--max-children",
+        str(children),
+        *names,
+    ]
     # mutmut draws a progress spinner: keep it off the log, which only wants the verdicts.
     with subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, start_new_session=True
@@ -106,7 +245,12 @@ def main() -> int:
         shutil.rmtree(ROOT / "mutants", ignore_errors=True)
     started = time.monotonic()
     _run_mutmut(modules, args.budget_s, args.max_children, args.resume)
-    print(f"mutmut ran {time.monotonic() - started:.0f} s with {args.max_children} children")
+    # CPU time apart from wall time: on a shared machine the wall time says more about the load.
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(
+        f"mutmut ran {time.monotonic() - started:.0f} s with {args.max_children} children, "
+        f"{used.ru_utime + used.ru_stime:.0f} s of CPU"
+    )
     killed = total = unchecked = 0
     survivors: list[str] = []
     for module in modules:

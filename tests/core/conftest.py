@@ -50,6 +50,17 @@ _RULE_TESTS = {
 }
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Under `make mutation`, which test killed each mutant (the first to fail: mutmut stops
+    there), appended to the file GANGWAY_MUTATION_KILLS names: it shows which tests do the
+    killing, and so which a mutant's run must keep."""
+    mutant = os.environ.get("MUTANT_UNDER_TEST", "")
+    kills = os.environ.get("GANGWAY_MUTATION_KILLS")
+    if report.failed and kills and mutant.startswith("core."):
+        with open(kills, "a", encoding="utf-8") as out:
+            out.write(f"{mutant} {report.nodeid}\n")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """While mutmut runs a mutant (`core.<module>.<function>__mutmut_<n>` in
     MUTANT_UNDER_TEST), the rule tests of its module first, each group in the order given."""
