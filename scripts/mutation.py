@@ -83,6 +83,7 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
         "test_runtime_estimate",
         "test_timers",
         "test_preemption",
+        "test_host_resources",
     ),
     "preemption": (
         "test_victim_rules",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.shape import Shape, describe_need, shape_of, unit_gpus
+from core.shape import Shape, cpus_text, describe_need, shape_of, unit_gpus
 from tests.core.builders import JobBuilder, a_job
 
 
@@ -140,3 +140,13 @@ def test_the_gpus_one_unit_needs_in_one_nvlink_domain_count_a_whole_tp_group(
 ) -> None:
     # Admission refuses a job whose unit exceeds the largest node: the unit never spans nodes.
     assert unit_gpus(builder.spec()) == gpus
+
+
+@pytest.mark.parametrize(
+    ("milli", "text"),
+    [(1000, "1"), (32_000, "32"), (500, "0.5"), (1250, "1.25"), (1_000_000_000, "1000000")],
+)
+def test_cpus_are_written_as_a_person_writes_them_never_in_exponent_notation(
+    milli: int, text: str
+) -> None:
+    assert cpus_text(milli) == text
