@@ -146,9 +146,7 @@ def order(ctx: CycleContext, quota: QuotaBook) -> list[CoreJob]:
         # Predicted-short first only within the guarantee: a borrower keeps arrival order, so
         # a guess about its length never decides who takes capacity lent by another team.
         length = length_level(job, ctx) if within and not aged else 0
-        key = gangway_key(
-            job, rank, share, aged, ctx.victims_released(job), within, level, length
-        )
+        key = gangway_key(job, rank, share, aged, ctx.victims_released(job), within, level, length)
         keyed.append((key, job))
     keyed.sort(key=lambda pair: pair[0])
     return [job for _, job in keyed]
