@@ -82,6 +82,12 @@ class SchedulingPolicy:
     # far, all attempts together, put it on a level; level k holds service below the k-th
     # threshold. Within a queue and class, a lower level goes first (then age).
     las_thresholds_gpu_s: tuple[float, ...] = (3600.0, 36_000.0, 360_000.0)
+    # Predicted-short first (core/ordering.py): within a queue, class and attained-service
+    # level, a job within its queue's guarantee whose predicted runtime
+    # (core/reservation.py:runtime_estimate: the user's estimate as the team's record corrects
+    # it, else what jobs like it ran) falls below a lower threshold goes first; levels, not raw
+    # seconds, keep jobs of similar length in arrival order. Empty: arrival order only.
+    predicted_length_thresholds_s: tuple[float, ...] = (900.0, 3600.0, 4 * 3600.0)
     # Preemption for fairness (core/fairness.py): a waiting job may have a running gang of its
     # own queue and class evicted (checkpoint-then-evict) when that gang sits at least
     # `fairness_level_gap` levels higher, has run `fairness_min_runtime_s` in this attempt,
@@ -118,6 +124,9 @@ class SchedulingPolicy:
         thresholds = self.las_thresholds_gpu_s
         if any(b <= a for a, b in pairwise(thresholds)) or any(t <= 0 for t in thresholds):
             raise ValueError("las_thresholds_gpu_s must be positive and increasing")
+        lengths = self.predicted_length_thresholds_s
+        if any(b <= a for a, b in pairwise(lengths)) or any(t <= 0 for t in lengths):
+            raise ValueError("predicted_length_thresholds_s must be positive and increasing")
 
     @property
     def is_fifo(self) -> bool:

@@ -220,3 +220,94 @@ def test_work_lost_since_the_last_checkpoint_counts_against_an_eviction() -> Non
     assert spec is not None and spec.checkpoint.interval_s is None
     assert lost_work_s(history.state.job_records[long], 1900.0, 300.0, 120.0) == 1900.0
     assert lost_work_s(history.state.job_records[long], 1900.0, 60.0, 120.0) == 0.0
+
+
+# Predicted-short first (core/ordering.py:length_level): no fairness evictions here, so only the
+# order of the waiting jobs decides who takes the node when the running gang ends.
+NO_EVICTION = SchedulingPolicy(fairness_preemption=False)
+
+
+def _node_busy_then_two_waiting(policy: SchedulingPolicy) -> tuple[History, str, str]:
+    """Team alpha's node is full; a long job, then a short one, wait for all of it."""
+    history = _team(History("1x8:1:1", policy=policy))
+    running = history.submit(a_job().gpus(8).team("alpha").estimate(600))[0]
+    history.run()
+    history.advance(60)
+    long = history.submit(a_job().gpus(8).team("alpha").estimate(8 * 3600))[0]
+    history.advance(60)
+    short = history.submit(a_job().gpus(8).team("alpha").estimate(300))[0]
+    history.run()
+    history.exit(running, 0)
+    history.run(cycles=2)
+    return history, long, short
+
+
+def test_a_job_predicted_short_goes_before_an_older_one_predicted_long() -> None:
+    history, long, short = _node_busy_then_two_waiting(NO_EVICTION)
+
+    assert history.job(short).state == "running"
+    assert history.job(long).state == "queued"
+    assert history.auditor.violations == []
+
+
+def test_without_predicted_lengths_the_older_job_goes_first() -> None:
+    policy = SchedulingPolicy(fairness_preemption=False, predicted_length_thresholds_s=())
+    history, long, short = _node_busy_then_two_waiting(policy)
+
+    assert history.job(long).state == "running"
+    assert history.job(short).state == "queued"
+
+
+def test_predictions_of_one_length_level_keep_arrival_order() -> None:
+    history = _team(History("1x8:1:1", policy=NO_EVICTION))
+    running = history.submit(a_job().gpus(8).team("alpha").estimate(600))[0]
+    history.run()
+    first = history.submit(a_job().gpus(8).team("alpha").estimate(3000))[0]
+    history.advance(60)
+    history.submit(a_job().gpus(8).team("alpha").estimate(1000))  # same level: 900-3,600 s
+    history.run()
+    history.exit(running, 0)
+    history.run(cycles=2)
+
+    assert history.job(first).state == "running"
+
+
+def test_a_job_predicted_long_is_not_starved_by_predicted_short_ones() -> None:
+    """Short jobs keep coming, each predicted shorter; aging puts the long one first."""
+    policy = SchedulingPolicy(fairness_preemption=False, aging_max_wait_s=3600.0)
+    history = _team(History("1x8:1:1", policy=policy))
+    history.submit(a_job().gpus(8).team("alpha").estimate(300))
+    history.run()
+    long = history.submit(a_job().gpus(8).team("alpha").estimate(8 * 3600))[0]
+    submitted_at = history.now
+    started_at = None
+    for _ in range(40):  # 40 x 300 s: well past the 1 h aging
+        history.submit(a_job().gpus(8).team("alpha").estimate(300))
+        for view in list(history.state.jobs()):
+            if view.state == "running":
+                history.exit(view.job_id, 0)
+        history.run(cycles=2)
+        if history.job(long).state == "running":
+            started_at = history.now
+            break
+        history.advance(300)
+
+    assert started_at is not None, "the job predicted long starved"
+    assert started_at - submitted_at <= policy.aging_max_wait_s + 2 * 300
+    assert history.auditor.violations == []
+
+
+def test_a_borrowing_job_keeps_arrival_order_whatever_its_prediction() -> None:
+    """Predicted-short first works within a team's guarantee; lent capacity goes in order."""
+    history = History("1x8:1:1", policy=NO_EVICTION).team("alpha", guaranteed=0, max_gpus=8)
+    running = history.submit(a_job().gpus(8).team("alpha").estimate(600))[0]
+    history.run()
+    history.advance(60)
+    long = history.submit(a_job().gpus(8).team("alpha").estimate(8 * 3600))[0]
+    history.advance(60)
+    history.submit(a_job().gpus(8).team("alpha").estimate(300))
+    history.run()
+    history.exit(running, 0)
+    history.run(cycles=2)
+
+    assert history.job(long).state == "running"

@@ -79,3 +79,30 @@ def test_a_cycle_with_nothing_new_is_answered_from_the_memo_at_the_same_moment_o
     history.advance(1)
     history.cycle()
     assert not history.cycles[-1].skipped
+
+
+def test_borrowers_of_teams_with_a_guarantee_take_lent_capacity_in_arrival_order() -> None:
+    """Having borrowed idle GPUs costs no one (they are reclaimed when a guarantee needs them),
+    so it earns no penalty: the team that borrowed much yesterday gets the lent node first when
+    its job waited longest. (Within the guarantees, fair share still decides, above.)"""
+    history = History("2x8:2:1")
+    history.team("heavy", guaranteed=4).team("light", guaranteed=4).team("infra", guaranteed=8)
+    hog = history.submit(a_job().gpus(8).tasks(2).team("heavy"))[0]  # borrows the cluster
+    history.run()
+    history.advance(24 * 3600)
+    history.exit(hog, 0)
+    history.run()
+    for team in ("heavy", "light"):
+        history.occupy("n0000", 4, a_job().preemptible(False).team(team))
+    infra = history.occupy("n0001", 8, a_job().preemptible(False).team("infra"))
+    heavy = history.submit(a_job().gpus(8).team("heavy"))[0]  # beyond its guarantee: borrows
+    history.advance(60)
+    light = history.submit(a_job().gpus(8).team("light"))[0]  # likewise, a minute later
+    history.run()
+    history.exit(infra, 0)
+
+    history.run()
+
+    assert history.job(heavy).state == "running"
+    assert history.job(light).state == "queued"
+    assert history.auditor.violations == []
