@@ -223,6 +223,9 @@ class Auditor:
         # recorded nodes are the reserved ones only in that cycle (several cycles may share
         # one instant).
         self._reservation_cycle = False
+        # The one job whose recorded reservation may stand (each ReservationPlanned clears every
+        # other's): the rules that read reservations look at it, not at every job ever seen.
+        self._head: str | None = None
         # Runtimes learned from the log, as the scheduler learns them (core/estimates.py).
         self._estimates = RuntimeEstimates()
         # Invariant 1 for slices and shares (core/audit_sharing.py).
@@ -308,9 +311,9 @@ class Auditor:
         if isinstance(event, NodeLost | GpuUnhealthy | NodeDrainRequested):
             # The core plans again when a reserved node loses capacity (several cycles may
             # share one instant, so the reservation's time alone cannot tell it is stale).
-            for job in self._jobs.values():
-                if job.reservation is not None and node_id in job.reservation[1]:
-                    job.reservation = None
+            head = self._jobs.get(self._head) if self._head is not None else None
+            if head is not None and head.reservation is not None and node_id in head.reservation[1]:
+                head.reservation = None
         if isinstance(event, NodeDrained):
             holders = sorted(
                 {job for (node_key, _), (job, _) in self._bound.items() if node_key == node_id}
@@ -395,8 +398,10 @@ class Auditor:
         elif isinstance(event, ReservationPlanned):
             job.explained = True
             # One head at a time: a new head's reservation replaces any other job's.
-            for other in self._jobs.values():
-                other.reservation = None
+            previous = self._jobs.get(self._head) if self._head is not None else None
+            if previous is not None:
+                previous.reservation = None
+            self._head = event.job_id
             job.reservation = (event.start_at.timestamp(), frozenset(event.nodes), position, at)
             self._reservation_cycle = True
         elif isinstance(event, TaskStarted):
@@ -715,10 +720,13 @@ class Auditor:
         core's borrowers: protected gangs and overdue-reservation cases are left out)."""
         policy = self._policy
         pclass = policy.priority_class(preemptor.priority)
-        used = self._subtree(preemptor.queue, self._staying())
+        staying = self._staying()
+        used = self._subtree(preemptor.queue, staying)
         guarantee = self._guarantee(preemptor.queue)
         reclaiming = guarantee > 0 and used + shape.min_gpus <= guarantee
         chosen: set[str] = set()
+        # `_borrowing(queue)` per queue: the usage it reads is the same for every gang here.
+        borrowing: dict[str, bool] = {}
         for job_id, other in self._jobs.items():
             if other is preemptor or other.gang_at is None or other.queue == preemptor.queue:
                 continue
@@ -738,9 +746,14 @@ class Auditor:
                 at < other.last_preempted_at + policy.hysteresis_s
             ):
                 continue
-            if not (
-                (pclass.can_preempt and vclass.rank < pclass.rank) or reclaiming
-            ) or not self._borrowing(other.queue):
+            if not ((pclass.can_preempt and vclass.rank < pclass.rank) or reclaiming):
+                continue
+            borrows = borrowing.get(other.queue)
+            if borrows is None:
+                borrows = borrowing[other.queue] = self._subtree(
+                    other.queue, staying
+                ) > self._guarantee(other.queue)
+            if not borrows:
                 continue
             chosen.add(job_id)
         return chosen
@@ -812,28 +825,30 @@ class Auditor:
             return  # it may have been ordered first, within its guarantee
         rank = policy.priority_class(job.priority).rank
         used = {r.node_id for r in event.ranks}
-        for head_id, head in self._jobs.items():
-            planned = head.reservation
-            if planned is None or head is job or not head.waiting or head.terminal_at:
-                continue
-            start, nodes, planned_at, planned_when = planned
-            if planned_when != at or at + estimate <= start or not used & nodes:
-                continue
-            head_rank = policy.priority_class(head.priority).rank
-            after = rank < head_rank or (
-                rank == head_rank
-                and job.queue == head.queue
-                and job.submitted_at > head.submitted_at
+        # Only the last job to record a reservation may still hold one.
+        head_id = self._head
+        head = self._jobs.get(head_id) if head_id is not None else None
+        if head is None:
+            return
+        planned = head.reservation
+        if planned is None or head is job or not head.waiting or head.terminal_at:
+            return
+        start, nodes, planned_at, planned_when = planned
+        if planned_when != at or at + estimate <= start or not used & nodes:
+            return
+        head_rank = policy.priority_class(head.priority).rank
+        after = rank < head_rank or (
+            rank == head_rank and job.queue == head.queue and job.submitted_at > head.submitted_at
+        )
+        if after:
+            self._broken(
+                "backfill",
+                f"job {job_id} was placed on node(s) {', '.join(sorted(used & nodes))} "
+                f"reserved for job {head_id} and would still run when its reservation "
+                "starts",
+                planned_at,
+                position,
             )
-            if after:
-                self._broken(
-                    "backfill",
-                    f"job {job_id} was placed on node(s) {', '.join(sorted(used & nodes))} "
-                    f"reserved for job {head_id} and would still run when its reservation "
-                    "starts",
-                    planned_at,
-                    position,
-                )
 
     # ---------------------------------------------------------------- 4
 
