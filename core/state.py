@@ -360,6 +360,9 @@ class SchedulerState:
         # Who keeps timers of the holding gangs between cycles (a planner's reactions phase).
         self._holding_watches: list[HoldingWatch] = []
         self._draining: set[int] = set()
+        # Indices of nodes where ranks of released gangs still run (`NodeRecord.lingering`):
+        # the head's reservation plans their end without a walk over every node.
+        self._lingering: set[int] = set()
         self._rack_ids: dict[tuple[str, str, str], int] = {}
         self._block_ids: dict[tuple[str, str], int] = {}
         self._seq = 0
@@ -577,6 +580,11 @@ class SchedulerState:
     def draining_nodes(self) -> AbstractSet[int]:
         """Indices of nodes draining or recently released by a gang while draining."""
         return self._draining
+
+    @property
+    def lingering_nodes(self) -> AbstractSet[int]:
+        """Indices of nodes where ranks of released gangs have not exited yet."""
+        return self._lingering
 
     @property
     def queue_records(self) -> Mapping[str, QueueRecord]:
@@ -985,6 +993,7 @@ class SchedulerState:
                 if not node.lost:
                     node.lingering[(job.job_id, job.attempt, rank)] = mask
                     node.lingering_mask |= mask
+                    self._lingering.add(node_index)
 
     def _started_after_release(self, job: CoreJob, event: TaskStarted) -> None:
         """A rank its agent launched while the scheduler released the gang (the two race):
@@ -997,6 +1006,7 @@ class SchedulerState:
             return
         node.lingering[(job.job_id, job.attempt, event.rank)] = mask
         node.lingering_mask |= mask
+        self._lingering.add(node_index)
         self._refresh(node)
 
     def _rank_gone(self, event: TaskExited) -> None:
@@ -1015,6 +1025,8 @@ class SchedulerState:
         for mask in node.lingering.values():
             remaining |= mask
         node.lingering_mask = remaining
+        if not node.lingering:
+            self._lingering.discard(node.index)
         self._refresh(node)
 
     def _on_requeued(self, event: JobRequeued, at: float) -> None:
@@ -1173,6 +1185,7 @@ class SchedulerState:
         # are released: those ranks must not hold its GPUs as lingering ones then.
         node.lingering.clear()
         node.lingering_mask = 0
+        self._lingering.discard(node.index)
         self._sharing.node_lost(node.node_id)
         node.shared_mask = self._sharing.shared_mask(node.node_id)
         for job_id in node.gangs:

@@ -71,6 +71,11 @@ class PlanningSurface(Protocol):
     def draining_nodes(self) -> AbstractSet[int]: ...
 
     @property
+    def lingering_nodes(self) -> AbstractSet[int]:
+        """Indices of nodes where ranks of released gangs have not exited yet."""
+        ...
+
+    @property
     def queue_records(self) -> Mapping[str, QueueRecord]: ...
 
     @property
