@@ -195,7 +195,7 @@ def _stopping(ctx: CycleContext, shape: Shape) -> list[tuple[int, int]]:
     now, as it does an overrunning gang's. Left out, a head that waits only for them got no
     reservation and read "it does not fit even when the running gangs end"."""
     nodes, jobs = ctx.state.node_records, ctx.state.job_records
-    stopping = [(index, node.lingering_mask) for index, node in enumerate(nodes) if node.lingering]
+    stopping = [(index, nodes[index].lingering_mask) for index in sorted(ctx.state.lingering_nodes)]
     for job_id in sorted(ctx.released):
         job = jobs[job_id]
         stopping += [place for rank, place in enumerate(job.ranks) if job.still_runs(rank)]
