@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Literal
 
 from core.checkpointing import CheckpointKnowledge
@@ -338,6 +339,10 @@ class QueueRecord:
     decayed_memory_usage: float = 0.0
 
 
+# What `holding_of` answers for a queue that holds nothing (read-only: callers only read).
+_NO_JOBS: Mapping[str, CoreJob] = MappingProxyType({})
+
+
 class SchedulerState:
     """Everything the core knows, folded from events. Read it through views; change it by apply."""
 
@@ -350,6 +355,9 @@ class SchedulerState:
         self._waiting: dict[str, CoreJob] = {}
         # Jobs holding a gang (reserved, running, preempting).
         self._holding: dict[str, CoreJob] = {}
+        # The same gangs by queue, each in `holding_jobs` order: preemption for fairness looks
+        # at one queue's gangs.
+        self._holding_by_queue: dict[str, dict[str, CoreJob]] = {}
         # Jobs with something for the reactions phase to decide (exits, requests, lost GPUs).
         self._attention: set[str] = set()
         self._queues: dict[str, QueueRecord] = {}
@@ -581,6 +589,11 @@ class SchedulerState:
         """Indices of nodes draining or recently released by a gang while draining."""
         return self._draining
 
+    def holding_of(self, queue: str) -> Mapping[str, CoreJob]:
+        """The queue's gangs of `holding_jobs`, in its order (a job's queue is set at admission,
+        before it can hold a gang)."""
+        return self._holding_by_queue.get(queue, _NO_JOBS)
+
     @property
     def lingering_nodes(self) -> AbstractSet[int]:
         """Indices of nodes where ranks of released gangs have not exited yet."""
@@ -668,8 +681,10 @@ class SchedulerState:
             self._waiting[job.job_id] = job
         if old in HOLDING_STATES and new not in HOLDING_STATES:
             self._holding.pop(job.job_id, None)
+            self._holding_by_queue.get(job.queue, {}).pop(job.job_id, None)
         if new in HOLDING_STATES:
             self._holding[job.job_id] = job
+            self._holding_by_queue.setdefault(job.queue, {})[job.job_id] = job
         job.state = new
         if self._holding_watches and (old in HOLDING_STATES or new in HOLDING_STATES):
             entered = old not in HOLDING_STATES
