@@ -226,6 +226,13 @@ class Auditor:
         # The one job whose recorded reservation may stand (each ReservationPlanned clears every
         # other's): the rules that read reservations look at it, not at every job ever seen.
         self._head: str | None = None
+        # The jobs whose `preempting` is set (gangs under eviction): usage net of leaving
+        # gangs is asked at every preemption, and a walk over every job ever seen grew with
+        # the log.
+        self._preempting: set[str] = set()
+        # The jobs holding a gang (`gang_at` set): the rules about borrowed gangs look at them
+        # (sums and sets, whatever the order), not at every job ever seen.
+        self._with_gang: set[str] = set()
         # Runtimes learned from the log, as the scheduler learns them (core/estimates.py).
         self._estimates = RuntimeEstimates()
         # Invariant 1 for slices and shares (core/audit_sharing.py).
@@ -447,9 +454,11 @@ class Auditor:
             self._usage[job.queue] = self._usage.get(job.queue, 0) - len(job.gang)
         job.gang = []
         job.gang_at = None
+        self._with_gang.discard(job_id)
         job.started_at = None
         job.started_ranks = set()
         job.preempting = False
+        self._preempting.discard(job_id)
         self._note_usage(job.queue)
 
     def _observe_gang(self, job: _Job, event: GangReserved, position: int, at: float) -> None:
@@ -560,6 +569,7 @@ class Auditor:
             p.rank: tuple(p.gpus) if p.mig is None and p.share is None else () for p in ranks
         }
         job.gang_at = position
+        self._with_gang.add(job_id)
         job.gang_since = at
         job.attempt = event.attempt
         job.waiting = False
@@ -567,6 +577,7 @@ class Auditor:
         job.started_at = None
         job.started_ranks = set()
         job.preempting = False
+        self._preempting.discard(job_id)
         job.reservation = None
         self._ranks[job_id] = len(ranks)
         self._usage[job.queue] = self._usage.get(job.queue, 0) + len(slots)
@@ -628,8 +639,9 @@ class Auditor:
         """GPUs per queue net of the gangs already on their way out (under eviction, but not
         the victims of the plan being recorded: the core judges a plan's victims together)."""
         usage = dict(self._usage)
-        for job_id, job in self._jobs.items():
-            if job.preempting and job.gang_at is not None and job_id not in self._plan_victims:
+        for job_id in self._preempting:
+            job = self._jobs[job_id]
+            if job.gang_at is not None and job_id not in self._plan_victims:
                 usage[job.queue] = usage.get(job.queue, 0) - len(job.gang)
         return usage
 
@@ -677,6 +689,7 @@ class Auditor:
             self._plan_victims.append(event.job_id)
             preemptor.preemptor = True
         victim.preempting = True
+        self._preempting.add(event.job_id)
         victim.last_preempted_at = at
 
     def _check_victim(
@@ -727,7 +740,8 @@ class Auditor:
         chosen: set[str] = set()
         # `_borrowing(queue)` per queue: the usage it reads is the same for every gang here.
         borrowing: dict[str, bool] = {}
-        for job_id, other in self._jobs.items():
+        for job_id in self._with_gang:
+            other = self._jobs[job_id]
             if other is preemptor or other.gang_at is None or other.queue == preemptor.queue:
                 continue
             if other.preempting and job_id not in self._plan_victims:
@@ -935,7 +949,8 @@ class Auditor:
                 borrowed[name] = used - guarantee
         total = 0
         gangs: set[str] = set()
-        for other_id, other in self._jobs.items():
+        for other_id in self._with_gang:
+            other = self._jobs[other_id]
             if other.gang_at is None or other.queue not in borrowed:
                 continue
             if gpu_type is not None and any(
