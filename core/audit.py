@@ -223,6 +223,16 @@ class Auditor:
         # recorded nodes are the reserved ones only in that cycle (several cycles may share
         # one instant).
         self._reservation_cycle = False
+        # The one job whose recorded reservation may stand (each ReservationPlanned clears every
+        # other's): the rules that read reservations look at it, not at every job ever seen.
+        self._head: str | None = None
+        # The jobs whose `preempting` is set (gangs under eviction): usage net of leaving
+        # gangs is asked at every preemption, and a walk over every job ever seen grew with
+        # the log.
+        self._preempting: set[str] = set()
+        # The jobs holding a gang (`gang_at` set): the rules about borrowed gangs look at them
+        # (sums and sets, whatever the order), not at every job ever seen.
+        self._with_gang: set[str] = set()
         # Runtimes learned from the log, as the scheduler learns them (core/estimates.py).
         self._estimates = RuntimeEstimates()
         # Invariant 1 for slices and shares (core/audit_sharing.py).
@@ -308,9 +318,9 @@ class Auditor:
         if isinstance(event, NodeLost | GpuUnhealthy | NodeDrainRequested):
             # The core plans again when a reserved node loses capacity (several cycles may
             # share one instant, so the reservation's time alone cannot tell it is stale).
-            for job in self._jobs.values():
-                if job.reservation is not None and node_id in job.reservation[1]:
-                    job.reservation = None
+            head = self._jobs.get(self._head) if self._head is not None else None
+            if head is not None and head.reservation is not None and node_id in head.reservation[1]:
+                head.reservation = None
         if isinstance(event, NodeDrained):
             holders = sorted(
                 {job for (node_key, _), (job, _) in self._bound.items() if node_key == node_id}
@@ -395,8 +405,10 @@ class Auditor:
         elif isinstance(event, ReservationPlanned):
             job.explained = True
             # One head at a time: a new head's reservation replaces any other job's.
-            for other in self._jobs.values():
-                other.reservation = None
+            previous = self._jobs.get(self._head) if self._head is not None else None
+            if previous is not None:
+                previous.reservation = None
+            self._head = event.job_id
             job.reservation = (event.start_at.timestamp(), frozenset(event.nodes), position, at)
             self._reservation_cycle = True
         elif isinstance(event, TaskStarted):
@@ -442,9 +454,11 @@ class Auditor:
             self._usage[job.queue] = self._usage.get(job.queue, 0) - len(job.gang)
         job.gang = []
         job.gang_at = None
+        self._with_gang.discard(job_id)
         job.started_at = None
         job.started_ranks = set()
         job.preempting = False
+        self._preempting.discard(job_id)
         self._note_usage(job.queue)
 
     def _observe_gang(self, job: _Job, event: GangReserved, position: int, at: float) -> None:
@@ -555,6 +569,7 @@ class Auditor:
             p.rank: tuple(p.gpus) if p.mig is None and p.share is None else () for p in ranks
         }
         job.gang_at = position
+        self._with_gang.add(job_id)
         job.gang_since = at
         job.attempt = event.attempt
         job.waiting = False
@@ -562,6 +577,7 @@ class Auditor:
         job.started_at = None
         job.started_ranks = set()
         job.preempting = False
+        self._preempting.discard(job_id)
         job.reservation = None
         self._ranks[job_id] = len(ranks)
         self._usage[job.queue] = self._usage.get(job.queue, 0) + len(slots)
@@ -623,8 +639,9 @@ class Auditor:
         """GPUs per queue net of the gangs already on their way out (under eviction, but not
         the victims of the plan being recorded: the core judges a plan's victims together)."""
         usage = dict(self._usage)
-        for job_id, job in self._jobs.items():
-            if job.preempting and job.gang_at is not None and job_id not in self._plan_victims:
+        for job_id in self._preempting:
+            job = self._jobs[job_id]
+            if job.gang_at is not None and job_id not in self._plan_victims:
                 usage[job.queue] = usage.get(job.queue, 0) - len(job.gang)
         return usage
 
@@ -672,6 +689,7 @@ class Auditor:
             self._plan_victims.append(event.job_id)
             preemptor.preemptor = True
         victim.preempting = True
+        self._preempting.add(event.job_id)
         victim.last_preempted_at = at
 
     def _check_victim(
@@ -715,11 +733,15 @@ class Auditor:
         core's borrowers: protected gangs and overdue-reservation cases are left out)."""
         policy = self._policy
         pclass = policy.priority_class(preemptor.priority)
-        used = self._subtree(preemptor.queue, self._staying())
+        staying = self._staying()
+        used = self._subtree(preemptor.queue, staying)
         guarantee = self._guarantee(preemptor.queue)
         reclaiming = guarantee > 0 and used + shape.min_gpus <= guarantee
         chosen: set[str] = set()
-        for job_id, other in self._jobs.items():
+        # `_borrowing(queue)` per queue: the usage it reads is the same for every gang here.
+        borrowing: dict[str, bool] = {}
+        for job_id in self._with_gang:
+            other = self._jobs[job_id]
             if other is preemptor or other.gang_at is None or other.queue == preemptor.queue:
                 continue
             if other.preempting and job_id not in self._plan_victims:
@@ -738,9 +760,14 @@ class Auditor:
                 at < other.last_preempted_at + policy.hysteresis_s
             ):
                 continue
-            if not (
-                (pclass.can_preempt and vclass.rank < pclass.rank) or reclaiming
-            ) or not self._borrowing(other.queue):
+            if not ((pclass.can_preempt and vclass.rank < pclass.rank) or reclaiming):
+                continue
+            borrows = borrowing.get(other.queue)
+            if borrows is None:
+                borrows = borrowing[other.queue] = self._subtree(
+                    other.queue, staying
+                ) > self._guarantee(other.queue)
+            if not borrows:
                 continue
             chosen.add(job_id)
         return chosen
@@ -812,28 +839,30 @@ class Auditor:
             return  # it may have been ordered first, within its guarantee
         rank = policy.priority_class(job.priority).rank
         used = {r.node_id for r in event.ranks}
-        for head_id, head in self._jobs.items():
-            planned = head.reservation
-            if planned is None or head is job or not head.waiting or head.terminal_at:
-                continue
-            start, nodes, planned_at, planned_when = planned
-            if planned_when != at or at + estimate <= start or not used & nodes:
-                continue
-            head_rank = policy.priority_class(head.priority).rank
-            after = rank < head_rank or (
-                rank == head_rank
-                and job.queue == head.queue
-                and job.submitted_at > head.submitted_at
+        # Only the last job to record a reservation may still hold one.
+        head_id = self._head
+        head = self._jobs.get(head_id) if head_id is not None else None
+        if head is None:
+            return
+        planned = head.reservation
+        if planned is None or head is job or not head.waiting or head.terminal_at:
+            return
+        start, nodes, planned_at, planned_when = planned
+        if planned_when != at or at + estimate <= start or not used & nodes:
+            return
+        head_rank = policy.priority_class(head.priority).rank
+        after = rank < head_rank or (
+            rank == head_rank and job.queue == head.queue and job.submitted_at > head.submitted_at
+        )
+        if after:
+            self._broken(
+                "backfill",
+                f"job {job_id} was placed on node(s) {', '.join(sorted(used & nodes))} "
+                f"reserved for job {head_id} and would still run when its reservation "
+                "starts",
+                planned_at,
+                position,
             )
-            if after:
-                self._broken(
-                    "backfill",
-                    f"job {job_id} was placed on node(s) {', '.join(sorted(used & nodes))} "
-                    f"reserved for job {head_id} and would still run when its reservation "
-                    "starts",
-                    planned_at,
-                    position,
-                )
 
     # ---------------------------------------------------------------- 4
 
@@ -920,7 +949,8 @@ class Auditor:
                 borrowed[name] = used - guarantee
         total = 0
         gangs: set[str] = set()
-        for other_id, other in self._jobs.items():
+        for other_id in self._with_gang:
+            other = self._jobs[other_id]
             if other.gang_at is None or other.queue not in borrowed:
                 continue
             if gpu_type is not None and any(

@@ -203,7 +203,7 @@ def _pool(ctx: CycleContext, queue: str, rank: int) -> list[tuple[int, CoreJob]]
     then the youngest."""
     policy, now = ctx.policy, ctx.now
     entries: list[tuple[int, float, int, CoreJob]] = []
-    for victim in ctx.state.holding_jobs.values():
+    for victim in ctx.state.holding_of(queue).values():
         if victim.queue != queue or not victim.ranks or victim.job_id in ctx.handled:
             continue
         if policy.priority_class(victim.priority).rank != rank:

@@ -4,7 +4,7 @@ runtime, or preempted within the hysteresis window)."""
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Iterator, Set
 from dataclasses import dataclass
 
 from core.context import CycleContext, Outcome
@@ -173,6 +173,39 @@ class VictimPool:
         entries.sort(key=lambda entry: entry[0])
         self.entries = entries
         self.gpus = sum(entry[3].bound_gpus for entry in entries)
+        # The entries' positions by (queue, class rank): whether a preemptor may take a gang
+        # depends on those two alone (and on the quota book, the same for the whole search),
+        # so a search walks only the groups it may take from, not the whole pool.
+        groups: dict[tuple[str, int], list[int]] = {}
+        for position, (_, rank, _, victim) in enumerate(entries):
+            groups.setdefault((victim.queue, rank), []).append(position)
+        self.groups = groups
+
+    def reachable(
+        self, preemptor: CoreJob, pclass: PriorityClass, reclaiming: bool, quota: QuotaBook
+    ) -> Iterator[tuple[bool, tuple[tuple[int, GpuAmount, float, int], int, str, CoreJob]]]:
+        """The entries the preemptor may take, in pool order, each with whether its queue
+        borrows. Across queues only borrowed capacity is taken: a gang within its own queue's
+        guarantee is safe from other teams, whatever their class (invariant 4)."""
+        borrowing: dict[str, bool] = {}
+        taken: list[list[int]] = []
+        for (queue, vrank), positions in self.groups.items():
+            same_queue = queue == preemptor.queue
+            borrower = borrowing.get(queue)
+            if borrower is None:
+                borrower = borrowing[queue] = not same_queue and quota.borrowing(queue) > 0
+            if not (same_queue or borrower):
+                continue
+            if (pclass.can_preempt and vrank < pclass.rank) or (reclaiming and borrower):
+                taken.append(positions)
+        entries = self.entries
+        if len(taken) == 1:
+            positions = taken[0]
+        else:
+            positions = sorted(position for group in taken for position in group)
+        for position in positions:
+            entry = entries[position]
+            yield borrowing[entry[3].queue], entry
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +238,7 @@ def plan_preemption(
         return None  # idle capacity serves (only a reservation held it back): never preempt
     borrowers: list[CoreJob] = []
     everyone: list[CoreJob] = []
-    for _, vrank, gpu_type, victim in pool.entries:
+    for borrower, (_, _, gpu_type, victim) in pool.reachable(preemptor, pclass, reclaiming, quota):
         if len(everyone) >= MAX_CANDIDATES and len(borrowers) >= MAX_CANDIDATES:
             break
         if victim.job_id in excluded or victim.job_id == preemptor.job_id:
@@ -214,16 +247,6 @@ def plan_preemption(
             continue
         if not victim.bound_gpus and not shape.asks_host:
             continue  # a CPU-only gang frees nothing a gang of GPUs alone could use
-        same_queue = victim.queue == preemptor.queue
-        borrower = not same_queue and quota.borrowing(victim.queue) > 0
-        # Across queues only borrowed capacity is taken: a gang within its own queue's
-        # guarantee is safe from other teams, whatever their class (invariant 4).
-        reachable = same_queue or borrower
-        allowed = reachable and (
-            (pclass.can_preempt and vrank < pclass.rank) or (reclaiming and borrower)
-        )
-        if not allowed:
-            continue
         if borrower and len(borrowers) < MAX_CANDIDATES:
             borrowers.append(victim)
         if len(everyone) < MAX_CANDIDATES:
@@ -401,17 +424,31 @@ def _free_units(planning: Snapshot, shape: Shape) -> int:
 
 
 def _greedy(planning: Snapshot, shape: Shape, victims: list[CoreJob]) -> list[CoreJob] | None:
-    """Add gangs in victim order until the preemptor fits, then keep only those it lands on."""
+    """Add gangs in victim order until the preemptor fits, then keep only those it lands on.
+
+    The victims are released into one trial as they are added, not all again at each try
+    (`_fits` per try made a wide gang's search quadratic in its victims); placement reads
+    the snapshot's content only, so each try finds what `_fits(planning, shape, chosen)` would.
+    """
     chosen: list[CoreJob] = []
     tries = 0
-    for victim in victims:
-        chosen.append(victim)
-        if planning.total_free + sum(v.bound_gpus for v in chosen) < shape.min_gpus:
-            continue
-        tries += 1
-        allocation = _fits(planning, shape, chosen)
-        if allocation is not None:
-            return _landed_on(planning, shape, chosen, allocation)
-        if tries >= MAX_TRIES:
-            break
-    return None
+    free = planning.total_free
+    freed: GpuAmount = 0  # sum(v.bound_gpus for v in chosen), added in the same order
+    allocation: Allocation | None = None
+    with planning.trial():
+        for victim in victims:
+            chosen.append(victim)
+            release_gang(planning, victim)
+            freed += victim.bound_gpus
+            if free + freed < shape.min_gpus:
+                continue
+            tries += 1
+            if planning.total_free >= shape.min_gpus:
+                allocation = find_placement(planning, shape, False)
+                if allocation is not None:
+                    break
+            if tries >= MAX_TRIES:
+                break
+    if allocation is None:
+        return None
+    return _landed_on(planning, shape, chosen, allocation)

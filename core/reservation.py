@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import weakref
+
 from core.context import CycleContext
 from core.estimates import RuntimeEstimates
 from core.placement import Allocation, Shape, Snapshot, find_placement
@@ -37,7 +39,34 @@ def runtime_estimate(
     plan but long when it backfills, a reservation would be planned on GPUs still held.
     Whatever the source, it is at most MAX_PLANNED_RUNTIME_S.
     """
-    return min(_runtime_estimate(job, policy, estimates), MAX_PLANNED_RUNTIME_S)
+    if estimates is None or not policy.learned_runtimes:
+        return min(_runtime_estimate(job, policy, estimates), MAX_PLANNED_RUNTIME_S)
+    # What the estimator says changes only when it learns (a job ended): until then each
+    # job's estimate is kept, by its spec (an update replaces the spec). A cycle asks it for
+    # every running gang (timers, the head's plan) and every job behind the head (backfill).
+    global _memo
+    memo = _memo
+    if (
+        memo is None
+        or memo[0]() is not estimates
+        or memo[1] != estimates.learned
+        or memo[2] is not policy
+    ):
+        memo = _memo = (weakref.ref(estimates), estimates.learned, policy, {})
+    known = memo[3].get(job.job_id)
+    if known is not None and known[0] is job.spec:
+        return known[1]
+    estimate = min(_runtime_estimate(job, policy, estimates), MAX_PLANNED_RUNTIME_S)
+    memo[3][job.job_id] = (job.spec, estimate)
+    return estimate
+
+
+# (estimator, what it had learned, policy, job id → (spec, estimate)): the estimates of one
+# estimator while it learns nothing new; held weakly, it never keeps an estimator alive.
+_Memo = tuple[
+    "weakref.ref[RuntimeEstimates]", int, SchedulingPolicy, dict[str, tuple[object, float]]
+]
+_memo: _Memo | None = None
 
 
 def _runtime_estimate(
@@ -166,7 +195,7 @@ def _stopping(ctx: CycleContext, shape: Shape) -> list[tuple[int, int]]:
     now, as it does an overrunning gang's. Left out, a head that waits only for them got no
     reservation and read "it does not fit even when the running gangs end"."""
     nodes, jobs = ctx.state.node_records, ctx.state.job_records
-    stopping = [(index, node.lingering_mask) for index, node in enumerate(nodes) if node.lingering]
+    stopping = [(index, nodes[index].lingering_mask) for index in sorted(ctx.state.lingering_nodes)]
     for job_id in sorted(ctx.released):
         job = jobs[job_id]
         stopping += [place for rank, place in enumerate(job.ranks) if job.still_runs(rank)]

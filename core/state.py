@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Literal
 
 from core.checkpointing import CheckpointKnowledge
@@ -338,6 +339,10 @@ class QueueRecord:
     decayed_memory_usage: float = 0.0
 
 
+# What `holding_of` answers for a queue that holds nothing (read-only: callers only read).
+_NO_JOBS: Mapping[str, CoreJob] = MappingProxyType({})
+
+
 class SchedulerState:
     """Everything the core knows, folded from events. Read it through views; change it by apply."""
 
@@ -350,6 +355,9 @@ class SchedulerState:
         self._waiting: dict[str, CoreJob] = {}
         # Jobs holding a gang (reserved, running, preempting).
         self._holding: dict[str, CoreJob] = {}
+        # The same gangs by queue, each in `holding_jobs` order: preemption for fairness looks
+        # at one queue's gangs.
+        self._holding_by_queue: dict[str, dict[str, CoreJob]] = {}
         # Jobs with something for the reactions phase to decide (exits, requests, lost GPUs).
         self._attention: set[str] = set()
         self._queues: dict[str, QueueRecord] = {}
@@ -360,6 +368,9 @@ class SchedulerState:
         # Who keeps timers of the holding gangs between cycles (a planner's reactions phase).
         self._holding_watches: list[HoldingWatch] = []
         self._draining: set[int] = set()
+        # Indices of nodes where ranks of released gangs still run (`NodeRecord.lingering`):
+        # the head's reservation plans their end without a walk over every node.
+        self._lingering: set[int] = set()
         self._rack_ids: dict[tuple[str, str, str], int] = {}
         self._block_ids: dict[tuple[str, str], int] = {}
         self._seq = 0
@@ -578,6 +589,16 @@ class SchedulerState:
         """Indices of nodes draining or recently released by a gang while draining."""
         return self._draining
 
+    def holding_of(self, queue: str) -> Mapping[str, CoreJob]:
+        """The queue's gangs of `holding_jobs`, in its order (a job's queue is set at admission,
+        before it can hold a gang)."""
+        return self._holding_by_queue.get(queue, _NO_JOBS)
+
+    @property
+    def lingering_nodes(self) -> AbstractSet[int]:
+        """Indices of nodes where ranks of released gangs have not exited yet."""
+        return self._lingering
+
     @property
     def queue_records(self) -> Mapping[str, QueueRecord]:
         return self._queues
@@ -660,8 +681,10 @@ class SchedulerState:
             self._waiting[job.job_id] = job
         if old in HOLDING_STATES and new not in HOLDING_STATES:
             self._holding.pop(job.job_id, None)
+            self._holding_by_queue.get(job.queue, {}).pop(job.job_id, None)
         if new in HOLDING_STATES:
             self._holding[job.job_id] = job
+            self._holding_by_queue.setdefault(job.queue, {})[job.job_id] = job
         job.state = new
         if self._holding_watches and (old in HOLDING_STATES or new in HOLDING_STATES):
             entered = old not in HOLDING_STATES
@@ -985,6 +1008,7 @@ class SchedulerState:
                 if not node.lost:
                     node.lingering[(job.job_id, job.attempt, rank)] = mask
                     node.lingering_mask |= mask
+                    self._lingering.add(node_index)
 
     def _started_after_release(self, job: CoreJob, event: TaskStarted) -> None:
         """A rank its agent launched while the scheduler released the gang (the two race):
@@ -997,6 +1021,7 @@ class SchedulerState:
             return
         node.lingering[(job.job_id, job.attempt, event.rank)] = mask
         node.lingering_mask |= mask
+        self._lingering.add(node_index)
         self._refresh(node)
 
     def _rank_gone(self, event: TaskExited) -> None:
@@ -1015,6 +1040,8 @@ class SchedulerState:
         for mask in node.lingering.values():
             remaining |= mask
         node.lingering_mask = remaining
+        if not node.lingering:
+            self._lingering.discard(node.index)
         self._refresh(node)
 
     def _on_requeued(self, event: JobRequeued, at: float) -> None:
@@ -1173,6 +1200,7 @@ class SchedulerState:
         # are released: those ranks must not hold its GPUs as lingering ones then.
         node.lingering.clear()
         node.lingering_mask = 0
+        self._lingering.discard(node.index)
         self._sharing.node_lost(node.node_id)
         node.shared_mask = self._sharing.shared_mask(node.node_id)
         for job_id in node.gangs:

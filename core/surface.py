@@ -70,6 +70,15 @@ class PlanningSurface(Protocol):
     @property
     def draining_nodes(self) -> AbstractSet[int]: ...
 
+    def holding_of(self, queue: str) -> Mapping[str, CoreJob]:
+        """The queue's gangs of `holding_jobs`, in its order."""
+        ...
+
+    @property
+    def lingering_nodes(self) -> AbstractSet[int]:
+        """Indices of nodes where ranks of released gangs have not exited yet."""
+        ...
+
     @property
     def queue_records(self) -> Mapping[str, QueueRecord]: ...
 
