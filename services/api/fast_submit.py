@@ -1,11 +1,13 @@
-"""`POST /v1/jobs` without the framework's machinery for the ordinary submission.
+"""`POST /v1/jobs` and `POST /v1/jobs:batch` without the framework's machinery for ordinary
+submissions.
 
 Profiled on the submit path, FastAPI's routing, dependency solving, body handling and the five
-middleware layers around it cost about three times our own handler. An ordinary submission (a
-JSON body of declared length within the cap, one bearer token, one job: no array, no
-dependencies) is served here instead, through the same checks in the same order and with the
-same answers: the strict JSON walk, pydantic's strict validation, authentication, then
-`Commands.submit` (limits, rules, the append).
+middleware layers around it cost about three times our own handler (and for a batch, a third
+validation of every spec). An ordinary submission (a JSON body of declared length within the
+cap, one bearer token; for `POST /v1/jobs` one job, no array, no dependencies) is served here
+instead, through the same checks in the same order and with the same answers: the strict JSON
+walk, pydantic's strict validation, authentication, then the command (`Commands.submit` or
+`submit_many`: limits, rules, the append).
 
 Anything else goes to the full app unchanged (with the body replayed): an invalid body, a
 refused token, an unreachable log before the command, an array or a pipeline. Those answers so
@@ -26,17 +28,18 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from schemas.jobs import JobSpec
-from services.api.auth import authenticate
-from services.api.bootstrap import ApiBootstrap
+from services.api.auth import Principal, authenticate
+from services.api.bootstrap import ApiBootstrap, ApiContext
 from services.api.metrics import ApiMetrics
-from services.api.models import JobCreatedView
+from services.api.models import BatchCreatedView, BatchSubmit, JobCreatedView
 from services.api.problems import problem_for
 from services.api.strict import parse_strict_json
 from services.api.timeouts import answer_request_timeout
 
-PATH: Final = "/v1/jobs"
-ROUTE: Final = ("POST", PATH)
+SINGLE: Final = "/v1/jobs"
+BATCH: Final = "/v1/jobs:batch"
 _SPEC: Final = TypeAdapter(JobSpec)
+_BATCH: Final = TypeAdapter(BatchSubmit)
 # The route's Idempotency-Key header: 1 to 255 visible ASCII characters.
 # Counted as nginx does a client that left before its answer (nothing is sent).
 CLIENT_LEFT: Final = 499
@@ -49,7 +52,9 @@ class _Ordinary(Exception):
 
 
 def is_submission(scope: Scope) -> bool:
-    return bool(scope["type"] == "http" and scope["path"] == PATH and scope["method"] == "POST")
+    return bool(
+        scope["type"] == "http" and scope["path"] in (SINGLE, BATCH) and scope["method"] == "POST"
+    )
 
 
 class FastSubmit:
@@ -78,7 +83,7 @@ class FastSubmit:
         started = time.perf_counter()
         status = await self._serve(scope, receive, send, headers[1], headers[2])
         if status is not None:  # else the full app answered and counted it
-            self.metrics.observe(*ROUTE, status, time.perf_counter() - started)
+            self.metrics.observe("POST", scope["path"], status, time.perf_counter() - started)
 
     async def _serve(
         self, scope: Scope, receive: Receive, send: Send, authorization: str | None, key: str | None
@@ -126,12 +131,13 @@ class FastSubmit:
         """The answer's status; raises _Ordinary for whatever the full app must answer."""
         if len(body) > self.max_body_bytes:
             raise _Ordinary  # more than declared: the cap's 413
+        batch = scope["path"] == BATCH
         try:
             parse_strict_json(body)
-            spec = _SPEC.validate_json(body, strict=True)
+            request = (_BATCH if batch else _SPEC).validate_json(body, strict=True)
         except Exception:  # malformed, refused or invalid: the route's own answer
             raise _Ordinary from None
-        if spec.array is not None or spec.depends_on:
+        if isinstance(request, JobSpec) and (request.array is not None or request.depends_on):
             raise _Ordinary
         try:
             context = await self.bootstrap.context()
@@ -140,13 +146,12 @@ class FastSubmit:
         except Exception:
             raise _Ordinary from None  # nothing written yet: the app answers as its routes do
         try:
-            job = await context.commands.submit(principal, spec, idempotency_key=key)
+            created = await _command(context, principal, request, key)
         except Exception as error:
             response = await problem_for(Request(scope), error)
             await response(scope, _disconnected, send)
             return response.status_code
-        created = JobCreatedView(id=job.id, state=job.state).model_dump_json(exclude_none=True)
-        payload = created.encode()
+        payload = created.model_dump_json(exclude_none=True).encode()
         await send(
             {
                 "type": "http.response.start",
@@ -156,6 +161,24 @@ class FastSubmit:
         )
         await send({"type": "http.response.body", "body": payload})
         return 201
+
+
+async def _command(
+    context: ApiContext, principal: Principal, request: JobSpec | BatchSubmit, key: str | None
+) -> JobCreatedView | BatchCreatedView:
+    """What the route's handler does (routers/jobs.py), and its answer's model."""
+    commands = context.commands
+    if isinstance(request, JobSpec):
+        job = await commands.submit(principal, request, idempotency_key=key)
+        return JobCreatedView(id=job.id, state=job.state)
+    planned = await commands.submit_many(principal, request.jobs, idempotency_key=key)
+    jobs = context.models.jobs
+    return BatchCreatedView(
+        jobs=[
+            JobCreatedView(id=job.id, state=jobs[job.events[0].job_id].state, array=job.element_ids)
+            for job in planned
+        ]
+    )
 
 
 async def _disconnected() -> Message:

@@ -1,5 +1,6 @@
-"""`POST /v1/jobs` is served outside FastAPI's machinery for an ordinary submission
-(services/api/fast_submit.py): every answer must be the one the route itself gives.
+"""`POST /v1/jobs` and `POST /v1/jobs:batch` are served outside FastAPI's machinery for an
+ordinary submission (services/api/fast_submit.py): every answer must be the one the route
+itself gives.
 
 Each request goes to the API as it runs and to the same app with the fast path switched off,
 both on one log, and the two answers are compared: status, media type, the headers a client
@@ -37,10 +38,17 @@ async def framework_only(api: Api) -> AsyncIterator[httpx.AsyncClient]:
         yield client
 
 
+def _drawn(created: dict[str, Any]) -> dict[str, Any]:
+    """A created job's answer with the ids drawn for it left out."""
+    return {key: value for key, value in created.items() if key not in ("id", "array")} | {
+        "elements": len(created.get("array", ()))
+    }
+
+
 def _answer(response: httpx.Response) -> tuple[int, str, dict[str, str], Any]:
     body = response.json()
     if response.status_code == 201:
-        body = {**body, "id": "<drawn>"} if "array" not in body else {"keys": sorted(body)}
+        body = [_drawn(job) for job in body["jobs"]] if "jobs" in body else _drawn(body)
     kept = {
         name: response.headers[name]
         for name in ("retry-after", "www-authenticate", "connection")
@@ -50,10 +58,15 @@ def _answer(response: httpx.Response) -> tuple[int, str, dict[str, str], Any]:
 
 
 async def _both(
-    api: Api, framework: httpx.AsyncClient, *, headers: dict[str, str], **request: Any
+    api: Api,
+    framework: httpx.AsyncClient,
+    *,
+    headers: dict[str, str],
+    path: str = "/v1/jobs",
+    **request: Any,
 ) -> tuple[httpx.Response, httpx.Response]:
-    fast = await api.client.post("/v1/jobs", headers=headers, **request)
-    slow = await framework.post("/v1/jobs", headers=headers, **request)
+    fast = await api.client.post(path, headers=headers, **request)
+    slow = await framework.post(path, headers=headers, **request)
     assert _answer(fast) == _answer(slow)
     return fast, slow
 
@@ -84,6 +97,30 @@ async def test_every_kind_of_submission_is_answered_as_the_route_answers_it(api:
     async with framework_only(api) as framework:
         for headers, request in cases:
             await _both(api, framework, headers=headers, **request)
+
+
+async def test_every_kind_of_batch_is_answered_as_the_route_answers_it(api: Api) -> None:
+    team = await api.create_team("nlp")
+    other = await api.create_team("cv")
+    stages = [
+        {**SPEC, "name": "prep"},
+        {**SPEC, "name": "train", "depends_on": [{"job": "prep", "condition": "succeeded"}]},
+    ]
+    cases: list[tuple[dict[str, str], dict[str, Any]]] = [
+        (team, {"json": {"jobs": [SPEC, {**SPEC, "name": "eval"}]}}),
+        (ADMIN, {"json": {"jobs": [SPEC]}}),
+        (team, {"json": {"jobs": stages}}),
+        (team, {"json": {"jobs": [SPEC, {**SPEC, "array": {"count": 2, "max_parallel": 1}}]}}),
+        ({}, {"json": {"jobs": [SPEC]}}),
+        (other, {"json": {"jobs": [SPEC]}}),
+        (team, {"json": {"jobs": []}}),
+        (team, {"json": {"jobs": [SPEC, {**SPEC, "tasks": 0}, {**SPEC, "gpus_per_task": "1"}]}}),
+        (team, {"json": [SPEC]}),
+        ({**team, "Idempotency-Key": ""}, {"json": {"jobs": [SPEC]}}),
+    ]
+    async with framework_only(api) as framework:
+        for headers, request in cases:
+            await _both(api, framework, headers=headers, path="/v1/jobs:batch", **request)
 
 
 async def test_an_idempotency_key_names_one_job_whichever_path_served_it(api: Api) -> None:
