@@ -223,9 +223,46 @@ class Connection:
             self._streams = None
 
 
-def service_cpu_s(state_dir: Path) -> dict[str, float]:
+def listener_pid(port: int) -> int | None:
+    """The process listening on TCP `port` here (PostgreSQL's postmaster, Kafka's broker),
+    from /proc: sockets in LISTEN state, then the process holding that socket."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                    inodes.add(f"socket:[{fields[9]}]")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in (entry / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd) in inodes:
+                        return int(entry.name)
+    return None
+
+
+def stack_roots(settings: Settings) -> dict[str, int]:
+    """The PostgreSQL and Kafka serving this bench, by their listening processes."""
+    roots = {}
+    for name, url in (
+        ("postgres*", settings.pg_dsn),
+        ("kafka*", "kafka://" + settings.kafka_bootstrap.split(",")[0]),
+    ):
+        port = urlsplit(url).port
+        pid = None if port is None else listener_pid(port)
+        if pid is not None:
+            roots[name] = pid
+    return roots
+
+
+def service_cpu_s(state_dir: Path, stack: dict[str, int] | None = None) -> dict[str, float]:
     """CPU seconds (user + system) each launched service has used so far, its children
-    included (uvicorn's workers, say), by the launcher's pid files."""
+    included (uvicorn's workers, say), by the launcher's pid files; and beside them those of
+    `stack` (PostgreSQL and Kafka, starred: other users of the same stack count too) and the
+    bench's own."""
     tick = os.sysconf("SC_CLK_TCK")
     parents: dict[int, int] = {}
     used: dict[int, float] = {}
@@ -238,14 +275,19 @@ def service_cpu_s(state_dir: Path) -> dict[str, float]:
             continue
         parents[int(entry.name)] = int(fields[1])
         used[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    roots = {
+        pid_file.stem: int(pid_file.read_text().split()[0])
+        for pid_file in (state_dir / "pids").glob("*.pid")
+    }
     totals: dict[str, float] = {}
-    for pid_file in (state_dir / "pids").glob("*.pid"):
-        root = int(pid_file.read_text().split()[0])
+    for name, root in {**roots, **(stack or {})}.items():
         family = {root}
         for pid in sorted(parents):
             if parents[pid] in family:
                 family.add(pid)
-        totals[pid_file.stem] = sum(used.get(pid, 0.0) for pid in family)
+        totals[name] = sum(used.get(pid, 0.0) for pid in family)
+    me = os.times()
+    totals["bench"] = me.user + me.system
     return totals
 
 
@@ -355,10 +397,13 @@ async def batched(
 
 def cpu_line(before: dict[str, float], after: dict[str, float], jobs: int) -> str:
     per_job = {name: (after[name] - before.get(name, 0.0)) * 1000 / jobs for name in sorted(after)}
+    services = {name: ms for name, ms in per_job.items() if name in SERVICES}
+    others = {name: ms for name, ms in per_job.items() if name not in SERVICES}
     return (
         "  CPU per job: "
-        + ", ".join(f"{name} {ms:.2f} ms" for name, ms in per_job.items())
-        + f" (services {sum(per_job.values()):.2f} ms)"
+        + ", ".join(f"{name} {ms:.2f} ms" for name, ms in services.items())
+        + f" (services {sum(services.values()):.2f} ms); "
+        + ", ".join(f"{name} {ms:.2f} ms" for name, ms in others.items())
     )
 
 
@@ -459,6 +504,7 @@ async def _bench(args: argparse.Namespace, tmp: str) -> None:
             await submit(api, -1)  # warm every stage up (connections, topics, caches)
             await asyncio.sleep(2)
             print(f"{args.api_workers} API workers; {load()}")
+            stack = stack_roots(settings)
             samples = await latency(api, watcher, args.latency_jobs)
             inside = await recorded_latencies(settings, args.latency_jobs + 1)
             print(f"submit-to-reserved on an idle cluster ({cluster}), {len(samples)} jobs:")
@@ -481,11 +527,11 @@ async def _bench(args: argparse.Namespace, tmp: str) -> None:
             print(f"  target p99 < 50 ms: {verdict}")
             offset = args.latency_jobs
             if args.jobs:
-                cpu_before = service_cpu_s(Path(tmp))
+                cpu_before = service_cpu_s(Path(tmp), stack)
                 submit_rate, pipeline_rate = await throughput(
                     connections, watcher, args.jobs, offset=offset
                 )
-                cpu_after = service_cpu_s(Path(tmp))
+                cpu_after = service_cpu_s(Path(tmp), stack)
                 print(f"single submissions, {args.jobs} jobs from {args.clients} clients:")
                 print(f"  API accepted {submit_rate:,.0f} jobs/s")
                 print(f"  whole pipeline (to GangReserved): {pipeline_rate:,.0f} jobs/s")
@@ -494,7 +540,7 @@ async def _bench(args: argparse.Namespace, tmp: str) -> None:
                 print(f"  target >= 1,000 jobs/s: {verdict}; {load()}")
                 offset += args.jobs
             if args.batch_jobs:
-                cpu_before = service_cpu_s(Path(tmp))
+                cpu_before = service_cpu_s(Path(tmp), stack)
                 submit_rate, pipeline_rate = await batched(
                     connections[: args.batch_clients],
                     watcher,
@@ -502,7 +548,7 @@ async def _bench(args: argparse.Namespace, tmp: str) -> None:
                     offset=offset,
                     batch_size=args.batch_size,
                 )
-                cpu_after = service_cpu_s(Path(tmp))
+                cpu_after = service_cpu_s(Path(tmp), stack)
                 print(
                     f"batches, {args.batch_jobs} jobs in POST /v1/jobs:batch of "
                     f"{args.batch_size} from {args.batch_clients} clients:"

@@ -6,8 +6,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.types import Receive, Scope, Send
 
 from services.api.bootstrap import ApiBootstrap
+from services.api.fast_submit import FastSubmit, is_submission
 from services.api.limits import BodySizeLimit
 from services.api.metrics import ApiMetrics, RequestMetrics
 from services.api.problems import install_problem_handlers
@@ -33,7 +35,19 @@ Every error is an RFC 9457 problem (`application/problem+json`).
 """
 
 
-def create_app(settings: ApiSettings | None = None, *, use_bus: bool = True) -> FastAPI:
+class GangwayApi(FastAPI):
+    """FastAPI, with ordinary submissions served before its middleware (fast_submit.py)."""
+
+    fast_submit: FastSubmit | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.fast_submit is not None and is_submission(scope):
+            await self.fast_submit(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+
+def create_app(settings: ApiSettings | None = None, *, use_bus: bool = True) -> GangwayApi:
     """The app for `settings`; its lifespan rebuilds the read models and keeps them fed.
 
     Without a lifespan (an ASGI transport in tests) the first request wires it lazily.
@@ -50,7 +64,7 @@ def create_app(settings: ApiSettings | None = None, *, use_bus: bool = True) -> 
         finally:
             await bootstrap.close()
 
-    app = FastAPI(
+    app = GangwayApi(
         title="Gangway",
         version="1.0.0",
         description=DESCRIPTION,
@@ -69,4 +83,11 @@ def create_app(settings: ApiSettings | None = None, *, use_bus: bool = True) -> 
     app.add_middleware(BodySizeLimit, max_bytes=resolved.max_body_bytes)
     app.add_middleware(BodyReadTimeout, timeout_s=resolved.body_read_timeout_s)
     app.add_middleware(RequestMetrics, metrics=metrics)
+    app.fast_submit = FastSubmit(
+        super(GangwayApi, app).__call__,
+        bootstrap,
+        metrics,
+        max_body_bytes=resolved.max_body_bytes,
+        body_read_timeout_s=resolved.body_read_timeout_s,
+    )
     return app

@@ -36,6 +36,10 @@ class ApiMetrics:
             ("method", "route"),
             registry=self.registry,
         )
+        # The labelled children, looked up once per label set (labels() takes a lock and
+        # builds a key on every call).
+        self._counters: dict[tuple[str, str, str], Counter] = {}
+        self._timers: dict[tuple[str, str], Histogram] = {}
         self._feed: ReadModelFeed | None = None
         # GPUs' utilization from telemetry, set by the bootstrap.
         self.activity: GpuActivity | None = None
@@ -48,6 +52,18 @@ class ApiMetrics:
                 lambda: None if self._feed is None else self._feed.models, lambda: self.activity
             )
         )
+
+    def observe(self, method: str, route: str, status: int, seconds: float) -> None:
+        """One request served: counted by route template and status, timed by template."""
+        counted = (method, route, str(status))
+        counter = self._counters.get(counted)
+        if counter is None:
+            counter = self._counters[counted] = self.requests.labels(*counted)
+        counter.inc()
+        timer = self._timers.get(counted[:2])
+        if timer is None:
+            timer = self._timers[counted[:2]] = self.latency.labels(method, route)
+        timer.observe(seconds)
 
     def watch(self, feed: ReadModelFeed) -> None:
         self._feed = feed
@@ -99,10 +115,6 @@ class RequestMetrics:
     def __init__(self, app: ASGIApp, metrics: ApiMetrics) -> None:
         self.app = app
         self.metrics = metrics
-        # The labelled children, looked up once per label set (labels() takes a lock and
-        # builds a key on every call).
-        self._counters: dict[tuple[str, str, str], Counter] = {}
-        self._timers: dict[tuple[str, str], Histogram] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -123,12 +135,4 @@ class RequestMetrics:
             route = scope.get("route")
             template = getattr(route, "path", None) or "unmatched"
             method = str(scope.get("method", ""))
-            counted = (method, template, str(status))
-            counter = self._counters.get(counted)
-            if counter is None:
-                counter = self._counters[counted] = self.metrics.requests.labels(*counted)
-            counter.inc()
-            timer = self._timers.get(counted[:2])
-            if timer is None:
-                timer = self._timers[counted[:2]] = self.metrics.latency.labels(method, template)
-            timer.observe(time.perf_counter() - started)
+            self.metrics.observe(method, template, status, time.perf_counter() - started)

@@ -195,6 +195,18 @@ async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
     return problem_response(request, 500, "internal-error", "an unexpected error occurred")
 
 
+async def problem_for(request: Request, exc: Exception) -> JSONResponse:
+    """The answer the app's handlers (installed below) give for `exc`, for a route served
+    outside the framework (fast_submit.py)."""
+    if isinstance(exc, ProblemError):
+        return await _on_problem(request, exc)
+    if isinstance(exc, DATABASE_UNAVAILABLE):
+        return await _on_unavailable(request, exc)
+    if isinstance(exc, StarletteHTTPException):
+        return await _on_http(request, exc)
+    return await _on_unexpected(request, exc)
+
+
 def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ProblemError, _on_problem)
     app.add_exception_handler(StarletteHTTPException, _on_http)

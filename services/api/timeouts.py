@@ -59,15 +59,20 @@ class BodyReadTimeout:
         await self.app(scope, bounded_receive, guarded_send)
 
     async def _request_timeout(self, scope: Scope, send: Send) -> None:
-        response = problem_response(
-            Request(scope),
-            408,
-            "request-timeout",
-            f"the request body was not received within {self.timeout_s:g} s",
-            headers={"Connection": "close"},
-        )
+        await answer_request_timeout(scope, send, self.timeout_s)
 
-        async def nothing() -> Message:
-            return {"type": "http.disconnect"}
 
-        await response(scope, nothing, send)
+async def answer_request_timeout(scope: Scope, send: Send, timeout_s: float) -> None:
+    """The 408 problem for a body not received within `timeout_s`; the connection closes."""
+    response = problem_response(
+        Request(scope),
+        408,
+        "request-timeout",
+        f"the request body was not received within {timeout_s:g} s",
+        headers={"Connection": "close"},
+    )
+
+    async def nothing() -> Message:
+        return {"type": "http.disconnect"}
+
+    await response(scope, nothing, send)

@@ -26,14 +26,19 @@ def connection_options(settings: Settings) -> dict[str, Any]:
     return options
 
 
-def make_producer(settings: Settings, *, client_id: str | None = None) -> AIOKafkaProducer:
-    """An idempotent producer (acks=all): a retried send is never written twice by the broker."""
+def make_producer(
+    settings: Settings, *, client_id: str | None = None, linger_ms: int = 2
+) -> AIOKafkaProducer:
+    """An idempotent producer (acks=all): a retried send is never written twice by the broker.
+
+    `linger_ms` is how long a send waits for others to share its request; a producer that
+    hands over a whole batch before awaiting any of it (the relay) batches without it."""
     return AIOKafkaProducer(
         **connection_options(settings),
         client_id=client_id or settings.service_name,
         enable_idempotence=True,
         acks="all",
-        linger_ms=2,
+        linger_ms=linger_ms,
         max_batch_size=256 * 1024,
         # The bus's record bound (limits.py): every event the log accepts fits in one record.
         max_request_size=MAX_MESSAGE_BYTES,

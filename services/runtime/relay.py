@@ -105,6 +105,8 @@ class OutboxRelay:
         )
         self._producer: AIOKafkaProducer | None = None
         self._wake = asyncio.Event()
+        # Whether the last publish_pending read the log up to its head.
+        self._read_to_head = False
 
     async def run(self, stop: asyncio.Event) -> None:
         """Publish until `stop` is set. Only one relay of a name is active; others stand by.
@@ -154,7 +156,12 @@ class OutboxRelay:
                     await _unless_stopped(ensure_topics(self.settings, self.topics), stop)
                     topics_ready = True
                 await _unless_stopped(self.publish_pending(), stop)
-                self.lag = max(0, await self.store.head() - self.position)
+                # A read that ended short of a batch reached the head: no query to learn the
+                # lag is 0 (what was committed since has notified, and is published next).
+                if not self._read_to_head:
+                    self.lag = max(0, await self.store.head() - self.position)
+                else:
+                    self.lag = 0
                 self._lag.set(self.lag)
                 bus.recovered()
             except DATABASE_UNAVAILABLE:
@@ -175,9 +182,11 @@ class OutboxRelay:
         """Publish everything after the stored position; return how many events were sent."""
         producer = await self._ensure_producer()
         sent = 0
+        self._read_to_head = False
         while True:
             batch = await self.store.read_all_raw(self.position, self.settings.relay_batch_size)
             if not batch:
+                self._read_to_head = True
                 return sent
             sends: list[asyncio.Future[Any] | BaseException] = []
             for raw in batch:
@@ -197,6 +206,7 @@ class OutboxRelay:
             await self.store_position(batch[-1].position)
             sent += len(batch)
             if len(batch) < self.settings.relay_batch_size:
+                self._read_to_head = True
                 return sent
 
     async def _send(self, producer: AIOKafkaProducer, raw: RawEvent) -> asyncio.Future[Any]:
@@ -319,7 +329,11 @@ class OutboxRelay:
 
     async def _ensure_producer(self) -> AIOKafkaProducer:
         if self._producer is None:
-            producer = make_producer(self.settings, client_id=f"{self.settings.service_name}-relay")
+            # No linger: publish_pending queues a whole read of the log before awaiting any
+            # of it, so the sends share requests anyway, and lingering only delays each hop.
+            producer = make_producer(
+                self.settings, client_id=f"{self.settings.service_name}-relay", linger_ms=0
+            )
             await producer.start()
             self._producer = producer
         return self._producer
