@@ -7,9 +7,10 @@ The cycle (core/cycle.py) opens a `sharing_trial` beside its snapshot of free wh
   wakes up then);
 - `place_fractional` (called by the place phase for a slice or share job, in queue order) binds
   each task of the job to a free MIG instance, or to a soft-shared GPU of the job's own team
-  with room, the fullest first (best fit: idle GPUs stay whole for gangs), or else converts a
-  whole free GPU to soft sharing, on the node with the fewest free GPUs; the gang is bound whole
-  or not at all, and its GangReserved names each rank's slice or share;
+  with room, where the held mix's fragmentation grows least (FGD over the best-fit shortlist:
+  idle GPUs stay whole for gangs), or else converts a whole free GPU to soft sharing, on the
+  node with the fewest free GPUs; the gang is bound whole or not at all, and its GangReserved
+  names each rank's slice or share;
 - `plan_repartitions` (after placing) asks core/regeometry.py for re-partitions of idle GPUs for
   slices that found no instance, or for a whole GPU back for the blocked head; each is a
   GpuGeometryChanged decision with its cost, and the waiting slices say when it is ready.
@@ -19,6 +20,7 @@ real when they are folded (core/live_sharing.py).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -247,14 +249,19 @@ def _rank(rank: int, spot: Spot, ask: TaskAsk) -> RankPlacement:
 def find_spot(ctx: CycleContext, snap: Snapshot, ask: TaskAsk) -> Spot | None:
     """Where one slice or share task goes now, or None.
 
-    A free instance of its profile, or a soft-shared GPU of its team with room: the fullest GPU
-    first, then the node with the fewest free whole GPUs (best fit: idle GPUs and nodes stay
-    whole for gangs). A share with no such GPU converts a whole free GPU (`_convert`)."""
+    A free instance of its profile, or a soft-shared GPU of its team with room. Ranked best
+    fit (the fullest GPU first, then the node with the fewest free whole GPUs: idle GPUs and
+    nodes stay whole for gangs); with `sharing_packing: fgd` (the default) the first
+    `sharing_shortlist` of them are scored by FGD and the task goes where the fragmentation of
+    the held mix grows least (ties: best-fit order). A share with no such GPU converts a whole
+    free GPU (`_convert`): the last resort under either packing."""
     trial = ctx.sharing
     if trial is None:
         return None
     ledger = trial.live.ledger
     now = ctx.now
+    fgd = ctx.policy.sharing_packing == "fgd"
+    ranked: list[tuple[tuple[int, int, str, int, int], Spot]] = []
     best: tuple[tuple[int, int, str, int, int], Spot] | None = None
     for node_id in trial.sharing_nodes():
         node = ledger.nodes[node_id]
@@ -273,8 +280,18 @@ def find_spot(ctx: CycleContext, snap: Snapshot, ask: TaskAsk) -> Spot | None:
                 spot.gpus[0],
                 start,
             )
-            if best is None or key < best[0]:
+            if fgd:
+                ranked.append((key, spot))
+            elif best is None or key < best[0]:
                 best = (key, spot)
+    if len(ranked) > 1:
+        # FGD over the best-fit shortlist: where the held mix's fragmentation grows least.
+        shortlist = heapq.nsmallest(ctx.policy.sharing_shortlist, ranked, key=lambda kv: kv[0])
+        return ledger.least_fragmenting(
+            ask, [spot for _, spot in shortlist], ledger.mix_with(ask), now
+        )
+    if ranked:
+        return ranked[0][1]
     if best is not None:
         return best[1]
     if ask.kind == "share":

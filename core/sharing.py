@@ -384,6 +384,10 @@ class SharingLedger:
         self.nodes: dict[str, NodeLedger] = {}
         # holder → (ask, spot), to release it.
         self.holders: dict[str, tuple[TaskAsk, Spot]] = {}
+        # The task types of the slices and shares held now, with their counts: the mix the
+        # live cycle measures fragmentation against (folded from the same binds and releases
+        # as the ledger, so a restarted scheduler measures the same).
+        self.held_mix: Counter[TaskAsk] = Counter()
         self._index: SpotIndex | None = None
         if indexed:
             self.reindex()
@@ -460,6 +464,17 @@ class SharingLedger:
             return None
         if packing != "fgd":
             return cheap[0][1]
+        return self.least_fragmenting(ask, [spot for _, spot in cheap[:shortlist]], weights, now)
+
+    def least_fragmenting(
+        self,
+        ask: TaskAsk,
+        spots: Sequence[Spot],
+        mix: Sequence[tuple[TaskAsk, float]],
+        now: float,
+    ) -> Spot | None:
+        """FGD's choice among `spots` (in best-fit order): where the fragmentation of the mix
+        grows least; ties go to the earlier spot."""
         best: tuple[tuple[float, int], Spot] | None = None
         before: dict[str, float] = {}
         # Nodes in the same state fragment alike (most shortlisted nodes are): measured once.
@@ -469,10 +484,10 @@ class SharingLedger:
             key = fragmentation_key(node, now)
             value = measured.get(key)
             if value is None:
-                value = measured[key] = node_fragmentation(node, weights, now)
+                value = measured[key] = node_fragmentation(node, mix, now)
             return value
 
-        for order, (_, spot) in enumerate(cheap[:shortlist]):
+        for order, spot in enumerate(spots):
             node = self.nodes[spot.node_id]
             if spot.node_id not in before:
                 before[spot.node_id] = fragmentation(node)
@@ -482,6 +497,15 @@ class SharingLedger:
             if best is None or (growth, order) < best[0]:
                 best = ((growth, order), spot)
         return None if best is None else best[1]
+
+    def mix_with(self, ask: TaskAsk, types: int = 16) -> list[tuple[TaskAsk, float]]:
+        """The held slices' and shares' mix (its `types` most common task types) with the
+        ask's own type: what a live placement measures fragmentation against."""
+        key = ask.mix_key()
+        weights = [(held, float(count)) for held, count in self.held_mix.most_common(types)]
+        if all(held != key for held, _ in weights):
+            weights.append((key, 1.0))
+        return weights
 
     def _ranked(self, ask: TaskAsk, now: float, first: int) -> list[tuple[CheapKey, Spot]]:
         """The `first` spots of the ask by `cheap_key`, one for GPUs of a node alike."""
@@ -511,6 +535,8 @@ class SharingLedger:
             raise ValueError(f"{holder} is already placed")
         self._take(self.nodes[spot.node_id], ask, spot, holder)
         self.holders[holder] = (ask, spot)
+        if ask.kind in ("mig", "share"):
+            self.held_mix[ask.mix_key()] += 1
         self.changed(spot.node_id)
 
     def release(self, holder: str) -> None:
@@ -518,6 +544,11 @@ class SharingLedger:
         found = self.holders.pop(holder, None)
         if found is not None:
             ask, spot = found
+            if ask.kind in ("mig", "share"):
+                key = ask.mix_key()
+                self.held_mix[key] -= 1
+                if self.held_mix[key] <= 0:
+                    del self.held_mix[key]
             node = self.nodes.get(spot.node_id)
             if node is not None:
                 self._give_back(node, ask, spot, holder)
