@@ -25,6 +25,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from fractions import Fraction
 
 from core.context import CycleContext, Outcome
 from core.live_sharing import WHOLE_GANG, LiveSharing, holder_of, job_gpus
@@ -42,6 +43,7 @@ from core.sharing import (
     gpu_spots,
     share_memory_mb,
 )
+from core.slo import headroom_free, headroom_refuses, keeps_headroom
 from core.state import CoreJob
 from schemas.jobs import GangReserved, GpuShare, JobSpec, MigSlice, RankPlacement
 
@@ -70,6 +72,22 @@ class SharingTrial:
     reasons: dict[tuple[object, ...], Outcome] = field(default_factory=dict)
     never: dict[tuple[object, ...], str | None] = field(default_factory=dict)
     hold_ends: list[float | None] = field(default_factory=list)
+    # Slice and share jobs that found no room this cycle, in queue order (preemption may make
+    # room: core/share_preemption.py).
+    blocked: list[CoreJob] = field(default_factory=list)
+    # (binds so far, free MIG capacity then): the headroom's count, kept while nothing binds.
+    _mig_free: tuple[int, Fraction] | None = None
+    # Whole free GPUs this cycle decided to cut (out of the snapshot, not yet in the ledger):
+    # the headroom still counts them free, as it counts GPUs being re-partitioned.
+    cut_whole: int = 0
+
+    def free_mig_gpus(self) -> Fraction:
+        """The free MIG capacity now, exactly (LiveSharing.free_mig_gpus), kept until a bind."""
+        cached = self._mig_free
+        if cached is None or cached[0] != len(self.bound):
+            cached = (len(self.bound), self.live.free_mig_gpus(self.sharing_nodes(), self.now))
+            self._mig_free = cached
+        return cached[1] + self.cut_whole
 
     def sharing_nodes(self) -> set[str]:
         return self.live.sharing_nodes | self.touched if self.touched else self.live.sharing_nodes
@@ -188,6 +206,8 @@ def place_fractional(
     spots: list[Spot] = []
     holders: list[str] = []
     attempt = job.attempt + 1
+    # What the inference headroom counts free before this job binds (core/slo.py).
+    free_before = headroom_free(ctx, snap) if keeps_headroom(ctx, job) else None
     if key not in trial.failed:
         for rank in range(spec.tasks):
             spot = find_spot(ctx, snap, ask)
@@ -198,10 +218,15 @@ def place_fractional(
             holders.append(holder)
             spots.append(spot)
             trial.touched.add(spot.node_id)
+    if len(spots) == spec.tasks and headroom_refuses(ctx, snap, job, spots, free_before, quota):
+        for holder in holders:
+            ledger.release(holder)
+        return False
     if len(spots) < spec.tasks:
         for holder in holders:
             ledger.release(holder)
         trial.failed.add(key)
+        trial.blocked.append(job)
         left = spec.tasks - len(spots)
         if ask.kind == "mig":
             trial.unplaced_slices.append((job, ask, spec.tasks))
@@ -382,6 +407,7 @@ def plan_repartitions(ctx: CycleContext, snap: Snapshot, blocked: list[CoreJob])
             if not free & bit or record.index in snap.reserved:
                 continue
             snap.set_free(record.index, free & ~bit)
+            trial.cut_whole += 1
         ctx.emit(decision.event())
         ready = ctx.now + decision.reconfigure_s
         ctx.wakeups.append(ready)

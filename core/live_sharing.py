@@ -19,6 +19,7 @@ A rank that still runs when its gang is released keeps its slice or share until 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -246,6 +247,33 @@ class LiveSharing:
             if gpu.geometry or gpu.shares or gpu.slices:
                 mask |= 1 << gpu.index
         return mask
+
+    def free_mig_gpus(self, node_ids: Iterable[str], now: float) -> Fraction:
+        """The free MIG capacity of these nodes, exactly: each GPU in MIG mode counts its
+        compute slices no slice holds, n/7 (an idle cut GPU 7/7). A GPU being re-partitioned
+        counts what it will offer (it holds nothing, and evicting others would not make it
+        serve sooner). Room on a soft-shared GPU is not counted: only its team may use it."""
+        free = Fraction(0)
+        nodes = self.ledger.nodes
+        for node_id in node_ids:
+            node = nodes.get(node_id)
+            if node is None or not node.schedulable or node.model is None:
+                continue
+            profiles = node.model.profiles
+            for gpu in node.gpus:
+                if not gpu.healthy:
+                    continue
+                if not gpu.geometry:
+                    if now < gpu.busy_until and gpu.idle:
+                        free += 1  # going back to whole: out of the snapshot until then
+                    continue
+                held = sum(
+                    profiles[i.profile].compute_slices
+                    for i in gpu.geometry
+                    if i.start in gpu.slices and i.profile in profiles
+                )
+                free += Fraction(COMPUTE_SLICES - held, COMPUTE_SLICES)
+        return free
 
     def spots_of(self, job_id: str) -> list[Spot]:
         """Where the job's slices and shares are (its GPU each), rank by rank."""
