@@ -113,6 +113,7 @@ def sharing_trial(ctx: CycleContext, snap: Snapshot) -> Iterator[SharingTrial]:
                     continue
                 ledger.release(holder)
                 trial.released.append((holder, found[0], found[1]))
+                _whole_again(ctx, snap, trial, found[1])
         for node_id in sorted(live.sharing_nodes):
             node = ledger.nodes[node_id]
             record = ctx.state.node_record(node_id)
@@ -135,6 +136,20 @@ def sharing_trial(ctx: CycleContext, snap: Snapshot) -> Iterator[SharingTrial]:
             if holder not in ledger.holders:
                 ledger.bind(holder, ask, spot)
         ctx.sharing = None
+
+
+def _whole_again(ctx: CycleContext, snap: Snapshot, trial: SharingTrial, spot: Spot) -> None:
+    """A soft-shared GPU whose last share this cycle released is a whole free GPU in this very
+    cycle (the state's masks say so only once the release is folded)."""
+    if spot.mig is not None or not spot.gpus:
+        return
+    node = trial.live.ledger.nodes.get(spot.node_id)
+    record = ctx.state.node_record(spot.node_id)
+    if node is None or record is None:
+        return
+    gpu = node.gpus[spot.gpus[0]]
+    if gpu.idle and not gpu.geometry and gpu.healthy and ctx.now >= gpu.busy_until:
+        snap.release(record.index, 1 << gpu.index)
 
 
 def _release_whole(ctx: CycleContext, trial: SharingTrial, job: CoreJob) -> None:

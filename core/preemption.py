@@ -214,6 +214,8 @@ def plan_preemption(
             continue
         if not victim.bound_gpus and not shape.asks_host:
             continue  # a CPU-only gang frees nothing a gang of GPUs alone could use
+        if not shape.asks_host and not any(mask for _, mask in victim.ranks):
+            continue  # slices and shares free no whole GPU (core/share_preemption.py)
         same_queue = victim.queue == preemptor.queue
         borrower = not same_queue and quota.borrowing(victim.queue) > 0
         # Across queues only borrowed capacity is taken: a gang within its own queue's
