@@ -20,7 +20,6 @@ real when they are folded (core/live_sharing.py).
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -35,12 +34,12 @@ from core.quota import QuotaBook
 from core.regeometry import hold_s_of, plan_regeometry
 from core.sharing import (
     FULL,
+    CheapKey,
     NodeLedger,
     Spot,
     TaskAsk,
     ask_of,
     free_thousandths,
-    gpu_spots,
     share_memory_mb,
 )
 from core.slo import headroom_free, headroom_refuses, keeps_headroom
@@ -130,6 +129,7 @@ def sharing_trial(ctx: CycleContext, snap: Snapshot) -> Iterator[SharingTrial]:
     finally:
         for node_id, gpu_index in trial.unmarked:
             ledger.nodes[node_id].gpus[gpu_index].whole = WHOLE_GANG
+            ledger.changed(node_id)
         for holder in reversed(trial.bound):
             ledger.release(holder)
         for holder, ask, spot in reversed(trial.released):
@@ -167,6 +167,7 @@ def _release_whole(ctx: CycleContext, trial: SharingTrial, job: CoreJob) -> None
             if mask >> gpu.index & 1 and gpu.whole == WHOLE_GANG:
                 gpu.whole = None
                 trial.unmarked.append((node.node_id, gpu.index))
+                ledger.changed(node.node_id)
 
 
 # ---------------------------------------------------------------------- placing
@@ -290,8 +291,8 @@ def find_spot(ctx: CycleContext, snap: Snapshot, ask: TaskAsk) -> Spot | None:
     """Where one slice or share task goes now, or None.
 
     A free instance of its profile, or a soft-shared GPU of its team with room. Ranked best
-    fit (the fullest GPU first, then the node with the fewest free whole GPUs: idle GPUs and
-    nodes stay whole for gangs); with `sharing_packing: fgd` (the default) the first
+    fit (the fullest GPU first, then the node with the fewest idle GPUs: idle GPUs and nodes
+    stay whole for gangs); with `sharing_packing: fgd` (the default) the first
     `sharing_shortlist` of them are scored by FGD and the task goes where the fragmentation of
     the held mix grows least (ties: best-fit order). A share with no such GPU converts a whole
     free GPU (`_convert`): the last resort under either packing."""
@@ -301,39 +302,23 @@ def find_spot(ctx: CycleContext, snap: Snapshot, ask: TaskAsk) -> Spot | None:
     ledger = trial.live.ledger
     now = ctx.now
     fgd = ctx.policy.sharing_packing == "fgd"
-    ranked: list[tuple[tuple[int, int, str, int, int], Spot]] = []
-    best: tuple[tuple[int, int, str, int, int], Spot] | None = None
-    for node_id in trial.sharing_nodes():
-        node = ledger.nodes[node_id]
-        record = ctx.state.node_record(node_id)
-        if record is None:
-            continue
-        for spot in gpu_spots(node, ask, now):
-            gpu = node.gpus[spot.gpus[0]]
-            if ask.kind == "share" and not gpu.shares:
-                continue  # an idle GPU: converting one is the last resort, below
-            start = spot.mig.start if spot.mig is not None else 0
-            key = (
-                free_thousandths(node, gpu, now),
-                snap.count.get(record.index, 0),
-                node_id,
-                spot.gpus[0],
-                start,
-            )
-            if fgd:
-                ranked.append((key, spot))
-            elif best is None or key < best[0]:
-                best = (key, spot)
+    # The ledger's free-capacity index ranks the spots reading a few nodes (core/
+    # sharing_index.py); an idle GPU offers a share too, ranked last (all of it free): that is
+    # a conversion, the last resort below, which keeps the head's reservation.
+    first = max(1, ctx.policy.sharing_shortlist) if fgd else 1
+    ranked: list[tuple[CheapKey, Spot]] = []
+    for key, spot in ledger.ranked(ask, now):
+        if ask.kind == "share" and key[0] >= FULL:
+            break  # idle GPUs from here on (all of them free)
+        ranked.append((key, spot))
+        if len(ranked) >= first:
+            break
     if len(ranked) > 1:
         # FGD over the best-fit shortlist: where the held mix's fragmentation grows least.
-        shortlist = heapq.nsmallest(ctx.policy.sharing_shortlist, ranked, key=lambda kv: kv[0])
-        return ledger.least_fragmenting(
-            ask, [spot for _, spot in shortlist], ledger.mix_with(ask), now
-        )
+        spots = [spot for _, spot in ranked]
+        return ledger.least_fragmenting(ask, spots, ledger.mix_with(ask), now)
     if ranked:
         return ranked[0][1]
-    if best is not None:
-        return best[1]
     if ask.kind == "share":
         return _convert(ctx, snap, ask)
     return None

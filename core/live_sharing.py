@@ -101,7 +101,9 @@ def ask_of_placement(placement: RankPlacement, spec: JobSpec | None, team: str) 
 class LiveSharing:
     """The live state's sharing ledger and what it holds for whom."""
 
-    ledger: SharingLedger = field(default_factory=SharingLedger)
+    # Indexed (core/sharing_index.py): the cycle ranks a task's spots by reading a few nodes,
+    # not every GPU; whatever changes a node's GPUs here says so (`changed`).
+    ledger: SharingLedger = field(default_factory=lambda: SharingLedger(indexed=True))
     # job id → its ranks' holders (rank → holder) of the current gang.
     by_job: dict[str, dict[int, str]] = field(default_factory=dict)
     # Ranks of released gangs that still run: their holds stay until they exit.
@@ -125,6 +127,7 @@ class LiveSharing:
             known.reconfigure_s = event.reconfigure_s
             known.cpus = event.cpus
             known.memory_mb = event.memory_mb
+            self.ledger.changed(event.node_id)
             return
         self.ledger.register(event)
         self._synced.pop(event.node_id, None)
@@ -138,6 +141,7 @@ class LiveSharing:
         geometry = [MigInstance(i.start, i.profile) for i in event.geometry]
         self.ledger.set_geometry(event.node_id, event.gpu_index, geometry, at)
         node.gpus[event.gpu_index].busy_until = at + event.reconfigure_s
+        self.ledger.changed(event.node_id)
         self._note(event.node_id)
         return True
 
@@ -231,6 +235,7 @@ class LiveSharing:
             if gpu.slices or gpu.shares:
                 continue
             gpu.whole = WHOLE_GANG if busy_mask & bit else None
+        self.ledger.changed(node_id)
 
     # ------------------------------------------------------------- views
 

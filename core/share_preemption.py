@@ -257,6 +257,7 @@ def _without(
                     if mask >> gpu.index & 1 and gpu.whole == WHOLE_GANG:
                         gpu.whole = None
                         unmarked.append((node.node_id, gpu.index))
+                        ledger.changed(node.node_id)
         for node_id, gpu_index in sorted(emptied):
             # A soft-shared GPU whose last share left is a whole free GPU again.
             record = ctx.state.node_record(node_id)
@@ -270,6 +271,7 @@ def _without(
     finally:
         for node_id, gpu_index in unmarked:
             ledger.nodes[node_id].gpus[gpu_index].whole = WHOLE_GANG
+            ledger.changed(node_id)
         for holder, held_ask, spot in reversed(released):
             if holder not in ledger.holders:
                 ledger.bind(holder, held_ask, spot)

@@ -4,12 +4,16 @@ scheduler (the ledger folded again from the log) measures and decides the same."
 
 from __future__ import annotations
 
+import random
 from typing import Literal
 
 import pytest
 
 from core.cycle import schedule
+from core.mig import H100_80GB, pack
 from core.policy import SchedulingPolicy
+from core.sharing import SharingLedger, TaskAsk, node_fragmentation
+from core.topology import parse_cluster_spec
 from tests.core.builders import History
 from tests.core.test_live_sharing import a_share, audit_clean, one_h100, placed_ranks
 
@@ -73,3 +77,53 @@ def test_a_restarted_scheduler_folds_the_same_ledger_and_places_the_same() -> No
     assert ours == theirs
     history.run()
     assert placed_ranks(history, third)[0][0] == small_node
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_one_gpu_growth_is_the_measures_own_difference(seed: int) -> None:
+    """FGD scores a spot on one GPU by that GPU's part of the measure alone; on random ledgers
+    (MIG, shares, whole tasks, CPUs and memory short or not) it equals the measure's own
+    difference, before and after taking the spot."""
+    rng = random.Random(seed)
+    ledger = SharingLedger()
+    spec = (
+        "groups:\n"
+        "  - {count: 3, gpus: 4, gpu_type: H100, mig: dynamic, cpus: 16, memory_mb: 65536}\n"
+        "  - {count: 3, gpus: 4, gpu_type: H100, cpus: 8, memory_mb: 32768}\n"
+    )
+    for registered in parse_cluster_spec(spec):
+        ledger.register(registered)
+    cut = pack(H100_80GB, ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]) or ()
+    for node_ledger in ledger.nodes.values():
+        if node_ledger.mig == "dynamic":
+            for gpu in node_ledger.gpus[:3]:
+                gpu.geometry = cut
+    kinds = [
+        TaskAsk("a", thousandths=250, cpus=2),
+        TaskAsk("a", thousandths=500, memory_mb=8192),
+        TaskAsk("b", thousandths=300),
+        TaskAsk("a", mig_profile="1g.10gb", cpus=4),
+        TaskAsk("b", mig_profile="2g.20gb"),
+        TaskAsk("a", whole_gpus=1, cpus=4),
+        TaskAsk("a", cpus=3),
+    ]
+    for number in range(40):
+        ask = rng.choice(kinds)
+        spot = ledger.place(ask, 0.0, packing="best-fit")
+        if spot is not None:
+            ledger.bind(f"h{number}", ask, spot)
+    mix = [(kind.mix_key(), float(rng.randint(1, 5))) for kind in kinds]
+    compared = 0
+    for ask in kinds:
+        for spot in ledger.spots(ask, 0.0):
+            if len(spot.gpus) != 1:
+                continue
+            node = ledger.nodes[spot.node_id]
+            before = node_fragmentation(node, mix, 0.0)
+            ledger.bind("probe", ask, spot)
+            after = node_fragmentation(node, mix, 0.0)
+            ledger.release("probe")
+            fast = ledger._one_gpu_growth(node, ask, spot, mix, 0.0)
+            assert fast == pytest.approx(after - before), (ask, spot)
+            compared += 1
+    assert compared >= 5
