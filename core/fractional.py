@@ -28,7 +28,7 @@ from fractions import Fraction
 
 from core.context import CycleContext, Outcome
 from core.live_sharing import WHOLE_GANG, LiveSharing, holder_of, job_gpus
-from core.mig import Geometry, MigModel
+from core.mig import COMPUTE_SLICES, Geometry, MigModel
 from core.placement import Snapshot
 from core.quota import QuotaBook
 from core.regeometry import hold_s_of, plan_regeometry
@@ -79,6 +79,22 @@ class SharingTrial:
     # Whole free GPUs this cycle decided to cut (out of the snapshot, not yet in the ledger):
     # the headroom still counts them free, as it counts GPUs being re-partitioned.
     cut_whole: int = 0
+
+    def note_bound(self, holders: list[str], spots: list[Spot]) -> None:
+        """A job's holds, kept until the cycle ends; the free MIG count follows its slices
+        (counting again would read every shared GPU once per placement)."""
+        cached = self._mig_free
+        self.bound.extend(holders)
+        if cached is None or cached[0] != len(self.bound) - len(holders):
+            return
+        nodes = self.live.ledger.nodes
+        free = cached[1]
+        for spot in spots:
+            model = nodes[spot.node_id].model
+            if spot.mig is not None and model is not None:
+                compute = model.profiles[spot.mig.profile].compute_slices
+                free -= Fraction(compute, COMPUTE_SLICES)
+        self._mig_free = (len(self.bound), free)
 
     def free_mig_gpus(self) -> Fraction:
         """The free MIG capacity now, exactly (LiveSharing.free_mig_gpus), kept until a bind."""
@@ -251,7 +267,7 @@ def place_fractional(
             trial.reasons[reason_key] = _why_waiting(ctx, ask, need, left)
         outcomes[job.job_id] = trial.reasons[reason_key]
         return False
-    trial.bound.extend(holders)
+    trial.note_bound(holders, spots)
     nodes_by_id = {spot.node_id: ctx.state.node_record(spot.node_id) for spot in spots}
     for spot in spots:
         record = nodes_by_id[spot.node_id]
