@@ -14,6 +14,7 @@ from typing import Any
 
 from core.host import host_rejection
 from core.shape import ranks_per_unit, unit_gpus
+from core.sharing_admission import fraction_rejection
 from schemas.base import Event
 from schemas.jobs import JobAdmitted, JobRejected, JobSpec
 from schemas.nodes import NodeRegistered
@@ -86,6 +87,12 @@ class NodeShape:
     # The host the node declared (None: not declared, not limited).
     cpus: int | None = None
     memory_mb: int | None = None
+    # What slices and shares need to know (core/sharing_admission.py): the GPU model, its MIG
+    # mode and fixed profiles, and each GPU's memory.
+    gpu_model: str | None = None
+    mig: str = "none"
+    mig_profiles: tuple[str, ...] = ()
+    gpu_memory_mb: tuple[int, ...] = ()
 
 
 @dataclass
@@ -131,6 +138,10 @@ class AdmissionCatalog:
             event.block,
             event.cpus,
             event.memory_mb,
+            event.gpu_model,
+            event.mig,
+            tuple(event.mig_profiles),
+            tuple(gpu.memory_mb for gpu in sorted(event.gpus, key=lambda g: g.index)),
         )
         if self.nodes.get(event.node_id) != shape:
             self.nodes[event.node_id] = shape
@@ -240,7 +251,8 @@ def capacity_rejection(
     spec: JobSpec, catalog: AdmissionCatalog, chain: Sequence[QueueLimits]
 ) -> tuple[RejectCode, str] | None:
     """What no wait can fix: a gang over a ceiling of its queue chain, or larger than the
-    fleet (CPUs and memory included) could ever hold; None when the job could run some day.
+    fleet (CPUs and memory included) could ever hold, a MIG profile no node offers, a share of
+    more GPU memory than any GPU has; None when the job could run some day.
 
     Admission judges it over the log; the API judges it too, over the same catalog folded from
     the events it reads, to answer 422 at submit instead of a 201 for a job rejected a moment
@@ -248,6 +260,9 @@ def capacity_rejection(
     host = host_rejection(spec, catalog.nodes.values())
     if host is not None:
         return host
+    if spec.fractional:
+        # Slices and shares: their MIG profile or GPU memory, counted in exact fractions.
+        return fraction_rejection(spec, catalog.nodes.values(), chain)
     if spec.gpus_per_task == 0:
         # A CPU-only task (DESIGN §8): no GPU rule applies; core/host.py places it.
         return None

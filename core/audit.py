@@ -28,9 +28,11 @@ each violation with the log positions of the events involved.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from core.audit_sharing import SharingAudit
 from core.estimates import RuntimeEstimates
+from core.live_sharing import GpuAmount, is_fractional, placement_gpus
 from core.policy import SchedulingPolicy
 from core.shape import Shape, ranks_per_unit, shape_of
 from schemas.base import Event
@@ -154,6 +156,8 @@ class _Job:
     queue: str
     terminal_at: int | None = None
     gang: list[tuple[str, int]] = field(default_factory=list)
+    # What the gang's slices and shares hold, exactly (1/7 a 1g slice of an H100).
+    fraction: Fraction = Fraction(0)
     # The current attempt's GPUs per rank, to know where its TaskStarted ranks run.
     rank_gpus: dict[int, tuple[int, ...]] = field(default_factory=dict)
     gang_at: int | None = None
@@ -453,6 +457,7 @@ class Auditor:
         if job.gang:
             self._usage[job.queue] = self._usage.get(job.queue, 0) - len(job.gang)
         job.gang = []
+        job.fraction = Fraction(0)
         job.gang_at = None
         self._with_gang.discard(job_id)
         job.started_at = None
@@ -565,6 +570,9 @@ class Auditor:
         for slot in slots:
             self._bound.setdefault(slot, (job_id, position))
         job.gang = slots
+        job.fraction = sum(
+            (Fraction(placement_gpus(p)) for p in ranks if is_fractional(p)), Fraction(0)
+        )
         job.rank_gpus = {
             p.rank: tuple(p.gpus) if p.mig is None and p.share is None else () for p in ranks
         }
@@ -669,8 +677,15 @@ class Auditor:
         return self._excess(queue, gpus, usage)
 
     def _borrowing(self, queue: str) -> bool:
-        """Whether the queue holds more than its guarantee, net of gangs under eviction."""
-        return self._subtree(queue, self._staying()) > self._guarantee(queue)
+        """Whether the queue holds more than its guarantee, net of gangs under eviction; its
+        slices and shares count exactly, as the core's quota book counts them."""
+        held: GpuAmount = self._subtree(queue, self._staying())
+        for job_id, job in self._jobs.items():
+            if not job.fraction or queue not in self._chain(job.queue):
+                continue
+            if not job.preempting or job_id in self._plan_victims:
+                held += job.fraction
+        return held > self._guarantee(queue)
 
     # ---------------------------------------------------------------- §3: preemption
 
@@ -705,6 +720,11 @@ class Auditor:
                 victim.gang_at or position,
                 position,
             )
+        if preemptor.spec.fractional:
+            # A slice's or share's room is a MIG instance or part of a GPU, which this model
+            # of whole GPUs cannot judge (SharingAudit checks how GPUs are shared): the idle
+            # capacity and borrowers-first rules do not judge slice and share preemptors.
+            return
         shape = shape_of(preemptor.spec)
         if (
             not self._plan_victims

@@ -7,9 +7,10 @@ The cycle (core/cycle.py) opens a `sharing_trial` beside its snapshot of free wh
   wakes up then);
 - `place_fractional` (called by the place phase for a slice or share job, in queue order) binds
   each task of the job to a free MIG instance, or to a soft-shared GPU of the job's own team
-  with room, the fullest first (best fit: idle GPUs stay whole for gangs), or else converts a
-  whole free GPU to soft sharing, on the node with the fewest free GPUs; the gang is bound whole
-  or not at all, and its GangReserved names each rank's slice or share;
+  with room, where the held mix's fragmentation grows least (FGD over the best-fit shortlist:
+  idle GPUs stay whole for gangs), or else converts a whole free GPU to soft sharing, on the
+  node with the fewest free GPUs; the gang is bound whole or not at all, and its GangReserved
+  names each rank's slice or share;
 - `plan_repartitions` (after placing) asks core/regeometry.py for re-partitions of idle GPUs for
   slices that found no instance, or for a whole GPU back for the blocked head; each is a
   GpuGeometryChanged decision with its cost, and the waiting slices say when it is ready.
@@ -23,23 +24,25 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from fractions import Fraction
 
 from core.context import CycleContext, Outcome
 from core.live_sharing import WHOLE_GANG, LiveSharing, holder_of, job_gpus
-from core.mig import Geometry, MigModel
+from core.mig import COMPUTE_SLICES, Geometry, MigModel
 from core.placement import Snapshot
 from core.quota import QuotaBook
 from core.regeometry import hold_s_of, plan_regeometry
 from core.sharing import (
     FULL,
+    CheapKey,
     NodeLedger,
     Spot,
     TaskAsk,
     ask_of,
     free_thousandths,
-    gpu_spots,
     share_memory_mb,
 )
+from core.slo import headroom_free, headroom_refuses, keeps_headroom
 from core.state import CoreJob
 from schemas.jobs import GangReserved, GpuShare, JobSpec, MigSlice, RankPlacement
 
@@ -68,6 +71,38 @@ class SharingTrial:
     reasons: dict[tuple[object, ...], Outcome] = field(default_factory=dict)
     never: dict[tuple[object, ...], str | None] = field(default_factory=dict)
     hold_ends: list[float | None] = field(default_factory=list)
+    # Slice and share jobs that found no room this cycle, in queue order (preemption may make
+    # room: core/share_preemption.py).
+    blocked: list[CoreJob] = field(default_factory=list)
+    # (binds so far, free MIG capacity then): the headroom's count, kept while nothing binds.
+    _mig_free: tuple[int, Fraction] | None = None
+    # Whole free GPUs this cycle decided to cut (out of the snapshot, not yet in the ledger):
+    # the headroom still counts them free, as it counts GPUs being re-partitioned.
+    cut_whole: int = 0
+
+    def note_bound(self, holders: list[str], spots: list[Spot]) -> None:
+        """A job's holds, kept until the cycle ends; the free MIG count follows its slices
+        (counting again would read every shared GPU once per placement)."""
+        cached = self._mig_free
+        self.bound.extend(holders)
+        if cached is None or cached[0] != len(self.bound) - len(holders):
+            return
+        nodes = self.live.ledger.nodes
+        free = cached[1]
+        for spot in spots:
+            model = nodes[spot.node_id].model
+            if spot.mig is not None and model is not None:
+                compute = model.profiles[spot.mig.profile].compute_slices
+                free -= Fraction(compute, COMPUTE_SLICES)
+        self._mig_free = (len(self.bound), free)
+
+    def free_mig_gpus(self) -> Fraction:
+        """The free MIG capacity now, exactly (LiveSharing.free_mig_gpus), kept until a bind."""
+        cached = self._mig_free
+        if cached is None or cached[0] != len(self.bound):
+            cached = (len(self.bound), self.live.free_mig_gpus(self.sharing_nodes(), self.now))
+            self._mig_free = cached
+        return cached[1] + self.cut_whole
 
     def sharing_nodes(self) -> set[str]:
         return self.live.sharing_nodes | self.touched if self.touched else self.live.sharing_nodes
@@ -93,6 +128,7 @@ def sharing_trial(ctx: CycleContext, snap: Snapshot) -> Iterator[SharingTrial]:
                     continue
                 ledger.release(holder)
                 trial.released.append((holder, found[0], found[1]))
+                _whole_again(ctx, snap, trial, found[1])
         for node_id in sorted(live.sharing_nodes):
             node = ledger.nodes[node_id]
             record = ctx.state.node_record(node_id)
@@ -109,12 +145,27 @@ def sharing_trial(ctx: CycleContext, snap: Snapshot) -> Iterator[SharingTrial]:
     finally:
         for node_id, gpu_index in trial.unmarked:
             ledger.nodes[node_id].gpus[gpu_index].whole = WHOLE_GANG
+            ledger.changed(node_id)
         for holder in reversed(trial.bound):
             ledger.release(holder)
         for holder, ask, spot in reversed(trial.released):
             if holder not in ledger.holders:
                 ledger.bind(holder, ask, spot)
         ctx.sharing = None
+
+
+def _whole_again(ctx: CycleContext, snap: Snapshot, trial: SharingTrial, spot: Spot) -> None:
+    """A soft-shared GPU whose last share this cycle released is a whole free GPU in this very
+    cycle (the state's masks say so only once the release is folded)."""
+    if spot.mig is not None or not spot.gpus:
+        return
+    node = trial.live.ledger.nodes.get(spot.node_id)
+    record = ctx.state.node_record(spot.node_id)
+    if node is None or record is None:
+        return
+    gpu = node.gpus[spot.gpus[0]]
+    if gpu.idle and not gpu.geometry and gpu.healthy and ctx.now >= gpu.busy_until:
+        snap.release(record.index, 1 << gpu.index)
 
 
 def _release_whole(ctx: CycleContext, trial: SharingTrial, job: CoreJob) -> None:
@@ -132,6 +183,7 @@ def _release_whole(ctx: CycleContext, trial: SharingTrial, job: CoreJob) -> None
             if mask >> gpu.index & 1 and gpu.whole == WHOLE_GANG:
                 gpu.whole = None
                 trial.unmarked.append((node.node_id, gpu.index))
+                ledger.changed(node.node_id)
 
 
 # ---------------------------------------------------------------------- placing
@@ -186,6 +238,8 @@ def place_fractional(
     spots: list[Spot] = []
     holders: list[str] = []
     attempt = job.attempt + 1
+    # What the inference headroom counts free before this job binds (core/slo.py).
+    free_before = headroom_free(ctx, snap) if keeps_headroom(ctx, job) else None
     if key not in trial.failed:
         for rank in range(spec.tasks):
             spot = find_spot(ctx, snap, ask)
@@ -196,10 +250,15 @@ def place_fractional(
             holders.append(holder)
             spots.append(spot)
             trial.touched.add(spot.node_id)
+    if len(spots) == spec.tasks and headroom_refuses(ctx, snap, job, spots, free_before, quota):
+        for holder in holders:
+            ledger.release(holder)
+        return False
     if len(spots) < spec.tasks:
         for holder in holders:
             ledger.release(holder)
         trial.failed.add(key)
+        trial.blocked.append(job)
         left = spec.tasks - len(spots)
         if ask.kind == "mig":
             trial.unplaced_slices.append((job, ask, spec.tasks))
@@ -208,7 +267,7 @@ def place_fractional(
             trial.reasons[reason_key] = _why_waiting(ctx, ask, need, left)
         outcomes[job.job_id] = trial.reasons[reason_key]
         return False
-    trial.bound.extend(holders)
+    trial.note_bound(holders, spots)
     nodes_by_id = {spot.node_id: ctx.state.node_record(spot.node_id) for spot in spots}
     for spot in spots:
         record = nodes_by_id[spot.node_id]
@@ -247,36 +306,35 @@ def _rank(rank: int, spot: Spot, ask: TaskAsk) -> RankPlacement:
 def find_spot(ctx: CycleContext, snap: Snapshot, ask: TaskAsk) -> Spot | None:
     """Where one slice or share task goes now, or None.
 
-    A free instance of its profile, or a soft-shared GPU of its team with room: the fullest GPU
-    first, then the node with the fewest free whole GPUs (best fit: idle GPUs and nodes stay
-    whole for gangs). A share with no such GPU converts a whole free GPU (`_convert`)."""
+    A free instance of its profile, or a soft-shared GPU of its team with room. Ranked best
+    fit (the fullest GPU first, then the node with the fewest idle GPUs: idle GPUs and nodes
+    stay whole for gangs); with `sharing_packing: fgd` (the default) the first
+    `sharing_shortlist` of them are scored by FGD and the task goes where the fragmentation of
+    the held mix grows least (ties: best-fit order). A share with no such GPU converts a whole
+    free GPU (`_convert`): the last resort under either packing."""
     trial = ctx.sharing
     if trial is None:
         return None
     ledger = trial.live.ledger
     now = ctx.now
-    best: tuple[tuple[int, int, str, int, int], Spot] | None = None
-    for node_id in trial.sharing_nodes():
-        node = ledger.nodes[node_id]
-        record = ctx.state.node_record(node_id)
-        if record is None:
-            continue
-        for spot in gpu_spots(node, ask, now):
-            gpu = node.gpus[spot.gpus[0]]
-            if ask.kind == "share" and not gpu.shares:
-                continue  # an idle GPU: converting one is the last resort, below
-            start = spot.mig.start if spot.mig is not None else 0
-            key = (
-                free_thousandths(node, gpu, now),
-                snap.count.get(record.index, 0),
-                node_id,
-                spot.gpus[0],
-                start,
-            )
-            if best is None or key < best[0]:
-                best = (key, spot)
-    if best is not None:
-        return best[1]
+    fgd = ctx.policy.sharing_packing == "fgd"
+    # The ledger's free-capacity index ranks the spots reading a few nodes (core/
+    # sharing_index.py); an idle GPU offers a share too, ranked last (all of it free): that is
+    # a conversion, the last resort below, which keeps the head's reservation.
+    first = max(1, ctx.policy.sharing_shortlist) if fgd else 1
+    ranked: list[tuple[CheapKey, Spot]] = []
+    for key, spot in ledger.ranked(ask, now):
+        if ask.kind == "share" and key[0] >= FULL:
+            break  # idle GPUs from here on (all of them free)
+        ranked.append((key, spot))
+        if len(ranked) >= first:
+            break
+    if len(ranked) > 1:
+        # FGD over the best-fit shortlist: where the held mix's fragmentation grows least.
+        spots = [spot for _, spot in ranked]
+        return ledger.least_fragmenting(ask, spots, ledger.mix_with(ask), now)
+    if ranked:
+        return ranked[0][1]
     if ask.kind == "share":
         return _convert(ctx, snap, ask)
     return None
@@ -365,6 +423,7 @@ def plan_repartitions(ctx: CycleContext, snap: Snapshot, blocked: list[CoreJob])
             if not free & bit or record.index in snap.reserved:
                 continue
             snap.set_free(record.index, free & ~bit)
+            trial.cut_whole += 1
         ctx.emit(decision.event())
         ready = ctx.now + decision.reconfigure_s
         ctx.wakeups.append(ready)

@@ -19,6 +19,7 @@ A rank that still runs when its gang is released keeps its slice or share until 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from fractions import Fraction
 
@@ -100,7 +101,9 @@ def ask_of_placement(placement: RankPlacement, spec: JobSpec | None, team: str) 
 class LiveSharing:
     """The live state's sharing ledger and what it holds for whom."""
 
-    ledger: SharingLedger = field(default_factory=SharingLedger)
+    # Indexed (core/sharing_index.py): the cycle ranks a task's spots by reading a few nodes,
+    # not every GPU; whatever changes a node's GPUs here says so (`changed`).
+    ledger: SharingLedger = field(default_factory=lambda: SharingLedger(indexed=True))
     # job id → its ranks' holders (rank → holder) of the current gang.
     by_job: dict[str, dict[int, str]] = field(default_factory=dict)
     # Ranks of released gangs that still run: their holds stay until they exit.
@@ -124,6 +127,7 @@ class LiveSharing:
             known.reconfigure_s = event.reconfigure_s
             known.cpus = event.cpus
             known.memory_mb = event.memory_mb
+            self.ledger.changed(event.node_id)
             return
         self.ledger.register(event)
         self._synced.pop(event.node_id, None)
@@ -137,6 +141,7 @@ class LiveSharing:
         geometry = [MigInstance(i.start, i.profile) for i in event.geometry]
         self.ledger.set_geometry(event.node_id, event.gpu_index, geometry, at)
         node.gpus[event.gpu_index].busy_until = at + event.reconfigure_s
+        self.ledger.changed(event.node_id)
         self._note(event.node_id)
         return True
 
@@ -230,6 +235,7 @@ class LiveSharing:
             if gpu.slices or gpu.shares:
                 continue
             gpu.whole = WHOLE_GANG if busy_mask & bit else None
+        self.ledger.changed(node_id)
 
     # ------------------------------------------------------------- views
 
@@ -246,6 +252,33 @@ class LiveSharing:
             if gpu.geometry or gpu.shares or gpu.slices:
                 mask |= 1 << gpu.index
         return mask
+
+    def free_mig_gpus(self, node_ids: Iterable[str], now: float) -> Fraction:
+        """The free MIG capacity of these nodes, exactly: each GPU in MIG mode counts its
+        compute slices no slice holds, n/7 (an idle cut GPU 7/7). A GPU being re-partitioned
+        counts what it will offer (it holds nothing, and evicting others would not make it
+        serve sooner). Room on a soft-shared GPU is not counted: only its team may use it."""
+        free = Fraction(0)
+        nodes = self.ledger.nodes
+        for node_id in node_ids:
+            node = nodes.get(node_id)
+            if node is None or not node.schedulable or node.model is None:
+                continue
+            profiles = node.model.profiles
+            for gpu in node.gpus:
+                if not gpu.healthy:
+                    continue
+                if not gpu.geometry:
+                    if now < gpu.busy_until and gpu.idle:
+                        free += 1  # going back to whole: out of the snapshot until then
+                    continue
+                held = sum(
+                    profiles[i.profile].compute_slices
+                    for i in gpu.geometry
+                    if i.start in gpu.slices and i.profile in profiles
+                )
+                free += Fraction(COMPUTE_SLICES - held, COMPUTE_SLICES)
+        return free
 
     def spots_of(self, job_id: str) -> list[Spot]:
         """Where the job's slices and shares are (its GPU each), rank by rank."""

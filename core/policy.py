@@ -78,6 +78,11 @@ class SchedulingPolicy:
     inference_class: str = "inference-critical"
     inference_headroom_gpus: int = 0
     inference_max_victim_gpus: int = 8
+    # Slices and shares (core/fractional.py): `fgd` places each task where the fragmentation
+    # of the held mix grows least, among the `sharing_shortlist` best-fit spots; `best-fit`
+    # takes the first of them (the FGD paper's baseline).
+    sharing_packing: Literal["fgd", "best-fit"] = "fgd"
+    sharing_shortlist: int = 16
     # Attained service (core/attained.py, Tiresias' 2D-LAS): a job's GPU-seconds received so
     # far, all attempts together, put it on a level; level k holds service below the k-th
     # threshold. Within a queue and class, a lower level goes first (then age).

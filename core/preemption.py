@@ -247,6 +247,8 @@ def plan_preemption(
             continue
         if not victim.bound_gpus and not shape.asks_host:
             continue  # a CPU-only gang frees nothing a gang of GPUs alone could use
+        if not shape.asks_host and not any(mask for _, mask in victim.ranks):
+            continue  # slices and shares free no whole GPU (core/share_preemption.py)
         if borrower and len(borrowers) < MAX_CANDIDATES:
             borrowers.append(victim)
         if len(everyone) < MAX_CANDIDATES:

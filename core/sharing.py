@@ -384,6 +384,10 @@ class SharingLedger:
         self.nodes: dict[str, NodeLedger] = {}
         # holder → (ask, spot), to release it.
         self.holders: dict[str, tuple[TaskAsk, Spot]] = {}
+        # The task types of the slices and shares held now, with their counts: the mix the
+        # live cycle measures fragmentation against (folded from the same binds and releases
+        # as the ledger, so a restarted scheduler measures the same).
+        self.held_mix: Counter[TaskAsk] = Counter()
         self._index: SpotIndex | None = None
         if indexed:
             self.reindex()
@@ -460,28 +464,142 @@ class SharingLedger:
             return None
         if packing != "fgd":
             return cheap[0][1]
+        return self.least_fragmenting(ask, [spot for _, spot in cheap[:shortlist]], weights, now)
+
+    def least_fragmenting(
+        self,
+        ask: TaskAsk,
+        spots: Sequence[Spot],
+        mix: Sequence[tuple[TaskAsk, float]],
+        now: float,
+    ) -> Spot | None:
+        """FGD's choice among `spots` (in best-fit order): where the fragmentation of the mix
+        grows least; ties go to the earlier spot."""
         best: tuple[tuple[float, int], Spot] | None = None
         before: dict[str, float] = {}
-        # Nodes in the same state fragment alike (most shortlisted nodes are): measured once.
-        measured: dict[tuple[object, ...], float] = {}
+        # Nodes in the same state fragment alike: with many spots (place's shortlist of 64 on
+        # a large cluster, most of its nodes alike) each state is measured once; a short list
+        # measures directly (keying a node's state costs about as much as measuring it).
+        measured: dict[tuple[object, ...], float] | None = {} if len(spots) > 16 else None
 
         def fragmentation(node: NodeLedger) -> float:
+            if measured is None:
+                return node_fragmentation(node, mix, now)
             key = fragmentation_key(node, now)
             value = measured.get(key)
             if value is None:
-                value = measured[key] = node_fragmentation(node, weights, now)
+                value = measured[key] = node_fragmentation(node, mix, now)
             return value
 
-        for order, (_, spot) in enumerate(cheap[:shortlist]):
+        for order, spot in enumerate(spots):
             node = self.nodes[spot.node_id]
-            if spot.node_id not in before:
-                before[spot.node_id] = fragmentation(node)
-            self._take(node, ask, spot, "?")
-            growth = fragmentation(node) - before[spot.node_id]
-            self._give_back(node, ask, spot, "?")
+            if len(spot.gpus) == 1:
+                # One GPU changes: only its part of the measure (and the node's) is measured.
+                growth = self._one_gpu_growth(node, ask, spot, mix, now)
+            else:
+                if spot.node_id not in before:
+                    before[spot.node_id] = fragmentation(node)
+                self._take(node, ask, spot, "?")
+                growth = fragmentation(node) - before[spot.node_id]
+                self._give_back(node, ask, spot, "?")
             if best is None or (growth, order) < best[0]:
                 best = ((growth, order), spot)
         return None if best is None else best[1]
+
+    def _one_gpu_growth(
+        self,
+        node: NodeLedger,
+        ask: TaskAsk,
+        spot: Spot,
+        mix: Sequence[tuple[TaskAsk, float]],
+        now: float,
+    ) -> float:
+        """`node_fragmentation` after taking `spot` less before, for a spot on one GPU: the
+        other GPUs' parts of a per-GPU sum do not change, so only this GPU's and the node's
+        totals are read (the same value, in a fraction of the time; a test compares them)."""
+        gpu = node.gpus[spot.gpus[0]]
+
+        def facts() -> tuple[int, int, int, list[bool], list[bool]]:
+            free_here = free_thousandths(node, gpu, now)
+            total = sum(free_thousandths(node, g, now) for g in node.gpus)
+            whole = sum(1 for g in node.gpus if _whole_free(node, g, now))
+            hosts = [node.fits_host(t) for t, _ in mix]
+            usable = [
+                t.kind in ("mig", "share") and _gpu_usable_by(node, gpu, t, now) for t, _ in mix
+            ]
+            return free_here, total, whole, hosts, usable
+
+        was = facts()
+        self._take(node, ask, spot, "?")
+        try:
+            now_is = facts()
+            # A type whose per-GPU sum must be read whole: its node stops (or starts) hosting it.
+            full_after = [
+                node_fragmentation(node, [entry], now) if was[3][i] != now_is[3][i] else 0.0
+                for i, entry in enumerate(mix)
+            ]
+        finally:
+            self._give_back(node, ask, spot, "?")
+        full_before = [
+            node_fragmentation(node, [entry], now) if was[3][i] != now_is[3][i] else 0.0
+            for i, entry in enumerate(mix)
+        ]
+        weight_sum = sum(weight for _, weight in mix)
+        growth = 0.0
+        for i, (task, weight) in enumerate(mix):
+            kind = task.kind
+            if kind == "cpu":
+                continue
+            if was[3][i] != now_is[3][i]:
+                growth += weight * (full_after[i] - full_before[i])
+                continue
+            if not node.of_type(task) or not was[3][i]:
+                lost_before, lost_after = float(was[1]), float(now_is[1])
+            elif kind == "whole":
+                lost_before = float(was[1] if was[2] < task.whole_gpus else was[1] - was[2] * FULL)
+                lost_after = float(
+                    now_is[1] if now_is[2] < task.whole_gpus else now_is[1] - now_is[2] * FULL
+                )
+            else:
+                lost_before = float(was[0] if was[0] and not was[4][i] else 0)
+                lost_after = float(now_is[0] if now_is[0] and not now_is[4][i] else 0)
+            growth += weight * (lost_after - lost_before)
+        return growth / weight_sum if weight_sum else 0.0
+
+    def mix_with(self, ask: TaskAsk, types: int = 16) -> list[tuple[TaskAsk, float]]:
+        """The held slices' and shares' mix (its `types` most common task types) with the
+        ask's own type: what a live placement measures fragmentation against."""
+        key = ask.mix_key()
+        weights = [(held, float(count)) for held, count in self.held_mix.most_common(types)]
+        if all(held != key for held, _ in weights):
+            weights.append((key, 1.0))
+        return weights
+
+    def ranked(self, ask: TaskAsk, now: float) -> Iterator[tuple[CheapKey, Spot]]:
+        """The ask's spots in `place`'s best-fit order, each with its key, read lazily: with
+        the index, a caller that stops early reads only the nodes it needed."""
+        if self._index is None:
+            yield from self._ranked(ask, now, len(self.nodes) * 64 + 1)
+            return
+        from core.sharing_index import StaleIndex
+
+        given: set[Spot] = set()
+        try:
+            for key, spot in self._index.ranked(ask, now):
+                given.add(spot)
+                yield key, spot
+            return
+        except StaleIndex:
+            self.reindex()
+        # A ledger changed behind the index's back: the plain ranking, past what was given.
+        index, self._index = self._index, None
+        try:
+            rest = self._ranked(ask, now, len(self.nodes) * 64 + 1)
+        finally:
+            self._index = index
+        for key, spot in rest:
+            if spot not in given:
+                yield key, spot
 
     def _ranked(self, ask: TaskAsk, now: float, first: int) -> list[tuple[CheapKey, Spot]]:
         """The `first` spots of the ask by `cheap_key`, one for GPUs of a node alike."""
@@ -511,6 +629,8 @@ class SharingLedger:
             raise ValueError(f"{holder} is already placed")
         self._take(self.nodes[spot.node_id], ask, spot, holder)
         self.holders[holder] = (ask, spot)
+        if ask.kind in ("mig", "share"):
+            self.held_mix[ask.mix_key()] += 1
         self.changed(spot.node_id)
 
     def release(self, holder: str) -> None:
@@ -518,6 +638,11 @@ class SharingLedger:
         found = self.holders.pop(holder, None)
         if found is not None:
             ask, spot = found
+            if ask.kind in ("mig", "share"):
+                key = ask.mix_key()
+                self.held_mix[key] -= 1
+                if self.held_mix[key] <= 0:
+                    del self.held_mix[key]
             node = self.nodes.get(spot.node_id)
             if node is not None:
                 self._give_back(node, ask, spot, holder)

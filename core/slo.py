@@ -7,7 +7,10 @@ must already be free when it arrives, and the victims pay *after*:
 - **Headroom.** The admin keeps `inference_headroom_gpus` free GPUs that no other class may
   take (`headroom_blocks`: a placement of another class that would leave fewer free waits,
   `inference_headroom`). An inference-critical gang lands there at once, in the cycle after
-  its admission.
+  its admission. The headroom counts in exact fractions (`headroom_free`): free whole GPUs and
+  the free compute of MIG GPUs (a free 1g slice of an H100 is 1/7); a slice of another class
+  takes its n/7 of it, a share that turns a free GPU soft-shared takes the whole GPU
+  (`headroom_refuses`), and an inference slice uses only its part.
 - **Refill.** Once it has its GPUs, the headroom is short; `refill_headroom` evicts
   preemptible work to restore it, with the usual checkpoint grace: the victims checkpoint
   *after* the inference job has started. Only borrowed capacity and best-effort work is taken
@@ -26,10 +29,16 @@ hardware allows) make that headroom a fraction of a GPU per replica.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from fractions import Fraction
+
 from core.context import CycleContext, Outcome
+from core.live_sharing import GpuAmount
+from core.mig import COMPUTE_SLICES
 from core.placement import Allocation, Shape, Snapshot
 from core.policy import SchedulingPolicy
 from core.quota import QuotaBook
+from core.sharing import Spot
 from core.state import CoreJob
 from schemas.jobs import PreemptionRequested
 from schemas.reasons import DeferCode
@@ -40,6 +49,25 @@ REFILL_REASON = "restoring the GPUs kept free for inference-critical work"
 
 def is_inference(job: CoreJob, policy: SchedulingPolicy) -> bool:
     return job.priority == policy.inference_class
+
+
+def keeps_headroom(ctx: CycleContext, job: CoreJob) -> bool:
+    """Whether the job must leave the headroom alone (any class but the inference one)."""
+    policy = ctx.policy
+    return (
+        policy.inference_headroom_gpus > 0 and not policy.is_fifo and not is_inference(job, policy)
+    )
+
+
+def headroom_free(ctx: CycleContext, snap: Snapshot) -> GpuAmount:
+    """The capacity the headroom counts free, exactly: free whole GPUs, and the compute of MIG
+    GPUs no slice holds (a free 1g slice of an H100 is 1/7 of a GPU). Room left on a
+    soft-shared GPU is not counted: only its own team may use it, so it is no headroom for
+    an inference job of another team."""
+    trial = ctx.sharing
+    if trial is None:
+        return snap.total_free
+    return snap.total_free + trial.free_mig_gpus()
 
 
 def headroom_blocks(
@@ -55,12 +83,52 @@ def headroom_blocks(
 
     A job its queue's guarantee covers may take it (invariant 4: a team always reaches its
     guarantee); the refill then takes the headroom back from borrowed work."""
-    policy = ctx.policy
-    headroom = policy.inference_headroom_gpus
-    if headroom <= 0 or policy.is_fifo or shape.cpu_only or is_inference(job, policy):
+    if shape.cpu_only or not keeps_headroom(ctx, job):
         return False
     taken = sum(units for _, units in allocation) * shape.unit_gpus
-    if snap.total_free - taken >= headroom:
+    return _eats_headroom(ctx, job, headroom_free(ctx, snap), taken, quota)
+
+
+def headroom_refuses(
+    ctx: CycleContext,
+    snap: Snapshot,
+    job: CoreJob,
+    spots: Sequence[Spot],
+    free_before: GpuAmount | None,
+    quota: QuotaBook,
+) -> bool:
+    """`headroom_blocks` for a slice or share job about to bind `spots`, in exact fractions:
+    a whole free GPU it turns soft-shared takes 1 from the headroom's count, a slice its
+    compute (n/7), a share beside others of its team nothing (that room was not counted)."""
+    trial = ctx.sharing
+    if free_before is None or trial is None or not keeps_headroom(ctx, job):
+        return False
+    nodes = trial.live.ledger.nodes
+    taken: GpuAmount = 0
+    converted: set[tuple[str, int]] = set()
+    for spot in spots:
+        if spot.mig is not None:
+            model = nodes[spot.node_id].model
+            if model is not None:
+                slices = model.profiles[spot.mig.profile].compute_slices
+                taken += Fraction(slices, COMPUTE_SLICES)
+            continue
+        record = ctx.state.node_record(spot.node_id)
+        where = (spot.node_id, spot.gpus[0])
+        if record is None or where in converted:
+            continue
+        if snap.free.get(record.index, 0) >> spot.gpus[0] & 1:
+            converted.add(where)
+            taken += 1
+    return _eats_headroom(ctx, job, free_before, taken, quota)
+
+
+def _eats_headroom(
+    ctx: CycleContext, job: CoreJob, free: GpuAmount, taken: GpuAmount, quota: QuotaBook
+) -> bool:
+    policy = ctx.policy
+    headroom = policy.inference_headroom_gpus
+    if not taken or free - taken >= headroom:
         return False
     if job.priority != policy.idle_only_priority and quota.within_guarantee(job.queue, taken):
         return False
@@ -112,7 +180,7 @@ def refill_headroom(ctx: CycleContext, snap: Snapshot, quota: QuotaBook) -> None
         if job.job_id not in ctx.released
         and (job.state == "preempting" or job.job_id in ctx.handled)
     )
-    short = headroom - snap.total_free - leaving
+    short = headroom - headroom_free(ctx, snap) - leaving
     if short <= 0:
         return
     top = policy.priority_class(policy.inference_class).rank

@@ -69,6 +69,9 @@ RejectCode = Literal[
     "gang_too_large",
     "priority_not_allowed",  # the team's policy does not grant this priority class
     "non_preemptible_not_allowed",  # the team's policy does not allow non-preemptible jobs
+    "mig_profile_unavailable",  # no node offers the job's MIG profile
+    "gpu_share_unavailable",  # every GPU of the job's type has a fixed MIG geometry
+    "gpu_memory_too_large",  # a share asks more GPU memory than any GPU has
     # No longer decided (CPU-only tasks are scheduled): kept for events recorded before.
     "cpu_only_unsupported",
 ]

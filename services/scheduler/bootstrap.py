@@ -48,6 +48,7 @@ async def wired(settings: SchedulerSettings) -> AsyncIterator[Wiring]:
             retry_backoff_cap_s=settings.scheduler_retry_backoff_cap_s,
             inference_headroom_gpus=settings.scheduler_inference_headroom_gpus,
             inference_max_victim_gpus=settings.scheduler_inference_max_victim_gpus,
+            sharing_packing=settings.scheduler_sharing_packing,
         )
         yield Wiring(
             store=EventStore(pool, producer=settings.service_name),

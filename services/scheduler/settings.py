@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from typing import Literal
 
 from pydantic import Field
 
@@ -34,5 +35,7 @@ class SchedulerSettings(Settings):
     # largest gang (GPUs) preemption may evict for it.
     scheduler_inference_headroom_gpus: int = Field(default=0, ge=0)
     scheduler_inference_max_victim_gpus: int = Field(default=8, ge=1)
+    # Slices and shares (core/fractional.py): FGD over the best-fit shortlist, or best fit.
+    scheduler_sharing_packing: Literal["fgd", "best-fit"] = "fgd"
     # How often a standby tries the lock and catches up with the log meanwhile.
     scheduler_standby_poll_s: float = Field(default=0.5, gt=0)

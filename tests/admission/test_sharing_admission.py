@@ -5,6 +5,7 @@ from __future__ import annotations
 from core.admission import AdmissionCatalog, admit
 from schemas.jobs import JobAdmitted, JobRejected, JobSpec
 from schemas.nodes import NodeRegistered
+from schemas.teams import TeamCreated
 from tests.admission.test_admission_rules import CLASSES, catalog, job, node, rejection
 
 __all__ = ["catalog"]
@@ -22,9 +23,89 @@ def declared(catalog: AdmissionCatalog) -> AdmissionCatalog:
     return catalog
 
 
+def mig_node(node_id: str, mig: str = "dynamic", profiles: tuple[str, ...] = (),
+             gpus: int = 8, memory_mb: int = 81_559) -> NodeRegistered:  # fmt: skip
+    """An H100 80GB node in MIG mode (`dynamic`, or `fixed` with `profiles` on every GPU)."""
+    event = node(node_id, gpus=gpus)
+    return event.model_copy(
+        update={
+            "gpu_model": "H100-80GB",
+            "mig": mig,
+            "mig_profiles": list(profiles),
+            "gpus": [g.model_copy(update={"memory_mb": memory_mb}) for g in event.gpus],
+        }
+    )
+
+
 def test_slice_and_share_jobs_are_admitted(catalog: AdmissionCatalog) -> None:
+    catalog.apply(mig_node("m0"))
     for spec in (job(mig_profile="1g.10gb", tasks=7), job(gpu_fraction=0.25)):
         assert isinstance(admit("j1", spec, catalog, CLASSES), JobAdmitted)
+
+
+def test_a_slice_job_on_a_fleet_without_mig_is_refused(catalog: AdmissionCatalog) -> None:
+    """The fixture's fleet has no GPU in MIG mode: the job could never run, so it is refused
+    (it used to be admitted and wait for ever as `unsatisfiable`)."""
+    result = admit("j1", job(mig_profile="1g.10gb"), catalog, CLASSES)
+    assert rejection(result) == "mig_profile_unavailable"
+    assert isinstance(result, JobRejected) and "1g.10gb" in result.reason
+
+
+def test_a_profile_only_a_fixed_geometry_lacks_is_refused(catalog: AdmissionCatalog) -> None:
+    """A fixed geometry of seven 1g.10gb offers no 3g.40gb; once a dynamic node joins it may."""
+    catalog.apply(mig_node("f0", mig="fixed", profiles=("1g.10gb",) * 7))
+    assert isinstance(admit("j1", job(mig_profile="1g.10gb"), catalog, CLASSES), JobAdmitted)
+    assert rejection(admit("j2", job(mig_profile="3g.40gb"), catalog, CLASSES)) == (
+        "mig_profile_unavailable"
+    )
+    catalog.apply(mig_node("m0"))
+    assert isinstance(admit("j3", job(mig_profile="3g.40gb"), catalog, CLASSES), JobAdmitted)
+
+
+def test_a_slice_gang_counts_slices_not_gpus(catalog: AdmissionCatalog) -> None:
+    """One 1-GPU MIG node holds 7 1g.10gb slices or 2 3g.40gb: a gang of 7 fits, of 8 never."""
+    catalog.apply(mig_node("m0", gpus=1))
+    assert isinstance(admit("j1", job(mig_profile="1g.10gb", tasks=7), catalog, CLASSES),
+                      JobAdmitted)  # fmt: skip
+    assert rejection(admit("j2", job(mig_profile="1g.10gb", tasks=8), catalog, CLASSES)) == (
+        "gang_too_large"
+    )
+    assert rejection(admit("j3", job(mig_profile="3g.40gb", tasks=3), catalog, CLASSES)) == (
+        "gang_too_large"
+    )
+
+
+def test_a_slice_gang_counts_exact_fractions_against_the_ceiling(
+    catalog: AdmissionCatalog,
+) -> None:
+    """Team nlp may never use more than 32 GPUs: 224 1g slices are exactly 32 GPUs (7 to a
+    GPU), 225 are more."""
+    for index in range(5):
+        catalog.apply(mig_node(f"m{index}"))
+    fits = job(mig_profile="1g.10gb", tasks=224)
+    assert isinstance(admit("j1", fits, catalog, CLASSES), JobAdmitted)
+    over = job(mig_profile="1g.10gb", tasks=225)
+    assert rejection(admit("j2", over, catalog, CLASSES)) == "over_quota_max"
+
+
+def test_a_share_asking_more_gpu_memory_than_any_gpu_has_is_refused(
+    catalog: AdmissionCatalog,
+) -> None:
+    catalog.apply(mig_node("m0", mig="none", memory_mb=81_559))
+    fits = job(gpu_fraction=0.5, gpu_memory_mb=81_559)
+    assert isinstance(admit("j1", fits, catalog, CLASSES), JobAdmitted)
+    result = admit("j2", job(gpu_fraction=0.5, gpu_memory_mb=81_560), catalog, CLASSES)
+    assert rejection(result) == "gpu_memory_too_large"
+    assert isinstance(result, JobRejected) and "81559 MB" in result.reason
+
+
+def test_a_share_on_a_fleet_of_fixed_geometries_only_is_refused() -> None:
+    catalog = AdmissionCatalog()
+    catalog.apply(TeamCreated(name="nlp", guaranteed_gpus=8, token_sha256="a" * 64))
+    catalog.apply(mig_node("f0", mig="fixed", profiles=("7g.80gb",)))
+    assert rejection(admit("j1", job(gpu_fraction=0.25), catalog, CLASSES)) == (
+        "gpu_share_unavailable"
+    )
 
 
 def test_a_cpu_only_job_is_admitted_into_its_teams_queue(catalog: AdmissionCatalog) -> None:

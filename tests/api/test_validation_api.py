@@ -247,6 +247,42 @@ async def test_a_gang_no_wait_could_place_is_refused_at_submit_with_admissions_r
 
 
 @pytest.mark.usefixtures("teams")
+@pytest.mark.parametrize(
+    ("fields", "slug", "detail"),
+    [
+        # The node's GPUs are not in MIG mode: no slice could ever be cut there.
+        (
+            {"tasks": 1, "mig_profile": "1g.10gb"},
+            "mig-profile-unavailable",
+            "no node offers 1g.10gb slices: no GPU model with that profile in MIG mode "
+            "(mig dynamic, or a fixed geometry holding it)",
+        ),
+        # Its GPUs have 81,920 MB each.
+        (
+            {"tasks": 1, "gpu_fraction": 0.5, "gpu_memory_mb": 100_000},
+            "gpu-memory-too-large",
+            "a share asks 100000 MB of GPU memory but the largest GPU that can be soft-shared "
+            "has 81920 MB",
+        ),
+        # 8 GPUs hold at most 32 quarter shares.
+        (
+            {"tasks": 33, "gpu_fraction": 0.25},
+            "gang-too-large",
+            "needs 33 0.25 GPU shares but the cluster can hold at most 32",
+        ),
+    ],
+)
+async def test_a_slice_or_share_no_node_could_hold_is_refused_at_submit(
+    api: Api, store: EventStore, fields: dict[str, object], slug: str, detail: str
+) -> None:
+    """It used to get 201, then wait for ever as `unsatisfiable` (the catalogue knew no MIG
+    modes nor GPU memory)."""
+    body = {"name": "serve", "team": "nlp", **fields}
+    problem = await rejected(api, store, body, 422, slug)
+    assert problem["detail"] == detail
+
+
+@pytest.mark.usefixtures("teams")
 async def test_a_gang_whose_minimum_fits_is_accepted_and_a_new_node_makes_room(
     api: Api, store: EventStore
 ) -> None:
