@@ -16,7 +16,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -273,8 +273,12 @@ class Agent:
         The consumer hands the agent one event at a time: a gang of 4,096 ranks launched
         inside the handler held back every later event (other jobs' gangs, the gang's own
         cancel) for minutes. The ranks are marked launched here, so a redelivery starts none
-        twice; a crash mid-launch leaves ranks that never start, which the core's launch
-        timeout (or the restarted agent's reconcile, for those that did) ends."""
+        twice. The event is consumed before its ranks start: after a crash mid-launch the
+        restarted agent's reconcile stops the ranks that did start (their attempt ends) and
+        starts the gangs of which none had (`_resume_launches`)."""
+        await self._start_gang(envelope)
+
+    async def _start_gang(self, envelope: EventEnvelope) -> None:
         reserved = envelope.payload
         assert isinstance(reserved, GangReserved)
         if not any(r.node_id in self.nodes for r in reserved.ranks):
@@ -717,8 +721,11 @@ class Agent:
         """After a restart: every rank on these nodes that the log says started and never
         exited was this agent's predecessor's. Stop what is left of it and record its end,
         so that its gang is not held by ranks nobody watches. Returns how many."""
-        types = ["TaskStarted", "TaskExited"]
+        types = ["TaskStarted", "TaskExited", "GangReserved"]
         started: dict[tuple[str, int, int], TaskStarted] = {}
+        ever_started: set[tuple[str, int, int]] = set()
+        # Each job's latest gang with ranks on these nodes: its launch may have been cut short.
+        latest: dict[str, EventEnvelope] = {}
         position = 0
         while batch := await self.store.read_all(position, 5000, types=types):
             for envelope in batch:
@@ -727,8 +734,13 @@ class Agent:
                     key = (event.job_id, event.attempt, event.rank)
                     if isinstance(event, TaskStarted):
                         started[key] = event
+                        ever_started.add(key)
                     else:
                         started.pop(key, None)
+                elif isinstance(event, GangReserved) and any(
+                    r.node_id in self.nodes for r in event.ranks
+                ):
+                    latest[event.job_id] = envelope
                 position = envelope.position or position
         for (job_id, attempt, rank), event in started.items():
             self.launched.add((job_id, attempt, rank))
@@ -746,7 +758,30 @@ class Agent:
             log.warning(
                 "%s/%d rank %d on %s: %s", job_id, attempt, rank, event.node_id, exited.reason
             )
+        await self._resume_launches(latest.values(), ever_started)
         return len(started)
+
+    async def _resume_launches(
+        self, gangs: Iterable[EventEnvelope], ever_started: set[tuple[str, int, int]]
+    ) -> None:
+        """Start the ranks a predecessor never started of gangs none of whose ranks here
+        started: their GangReserved was consumed (ranks are launched in the background), so
+        it will not be delivered again, and the gang would wait out the launch timeout. A gang
+        of which some rank here started is ending (its ranks were just stopped): left alone."""
+        for envelope in gangs:
+            reserved = envelope.payload
+            assert isinstance(reserved, GangReserved)
+            ours = [
+                (reserved.job_id, reserved.attempt, r.rank)
+                for r in reserved.ranks
+                if r.node_id in self.nodes
+            ]
+            if any(key in ever_started for key in ours):
+                continue
+            try:
+                await self._start_gang(envelope)
+            except DomainError as error:
+                log.warning("not resuming %s/%d: %s", reserved.job_id, reserved.attempt, error)
 
     # ------------------------------------------------------------------ shutdown
 

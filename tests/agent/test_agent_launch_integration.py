@@ -119,3 +119,43 @@ async def test_a_redelivered_reservation_during_its_launch_starts_each_rank_once
     await agent.launches_done()
     started = await events_of(store, "twice", TaskStarted)
     assert sorted(e.rank for e in started) == list(range(8))
+
+
+async def test_a_gang_whose_launch_a_crash_cut_short_is_started_by_the_restarted_agent(
+    agent: Agent, store: EventStore, settings: Settings, tmp_path: Path
+) -> None:
+    """Its GangReserved was consumed before any rank started: no one delivers it again, so
+    the successor's reconcile starts it rather than leave it to the launch timeout."""
+    await deliver(agent, store, "cut", await submit_cpu_only(store, "cut", 4))
+    for task in list(agent._launch_tasks):  # the agent dies before its launch ran at all
+        task.cancel()
+    await agent.launches_done()
+    assert not await events_of(store, "cut", TaskStarted)
+
+    successor = make_agent(settings, store, tmp_path)
+    try:
+        assert await successor.reconcile() == 0  # no rank of a predecessor to stop
+        await successor.launches_done()
+        started = await events_of(store, "cut", TaskStarted)
+        assert sorted(e.rank for e in started) == [0, 1, 2, 3]
+        assert await successor.reconcile() == 4  # a third agent would stop them: they ran
+    finally:
+        await successor.shutdown()
+
+
+async def test_a_restarted_agent_does_not_resume_a_gang_that_was_released(
+    agent: Agent, store: EventStore, settings: Settings, tmp_path: Path
+) -> None:
+    await deliver(agent, store, "gone", await submit_cpu_only(store, "gone", 2))
+    for task in list(agent._launch_tasks):
+        task.cancel()
+    await agent.launches_done()
+    await store.append("job-gone", None, [JobCancelled(job_id="gone", attempt=1, reason="user")])
+
+    successor = make_agent(settings, store, tmp_path)
+    try:
+        await successor.reconcile()
+        await successor.launches_done()
+        assert not await events_of(store, "gone", TaskStarted)
+    finally:
+        await successor.shutdown()
