@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.host import host_rejection
-from core.shape import ranks_per_unit, unit_gpus
+from core.shape import cpus_text, ranks_per_unit, unit_gpus
 from core.sharing_admission import fraction_rejection
 from schemas.base import Event
 from schemas.jobs import JobAdmitted, JobRejected, JobSpec
@@ -75,6 +75,9 @@ class QueueLimits:
     name: str
     parent: str | None
     max_gpus: int | None
+    # The queue's CPU and memory ceilings (None: none; core/host_quota.py).
+    max_cpus: int | None = None
+    max_memory_mb: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +130,9 @@ class AdmissionCatalog:
         self.queues[event.name] = QueueLimits(event.name, event.parent, event.max_gpus)
 
     def _on_queue_configured(self, event: QueueConfigured) -> None:
-        self.queues[event.name] = QueueLimits(event.name, event.parent, event.max_gpus)
+        self.queues[event.name] = QueueLimits(
+            event.name, event.parent, event.max_gpus, event.max_cpus, event.max_memory_mb
+        )
 
     def _on_node_registered(self, event: NodeRegistered) -> None:
         shape = NodeShape(
@@ -260,6 +265,9 @@ def capacity_rejection(
     host = host_rejection(spec, catalog.nodes.values())
     if host is not None:
         return host
+    ceiling = host_ceiling_rejection(spec, chain)
+    if ceiling is not None:
+        return ceiling
     if spec.fractional:
         # Slices and shares: their MIG profile or GPU memory, counted in exact fractions.
         return fraction_rejection(spec, catalog.nodes.values(), chain)
@@ -294,6 +302,30 @@ def capacity_rejection(
             f"needs {spec.gang_min_tasks} tasks of {spec.gpus_per_task} GPUs but {scope} can "
             f"hold at most {placeable}",
         )
+    return None
+
+
+def host_ceiling_rejection(
+    spec: JobSpec, chain: Sequence[QueueLimits]
+) -> tuple[RejectCode, str] | None:
+    """A gang whose least size asks more CPUs or memory than a queue of its chain may ever
+    hold (its `max_cpus`, `max_memory_mb`)."""
+    tasks = spec.gang_min_tasks
+    cpus_milli = 0 if spec.cpus_per_task is None else round(spec.cpus_per_task * 1000)
+    memory_mb = spec.memory_mb_per_task or 0
+    for limits in chain:
+        if limits.max_cpus is not None and cpus_milli * tasks > limits.max_cpus * 1000:
+            return (
+                "over_quota_max",
+                f"needs {cpus_text(cpus_milli * tasks)} CPUs but queue {limits.name!r} may never "
+                f"use more than {limits.max_cpus}",
+            )
+        if limits.max_memory_mb is not None and memory_mb * tasks > limits.max_memory_mb:
+            return (
+                "over_quota_max",
+                f"needs {memory_mb * tasks} MB of memory but queue {limits.name!r} may never use "
+                f"more than {limits.max_memory_mb} MB",
+            )
     return None
 
 

@@ -12,6 +12,7 @@ from core.checkpointing import checkpoint_interval_s
 from core.context import CycleContext, Outcome
 from core.fractional import place_fractional
 from core.host import host_blocker, host_infeasible
+from core.host_quota import charge_tasks, within_host_ceilings
 from core.placement import Allocation, Shape, Snapshot, find_placement
 from core.quota import QuotaBook
 from core.reservation import plan_reservation, runtime_estimate
@@ -102,7 +103,15 @@ def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: Quot
         if fifo and head is not None:
             outcomes[job.job_id] = Outcome("head_of_line", _BEHIND_FIFO)
             continue
-        if job.spec is not None and job.spec.fractional:
+        fractional = job.spec is not None and job.spec.fractional
+        if enforce and shape.asks_host:
+            # CPU and memory ceilings of the queue tree (core/host_quota.py).
+            capped = within_host_ceilings(quota, job, shape, whole=fractional)
+            if isinstance(capped, Outcome):
+                outcomes[job.job_id] = capped
+                continue
+            shape = capped
+        if fractional:
             # Slices and shares go through the sharing ledger (core/fractional.py).
             if place_fractional(
                 ctx,
@@ -114,6 +123,7 @@ def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: Quot
                 budget_left=budget > 0,
             ):
                 budget -= 1
+                charge_tasks(quota, job, shape, shape.units * shape.tasks_per_unit)
             continue
         if enforce:
             hit = quota.ceiling_hit(job.queue, shape.min_gpus)
@@ -337,6 +347,7 @@ def _bind(
         )
     )
     quota.charge(job.queue, sum(mask.bit_count() for _, mask in ranks))
+    charge_tasks(quota, job, shape, len(ranks))
     ctx.result.gangs_placed += 1
     ctx.result.tasks_placed += len(ranks)
 

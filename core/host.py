@@ -11,6 +11,11 @@ thousandths, so that fractional asks (0.5 CPU) add up exactly.
   whose GPUs are all taken (their CPUs serve no GPU gang), then the best fit in CPUs, so that
   the CPUs beside free GPUs stay for the GPU gangs that will need them.
 - `why`: a gang that would fit on GPUs but not on hosts names the resource that blocks it.
+- A node that declares no CPUs is unlimited for GPU gangs (their GPUs bound them), but a
+  CPU-only gang has nothing else to bound it: 4,096 preprocessing ranks would all land on the
+  first such node. For CPU-only tasks such a node counts as `UNDECLARED_CPUS_PER_GPU` CPUs per
+  GPU (at least one GPU's worth), the low end of real GPU servers (a DGX H100 has 14 cores per
+  GPU, cloud 8-GPU hosts 12 to 24). Real hosts never need it: NVML discovery reads the OS.
 """
 
 from __future__ import annotations
@@ -30,6 +35,16 @@ if TYPE_CHECKING:
 
 INSUFFICIENT_CPUS: DeferCode = "insufficient_cpus"
 INSUFFICIENT_MEMORY: DeferCode = "insufficient_memory"
+
+UNDECLARED_CPUS_PER_GPU = 8
+
+
+def cpu_only_cpus_milli(declared_milli: int | None, gpu_count: int) -> int:
+    """The CPUs (thousandths) a node offers CPU-only tasks: what it declares, else the
+    assumed `UNDECLARED_CPUS_PER_GPU` per GPU (see the module's docstring)."""
+    if declared_milli is not None:
+        return declared_milli
+    return UNDECLARED_CPUS_PER_GPU * max(1, gpu_count) * 1000
 
 
 def place_on_hosts(snap: Snapshot, shape: Shape, avoid_reserved: bool) -> Allocation | None:
@@ -55,18 +70,19 @@ def place_on_hosts(snap: Snapshot, shape: Shape, avoid_reserved: bool) -> Alloca
             continue
         took_cpus, took_memory = taken.get(index, (0, 0))
         units = wanted
-        free_cpus = None
-        if node.cpus_milli is not None:
-            free_cpus = node.cpus_milli - node.cpus_bound_milli - took_cpus
-            if cpus:
-                units = min(units, max(0, free_cpus) // cpus)
+        free_cpus = (
+            cpu_only_cpus_milli(node.cpus_milli, node.gpu_count) - node.cpus_bound_milli - took_cpus
+        )
+        if cpus:
+            units = min(units, max(0, free_cpus) // cpus)
         if memory and node.memory_mb is not None:
             units = min(
                 units, max(0, node.memory_mb - node.memory_bound_mb - took_memory) // memory
             )
         if units <= 0:
             continue
-        key = (count.get(index, 0), 0 if free_cpus is not None else 1, free_cpus or 0, index)
+        declared = 0 if node.cpus_milli is not None else 1
+        key = (count.get(index, 0), declared, free_cpus, index)
         if require == "none":
             domain = 0
         elif require == "node":
@@ -169,8 +185,13 @@ def _most_free(snap: Snapshot, resource: str, unit_gpus: int | None) -> int:
         indices: Collection[int] = [node.index for node in snap.nodes if node.schedulable]
     else:
         indices = [index for index, count in snap.count.items() if count >= unit_gpus]
+    nodes = snap.nodes
     for index in indices:
         cpus, memory = snap.host_free(index)
+        if cpus is None and unit_gpus is None:  # a CPU-only task counts the assumed CPUs
+            node = nodes[index]
+            taken = snap.host_taken.get(index, (0, 0))[0]
+            cpus = cpu_only_cpus_milli(None, node.gpu_count) - node.cpus_bound_milli - taken
         free = cpus if resource == "cpus" else memory
         if free is not None:
             most = max(most, free)
@@ -190,7 +211,10 @@ def host_infeasible(state: PlanningSurface, shape: Shape) -> str | None:
         if not shape.cpu_only and node.gpu_count < shape.unit_gpus:
             continue
         any_node = True
-        largest_cpus = _larger(largest_cpus, node.cpus_milli)
+        declared = node.cpus_milli
+        if shape.cpu_only:
+            declared = cpu_only_cpus_milli(declared, node.gpu_count)
+        largest_cpus = _larger(largest_cpus, declared)
         largest_memory = _larger(largest_memory, node.memory_mb)
     if not any_node:
         return None  # the GPU rules explain it
@@ -252,14 +276,20 @@ def host_rejection(spec: JobSpec, nodes: Collection[HostShape]) -> tuple[RejectC
         return None  # the GPU rules refuse it
     largest_cpus: int | None = 0
     largest_memory: int | None = 0
+    cpu_only = not spec.gpus_per_task
+
+    def cpus_of(node: HostShape) -> int | None:
+        declared = None if node.cpus is None else node.cpus * 1000
+        return cpu_only_cpus_milli(declared, node.gpus) if cpu_only else declared
+
     for node in fitting:
-        largest_cpus = _larger(largest_cpus, None if node.cpus is None else node.cpus * 1000)
+        largest_cpus = _larger(largest_cpus, cpus_of(node))
         largest_memory = _larger(largest_memory, node.memory_mb)
     if largest_cpus is not None and cpus > largest_cpus:
         return (
             "task_too_large",
             f"a task needs {cpus_text(cpus)} CPUs but the largest node has "
-            f"{cpus_text(largest_cpus)}",
+            f"{cpus_text(largest_cpus)}{_assumed_note(cpu_only, fitting)}",
         )
     if largest_memory is not None and memory > largest_memory:
         return (
@@ -272,8 +302,9 @@ def host_rejection(spec: JobSpec, nodes: Collection[HostShape]) -> tuple[RejectC
     require = spec.topology.require
     for node in fitting:
         per_node = spec.tasks
-        if cpus and node.cpus is not None:
-            per_node = min(per_node, node.cpus * 1000 // cpus)
+        node_cpus = cpus_of(node)
+        if cpus and node_cpus is not None:
+            per_node = min(per_node, node_cpus // cpus)
         if memory and node.memory_mb is not None:
             per_node = min(per_node, node.memory_mb // memory)
         domain = {"node": node.node_id, "rack": node.rack, "block": node.block}.get(require, "")
@@ -283,6 +314,13 @@ def host_rejection(spec: JobSpec, nodes: Collection[HostShape]) -> tuple[RejectC
         scope = {"none": "the cluster"}.get(require, f"one {require}")
         return (
             "gang_too_large",
-            f"needs {spec.gang_min_tasks} CPU-only tasks but {scope} can hold at most {placeable}",
+            f"needs {spec.gang_min_tasks} CPU-only tasks but {scope} can hold at most "
+            f"{placeable}{_assumed_note(cpu_only, fitting)}",
         )
     return None
+
+
+def _assumed_note(cpu_only: bool, nodes: Collection[HostShape]) -> str:
+    if cpu_only and any(node.cpus is None for node in nodes):
+        return f" (a node that declares no CPUs counts {UNDECLARED_CPUS_PER_GPU} per GPU)"
+    return ""

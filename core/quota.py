@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from core.live_sharing import GpuAmount
 from core.state import QueueRecord
 
 MAX_DEPTH = 16  # a misconfigured parent loop must not hang the cycle
+
+
+@dataclass(frozen=True, slots=True)
+class HostRoom:
+    """Tasks the host ceilings of a queue chain still allow (None: unbounded), and the queue,
+    resource (`cpus` or `memory`) and ceiling (thousandths of a CPU, MB) that bound them."""
+
+    tasks: int | None
+    queue: str | None
+    resource: str | None
+    limit: int | None
 
 
 class QuotaBook:
@@ -17,9 +29,13 @@ class QuotaBook:
         self._queues = queues
         self._chains: dict[str, tuple[str, ...]] = {}
         self.usage: dict[str, GpuAmount] = {}
+        # CPUs (thousandths) and memory (MB) held per subtree, for the host ceilings.
+        self.host_usage: dict[str, tuple[int, int]] = {}
         for name, queue in queues.items():
             if queue.allocated:
                 self.charge(name, queue.allocated)
+            if queue.allocated_cpus_milli or queue.allocated_memory_mb:
+                self.charge_host(name, queue.allocated_cpus_milli, queue.allocated_memory_mb)
 
     def chain(self, name: str) -> tuple[str, ...]:
         """The queue and its ancestors, leaf first."""
@@ -39,6 +55,33 @@ class QuotaBook:
     def charge(self, name: str, gpus: GpuAmount) -> None:
         for queue in self.chain(name):
             self.usage[queue] = self.usage.get(queue, 0) + gpus
+
+    def charge_host(self, name: str, cpus_milli: int, memory_mb: int) -> None:
+        """Account CPUs and memory to the queue's chain. Gangs leaving within a cycle are not
+        credited back: a host ceiling errs on the safe side for one cycle at most."""
+        for queue in self.chain(name):
+            cpus, memory = self.host_usage.get(queue, (0, 0))
+            self.host_usage[queue] = (cpus + cpus_milli, memory + memory_mb)
+
+    def host_room(self, name: str, cpus_milli: int, memory_mb: int) -> HostRoom:
+        """How many more tasks of (CPUs, memory) each the chain's host ceilings allow, and the
+        first queue and resource that bounds it (None: no ceiling applies)."""
+        room = HostRoom(None, None, None, None)
+        for queue in self.chain(name):
+            record = self._queues.get(queue)
+            if record is None:
+                continue
+            used_cpus, used_memory = self.host_usage.get(queue, (0, 0))
+            for resource, limit, used, ask in (
+                ("cpus", record.max_cpus_milli, used_cpus, cpus_milli),
+                ("memory", record.max_memory_mb, used_memory, memory_mb),
+            ):
+                if limit is None or not ask:
+                    continue
+                tasks = max(0, limit - used) // ask
+                if room.tasks is None or tasks < room.tasks:
+                    room = HostRoom(tasks, queue, resource, limit)
+        return room
 
     def ceiling_hit(self, name: str, gpus: GpuAmount) -> tuple[str, int] | None:
         """The first queue on the chain whose max the gang would exceed, with that max."""

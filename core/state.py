@@ -337,6 +337,9 @@ class QueueRecord:
     allocated_memory_mb: int = 0
     decayed_cpu_usage: float = 0.0
     decayed_memory_usage: float = 0.0
+    # Ceilings on the subtree's CPUs (thousandths) and memory (MB) held at once; None: none.
+    max_cpus_milli: int | None = None
+    max_memory_mb: int | None = None
 
 
 # What `holding_of` answers for a queue that holds nothing (read-only: callers only read).
@@ -1300,6 +1303,8 @@ class SchedulerState:
         queue.guaranteed_gpus = event.guaranteed_gpus
         queue.max_gpus = event.max_gpus
         queue.weight = event.weight
+        queue.max_cpus_milli = None if event.max_cpus is None else event.max_cpus * 1000
+        queue.max_memory_mb = event.max_memory_mb
         queue.configured = True
         if event.parent is not None:
             self._queue(event.parent)

@@ -35,6 +35,8 @@ DeferCode = Literal[
     "awaiting_repartition",  # a GPU is being re-partitioned to hold its slice
     "no_gpu_share",  # no soft-shared GPU of its team has room, and no whole GPU is free
     "share_other_team",  # the GPUs with room are soft-shared by another team
+    "quota_ceiling_cpus",  # a queue on its chain would exceed its max_cpus
+    "quota_ceiling_memory",  # a queue on its chain would exceed its max_memory_mb
 ]
 
 # JobRequeued.code: why a gang was released and its job waits again.

@@ -32,7 +32,10 @@ class TeamCreated(Event):
 
 
 class QueueConfigured(Event):
-    """A queue's place in the tree, its guarantee, its ceiling (None: no ceiling) and weight."""
+    """A queue's place in the tree, its guarantee, its ceiling (None: no ceiling) and weight.
+
+    `max_cpus` and `max_memory_mb` cap the CPUs and memory the queue's subtree may hold at
+    once (None: no cap), as `max_gpus` caps its GPUs; there is no CPU or memory guarantee."""
 
     type = "QueueConfigured"
     name: str = Field(pattern=NAME_PATTERN)
@@ -40,6 +43,8 @@ class QueueConfigured(Event):
     guaranteed_gpus: int = Field(ge=0)
     max_gpus: int | None = Field(default=None, ge=0)
     weight: float = Field(default=1.0, gt=0)
+    max_cpus: int | None = Field(default=None, ge=0)
+    max_memory_mb: int | None = Field(default=None, ge=0)
 
     @property
     def stream(self) -> str:

@@ -16,7 +16,8 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from schemas.jobs import (
     GangReserved,
     JobSpec,
     PreemptionRequested,
+    RankPlacement,
     TaskExited,
     TaskStarted,
     illegal_env_names,
@@ -49,6 +51,7 @@ from services.agent.faults import HEALTHY, Fault, FaultReader
 from services.agent.heartbeats import NvmlSampler, synthetic_heartbeat
 from services.agent.plan import (
     CHECKPOINT_SIGNAL_ENV,
+    AgentJob,
     committed_newest_first,
     fold_job,
     launch_failure,
@@ -90,6 +93,15 @@ log = logging.getLogger(__name__)
 LAUNCH_FAILED_EXIT_CODE = 127
 
 
+@dataclass(eq=False)
+class Launch:
+    """An attempt whose ranks the agent is starting; `stopped` says why it must start no more."""
+
+    job_id: str
+    attempt: int
+    stopped: str | None = None
+
+
 class Agent:
     def __init__(
         self,
@@ -108,6 +120,9 @@ class Agent:
         self.ranks: dict[RankKey, RankProcess] = {}
         self.launched: set[tuple[str, int, int]] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
+        # The attempts whose ranks are being started, and the tasks starting them.
+        self._launches: set[Launch] = set()
+        self._launch_tasks: set[asyncio.Task[None]] = set()
         self._cgroups: dict[RankKey, str] = {}
         # The kernel's OOM-kill count (the rank's cgroup's, else the host's) at each launch.
         self._oom_kills: dict[RankKey, int] = {}
@@ -253,6 +268,17 @@ class Agent:
     # ------------------------------------------------------------------ gangs
 
     async def on_gang_reserved(self, envelope: EventEnvelope, conn: asyncpg.Connection) -> None:
+        """Decide which ranks are this agent's and start launching them in the background.
+
+        The consumer hands the agent one event at a time: a gang of 4,096 ranks launched
+        inside the handler held back every later event (other jobs' gangs, the gang's own
+        cancel) for minutes. The ranks are marked launched here, so a redelivery starts none
+        twice. The event is consumed before its ranks start: after a crash mid-launch the
+        restarted agent's reconcile stops the ranks that did start (their attempt ends) and
+        starts the gangs of which none had (`_resume_launches`)."""
+        await self._start_gang(envelope)
+
+    async def _start_gang(self, envelope: EventEnvelope) -> None:
         reserved = envelope.payload
         assert isinstance(reserved, GangReserved)
         if not any(r.node_id in self.nodes for r in reserved.ranks):
@@ -264,84 +290,133 @@ class Agent:
         if view.spec is None:
             # Dead-lettered with this reason: a gang of a job the log never saw submitted.
             raise DomainError(f"job {reserved.job_id} has no JobSubmitted; nothing to launch")
-        resume = await self.usable_checkpoint(reserved.job_id, Metadata.caused_by(envelope))
-        world_size = len(reserved.ranks)
-        meta = Metadata.caused_by(envelope)
         for placement in todo:
-            key = RankKey(reserved.job_id, reserved.attempt, placement.rank)
-            self.launched.add((key.job_id, key.attempt, key.rank))
-            workdir = self.work_dir / key.job_id / f"a{key.attempt}" / f"rank-{key.rank}"
-            env = rank_env(
-                spec=view.spec,
+            self.launched.add((reserved.job_id, reserved.attempt, placement.rank))
+        starting = Launch(reserved.job_id, reserved.attempt)
+        self._launches.add(starting)
+        task = asyncio.create_task(
+            self._launch_ranks(starting, reserved, view, todo, Metadata.caused_by(envelope))
+        )
+        self._launch_tasks.add(task)
+        task.add_done_callback(self._launch_tasks.discard)
+        task.add_done_callback(lambda _: self._launches.discard(starting))
+
+    async def launches_done(self) -> None:
+        """Wait until every launch under way has started (or failed to start) its ranks."""
+        while self._launch_tasks:
+            await asyncio.gather(*self._launch_tasks, return_exceptions=True)
+
+    async def _launch_ranks(
+        self,
+        starting: Launch,
+        reserved: GangReserved,
+        view: AgentJob,
+        todo: list[RankPlacement],
+        meta: Metadata,
+    ) -> None:
+        """Start the ranks one by one, and none once the attempt is released (cancelled,
+        preempted, failed): a released attempt's ranks still to start never start."""
+        spec = view.spec
+        assert spec is not None
+        resume = await self.usable_checkpoint(reserved.job_id, meta)
+        world_size = len(reserved.ranks)
+        for placement in todo:
+            if starting.stopped is not None:
+                log.info(
+                    "%s/%d released (%s): %d ranks left unstarted",
+                    starting.job_id,
+                    starting.attempt,
+                    starting.stopped,
+                    len(todo) - todo.index(placement),
+                )
+                return
+            rank = await self._launch_rank(
+                reserved, view, spec, placement, world_size, resume, meta
+            )
+            if rank is not None and starting.stopped is not None:
+                # Released while this rank was starting: the release found it not yet listed.
+                self._spawn(rank.stop(starting.stopped, self.settings.stop_timeout_s))
+
+    async def _launch_rank(
+        self,
+        reserved: GangReserved,
+        view: AgentJob,
+        spec: JobSpec,
+        placement: RankPlacement,
+        world_size: int,
+        resume: Path | None,
+        meta: Metadata,
+    ) -> RankProcess | None:
+        key = RankKey(reserved.job_id, reserved.attempt, placement.rank)
+        workdir = self.work_dir / key.job_id / f"a{key.attempt}" / f"rank-{key.rank}"
+        env = rank_env(
+            spec=spec,
+            job_id=key.job_id,
+            attempt=key.attempt,
+            placement=placement,
+            world_size=world_size,
+            checkpoint_dir=resume,
+            checkpoint_request=workdir / "checkpoint-request.json",
+            step_file=workdir / STEP_FILE,
+            agent_env=os.environ,
+            gpu_memory_mb={g.index: g.memory_mb for g in self.nodes[placement.node_id].gpus},
+            checkpoint_interval_s=reserved.checkpoint_interval_s,
+        )
+        if view.array_index is not None:
+            env["GANGWAY_ARRAY_INDEX"] = str(view.array_index)
+        started = TaskStarted(
+            job_id=key.job_id, attempt=key.attempt, rank=key.rank, node_id=placement.node_id
+        )
+        cgroup_name = f"{key.job_id}-a{key.attempt}-r{key.rank}"
+        try:
+            bad_names = illegal_env_names(spec.env)
+            if bad_names:
+                raise ValueError(f"illegal environment variable name {bad_names[0]!r}")
+            env.update(await resolve_secret_env(self.store, spec))
+            master_addr, master_port = await self._master(reserved)
+            env.update(distributed_env(reserved.ranks, key.rank, master_addr, master_port))
+            sandbox = await asyncio.to_thread(
+                self._sandbox, spec, list(spec.command), env, workdir, cgroup_name
+            )
+            cgroup = cgroup_name if sandbox is not None and sandbox.cgroup_procs else None
+            # Counted before the start, so an OOM kill at the very start is seen too.
+            oom_kills = await asyncio.to_thread(oom_kill_count, cgroup)
+            rank = await launch(
+                key, placement, world_size, list(spec.command), env, workdir, sandbox
+            )
+        except Exception as error:
+            # Any failure to start ends the attempt with a reason a person understands;
+            # the core's retry policy decides what comes next. A rank marked launched but
+            # never recorded would hold the gang's GPUs with no process at all.
+            reason, permanent = launch_failure(placement.node_id, key.rank, error)
+            log.warning("rank %s could not start: %s", key, reason)
+            exited = TaskExited(
                 job_id=key.job_id,
                 attempt=key.attempt,
-                placement=placement,
-                world_size=world_size,
-                checkpoint_dir=resume,
-                checkpoint_request=workdir / "checkpoint-request.json",
-                step_file=workdir / STEP_FILE,
-                agent_env=os.environ,
-                gpu_memory_mb={g.index: g.memory_mb for g in self.nodes[placement.node_id].gpus},
-                checkpoint_interval_s=reserved.checkpoint_interval_s,
+                rank=key.rank,
+                node_id=placement.node_id,
+                exit_code=LAUNCH_FAILED_EXIT_CODE,
+                reason=reason,
+                permanent=permanent,
             )
-            if view.array_index is not None:
-                env["GANGWAY_ARRAY_INDEX"] = str(view.array_index)
-            started = TaskStarted(
-                job_id=key.job_id, attempt=key.attempt, rank=key.rank, node_id=placement.node_id
-            )
-            cgroup_name = f"{key.job_id}-a{key.attempt}-r{key.rank}"
-            try:
-                bad_names = illegal_env_names(view.spec.env)
-                if bad_names:
-                    raise ValueError(f"illegal environment variable name {bad_names[0]!r}")
-                env.update(await resolve_secret_env(self.store, view.spec))
-                master_addr, master_port = await self._master(reserved)
-                env.update(distributed_env(reserved.ranks, key.rank, master_addr, master_port))
-                sandbox = await asyncio.to_thread(
-                    self._sandbox, view.spec, list(view.spec.command), env, workdir, cgroup_name
-                )
-                cgroup = cgroup_name if sandbox is not None and sandbox.cgroup_procs else None
-                # Counted before the start, so an OOM kill at the very start is seen too.
-                oom_kills = await asyncio.to_thread(oom_kill_count, cgroup)
-                rank = await launch(
-                    key, placement, world_size, list(view.spec.command), env, workdir, sandbox
-                )
-            except Exception as error:
-                # Any failure to start ends the attempt with a reason a person understands;
-                # the core's retry policy decides what comes next. A rank marked launched but
-                # never recorded would hold the gang's GPUs with no process at all.
-                reason, permanent = launch_failure(placement.node_id, key.rank, error)
-                log.warning("rank %s could not start: %s", key, reason)
-                exited = TaskExited(
-                    job_id=key.job_id,
-                    attempt=key.attempt,
-                    rank=key.rank,
-                    node_id=placement.node_id,
-                    exit_code=LAUNCH_FAILED_EXIT_CODE,
-                    reason=reason,
-                    permanent=permanent,
-                )
-                await self.store.append(reserved.stream, None, [started, exited], meta)
-                self._release_port_if_done(key)
-                continue
-            rank.checkpoints_itself = CHECKPOINT_SIGNAL_ENV in view.spec.env
-            if cgroup is not None:
-                self._cgroups[key] = cgroup
-            self._oom_kills[key] = oom_kills
-            # Recorded before the exit watcher starts, so TaskStarted always precedes
-            # TaskExited in the log.
-            await self._record(started, meta)
-            self.ranks[key] = rank
-            self.ranks_started.inc()
-            self.ranks_running.inc()
-            log.info(
-                "started %s on %s gpus %s (pid %d)",
-                key,
-                placement.node_id,
-                placement.gpus,
-                rank.pid,
-            )
-            self._spawn(self._watch(rank, meta))
+            await self.store.append(reserved.stream, None, [started, exited], meta)
+            self._release_port_if_done(key)
+            return None
+        rank.checkpoints_itself = CHECKPOINT_SIGNAL_ENV in spec.env
+        if cgroup is not None:
+            self._cgroups[key] = cgroup
+        self._oom_kills[key] = oom_kills
+        # Recorded before the exit watcher starts, so TaskStarted always precedes
+        # TaskExited in the log.
+        await self._record(started, meta)
+        self.ranks[key] = rank
+        self.ranks_started.inc()
+        self.ranks_running.inc()
+        log.info(
+            "started %s on %s gpus %s (pid %d)", key, placement.node_id, placement.gpus, rank.pid
+        )
+        self._spawn(self._watch(rank, meta))
+        return rank
 
     async def _master(self, reserved: GangReserved) -> tuple[str, int]:
         """MASTER_ADDR and MASTER_PORT of the attempt: rank 0's node, and the port every agent
@@ -509,6 +584,9 @@ class Agent:
         job_id = str(getattr(event, "job_id", ""))
         attempt = getattr(event, "attempt", None)
         reason = event.type.removeprefix("Job").lower()
+        for starting in self._launches:
+            if starting.job_id == job_id and (attempt is None or starting.attempt == attempt):
+                starting.stopped = starting.stopped or reason
         for rank in self._running(job_id, attempt):
             self._spawn(rank.stop(reason, self.settings.stop_timeout_s))
 
@@ -643,8 +721,11 @@ class Agent:
         """After a restart: every rank on these nodes that the log says started and never
         exited was this agent's predecessor's. Stop what is left of it and record its end,
         so that its gang is not held by ranks nobody watches. Returns how many."""
-        types = ["TaskStarted", "TaskExited"]
+        types = ["TaskStarted", "TaskExited", "GangReserved"]
         started: dict[tuple[str, int, int], TaskStarted] = {}
+        ever_started: set[tuple[str, int, int]] = set()
+        # Each job's latest gang with ranks on these nodes: its launch may have been cut short.
+        latest: dict[str, EventEnvelope] = {}
         position = 0
         while batch := await self.store.read_all(position, 5000, types=types):
             for envelope in batch:
@@ -653,8 +734,13 @@ class Agent:
                     key = (event.job_id, event.attempt, event.rank)
                     if isinstance(event, TaskStarted):
                         started[key] = event
+                        ever_started.add(key)
                     else:
                         started.pop(key, None)
+                elif isinstance(event, GangReserved) and any(
+                    r.node_id in self.nodes for r in event.ranks
+                ):
+                    latest[event.job_id] = envelope
                 position = envelope.position or position
         for (job_id, attempt, rank), event in started.items():
             self.launched.add((job_id, attempt, rank))
@@ -672,12 +758,38 @@ class Agent:
             log.warning(
                 "%s/%d rank %d on %s: %s", job_id, attempt, rank, event.node_id, exited.reason
             )
+        await self._resume_launches(latest.values(), ever_started)
         return len(started)
+
+    async def _resume_launches(
+        self, gangs: Iterable[EventEnvelope], ever_started: set[tuple[str, int, int]]
+    ) -> None:
+        """Start the ranks a predecessor never started of gangs none of whose ranks here
+        started: their GangReserved was consumed (ranks are launched in the background), so
+        it will not be delivered again, and the gang would wait out the launch timeout. A gang
+        of which some rank here started is ending (its ranks were just stopped): left alone."""
+        for envelope in gangs:
+            reserved = envelope.payload
+            assert isinstance(reserved, GangReserved)
+            ours = [
+                (reserved.job_id, reserved.attempt, r.rank)
+                for r in reserved.ranks
+                if r.node_id in self.nodes
+            ]
+            if any(key in ever_started for key in ours):
+                continue
+            try:
+                await self._start_gang(envelope)
+            except DomainError as error:
+                log.warning("not resuming %s/%d: %s", reserved.job_id, reserved.attempt, error)
 
     # ------------------------------------------------------------------ shutdown
 
     async def shutdown(self) -> None:
         """Stop every rank (their exits are recorded) and wait for the bookkeeping."""
+        for starting in self._launches:
+            starting.stopped = "agent stopped"
+        await self.launches_done()
         ranks = [rank for rank in self.ranks.values() if rank.running]
         await asyncio.gather(
             *(r.stop("agent stopped", self.settings.stop_timeout_s) for r in ranks)

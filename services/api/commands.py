@@ -408,6 +408,8 @@ class Commands:
             guaranteed_gpus=body.guaranteed_gpus,
             max_gpus=body.max_gpus,
             weight=body.weight,
+            max_cpus=body.max_cpus,
+            max_memory_mb=body.max_memory_mb,
         )
         # Last writer wins: a queue's configuration is a whole value, not a delta.
         await self._append(event.stream, None, [event])
@@ -537,6 +539,8 @@ class Commands:
             ),
             max_gpus=body.max_gpus if "max_gpus" in given else current.max_gpus,
             weight=body.weight if body.weight is not None else current.weight,
+            max_cpus=body.max_cpus if "max_cpus" in given else current.max_cpus,
+            max_memory_mb=body.max_memory_mb if "max_memory_mb" in given else current.max_memory_mb,
         )
         return await self.configure_queue(name, merged)
 

@@ -196,6 +196,10 @@ class QueueView(View):
     borrowed_gpus: int | float
     pending_jobs: int
     running_jobs: int
+    max_cpus: int | None = Field(default=None, description="CPU ceiling of the subtree; null: none")
+    max_memory_mb: int | None = Field(default=None, description="memory ceiling; null: none")
+    allocated_cpus: float = Field(default=0.0, description="CPUs the subtree's gangs hold now")
+    allocated_memory_mb: int = Field(default=0, description="memory the subtree's gangs hold")
 
 
 class QueueList(View):
@@ -259,6 +263,12 @@ class TeamList(View):
 
 class QueueConfig(QuotaBody):
     weight: float = Field(default=1.0, gt=0, le=1_000_000)
+    max_cpus: int | None = Field(
+        default=None, ge=0, le=100_000_000, description="CPU ceiling of the subtree; null: none"
+    )
+    max_memory_mb: int | None = Field(
+        default=None, ge=0, le=10**12, description="memory ceiling of the subtree; null: none"
+    )
 
 
 class TeamPolicyBody(Body):
@@ -323,6 +333,8 @@ class QueuePatch(Body):
     guaranteed_gpus: int | None = Field(default=None, ge=0, le=10_000_000)
     max_gpus: int | None = Field(default=None, ge=0, le=10_000_000)
     weight: float | None = Field(default=None, gt=0, le=1_000_000)
+    max_cpus: int | None = Field(default=None, ge=0, le=100_000_000)
+    max_memory_mb: int | None = Field(default=None, ge=0, le=10**12)
 
 
 class DrainBody(Body):

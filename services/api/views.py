@@ -219,6 +219,10 @@ def queue_view(queue: QueueRecord, models: ReadModels) -> QueueView:
         borrowed_gpus=as_number(max(0, exact - queue.guaranteed_gpus)),
         pending_jobs=sum(max(0, models.waiting_by_queue.get(n, 0)) for n in names),
         running_jobs=sum(max(0, models.running_by_queue.get(n, 0)) for n in names),
+        max_cpus=queue.max_cpus,
+        max_memory_mb=queue.max_memory_mb,
+        allocated_cpus=sum(max(0, models.allocated_cpus_by_queue.get(n, 0)) for n in names) / 1000,
+        allocated_memory_mb=sum(max(0, models.allocated_memory_by_queue.get(n, 0)) for n in names),
     )
 
 

@@ -114,12 +114,18 @@ def test_a_cpu_only_job_is_admitted_into_its_teams_queue(catalog: AdmissionCatal
     assert isinstance(result, JobAdmitted) and result.queue == "nlp"
 
 
-def test_a_cpu_only_job_on_a_fleet_that_declares_no_cpus_is_admitted(
+def test_a_cpu_only_job_on_a_fleet_that_declares_no_cpus_counts_8_cpus_per_gpu(
     catalog: AdmissionCatalog,
 ) -> None:
-    """Undeclared host resources are not limited: any CPU ask fits."""
-    spec = job(gpus_per_task=0, cpus_per_task=256, tasks=1000)
-    assert isinstance(admit("j1", spec, catalog, CLASSES), JobAdmitted)
+    """Undeclared CPUs do not limit GPU gangs, but nothing else bounds a CPU-only gang: such
+    a node holds CPU-only tasks of 8 CPUs per GPU (core/host.py), never a 4,096-rank pile."""
+    assert isinstance(
+        admit("j1", job(gpus_per_task=0, cpus_per_task=8), catalog, CLASSES), JobAdmitted
+    )
+    result = admit("j2", job(gpus_per_task=0, cpus_per_task=256, tasks=1000), catalog, CLASSES)
+    assert rejection(result) == "task_too_large"
+    assert isinstance(result, JobRejected)
+    assert "declares no CPUs" in result.reason
 
 
 def test_a_task_asking_more_cpus_than_any_node_has_is_refused(catalog: AdmissionCatalog) -> None:

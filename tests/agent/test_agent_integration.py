@@ -82,6 +82,7 @@ async def handle(agent: Agent, envelope: EventEnvelope) -> None:
     handler = agent.handlers()[envelope.type]
     async with agent.store.pool.acquire() as conn:
         await handler(envelope, conn)
+    await agent.launches_done()
 
 
 async def until(probe: Callable[[], Awaitable[object]], what: str) -> None:

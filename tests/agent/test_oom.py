@@ -121,6 +121,7 @@ async def run_rank(agent: Agent, store: EventStore, script: str) -> TaskExited:
     [envelope] = await store.append(f"job-{job}", None, [gang])
     async with store.pool.acquire() as conn:
         await agent.handlers()[envelope.type](envelope, conn)
+    await agent.launches_done()
     async with asyncio.timeout(60):
         while True:
             events = [e.payload for e in await store.read_stream(f"job-{job}")]

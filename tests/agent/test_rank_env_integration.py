@@ -68,6 +68,7 @@ async def test_agents_of_one_gang_agree_on_its_rendezvous(
     for agent in reversed(agents):
         async with agent.store.pool.acquire() as conn:
             await agent.handlers()["GangReserved"](envelope, conn)
+        await agent.launches_done()
 
     async def all_exited() -> bool:
         events = [e.payload for e in await store.read_stream(f"job-{job}")]
@@ -123,6 +124,7 @@ async def test_a_busy_port_of_a_gang_shared_with_another_agent_fails_its_launch_
         taken.listen()
         async with agents[0].store.pool.acquire() as conn:
             await agents[0].handlers()["GangReserved"](envelope, conn)
+        await agents[0].launches_done()
     [exited] = [
         e.payload
         for e in await store.read_stream(f"job-{job}")

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from core.admission import NodeShape
+from core.host import host_rejection
 from core.ordering import fair_share
-from schemas.jobs import GangReserved, JobDeferred
+from schemas.jobs import GangReserved, JobDeferred, JobSpec
 from tests.core.builders import History, a_job
 
 # Two racks of two 8-GPU nodes, each with 32 CPUs and 256 GB.
@@ -251,15 +253,39 @@ def test_a_replayed_state_binds_the_same_cpus_and_memory() -> None:
         )
 
 
-def test_a_fleet_that_declares_no_cpus_does_not_limit_them() -> None:
+def test_a_fleet_that_declares_no_cpus_does_not_limit_gpu_gangs() -> None:
     history = History("2x8")
     gang = history.submit(a_job().gpus(1).tasks(8).cpus(512))[0]
-    prep = history.submit(a_job().cpu_only(1024))[0]
 
     history.run()
 
     assert history.job(gang).state == "running"
+
+
+def test_a_cpu_only_gang_spreads_over_nodes_that_declare_no_cpus() -> None:
+    """Nothing else bounds a CPU-only rank there: such a node counts 8 CPUs per GPU, so 128
+    ranks of one CPU fill two 8-GPU nodes (64 each) instead of piling onto the first."""
+    history = History("4x8")
+    prep = history.submit(a_job().cpu_only(1).tasks(128))[0]
+
+    history.run()
+
     assert history.job(prep).state == "running"
+    [reserved] = history.events(GangReserved, prep)
+    per_node: dict[str, int] = {}
+    for rank in reserved.ranks:
+        per_node[rank.node_id] = per_node.get(rank.node_id, 0) + 1
+    assert sorted(per_node.values()) == [64, 64]
+
+
+def test_a_cpu_only_gang_larger_than_the_assumed_cpus_is_refused_at_admission() -> None:
+    nodes = [NodeShape(f"n{i}", "H100", 8, "r0", "b0") for i in range(2)]
+    fits = JobSpec(name="p", team="t", tasks=128, gpus_per_task=0, cpus_per_task=1, command=["x"])
+    too_many = fits.model_copy(update={"tasks": 129})
+
+    assert host_rejection(fits, nodes) is None
+    rejection = host_rejection(too_many, nodes)
+    assert rejection is not None and rejection[0] == "gang_too_large"
 
 
 def test_fair_share_counts_the_dominant_resource() -> None:

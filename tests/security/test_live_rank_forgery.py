@@ -209,6 +209,7 @@ async def test_a_live_rank_cannot_forge_its_success_nor_a_heartbeat_nor_a_log_en
     ):
         async with store.pool.acquire() as conn:
             await agent.handlers()["GangReserved"](reserved, conn)
+        await agent.launches_done()
         [rank] = [r for r in agent.ranks.values() if r.key.job_id == "forger"]
         log_file = rank.workdir / "rank.log"
 

@@ -103,6 +103,7 @@ async def _reserve(
 async def _launch(agent: Agent, envelope: EventEnvelope) -> None:
     async with agent.store.pool.acquire() as conn:
         await agent.handlers()["GangReserved"](envelope, conn)
+    await agent.launches_done()
 
 
 async def test_a_hostile_rank_can_read_signal_or_reach_nothing_of_the_control_plane(

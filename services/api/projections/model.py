@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from core.admission import AdmissionCatalog
+from core.state import rank_host
 from schemas.base import Event
 from schemas.checkpoints import CheckpointCommitted
 from schemas.envelope import EventEnvelope
@@ -75,6 +76,9 @@ class ReadModels:
     allocations: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)
     # Exact: slices and shares count their fraction of a GPU (core/live_sharing.py).
     allocated_by_queue: Counter[str] = field(default_factory=Counter)
+    # CPUs (thousandths) and memory (MB) the queue's gangs hold, for its host ceilings.
+    allocated_cpus_by_queue: Counter[str] = field(default_factory=Counter)
+    allocated_memory_by_queue: Counter[str] = field(default_factory=Counter)
     waiting_by_class: Counter[str] = field(default_factory=Counter)
     waiting_by_queue: Counter[str] = field(default_factory=Counter)
     running_by_queue: Counter[str] = field(default_factory=Counter)
@@ -190,6 +194,11 @@ class ReadModels:
         if job.holds_gpus:
             # A Counter adds Fractions exactly as well as ints (its type says int only).
             self.allocated_by_queue[job.queue] += sign * job.held_gpus  # type: ignore[assignment]
+            cpus_milli, memory_mb = rank_host(job.spec)
+            if cpus_milli or memory_mb:
+                ranks = len(job.gang_ranks)
+                self.allocated_cpus_by_queue[job.queue] += sign * cpus_milli * ranks
+                self.allocated_memory_by_queue[job.queue] += sign * memory_mb * ranks
             self.running_by_queue[job.queue] += sign
         elif job.state in WAITING_STATES:
             self.waiting_by_class[job.priority] += sign

@@ -19,6 +19,8 @@ class QueueRecord:
     max_gpus: int | None
     weight: float
     updated_at: datetime
+    max_cpus: int | None = None
+    max_memory_mb: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,8 @@ def _on_queue_configured(
         max_gpus=event.max_gpus,
         weight=event.weight,
         updated_at=at,
+        max_cpus=event.max_cpus,
+        max_memory_mb=event.max_memory_mb,
     )
 
 

@@ -42,6 +42,8 @@ class Interval:
     gpus: GpuAmount
     start: datetime
     end: datetime | None = None
+    # The CPUs its ranks on nodes of this GPU type asked (CPU-only gangs hold CPUs, no GPU).
+    cpus: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +54,7 @@ class UsageRow:
     period_end: datetime
     allocated_gpu_hours: float
     used_gpu_hours: float
+    allocated_cpu_hours: float = 0.0
 
 
 def _uses(job: JobReadModel | None) -> bool:
@@ -216,15 +219,18 @@ class UsageBook:
                 interval.end = at
         elif now and not was:
             by_type: dict[str, GpuAmount] = defaultdict(int)
+            cpus_by_type: dict[str, float] = defaultdict(float)
+            cpus = job.spec.cpus_per_task or 0.0
             if job.ranks:
                 for rank in job.ranks:
                     kind = gpu_type_of(rank.node_id) or job.spec.gpu_type or "unknown"
                     by_type[kind] += placement_gpus(rank)
+                    cpus_by_type[kind] += cpus
             else:
                 for node, gpus in job.placement.items():
                     by_type[gpu_type_of(node) or job.spec.gpu_type or "unknown"] += len(gpus)
             intervals = [
-                Interval(job.id, job.spec.team, gpu_type, count, at)
+                Interval(job.id, job.spec.team, gpu_type, count, at, cpus=cpus_by_type[gpu_type])
                 for gpu_type, count in sorted(by_type.items())
             ]
             book.extend(intervals)
@@ -247,8 +253,10 @@ def _spread(
     by: Bucket,
     now: datetime,
     teams: set[str] | None,
+    amount: Callable[[Interval], float] = lambda interval: float(interval.gpus),
 ) -> dict[tuple[str, str, datetime], float]:
-    """GPU-hours per (team, gpu type, period) of the intervals, clipped to [start, end)."""
+    """GPU-hours (or another `amount`'s hours) per (team, gpu type, period) of the intervals,
+    clipped to [start, end)."""
     hours: dict[tuple[str, str, datetime], float] = defaultdict(float)
     step = _step_of(by)
     for interval in intervals:
@@ -260,7 +268,7 @@ def _spread(
         while low < high:
             boundary = min(period + step, high)
             hours[(interval.team, interval.gpu_type, period)] += (
-                interval.gpus * (boundary - low).total_seconds() / 3600
+                amount(interval) * (boundary - low).total_seconds() / 3600
             )
             low, period = boundary, period + step
     return hours
@@ -278,6 +286,7 @@ def report(
     """Rows per (team, GPU type, period) with any allocation in [start, end), in that order."""
     allocated = _spread(book.allocated, start, end, by, now, teams)
     used = _spread(book.used, start, end, by, now, teams)
+    cpu_hours = _spread(book.allocated, start, end, by, now, teams, lambda i: i.cpus)
     step = _step_of(by)
     return [
         UsageRow(
@@ -287,6 +296,7 @@ def report(
             period_end=period + step,
             allocated_gpu_hours=round(hours, 6),
             used_gpu_hours=round(used.get((team, gpu_type, period), 0.0), 6),
+            allocated_cpu_hours=round(cpu_hours.get((team, gpu_type, period), 0.0), 6),
         )
         for (team, gpu_type, period), hours in sorted(allocated.items())
     ]

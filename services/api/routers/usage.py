@@ -32,6 +32,7 @@ class UsageItem(View):
     period_end: datetime
     allocated_gpu_hours: float
     used_gpu_hours: float
+    allocated_cpu_hours: float = 0.0
 
 
 class TeamUsage(View):
@@ -43,6 +44,10 @@ class TeamUsage(View):
     max_gpu_hours: float | None
     allocated_gpu_hours: float
     used_gpu_hours: float
+    allocated_cpu_hours: float = 0.0
+    # The queue's CPU and memory ceilings (None: none).
+    max_cpus: int | None = None
+    max_memory_mb: int | None = None
 
 
 class UsageReport(View):
@@ -118,6 +123,9 @@ async def get_usage(
                 max_gpu_hours=None if ceiling is None else round(ceiling * hours, 6),
                 allocated_gpu_hours=round(sum(r.allocated_gpu_hours for r in mine), 6),
                 used_gpu_hours=round(sum(r.used_gpu_hours for r in mine), 6),
+                allocated_cpu_hours=round(sum(r.allocated_cpu_hours for r in mine), 6),
+                max_cpus=queue.max_cpus if queue is not None else None,
+                max_memory_mb=queue.max_memory_mb if queue is not None else None,
             )
         )
     return UsageReport(
@@ -132,6 +140,7 @@ async def get_usage(
                 period_end=row.period_end,
                 allocated_gpu_hours=row.allocated_gpu_hours,
                 used_gpu_hours=row.used_gpu_hours,
+                allocated_cpu_hours=row.allocated_cpu_hours,
             )
             for row in rows
         ],
