@@ -809,8 +809,15 @@ class Auditor:
                 continue
             if shape.gpu_type is not None and node.gpu_type != shape.gpu_type:
                 continue
+            # A GPU in MIG mode or holding shares is no whole GPU (core/sharing.py): counting
+            # a fixed-MIG node's GPUs as idle flagged every reclaim on such a cluster.
+            at = self._instant if self._instant is not None else 0.0
             free = sum(
-                1 for gpu in node.gpus if gpu not in node.unhealthy and (node_id, gpu) not in held
+                1
+                for gpu in node.gpus
+                if gpu not in node.unhealthy
+                and (node_id, gpu) not in held
+                and self._sharing.whole_usable(node_id, gpu, at)
             )
             units = free // shape.unit_gpus
             if units:

@@ -52,6 +52,24 @@ class SharingAudit:
                 self.ledger.release(holder)
         return []
 
+    def whole_usable(self, node_id: str, index: int, at: float) -> bool:
+        """Whether a whole-GPU gang could be given this GPU at `at`, as far as sharing goes:
+        not in MIG mode (a fixed node's, a partitioned or re-partitioning dynamic GPU) and
+        holding no slices or shares. Health, drains and whole gangs are the caller's."""
+        node = self.ledger.nodes.get(node_id)
+        if node is None:
+            return True
+        gpu = next((g for g in node.gpus if g.index == index), None)
+        if gpu is None:
+            return True
+        return (
+            node.mig != "fixed"
+            and not gpu.geometry
+            and not gpu.slices
+            and not gpu.shares
+            and at >= gpu.busy_until
+        )
+
     def _geometry(self, event: GpuGeometryChanged, at: float) -> list[str]:
         node = self.ledger.nodes.get(event.node_id)
         if node is None or event.gpu_index >= len(node.gpus):

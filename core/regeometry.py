@@ -139,7 +139,14 @@ def _geometry_for_slices(
         model = node.model
         if model is None:
             continue
-        fitting = [a for a in asks if node.of_type(a) and a.mig_profile in model.profiles]
+        # Only for slices this node could host (its type, CPUs, memory): an instance cut where
+        # the task cannot land serves nobody, and the slice, still waiting, would have the
+        # next idle GPU cut in the next cycle (_without_an_instance asks the same).
+        fitting = [
+            a
+            for a in asks
+            if node.of_type(a) and node.fits_host(a) and a.mig_profile in model.profiles
+        ]
         if not fitting:
             continue
         idle = sum(1 for gpu in node.gpus if gpu.idle and not gpu.geometry)

@@ -111,6 +111,17 @@ async def get_job_logs(
         int | None, Query(ge=0, le=1_000_000, description="only the last N lines")
     ] = None,
 ) -> StreamingResponse:
+    elements = models.arrays.get(job_id) if job_id not in models.jobs else None
+    if elements:
+        # An array's id (what `gangway submit` printed) has no output of its own: say so and
+        # name its elements, once the caller may see them (another team learns nothing).
+        caller.visible(models.jobs.get(elements[0]), job_id)
+        raise ProblemError(
+            404,
+            "not-found",
+            f"job {job_id} is an array of {len(elements)} jobs and has no output of its own: "
+            f"ask for one of its elements ({elements[0]} … {elements[-1]})",
+        )
     job = caller.visible(models.jobs.get(job_id), job_id)
     chosen = attempt if attempt is not None else job.attempt
     if chosen == 0:
