@@ -2,8 +2,10 @@
 
 mutmut 3 (configured in pyproject's [tool.mutmut]) copies the code into mutants/, records which
 core tests reach which function, and runs for each mutant only those tests (stopping at the
-first failure). This wrapper picks the modules, bounds the run's wall time, and prints per module
-what was killed and what survived; its LAST line is
+first failure); this wrapper narrows them to the mutated module's own tests (MODULE_TESTS,
+COMMON_TESTS). It picks the modules, bounds the run's wall time, reports the CPU time, and
+prints per module what was killed and what survived (mutants/survivors.txt; the test that
+killed each mutant goes to mutants/kills.txt); its LAST line is
 
     mutation score: K killed of M (P%)
 

@@ -366,3 +366,41 @@ def test_a_cpu_only_gang_is_passed_over_not_the_end_of_the_search_for_gpus() -> 
 
     assert len(victims(history)) == 1 and victims(history)[0] in research
     assert history.job(prep).state == "running"
+
+
+def test_a_preemptor_of_exactly_three_names_them_all_and_each_victim_is_told_the_priority() -> None:
+    history = History("1x4:1:1")
+    history.submit(*(a_job().gpus(1).priority("research") for _ in range(4)))
+    history.run()
+    preemptor = history.submit(a_job().gpus(3).priority("production"))[0]
+
+    history.cycle()
+
+    assert len(victims(history)) == 3
+    assert history.job(preemptor).reason == (
+        f"needs 3 GPUs in one NVLink domain; preempting {', '.join(victims(history))}; "
+        "starts once they checkpoint (within 120 s)"
+    )
+    assert {p.code for p in history.events(PreemptionRequested)} == {"priority"}
+
+
+def test_a_team_reclaiming_its_guarantee_tells_each_victim_so_and_counts_the_fourth() -> None:
+    history = History("1x4:1:1")
+    history.team("alpha", guaranteed=4).team("beta")
+    history.submit(*(a_job().gpus(1).team("beta") for _ in range(4)))
+    history.run()
+    owner = history.submit(a_job().gpus(4).team("alpha"))[0]
+
+    history.cycle()
+
+    first = ", ".join(victims(history)[:3])
+    assert len(victims(history)) == 4
+    assert history.job(owner).reason == (
+        f"needs 4 GPUs in one NVLink domain; preempting {first} and 1 more; "
+        "starts once they checkpoint (within 120 s)"
+    )
+    requests = history.events(PreemptionRequested)
+    assert {p.code for p in requests} == {"reclaim"}
+    assert {p.reason for p in requests} == {
+        f"preempted for job {owner} (reclaiming guaranteed capacity)"
+    }
