@@ -53,6 +53,9 @@ async def serve(settings: AdmissionSettings) -> int:
             handlers={JobSubmitted.type: handle},
             # A fetched batch's decisions go to the log in one append (service.py `batch`).
             batch_scope=admission.batch,
+            # The inbox makes a redelivered submission a no-op: offsets once a second, not
+            # one round trip to the group coordinator per batch on the way to the next fetch.
+            commit_interval_s=1.0,
         )
         consumer_lag.watch("events", consumer)
         task = asyncio.create_task(consumer.run(stop))

@@ -6,9 +6,7 @@ the read models' per-stream versions make a redelivered event a no-op.
 
 from __future__ import annotations
 
-import time
-
-from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
+from aiokafka import ConsumerRecord
 
 from schemas import EventDecodeError, EventEnvelope
 from services.api.feed import ReadModelFeed
@@ -25,19 +23,13 @@ COMMIT_INTERVAL_S = 1.0
 class ReadModelConsumer(ConsumerLoop):
     def __init__(self, settings: Settings, feed: ReadModelFeed, *, group: str) -> None:
         # Every log topic, so that the watermark (and thus the lag) advances from the bus alone.
-        super().__init__(settings, name=group, topics=Topics.from_settings(settings).log_topics)
+        super().__init__(
+            settings,
+            name=group,
+            topics=Topics.from_settings(settings).log_topics,
+            commit_interval_s=COMMIT_INTERVAL_S,
+        )
         self.feed = feed
-        self._uncommitted: dict[TopicPartition, int] = {}
-        self._committed_at = 0.0
-
-    async def _commit(self, consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int]) -> None:
-        self._uncommitted.update(offsets)
-        now = time.monotonic()
-        if now - self._committed_at < COMMIT_INTERVAL_S:
-            return
-        self._committed_at = now
-        offsets, self._uncommitted = self._uncommitted, {}
-        await super()._commit(consumer, offsets)
 
     async def process(self, record: ConsumerRecord[bytes, bytes]) -> Outcome:
         # The API applies its own appends at once, and the log poll may have been first too:

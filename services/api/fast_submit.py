@@ -1,7 +1,7 @@
 """`POST /v1/jobs` and `POST /v1/jobs:batch` without the framework's machinery for ordinary
 submissions.
 
-Profiled on the submit path, FastAPI's routing, dependency solving, body handling and the five
+Profiled on the submit path, FastAPI's routing, dependency solving, body handling and the eight
 middleware layers around it cost about three times our own handler (and for a batch, a third
 validation of every spec). An ordinary submission (a JSON body of declared length within the
 cap, one bearer token; for `POST /v1/jobs` one job, no array, no dependencies) is served here
@@ -40,9 +40,9 @@ SINGLE: Final = "/v1/jobs"
 BATCH: Final = "/v1/jobs:batch"
 _SPEC: Final = TypeAdapter(JobSpec)
 _BATCH: Final = TypeAdapter(BatchSubmit)
-# The route's Idempotency-Key header: 1 to 255 visible ASCII characters.
 # Counted as nginx does a client that left before its answer (nothing is sent).
 CLIENT_LEFT: Final = 499
+# The route's Idempotency-Key header: 1 to 255 visible ASCII characters.
 _KEY = re.compile(r"[\x21-\x7e]{1,255}")
 _JSON_HEADERS: Final = [(b"content-type", b"application/json")]
 

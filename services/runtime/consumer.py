@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import traceback
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
@@ -87,10 +88,24 @@ class ConsumerLoop(ABC):
     dead letters, commits and shutdown.
     """
 
-    def __init__(self, settings: Settings, *, name: str, topics: Sequence[str]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        name: str,
+        topics: Sequence[str],
+        commit_interval_s: float = 0.0,
+    ) -> None:
         self.settings = settings
         self.name = name
         self.topics = tuple(topics)
+        # Offsets are committed at most this often (0: after every batch). A consumer whose
+        # effects make a redelivery a no-op (an inbox, versioned read models) spares a round
+        # trip to the group coordinator per batch; a restart or a rebalance then re-reads, as
+        # no-ops, what was applied since the last commit. What is applied is committed on stop.
+        self.commit_interval_s = commit_interval_s
+        self._uncommitted: dict[TopicPartition, int] = {}
+        self._committed_at = 0.0
         self.bus_topics = Topics.from_settings(settings)
         self.counts: dict[Outcome, int] = dict.fromkeys(Outcome, 0)
         self._consumer: AIOKafkaConsumer | None = None
@@ -118,6 +133,7 @@ class ConsumerLoop(ABC):
         follow_readiness(self)
         # Per partition, the offset of the first record not processed yet.
         unprocessed: dict[TopicPartition, int] = {}
+        self._committed_at = time.monotonic()  # the group resumed from its committed offsets
         try:
             while not stop.is_set():
                 batches = await consumer.getmany(
@@ -133,12 +149,17 @@ class ConsumerLoop(ABC):
                 if done:
                     # One commit for every partition of the batch: each one's effects are
                     # durable already, and one round trip to the coordinator is all it takes.
-                    await self._commit(consumer, done)
+                    await self._commit_due(consumer, done)
                 unprocessed.update(done)
                 self.lag = _lag(consumer, unprocessed)
         finally:
             unfollow_readiness(self)
             self._consumer = self._producer = None
+            if self._uncommitted:
+                # Bounded: with the broker away the next owner re-reads them, as no-ops.
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._commit(consumer, self._uncommitted), 2.0)
+                self._uncommitted = {}
             await consumer.stop()
             await producer.stop()
 
@@ -251,6 +272,17 @@ class ConsumerLoop(ABC):
             self.bus_topics.deadletter, record.value, key=record.key, headers=headers
         )
 
+    async def _commit_due(
+        self, consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int]
+    ) -> None:
+        self._uncommitted.update(offsets)
+        now = time.monotonic()
+        if now - self._committed_at < self.commit_interval_s:
+            return
+        self._committed_at = now
+        due, self._uncommitted = self._uncommitted, {}
+        await self._commit(consumer, due)
+
     async def _commit(self, consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int]) -> None:
         try:
             await consumer.commit(offsets)
@@ -294,8 +326,9 @@ class EventConsumer(ConsumerLoop):
         handlers: Mapping[str, EventHandler],
         registry: EventRegistry = REGISTRY,
         batch_scope: BatchScope | None = None,
+        commit_interval_s: float = 0.0,
     ) -> None:
-        super().__init__(settings, name=name, topics=topics)
+        super().__init__(settings, name=name, topics=topics, commit_interval_s=commit_interval_s)
         self.batch_scope = batch_scope
         unknown = [t for t in handlers if t not in registry.types]
         if unknown:

@@ -176,8 +176,14 @@ async def test_a_redelivered_event_changes_nothing(
     assert consumer.counts[Outcome.APPLIED] == 3
 
 
+# 0: a commit after every batch; an hour: none while it runs, what it applied on its stop.
+@pytest.mark.parametrize("commit_interval_s", [0.0, 3600.0])
 async def test_a_restarted_consumer_resumes_after_what_it_committed(
-    settings: Settings, store: EventStore, topics: Topics, producer: AIOKafkaProducer
+    settings: Settings,
+    store: EventStore,
+    topics: Topics,
+    producer: AIOKafkaProducer,
+    commit_interval_s: float,
 ) -> None:
     await create_effects_table(settings)
     events = await _recorded(store, "job-r", 6)
@@ -189,6 +195,7 @@ async def test_a_restarted_consumer_resumes_after_what_it_committed(
             name="resumer",
             topics=[topics.jobs],
             handlers={"JobDeferred": count_effects},
+            commit_interval_s=commit_interval_s,
         )
 
     first = consumer()
