@@ -59,4 +59,6 @@ def test_preemption_for_and_of_slices_and_shares_keeps_every_rule(
         h: s for h, (_, s) in again.holders.items()
     }
     assert live.held_mix == again.held_mix
-    assert schedule(replayed, history.now).decisions == schedule(history.state, history.now).decisions
+    assert (
+        schedule(replayed, history.now).decisions == schedule(history.state, history.now).decisions
+    )
