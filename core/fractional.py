@@ -42,7 +42,7 @@ from core.sharing import (
     free_thousandths,
     share_memory_mb,
 )
-from core.slo import headroom_free, headroom_refuses, keeps_headroom
+from core.slo import eats_headroom, headroom_free, headroom_refuses, keeps_headroom
 from core.state import CoreJob
 from schemas.jobs import GangReserved, GpuShare, JobSpec, MigSlice, RankPlacement
 
@@ -71,6 +71,8 @@ class SharingTrial:
     reasons: dict[tuple[object, ...], Outcome] = field(default_factory=dict)
     never: dict[tuple[object, ...], str | None] = field(default_factory=dict)
     hold_ends: list[float | None] = field(default_factory=list)
+    # Share kinds the inference headroom refused this cycle, with the reason given.
+    headroom_refused: dict[tuple[object, ...], Outcome] = field(default_factory=dict)
     # Slice and share jobs that found no room this cycle, in queue order (preemption may make
     # room: core/share_preemption.py).
     blocked: list[CoreJob] = field(default_factory=list)
@@ -240,6 +242,18 @@ def place_fractional(
     attempt = job.attempt + 1
     # What the inference headroom counts free before this job binds (core/slo.py).
     free_before = headroom_free(ctx, snap) if keeps_headroom(ctx, job) else None
+    if free_before is not None:
+        # What the headroom would lose is known before looking for spots for a slice job
+        # (n/7 a slice); a share refused once this cycle is refused again (room only shrinks).
+        if ask.kind == "mig" and eats_headroom(ctx, job, free_before, amount, quota):
+            # An idle GPU may still be cut for it (a GPU being cut counts free): the
+            # headroom then holds free slices, which an inference slice takes at once.
+            trial.unplaced_slices.append((job, ask, spec.tasks))
+            return False
+        refused = trial.headroom_refused.get((key, job.queue, job.priority))
+        if refused is not None:
+            outcomes[job.job_id] = refused
+            return False
     if key not in trial.failed:
         for rank in range(spec.tasks):
             spot = find_spot(ctx, snap, ask)
@@ -250,9 +264,14 @@ def place_fractional(
             holders.append(holder)
             spots.append(spot)
             trial.touched.add(spot.node_id)
-    if len(spots) == spec.tasks and headroom_refuses(ctx, snap, job, spots, free_before, quota):
+    if (
+        ask.kind == "share"
+        and len(spots) == spec.tasks
+        and headroom_refuses(ctx, snap, job, spots, free_before, quota)
+    ):
         for holder in holders:
             ledger.release(holder)
+        trial.headroom_refused[(key, job.queue, job.priority)] = outcomes[job.job_id]
         return False
     if len(spots) < spec.tasks:
         for holder in holders:

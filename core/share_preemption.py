@@ -59,9 +59,11 @@ def preempt_for_fractions(ctx: CycleContext, snap: Snapshot, quota: QuotaBook) -
     # Task types that found no victims this cycle: victims only get scarcer.
     hopeless: set[tuple[object, ...]] = set()
     for job in trial.blocked:
-        spec = job.spec
-        if preemptors >= MAX_FRACTIONAL_PREEMPTORS or spec is None:
+        if preemptors >= MAX_FRACTIONAL_PREEMPTORS:
             break
+        spec = job.spec
+        if spec is None:
+            continue
         if job.awaiting_victims and ctx.victims_pending(job):
             continue
         if job.last_preempting_at is not None:

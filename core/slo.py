@@ -86,7 +86,7 @@ def headroom_blocks(
     if shape.cpu_only or not keeps_headroom(ctx, job):
         return False
     taken = sum(units for _, units in allocation) * shape.unit_gpus
-    return _eats_headroom(ctx, job, headroom_free(ctx, snap), taken, quota)
+    return eats_headroom(ctx, job, headroom_free(ctx, snap), taken, quota)
 
 
 def headroom_refuses(
@@ -120,12 +120,14 @@ def headroom_refuses(
         if snap.free.get(record.index, 0) >> spot.gpus[0] & 1:
             converted.add(where)
             taken += 1
-    return _eats_headroom(ctx, job, free_before, taken, quota)
+    return eats_headroom(ctx, job, free_before, taken, quota)
 
 
-def _eats_headroom(
+def eats_headroom(
     ctx: CycleContext, job: CoreJob, free: GpuAmount, taken: GpuAmount, quota: QuotaBook
 ) -> bool:
+    """Whether taking `taken` of `free` leaves less than the headroom (and the job's guarantee
+    does not cover it); if so the job's reason says it."""
     policy = ctx.policy
     headroom = policy.inference_headroom_gpus
     if not taken or free - taken >= headroom:

@@ -18,7 +18,10 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 async def h100_cluster(api: Api, store: EventStore) -> None:
     await api.create_team("nlp")
-    await store.append("node-n1", 0, [node("n1")])
+    # MIG-capable (the scheduler may cut its GPUs): a slice job is refused on a fleet where
+    # no node offers its profile (test_validation_api.py).
+    mig = node("n1").model_copy(update={"gpu_model": "H100-80GB", "mig": "dynamic"})
+    await store.append("node-n1", 0, [mig])
     async with asyncio.timeout(30):
         while True:
             if (await api.client.get("/v1/nodes", headers=api.as_admin())).json()["items"]:
