@@ -18,10 +18,10 @@ from services.api.auth import load_admin_token, token_sha256
 from services.api.bus import ReadModelConsumer
 from services.api.commands import Commands
 from services.api.feed import ReadModelFeed
-from services.api.follows import FollowGate
 from services.api.metrics import ApiMetrics
 from services.api.projections.model import ReadModels
 from services.api.settings import ApiSettings
+from services.api.streams import StreamGate
 from services.runtime.consumer import TelemetryConsumer
 from services.runtime.errors import DATABASE_UNAVAILABLE
 from services.runtime.migrate import migrate_settings
@@ -46,8 +46,8 @@ class ApiContext:
     live: bool = False
     # GPUs' utilization from the telemetry topic (fed while the bus is used).
     activity: GpuActivity = field(default_factory=GpuActivity)
-    # The followed logs each team holds open (GET /v1/jobs/{id}/logs?follow=true).
-    follows: FollowGate = field(default_factory=FollowGate)
+    # The followed logs and dashboard streams each team holds open (services/api/streams.py).
+    streams: StreamGate = field(default_factory=StreamGate)
 
     @property
     def models(self) -> ReadModels:

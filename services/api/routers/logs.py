@@ -23,10 +23,9 @@ from fastapi.responses import PlainTextResponse, StreamingResponse
 
 from services.agent.log_server import AUTH_HEADER, auth_header
 from services.api.deps import Caller, Context, Models, still_authorized
-from services.api.follows import FollowSlot
 from services.api.problems import PROBLEM_RESPONSES, ProblemError, not_found
 from services.api.projections.jobs import JobReadModel
-from services.api.ratelimit import retry_after
+from services.api.streams import StreamSlot
 
 JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9._-]{1,64}$", description="the job's id")]
 
@@ -134,15 +133,7 @@ async def get_job_logs(
         raise not_found(missing)
     slot = None
     if follow and caller.team is not None:
-        slot = context.follows.enter(caller.team, context.settings.logs_follows_per_team)
-        if slot is None:
-            raise ProblemError(
-                429,
-                "too-many-follows",
-                f"team {caller.team!r} already follows {context.follows.open(caller.team)} "
-                "logs in this API process; close one first",
-                headers={"Retry-After": retry_after(context.settings.logs_poll_s * 10)},
-            )
+        slot = context.streams.admit(caller.team, context.settings.streams_per_team)
     client = httpx.AsyncClient(timeout=context.settings.agent_logs_timeout_s)
     try:
         first = await _fetch(client, source, tail=tail)
@@ -151,7 +142,7 @@ async def get_job_logs(
     except BaseException:
         await client.aclose()
         if slot is not None:
-            context.follows.leave(slot)
+            context.streams.leave(slot)
         raise
     if first is None:
         # Following a rank that has not written yet: from the start, when it does.
@@ -194,7 +185,7 @@ async def _follow(
     client: httpx.AsyncClient,
     source: RankLog,
     first: Chunk,
-    slot: FollowSlot | None,
+    slot: StreamSlot | None,
 ) -> AsyncIterator[bytes]:
     """Everything from `first`, then what is appended, until the attempt is over and read
     (or the caller's token is revoked); then the team's follow `slot` is given back."""
@@ -221,5 +212,5 @@ async def _follow(
             await asyncio.sleep(poll)
     finally:
         if slot is not None:
-            context.follows.leave(slot)
+            context.streams.leave(slot)
         await client.aclose()
