@@ -21,6 +21,7 @@ from services.api.feed import ReadModelFeed
 from services.api.metrics import ApiMetrics
 from services.api.projections.model import ReadModels
 from services.api.settings import ApiSettings
+from services.api.streams import StreamGate
 from services.runtime.consumer import TelemetryConsumer
 from services.runtime.errors import DATABASE_UNAVAILABLE
 from services.runtime.migrate import migrate_settings
@@ -45,6 +46,8 @@ class ApiContext:
     live: bool = False
     # GPUs' utilization from the telemetry topic (fed while the bus is used).
     activity: GpuActivity = field(default_factory=GpuActivity)
+    # The followed logs and dashboard streams each team holds open (services/api/streams.py).
+    streams: StreamGate = field(default_factory=StreamGate)
 
     @property
     def models(self) -> ReadModels:

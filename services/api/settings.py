@@ -44,6 +44,9 @@ class ApiSettings(Settings):
     agent_logs_url: str = "http://127.0.0.1:9150"
     agent_logs_timeout_s: float = Field(default=10.0, gt=0)
     logs_poll_s: float = Field(default=0.5, gt=0)
+    # How many followed logs and dashboard streams one team may hold open in one API process
+    # (services/api/streams.py).
+    streams_per_team: int = Field(default=16, ge=1)
 
     @property
     def listen_host(self) -> str:

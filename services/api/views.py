@@ -75,6 +75,8 @@ _ARRAY_STATE_ORDER: tuple[JobState, ...] = (
 
 
 def array_view(array_id: str, jobs: list[JobReadModel]) -> ArrayView:
+    # By index, not in the order this process happened to learn the elements in.
+    jobs = sorted(jobs, key=lambda job: (job.array_index is None, job.array_index or 0, job.id))
     first = jobs[0]
     states = Counter(job.state for job in jobs)
     state = next(s for s in _ARRAY_STATE_ORDER if states[s])

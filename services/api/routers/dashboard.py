@@ -21,9 +21,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse, StreamingResponse
 
+from services.api.auth import Principal
+from services.api.bootstrap import ApiContext
 from services.api.deps import Caller, Context, Models, still_authorized
 from services.api.problems import PROBLEM_RESPONSES, not_found
 from services.api.projections.dashboard import snapshot
+from services.api.streams import StreamSlot
 
 UI = Path(__file__).resolve().parent.parent / "ui"
 # The files the page is made of, and nothing else: a request never names a path.
@@ -66,25 +69,43 @@ async def stream_dashboard(
     context: Context,
     interval: Annotated[float, Query(ge=0.05, le=60)] = 1.0,
 ) -> StreamingResponse:
-    async def events() -> AsyncIterator[str]:
-        sent_at: int | None = None
-        idle = 0.0
-        while not await request.is_disconnected():
-            models = await context.fresh()
-            position = models.watermark.position
-            # GPU activity changes without events: it is redrawn at least every ACTIVITY_S.
-            if position != sent_at or idle >= ACTIVITY_S:
-                if not await still_authorized(request, context):
-                    return  # the token was revoked since the stream opened
-                sent_at = position
-                idle = 0.0
-                view = snapshot(models, caller, activity=context.activity)
-                yield f"event: snapshot\ndata: {json.dumps(view)}\n\n"
-            await asyncio.sleep(interval)
-            idle += interval
+    # A team holds only so many streams open (services/api/streams.py); the admin any number.
+    slot = None
+    if caller.team is not None:
+        slot = context.streams.admit(caller.team, context.settings.streams_per_team)
+
+    async def events(slot: StreamSlot | None) -> AsyncIterator[str]:
+        try:
+            async for event in _snapshots(request, caller, context, interval):
+                yield event
+        finally:
+            if slot is not None:
+                context.streams.leave(slot)
 
     return StreamingResponse(
-        events(),
+        events(slot),
         media_type="text/event-stream",
         headers={**_NO_STORE, "X-Accel-Buffering": "no"},
     )
+
+
+async def _snapshots(
+    request: Request, caller: Principal, context: ApiContext, interval: float
+) -> AsyncIterator[str]:
+    """A snapshot at once, then whenever the log moves (at most every `interval`), until the
+    client leaves or its token is revoked."""
+    sent_at: int | None = None
+    idle = 0.0
+    while not await request.is_disconnected():
+        models = await context.fresh()
+        position = models.watermark.position
+        # GPU activity changes without events: it is redrawn at least every ACTIVITY_S.
+        if position != sent_at or idle >= ACTIVITY_S:
+            if not await still_authorized(request, context):
+                return  # the token was revoked since the stream opened
+            sent_at = position
+            idle = 0.0
+            view = snapshot(models, caller, activity=context.activity)
+            yield f"event: snapshot\ndata: {json.dumps(view)}\n\n"
+        await asyncio.sleep(interval)
+        idle += interval

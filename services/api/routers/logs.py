@@ -25,6 +25,7 @@ from services.agent.log_server import AUTH_HEADER, auth_header
 from services.api.deps import Caller, Context, Models, still_authorized
 from services.api.problems import PROBLEM_RESPONSES, ProblemError, not_found
 from services.api.projections.jobs import JobReadModel
+from services.api.streams import StreamSlot
 
 JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9._-]{1,64}$", description="the job's id")]
 
@@ -130,20 +131,26 @@ async def get_job_logs(
     source = _source(job, context, models, chosen, rank)
     if source is None:
         raise not_found(missing)
+    slot = None
+    if follow and caller.team is not None:
+        slot = context.streams.admit(caller.team, context.settings.streams_per_team)
     client = httpx.AsyncClient(timeout=context.settings.agent_logs_timeout_s)
     try:
         first = await _fetch(client, source, tail=tail)
+        if first is None and not (follow and not job.terminal):
+            raise not_found(missing)
     except BaseException:
         await client.aclose()
+        if slot is not None:
+            context.streams.leave(slot)
         raise
-    if first is None and not (follow and not job.terminal):
-        await client.aclose()
-        raise not_found(missing)
     if first is None:
         # Following a rank that has not written yet: from the start, when it does.
         first = Chunk(b"", 0, False)
     stream = (
-        _follow(request, context, client, source, first) if follow else _read(client, source, first)
+        _follow(request, context, client, source, first, slot)
+        if follow
+        else _read(client, source, first)
     )
     return StreamingResponse(stream, media_type=TEXT, headers=_headers(source))
 
@@ -173,10 +180,15 @@ async def _read(client: httpx.AsyncClient, source: RankLog, first: Chunk) -> Asy
 
 
 async def _follow(
-    request: Request, context: Context, client: httpx.AsyncClient, source: RankLog, first: Chunk
+    request: Request,
+    context: Context,
+    client: httpx.AsyncClient,
+    source: RankLog,
+    first: Chunk,
+    slot: StreamSlot | None,
 ) -> AsyncIterator[bytes]:
     """Everything from `first`, then what is appended, until the attempt is over and read
-    (or the caller's token is revoked)."""
+    (or the caller's token is revoked); then the team's follow `slot` is given back."""
     poll = context.settings.logs_poll_s
     offset = first.offset
     pending: Chunk | None = first
@@ -199,4 +211,6 @@ async def _follow(
                 return
             await asyncio.sleep(poll)
     finally:
+        if slot is not None:
+            context.streams.leave(slot)
         await client.aclose()
