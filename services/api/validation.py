@@ -81,6 +81,14 @@ def check_submission(spec: JobSpec, models: ReadModels) -> None:
         seconds = getattr(spec, field)
         if seconds is not None and seconds > MAX_RUNTIME_S:
             raise invalid("runtime-out-of-range", f"{field}: at most {MAX_RUNTIME_S} s (ten years)")
+    if spec.max_runtime_s is not None and spec.min_runtime_s > spec.max_runtime_s:
+        # A minimum runtime shields a gang from preemption; past its own end it would shield
+        # the whole run, a non-preemptible job by another name.
+        raise invalid(
+            "runtime-out-of-range",
+            f"min_runtime_s ({spec.min_runtime_s:g} s) must not exceed "
+            f"max_runtime_s ({spec.max_runtime_s:g} s)",
+        )
     for name in illegal_env_names(spec.env):
         raise invalid(
             "invalid-env",

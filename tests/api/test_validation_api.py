@@ -116,6 +116,16 @@ async def test_json_types_are_strict(
 
 
 @pytest.mark.usefixtures("teams")
+async def test_a_minimum_runtime_past_the_maximum_is_refused(api: Api, store: EventStore) -> None:
+    """min_runtime_s shields a gang from preemption: past max_runtime_s it shielded the whole
+    run, a non-preemptible job that the team's policy never allowed (found by the hostile-tenant
+    run)."""
+    body = {**VALID, "min_runtime_s": 7200, "max_runtime_s": 3600}
+    problem = await rejected(api, store, body, 422, "runtime-out-of-range")
+    assert "min_runtime_s" in str(problem["detail"])
+
+
+@pytest.mark.usefixtures("teams")
 async def test_nested_json_types_are_strict_too(api: Api, store: EventStore) -> None:
     body = {**VALID, "gpus_per_task": 2, "topology": {"tp_size": "2"}}
     await rejected(api, store, body, 422, "validation-error")
