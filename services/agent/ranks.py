@@ -22,7 +22,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,6 +160,34 @@ def stop_orphan(workdir: Path, job_id: str) -> bool:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
     return True
+
+
+def unrecorded_ranks(
+    work_dir: Path, nodes: Collection[str], known: Collection[tuple[str, int, int]]
+) -> list[tuple[tuple[str, int, int], Path]]:
+    """Rank processes still running in `work_dir` on one of `nodes` that are not among `known`
+    (job, attempt, rank): a crashed agent started them but died before their TaskStarted
+    reached the log, so the log knows nothing of them and nothing else would ever stop them.
+    Read from the pid files and the processes' own environment (pids are reused)."""
+    found: list[tuple[tuple[str, int, int], Path]] = []
+    for pid_file in work_dir.glob(f"*/a*/rank-*/{PID_FILE}"):
+        try:
+            pid = int(pid_file.read_text().strip())
+            raw = Path(f"/proc/{pid}/environ").read_bytes()
+        except (OSError, ValueError):
+            continue
+        env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+        try:
+            key = (
+                env[b"GANGWAY_JOB_ID"].decode(),
+                int(env[b"GANGWAY_ATTEMPT"]),
+                int(env[b"GANGWAY_RANK"]),
+            )
+        except (KeyError, ValueError, UnicodeDecodeError):
+            continue
+        if env.get(b"GANGWAY_NODE_ID", b"").decode(errors="replace") in nodes and key not in known:
+            found.append((key, pid_file.parent))
+    return found
 
 
 # ---------------------------------------------------------------------- distributed environment
