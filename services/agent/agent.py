@@ -64,6 +64,7 @@ from services.agent.ranks import (
     RankProcess,
     derived_master_port,
     distributed_env,
+    kill_group,
     launch,
     node_address,
     stop_orphan,
@@ -749,9 +750,9 @@ class Agent:
         # stopped first (nothing to record: the log never saw them), so that no rank runs
         # twice when its gang is started again (`_resume_launches`).
         strays = await asyncio.to_thread(unrecorded_ranks, self.work_dir, self.nodes, started)
-        for key, workdir in strays:
-            if await asyncio.to_thread(stop_orphan, workdir, key[0]):
-                log.warning("%s/%d rank %d: left unrecorded by a crash; stopped", *key)
+        for pgid, key in strays.items():
+            kill_group(pgid)
+            log.warning("%s/%d rank %d: left unrecorded by a crash; stopped", *key)
         for (job_id, attempt, rank), event in started.items():
             self.launched.add((job_id, attempt, rank))
             workdir = self.work_dir / job_id / f"a{attempt}" / f"rank-{rank}"

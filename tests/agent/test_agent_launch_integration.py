@@ -23,7 +23,7 @@ from schemas.jobs import (
     TaskStarted,
 )
 from services.agent.agent import Agent
-from services.agent.ranks import RankKey, launch
+from services.agent.ranks import PID_FILE, RankKey, launch
 from services.runtime import EventStore, Settings
 from tests.agent.test_agent_integration import make_agent, until
 from tests.integration.conftest import settings, stack, store
@@ -180,7 +180,9 @@ async def test_a_rank_started_but_never_recorded_is_stopped_and_its_gang_started
         "GANGWAY_NODE_ID": "n0000",
     }
     workdir = tmp_path / "work" / "stray" / "a1" / "rank-0"
+    env["GANGWAY_CHECKPOINT_REQUEST"] = str(workdir / "checkpoint-request.json")
     orphan = await launch(RankKey("stray", 1, 0), gang.ranks[0], 1, ["sleep", "600"], env, workdir)
+    (workdir / PID_FILE).unlink()  # it died even before the pid file was written
 
     successor = make_agent(settings, store, tmp_path)
     try:
