@@ -64,9 +64,11 @@ from services.agent.ranks import (
     RankProcess,
     derived_master_port,
     distributed_env,
+    kill_group,
     launch,
     node_address,
     stop_orphan,
+    unrecorded_ranks,
 )
 from services.agent.secrets import resolve_secret_env
 from services.agent.settings import AgentSettings
@@ -720,7 +722,9 @@ class Agent:
     async def reconcile(self) -> int:
         """After a restart: every rank on these nodes that the log says started and never
         exited was this agent's predecessor's. Stop what is left of it and record its end,
-        so that its gang is not held by ranks nobody watches. Returns how many."""
+        so that its gang is not held by ranks nobody watches; stop the ranks it started but
+        never recorded; start the gangs of which no rank had started. Returns how many ranks
+        it stopped or found gone."""
         types = ["TaskStarted", "TaskExited", "GangReserved"]
         started: dict[tuple[str, int, int], TaskStarted] = {}
         ever_started: set[tuple[str, int, int]] = set()
@@ -742,6 +746,13 @@ class Agent:
                 ):
                     latest[event.job_id] = envelope
                 position = envelope.position or position
+        # Ranks started by a predecessor that died before their TaskStarted was recorded:
+        # stopped first (nothing to record: the log never saw them), so that no rank runs
+        # twice when its gang is started again (`_resume_launches`).
+        strays = await asyncio.to_thread(unrecorded_ranks, self.work_dir, self.nodes, started)
+        for pgid, key in strays.items():
+            kill_group(pgid)
+            log.warning("%s/%d rank %d: left unrecorded by a crash; stopped", *key)
         for (job_id, attempt, rank), event in started.items():
             self.launched.add((job_id, attempt, rank))
             workdir = self.work_dir / job_id / f"a{attempt}" / f"rank-{rank}"
@@ -759,7 +770,7 @@ class Agent:
                 "%s/%d rank %d on %s: %s", job_id, attempt, rank, event.node_id, exited.reason
             )
         await self._resume_launches(latest.values(), ever_started)
-        return len(started)
+        return len(started) + len(strays)
 
     async def _resume_launches(
         self, gangs: Iterable[EventEnvelope], ever_started: set[tuple[str, int, int]]

@@ -22,7 +22,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -160,6 +160,52 @@ def stop_orphan(workdir: Path, job_id: str) -> bool:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
     return True
+
+
+def unrecorded_ranks(
+    work_dir: Path, nodes: Collection[str], known: Collection[tuple[str, int, int]]
+) -> dict[int, tuple[str, int, int]]:
+    """Rank processes still running from `work_dir` on one of `nodes` that are not among
+    `known` (job, attempt, rank), by process group: a crashed agent started them but died
+    before their TaskStarted reached the log (even before their pid file was written, and
+    before bubblewrap's --die-with-parent took hold), so the log knows nothing of them and
+    nothing else would ever stop them. Found in /proc by the variables the agent gave them."""
+    found: dict[int, tuple[str, int, int]] = {}
+    prefix = f"{work_dir}/".encode()
+    own_group = os.getpgrp()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "environ").read_bytes()
+            if b"GANGWAY_JOB_ID=" not in raw:
+                continue
+            pgid = os.getpgid(int(entry.name))
+        except (OSError, ValueError):
+            continue
+        env = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+        try:
+            key = (
+                env[b"GANGWAY_JOB_ID"].decode(),
+                int(env[b"GANGWAY_ATTEMPT"]),
+                int(env[b"GANGWAY_RANK"]),
+            )
+            node = env[b"GANGWAY_NODE_ID"].decode()
+        except (KeyError, ValueError, UnicodeDecodeError):
+            continue
+        if (
+            node in nodes
+            and env.get(b"GANGWAY_CHECKPOINT_REQUEST", b"").startswith(prefix)
+            and key not in known
+            and pgid not in (own_group, 0, 1)
+        ):
+            found[pgid] = key
+    return found
+
+
+def kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
 
 
 # ---------------------------------------------------------------------- distributed environment

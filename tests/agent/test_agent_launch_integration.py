@@ -4,6 +4,8 @@ jobs' launches nor keeps starting ranks after its attempt is released (issue 12:
 
 from __future__ import annotations
 
+import asyncio
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TypeVar
@@ -21,6 +23,7 @@ from schemas.jobs import (
     TaskStarted,
 )
 from services.agent.agent import Agent
+from services.agent.ranks import PID_FILE, RankKey, launch
 from services.runtime import EventStore, Settings
 from tests.agent.test_agent_integration import make_agent, until
 from tests.integration.conftest import settings, stack, store
@@ -157,5 +160,38 @@ async def test_a_restarted_agent_does_not_resume_a_gang_that_was_released(
         await successor.reconcile()
         await successor.launches_done()
         assert not await events_of(store, "gone", TaskStarted)
+    finally:
+        await successor.shutdown()
+
+
+async def test_a_rank_started_but_never_recorded_is_stopped_and_its_gang_started_once(
+    store: EventStore, settings: Settings, tmp_path: Path
+) -> None:
+    """The crashed agent spawned the rank and died before its TaskStarted reached the log:
+    the log knows nothing of it, so only the restarted agent can stop it (found by the
+    hardware chaos run: such a rank ran on beside its gang's next attempt)."""
+    gang = await submit_cpu_only(store, "stray", 1)
+    await store.append("job-stray", None, [gang])
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "GANGWAY_JOB_ID": "stray",
+        "GANGWAY_ATTEMPT": "1",
+        "GANGWAY_RANK": "0",
+        "GANGWAY_NODE_ID": "n0000",
+    }
+    workdir = tmp_path / "work" / "stray" / "a1" / "rank-0"
+    env["GANGWAY_CHECKPOINT_REQUEST"] = str(workdir / "checkpoint-request.json")
+    orphan = await launch(RankKey("stray", 1, 0), gang.ranks[0], 1, ["sleep", "600"], env, workdir)
+    (workdir / PID_FILE).unlink()  # it died even before the pid file was written
+
+    successor = make_agent(settings, store, tmp_path)
+    try:
+        assert await successor.reconcile() == 1
+        assert await asyncio.wait_for(orphan.process.wait(), 30) == -9
+        await successor.launches_done()
+        started = await events_of(store, "stray", TaskStarted)
+        assert [e.rank for e in started] == [0]
+        [rank] = [r for r in successor.ranks.values() if r.running]
+        assert rank.pid != orphan.pid
     finally:
         await successor.shutdown()

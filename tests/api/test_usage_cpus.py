@@ -13,8 +13,8 @@ from tests.api.test_usage import MIDNIGHT, Clock, started
 
 def test_a_cpu_only_gang_is_shown_back_in_cpu_hours_and_held_by_its_queue_meanwhile() -> None:
     clock = Clock()
-    spec = {"tasks": 3, "gpus_per_task": 0, "cpus_per_task": 2, "memory_mb_per_task": 512}
-    clock.at(0, node("n1"), submitted("p1", **spec))
+    prep = submitted("p1", tasks=3, gpus_per_task=0, cpus_per_task=2, memory_mb_per_task=512)
+    clock.at(0, node("n1"), prep)
     clock.at(0, JobAdmitted(job_id="p1", queue="nlp", priority="research"))
     ranks = [RankPlacement(rank=r, node_id="n1", gpus=[]) for r in range(3)]
     clock.at(1, GangReserved(job_id="p1", attempt=1, ranks=ranks), *started("p1", 3))
