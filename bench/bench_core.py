@@ -14,6 +14,7 @@ import resource
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -165,6 +166,40 @@ class Bench:
             self.live_ranks.pop(view.job_id, None)  # exited on their own
 
 
+# The phases of a cycle as core/cycle.py calls them, timed (CPU) when asked with --phases.
+PHASES = (
+    "react",
+    "order",
+    "place",
+    "preempt",
+    "refill_headroom",
+    "preempt_for_fairness",
+    "explain",
+)
+
+
+def time_phases() -> dict[str, list[float]]:
+    """Wrap the phase functions core/cycle.py calls so that each cycle's CPU per phase is
+    recorded (one list per phase, one entry per cycle that ran it; the caller clears them)."""
+    import core.cycle
+
+    spent: dict[str, list[float]] = {name: [] for name in PHASES}
+
+    def timed(name: str, phase: Callable[..., object]) -> Callable[..., object]:
+        def run(*args: object, **kwargs: object) -> object:
+            started = time.process_time()
+            try:
+                return phase(*args, **kwargs)
+            finally:
+                spent[name].append(time.process_time() - started)
+
+        return run
+
+    for name in PHASES:
+        setattr(core.cycle, name, timed(name, getattr(core.cycle, name)))
+    return spent
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
@@ -176,7 +211,11 @@ def main() -> None:
     parser.add_argument("--pending", type=int, default=10_000)
     parser.add_argument("--cycles", type=int, default=30)
     parser.add_argument("--replay-events", type=int, default=1_000_000)
+    parser.add_argument(
+        "--phases", action="store_true", help="also print each phase's CPU in the busy cycles"
+    )
     args = parser.parse_args()
+    phases = time_phases() if args.phases else None
 
     bench = Bench(args.cluster)
     print(f"cluster: {bench.state.total_gpus} GPUs on {len(list(bench.state.nodes()))} nodes")
@@ -223,6 +262,8 @@ def main() -> None:
     bench.submit(max(0, args.pending - bench.state.pending))
     times: list[float] = []
     bench.cpu_times.clear()
+    for spent in (phases or {}).values():
+        spent.clear()
     placed = 0
     for _ in range(args.cycles):
         bench.finish_some(0.01)
@@ -238,6 +279,15 @@ def main() -> None:
         f"max {max(times) * 1000:.0f} ms; CPU p50 {statistics.median(cpu) * 1000:.0f} ms, "
         f"p99 {percentile(cpu, 0.99) * 1000:.0f} ms; {placed} tasks placed"
     )
+    if phases is not None:
+        print(
+            "busy cycles' CPU by phase, p50 / max (ms): "
+            + ", ".join(
+                f"{name} {statistics.median(spent) * 1000:.1f} / {max(spent) * 1000:.1f}"
+                for name, spent in phases.items()
+                if spent
+            )
+        )
     # Settle: record decisions until a cycle has nothing to add (preemptors take their victims
     # a few per cycle, so this takes a while), then time cycles with nothing new to do.
     settling = 0
