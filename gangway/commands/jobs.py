@@ -98,6 +98,18 @@ def age(job: dict[str, Any], now: datetime) -> str:
     return f"{minutes}m{seconds:02d}s"
 
 
+def gpus(job: dict[str, Any]) -> str:
+    """What the job holds per its spec: whole GPUs as a count, slices as `3x1g.10gb`, shares as
+    `2x0.5 mps` (a slice or a share is not a GPU; counting each as one misled)."""
+    spec = job.get("spec") or {}
+    tasks = spec.get("tasks") or 1
+    if spec.get("mig_profile"):
+        return f"{tasks}x{spec['mig_profile']}"
+    if spec.get("gpu_fraction"):
+        return f"{tasks}x{spec['gpu_fraction']:g} {spec.get('sharing') or 'mps'}"
+    return str(job["gpus"])
+
+
 def table(rows: list[dict[str, Any]], *, wide: bool) -> Table:
     now = datetime.now(UTC)
     columns = ["ID", "NAME", "TEAM", "PRIORITY", "STATE", "GPUS", "AGE"]
@@ -113,7 +125,7 @@ def table(rows: list[dict[str, Any]], *, wide: bool) -> Table:
             job["team"],
             job["priority"],
             job["state"],
-            str(job["gpus"]),
+            gpus(job),
             age(job, now),
         ]
         if wide:
