@@ -116,6 +116,7 @@ class AdmissionCatalog:
     queues: dict[str, QueueLimits] = field(default_factory=dict)
     nodes: dict[str, NodeShape] = field(default_factory=dict)
     _largest_by_type: dict[str, int] | None = field(default=None, repr=False, compare=False)
+    _largest_whole_by_type: dict[str, int] | None = field(default=None, repr=False, compare=False)
     _placeable: dict[tuple[str | None, int, int | None, str], int] = field(
         default_factory=dict, repr=False, compare=False
     )
@@ -151,6 +152,7 @@ class AdmissionCatalog:
         if self.nodes.get(event.node_id) != shape:
             self.nodes[event.node_id] = shape
             self._largest_by_type = None
+            self._largest_whole_by_type = None
             self._placeable.clear()
 
     def _on_team_policy_configured(self, event: TeamPolicyConfigured) -> None:
@@ -176,6 +178,17 @@ class AdmissionCatalog:
             self._largest_by_type = largest
         return self._largest_by_type
 
+    def whole_gpu_types(self) -> dict[str, int]:
+        """Each GPU type with the GPU count of its largest node that can give whole GPUs: a
+        node with a fixed MIG geometry never does (a `dynamic` one is cut back when needed)."""
+        if self._largest_whole_by_type is None:
+            largest: dict[str, int] = {}
+            for node in self.nodes.values():
+                if node.mig != "fixed":
+                    largest[node.gpu_type] = max(largest.get(node.gpu_type, 0), node.gpus)
+            self._largest_whole_by_type = largest
+        return self._largest_whole_by_type
+
     def placeable_tasks(self, spec: JobSpec) -> int:
         """`max_placeable_tasks` over the nodes of the job's GPU type, kept per job shape."""
         key = (
@@ -189,7 +202,7 @@ class AdmissionCatalog:
             nodes = [
                 node
                 for node in self.nodes.values()
-                if spec.gpu_type is None or node.gpu_type == spec.gpu_type
+                if (spec.gpu_type is None or node.gpu_type == spec.gpu_type) and node.mig != "fixed"
             ]
             self._placeable[key] = placeable = max_placeable_tasks(spec, nodes)
         return placeable
@@ -283,7 +296,14 @@ def capacity_rejection(
                 f"{limits.max_gpus}",
             )
 
-    types = catalog.gpu_types()
+    types = catalog.whole_gpu_types()
+    if not types or (spec.gpu_type is not None and spec.gpu_type not in types):
+        of_type = "" if spec.gpu_type is None else f" of type {spec.gpu_type!r}"
+        return (
+            "task_too_large",
+            f"no node{of_type} offers whole GPUs: every one has a fixed MIG geometry "
+            "(ask a mig_profile instead)",
+        )
     largest_node = types[spec.gpu_type] if spec.gpu_type is not None else max(types.values())
     group_gpus = unit_gpus(spec)
     if group_gpus > largest_node:

@@ -172,3 +172,29 @@ def test_a_cpu_only_gang_larger_than_the_fleet_is_refused(catalog: AdmissionCata
     )
     one_node = job(gpus_per_task=0, cpus_per_task=16, tasks=5, topology={"require": "node"})
     assert rejection(admit("j3", one_node, catalog, CLASSES)) == "gang_too_large"
+
+
+def test_whole_gpus_of_a_type_whose_every_node_has_a_fixed_geometry_are_refused(
+    catalog: AdmissionCatalog,
+) -> None:
+    """A fixed geometry never gives a whole GPU back: such a job was admitted and waited for
+    ever (found by the adversarial run). A dynamic node of the type can be cut back: admitted."""
+    fixed = mig_node("f0", mig="fixed", profiles=("1g.10gb",) * 7)
+    catalog.apply(fixed.model_copy(update={"gpu_type": "H100MIG"}))
+    result = admit("j1", job(gpu_type="H100MIG", gpus_per_task=1), catalog, CLASSES)
+    assert rejection(result) == "task_too_large"
+    assert isinstance(result, JobRejected) and "fixed MIG geometry" in result.reason
+    catalog.apply(mig_node("d0").model_copy(update={"gpu_type": "H100MIG"}))
+    admitted = admit("j2", job(gpu_type="H100MIG", gpus_per_task=1), catalog, CLASSES)
+    assert isinstance(admitted, JobAdmitted)
+
+
+def test_a_fixed_geometry_node_does_not_count_toward_a_whole_gpu_gang(
+    catalog: AdmissionCatalog,
+) -> None:
+    """Four 8-GPU H100 nodes hold 32 whole GPUs; a fifth with a fixed geometry adds none."""
+    catalog.apply(mig_node("f0", mig="fixed", profiles=("1g.10gb",) * 7))
+    gang = job(team="vision", tasks=5, gpus_per_task=8)
+    assert rejection(admit("j1", gang, catalog, CLASSES)) == "gang_too_large"
+    catalog.apply(mig_node("d0"))
+    assert isinstance(admit("j2", gang, catalog, CLASSES), JobAdmitted)
