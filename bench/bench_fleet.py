@@ -45,7 +45,8 @@ async def main(nodes: int, rounds: int) -> None:
             health = HealthService(HealthSettings(**base, _env_file=None), store)
             agent = Agent(
                 AgentSettings(**base, fault_dir=Path("/nonexistent"), _env_file=None),
-                store, fleet,
+                store,
+                fleet,
             )
             total = nodes * rounds
             counts = {"inventory": 0, "health": 0}
@@ -63,8 +64,10 @@ async def main(nodes: int, rounds: int) -> None:
             stop = asyncio.Event()
             consumers = [
                 TelemetryConsumer(settings, name=f"bench-{name}", handler=counting(name, handler))
-                for name, handler in (("inventory", inventory.on_telemetry),
-                                      ("health", health.on_telemetry))
+                for name, handler in (
+                    ("inventory", inventory.on_telemetry),
+                    ("health", health.on_telemetry),
+                )
             ]
             tasks = [asyncio.create_task(c.run(stop)) for c in consumers]
             for consumer, task in zip(consumers, tasks, strict=True):
@@ -79,9 +82,7 @@ async def main(nodes: int, rounds: int) -> None:
                 await agent.send_heartbeats(producer)
                 round_times.append(time.perf_counter() - begin)
             await producer.stop()
-            await asyncio.wait_for(
-                asyncio.gather(*(event.wait() for event in done.values())), 600
-            )
+            await asyncio.wait_for(asyncio.gather(*(event.wait() for event in done.values())), 600)
             consumed_s = time.perf_counter() - started
             stop.set()
             await asyncio.gather(*tasks)
@@ -90,10 +91,14 @@ async def main(nodes: int, rounds: int) -> None:
 
     best = min(round_times)
     print(f"fleet: {nodes} nodes, {nodes * 8} GPUs, {rounds} rounds of heartbeats")
-    print(f"agent publish: best round {best:.2f} s = {nodes / best:,.0f} heartbeats/s "
-          f"(target {TARGET_PER_S:,}/s)")
-    print(f"inventory + health consume: {total:,} heartbeats each in {consumed_s:.2f} s = "
-          f"{total / consumed_s:,.0f} heartbeats/s per service (target {TARGET_PER_S:,}/s)")
+    print(
+        f"agent publish: best round {best:.2f} s = {nodes / best:,.0f} heartbeats/s "
+        f"(target {TARGET_PER_S:,}/s)"
+    )
+    print(
+        f"inventory + health consume: {total:,} heartbeats each in {consumed_s:.2f} s = "
+        f"{total / consumed_s:,.0f} heartbeats/s per service (target {TARGET_PER_S:,}/s)"
+    )
     lost = len(inventory.liveness.lost)
     print(f"nodes considered lost afterwards: {lost}")
 

@@ -18,8 +18,14 @@ from schemas.jobs import (
 )
 from services.agent.plan import fold_job, latest_checkpoint, rank_env, ranks_to_launch
 
-SPEC = JobSpec(name="train", team="ml", tasks=2, gpus_per_task=4, command=["python", "t.py"],
-               env={"LR": "0.1", "GANGWAY_RANK": "99"})
+SPEC = JobSpec(
+    name="train",
+    team="ml",
+    tasks=2,
+    gpus_per_task=4,
+    command=["python", "t.py"],
+    env={"LR": "0.1", "GANGWAY_RANK": "99"},
+)
 
 
 def gang(attempt: int = 1) -> GangReserved:
@@ -70,13 +76,21 @@ def test_a_cancelled_job_starts_nothing() -> None:
 
 def test_the_rank_environment_describes_its_placement() -> None:
     env = rank_env(
-        spec=SPEC, job_id="j1", attempt=3, placement=gang().ranks[1], world_size=2,
-        checkpoint_dir=Path("/ck/j1/a2-x"), checkpoint_request=Path("/w/req.json"),
+        spec=SPEC,
+        job_id="j1",
+        attempt=3,
+        placement=gang().ranks[1],
+        world_size=2,
+        checkpoint_dir=Path("/ck/j1/a2-x"),
+        checkpoint_request=Path("/w/req.json"),
         agent_env={"PATH": "/usr/bin", "SECRET": "agent's own"},
     )
     assert env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
     assert (env["GANGWAY_RANK"], env["GANGWAY_WORLD_SIZE"], env["GANGWAY_ATTEMPT"]) == (
-        "1", "2", "3")
+        "1",
+        "2",
+        "3",
+    )
     assert env["GANGWAY_CHECKPOINT_DIR"] == "/ck/j1/a2-x"
     assert env["LR"] == "0.1"
     assert env["PATH"] == "/usr/bin"
@@ -86,8 +100,14 @@ def test_the_rank_environment_describes_its_placement() -> None:
 def test_a_ranks_python_output_is_unbuffered_unless_the_job_says_otherwise() -> None:
     def env_of(spec: JobSpec) -> dict[str, str]:
         return rank_env(
-            spec=spec, job_id="j1", attempt=1, placement=gang().ranks[0], world_size=2,
-            checkpoint_dir=None, checkpoint_request=Path("/w/req.json"), agent_env={},
+            spec=spec,
+            job_id="j1",
+            attempt=1,
+            placement=gang().ranks[0],
+            world_size=2,
+            checkpoint_dir=None,
+            checkpoint_request=Path("/w/req.json"),
+            agent_env={},
         )
 
     assert env_of(SPEC)["PYTHONUNBUFFERED"] == "1"
@@ -97,8 +117,14 @@ def test_a_ranks_python_output_is_unbuffered_unless_the_job_says_otherwise() -> 
 
 def test_a_first_attempt_has_an_empty_checkpoint_dir() -> None:
     env = rank_env(
-        spec=SPEC, job_id="j1", attempt=1, placement=gang().ranks[0], world_size=2,
-        checkpoint_dir=None, checkpoint_request=Path("/w/req.json"), agent_env={},
+        spec=SPEC,
+        job_id="j1",
+        attempt=1,
+        placement=gang().ranks[0],
+        world_size=2,
+        checkpoint_dir=None,
+        checkpoint_request=Path("/w/req.json"),
+        agent_env={},
     )
     assert env["GANGWAY_CHECKPOINT_DIR"] == ""
 
@@ -117,8 +143,14 @@ def test_the_ranks_are_told_their_checkpoint_interval() -> None:
 
     def interval_of(spec: JobSpec, recorded: float | None) -> str:
         return rank_env(
-            spec=spec, job_id="j1", attempt=1, placement=gang().ranks[0], world_size=2,
-            checkpoint_dir=None, checkpoint_request=Path("/w/req.json"), agent_env={},
+            spec=spec,
+            job_id="j1",
+            attempt=1,
+            placement=gang().ranks[0],
+            world_size=2,
+            checkpoint_dir=None,
+            checkpoint_request=Path("/w/req.json"),
+            agent_env={},
             checkpoint_interval_s=recorded,
         )["GANGWAY_CHECKPOINT_INTERVAL_S"]
 

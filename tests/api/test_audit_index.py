@@ -71,9 +71,7 @@ async def test_a_teams_page_is_full_however_much_other_teams_wrote(
         pages: list[list[str]] = []
         while True:
             page = (
-                await api.client.get(
-                    "/v1/events", params={"after": after, "limit": 2}, headers=nlp
-                )
+                await api.client.get("/v1/events", params={"after": after, "limit": 2}, headers=nlp)
             ).json()
             pages.append([e["stream"] for e in page["items"]])
             after = page["next"]

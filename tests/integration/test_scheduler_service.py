@@ -140,8 +140,7 @@ async def test_a_leader_whose_lock_session_ends_stops_leading_and_a_replica_lead
 
             async def new_epoch() -> bool:
                 return any(
-                    r.service.leadership is not None
-                    and r.service.leadership.epoch == old_epoch + 1
+                    r.service.leadership is not None and r.service.leadership.epoch == old_epoch + 1
                     for r in (first, second)
                 )
 
