@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from schemas.jobs import JobSpec
 from services.api.auth import Principal, authenticate
 from services.api.bootstrap import ApiBootstrap, ApiContext
+from services.api.limits import forward_read_body
 from services.api.metrics import ApiMetrics
 from services.api.models import BatchCreatedView, BatchSubmit, JobCreatedView
 from services.api.problems import problem_for
@@ -95,16 +96,7 @@ class FastSubmit:
             return await self._submit(scope, send, read, authorization, key)
         except _Ordinary:
             pass
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": read, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await forward_read_body(self.app, scope, receive, send, read)
         return None
 
     async def _body(self, scope: Scope, receive: Receive, send: Send) -> bytes | int:

@@ -7,6 +7,24 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.api.problems import problem_response
 
+
+async def forward_read_body(
+    app: ASGIApp, scope: Scope, receive: Receive, send: Send, body: bytes
+) -> None:
+    """Hand a request whose body was already read on to `app`: the body is replayed as one
+    message, then `receive` answers as before (a disconnect, for one)."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    await app(scope, replay, send)
+
+
 MIB = 1024 * 1024
 
 
@@ -43,17 +61,7 @@ class BodySizeLimit:
                 return
             chunks.append(chunk)
             more = bool(message.get("more_body", False))
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await forward_read_body(self.app, scope, receive, send, b"".join(chunks))
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         request = Request(scope, receive)
