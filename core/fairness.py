@@ -27,19 +27,20 @@ the youngest of a level first (the least sunk into the attempt).
 from __future__ import annotations
 
 from core.attained import job_level
-from core.context import CycleContext, Outcome
+from core.context import CycleContext
 from core.placement import Snapshot, find_placement
 from core.preemption import (
+    Eviction,
     _by_node,
     _greedy,
     _quota_room,
     _single,
     credit_leaving,
     is_protected,
+    request_evictions,
 )
 from core.quota import QuotaBook
 from core.state import CoreJob
-from schemas.jobs import PreemptionRequested
 
 # Waiting jobs that capacity or their queue's ceiling holds back: those fairness may help.
 _HELPED_CODES = frozenset(
@@ -158,31 +159,27 @@ def preempt_for_fairness(
             failed[key] = min(failed.get(key, shape.min_gpus), shape.min_gpus)
             continue
         preemptors += 1
-        for victim in chosen:
-            taken.add(victim.job_id)
-            quota.charge(victim.queue, -victim.bound_gpus)
-            vlevel = job_level(victim, now, policy)
-            ctx.emit(
-                PreemptionRequested(
-                    job_id=victim.job_id,
-                    attempt=victim.attempt,
-                    preemptor_job_id=job.job_id,
-                    reason=(
-                        f"preempted for job {job.job_id} (fairness: attained-service level "
-                        f"{vlevel} against {level})"
-                    ),
-                    grace_s=policy.preemption_grace_s,
-                    code="fairness",
-                )
+
+        def reason(victim: CoreJob, job: CoreJob = job, level: int = level) -> str:
+            return (
+                f"preempted for job {job.job_id} (fairness: attained-service level "
+                f"{job_level(victim, now, policy)} against {level})"
             )
-            ctx.result.preemptions += 1
-        names = ", ".join(victim.job_id for victim in chosen[:3])
-        more = f" and {len(chosen) - 3} more" if len(chosen) > 3 else ""
-        ctx.outcomes[job.job_id] = Outcome(
-            "preempting",
-            f"{job.need}; preempting {names}{more} (they have received more service); starts "
-            f"once they checkpoint (within {policy.preemption_grace_s:g} s)",
+
+        request_evictions(
+            ctx,
+            job,
+            chosen,
+            Eviction(
+                reason=reason,
+                code="fairness",
+                waiting=job.need,
+                because=" (they have received more service)",
+            ),
+            quota,
+            policy,
         )
+        taken.update(victim.job_id for victim in chosen)
 
 
 def _others_borrow(ctx: CycleContext, quota: QuotaBook, job: CoreJob) -> bool:

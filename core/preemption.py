@@ -4,7 +4,7 @@ runtime, or preempted within the hysteresis window)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Set
+from collections.abc import Callable, Iterator, Set
 from dataclasses import dataclass
 
 from core.context import CycleContext, Outcome
@@ -17,6 +17,7 @@ from core.slo import bounded_victims
 from core.state import CoreJob, popcount
 from core.surface import PlanningSurface
 from schemas.jobs import PreemptionRequested
+from schemas.reasons import PreemptCode
 
 MAX_CANDIDATES = 512
 MAX_TRIES = 48
@@ -103,28 +104,67 @@ def preempt(ctx: CycleContext, snap: Snapshot, blocked: list[CoreJob], quota: Qu
             failed[key] = min(failed.get(key, shape.min_units), shape.min_units)
             continue
         preemptors += 1
-        names = ", ".join(victim.job_id for victim in plan[:3])
-        more = f" and {len(plan) - 3} more" if len(plan) > 3 else ""
-        for victim in plan:
-            taken.add(victim.job_id)
-            quota.charge(victim.queue, -victim.bound_gpus)
-            why = "reclaiming guaranteed capacity" if reclaiming else f"priority {job.priority}"
-            ctx.emit(
-                PreemptionRequested(
-                    job_id=victim.job_id,
-                    attempt=victim.attempt,
-                    preemptor_job_id=job.job_id,
-                    reason=f"preempted for job {job.job_id} ({why})",
-                    grace_s=policy.preemption_grace_s,
-                    code="reclaim" if reclaiming else "priority",
-                )
-            )
-            ctx.result.preemptions += 1
-        ctx.outcomes[job.job_id] = Outcome(
-            "preempting",
-            f"{job.need}; preempting {names}{more}; starts once they checkpoint "
-            f"(within {policy.preemption_grace_s:g} s)",
+        why = "reclaiming guaranteed capacity" if reclaiming else f"priority {job.priority}"
+        request_evictions(
+            ctx,
+            job,
+            plan,
+            Eviction(
+                reason=f"preempted for job {job.job_id} ({why})",
+                code="reclaim" if reclaiming else "priority",
+                waiting=job.need,
+            ),
+            quota,
+            policy,
         )
+        taken.update(victim.job_id for victim in plan)
+
+
+@dataclass(frozen=True, slots=True)
+class Eviction:
+    """Why a preemptor evicts its victims: the words each victim's PreemptionRequested carries,
+    its code, what the preemptor waits for (`why` says so) and, optionally, why them."""
+
+    # One text for every victim, or each victim's own (fairness names its service level).
+    reason: str | Callable[[CoreJob], str]
+    code: PreemptCode
+    waiting: str
+    because: str = ""
+
+
+def request_evictions(
+    ctx: CycleContext,
+    preemptor: CoreJob,
+    victims: list[CoreJob],
+    eviction: Eviction,
+    quota: QuotaBook,
+    policy: SchedulingPolicy,
+) -> None:
+    """Checkpoint-then-evict `victims` for `preemptor`, the one way every preemption is
+    recorded: each victim's GPUs leave its queue's usage now (they are on their way out), each
+    gets its PreemptionRequested with the policy's grace, and the preemptor's outcome names them."""
+    for victim in victims:
+        quota.charge(victim.queue, -victim.bound_gpus)
+        ctx.emit(
+            PreemptionRequested(
+                job_id=victim.job_id,
+                attempt=victim.attempt,
+                preemptor_job_id=preemptor.job_id,
+                reason=eviction.reason
+                if isinstance(eviction.reason, str)
+                else eviction.reason(victim),
+                grace_s=policy.preemption_grace_s,
+                code=eviction.code,
+            )
+        )
+        ctx.result.preemptions += 1
+    names = ", ".join(victim.job_id for victim in victims[:3])
+    more = f" and {len(victims) - 3} more" if len(victims) > 3 else ""
+    ctx.outcomes[preemptor.job_id] = Outcome(
+        "preempting",
+        f"{eviction.waiting}; preempting {names}{more}{eviction.because}; starts once they "
+        f"checkpoint (within {policy.preemption_grace_s:g} s)",
+    )
 
 
 def is_protected(

@@ -28,12 +28,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from core.context import CycleContext, Outcome
+from core.context import CycleContext
 from core.fractional import SharingTrial, describe_fraction, find_spot
 from core.host import release_gang
 from core.live_sharing import WHOLE_GANG, LiveSharing
 from core.placement import Snapshot
-from core.preemption import credit_leaving, is_protected
+from core.preemption import Eviction, credit_leaving, is_protected, request_evictions
 from core.quota import QuotaBook
 from core.sharing import Spot, TaskAsk, ask_of
 from core.slo import lost_work
@@ -85,28 +85,20 @@ def preempt_for_fractions(ctx: CycleContext, snap: Snapshot, quota: QuotaBook) -
             hopeless.add(key)
             continue
         preemptors += 1
-        for victim in plan:
-            excluded.add(victim.job_id)
-            ctx.handled.add(victim.job_id)
-            quota.charge(victim.queue, -victim.bound_gpus)
-            ctx.emit(
-                PreemptionRequested(
-                    job_id=victim.job_id,
-                    attempt=victim.attempt,
-                    preemptor_job_id=job.job_id,
-                    reason=f"preempted for job {job.job_id} (priority {job.priority})",
-                    grace_s=policy.preemption_grace_s,
-                    code="priority",
-                )
-            )
-            ctx.result.preemptions += 1
-        names = ", ".join(victim.job_id for victim in plan[:3])
-        more = f" and {len(plan) - 3} more" if len(plan) > 3 else ""
-        ctx.outcomes[job.job_id] = Outcome(
-            "preempting",
-            f"{describe_fraction(spec)}; preempting {names}{more}; starts once they checkpoint "
-            f"(within {policy.preemption_grace_s:g} s)",
+        request_evictions(
+            ctx,
+            job,
+            plan,
+            Eviction(
+                reason=f"preempted for job {job.job_id} (priority {job.priority})",
+                code="priority",
+                waiting=describe_fraction(spec),
+            ),
+            quota,
+            policy,
         )
+        excluded.update(victim.job_id for victim in plan)
+        ctx.handled.update(victim.job_id for victim in plan)
 
 
 def _candidates(
