@@ -3,6 +3,10 @@ capped by max_runtime_s), else max_runtime_s, else the policy's default."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from core.estimates import RuntimeEstimates
+from core.reservation import runtime_estimate
 from tests.core.builders import History, a_job
 
 HOUR = 3600.0
@@ -25,3 +29,45 @@ def test_a_gang_with_only_a_max_runtime_is_planned_to_hold_its_gpus_until_that_m
     assert started is not None
     assert history.job(head).estimated_start == started + 10 * HOUR
     assert history.job(six_hours).state == "running"
+
+
+def test_a_kept_estimate_moves_with_the_learning_the_estimator_the_policy_and_the_spec() -> None:
+    """Each job's estimate is kept while nothing it rests on changes (a cycle asks it for
+    every gang): it must move the moment the estimator learns, another estimator (a replayed
+    one) or another policy is asked, or the job's spec is updated."""
+    history, elsewhere = History("1x8"), History("1x8")
+    for _ in range(3):
+        for where, ran in ((history, HOUR), (elsewhere, 2 * HOUR)):
+            job_id = where.submit(a_job().named("train").gpus(1))[0]
+            where.run()
+            where.advance(ran)
+            where.exit(job_id, 0)
+            where.run()
+    probe = history.submit(a_job().named("train").gpus(1))[0]
+    history.run()
+    job = history.state.job_records[probe]
+    estimates, policy = history.state.estimates, history.policy
+
+    learned = runtime_estimate(job, policy, estimates)
+    assert HOUR <= learned <= HOUR + 10
+    assert runtime_estimate(job, policy, estimates) == learned  # kept, the same
+    # Another estimator that learned as many jobs, other runtimes: its own answer.
+    assert elsewhere.state.estimates.learned == estimates.learned
+    assert runtime_estimate(job, policy, elsewhere.state.estimates) >= 2 * HOUR
+
+    nothing_learned = RuntimeEstimates()
+    assert runtime_estimate(job, policy, nothing_learned) == policy.default_runtime_estimate_s
+    shorter_default = replace(policy, default_runtime_estimate_s=HOUR / 2)
+    assert runtime_estimate(job, shorter_default, nothing_learned) == HOUR / 2
+    assert runtime_estimate(job, policy, estimates) == learned
+
+    limited = replace(job, spec=job.spec.model_copy(update={"max_runtime_s": 600.0}))
+    assert runtime_estimate(limited, policy, estimates) == 600.0
+
+    for _ in range(3):
+        job_id = history.submit(a_job().named("train").gpus(1))[0]
+        history.run()
+        history.advance(3 * HOUR)
+        history.exit(job_id, 0)
+        history.run()
+    assert runtime_estimate(job, policy, estimates) > learned
