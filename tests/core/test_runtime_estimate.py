@@ -61,6 +61,7 @@ def test_a_kept_estimate_moves_with_the_learning_the_estimator_the_policy_and_th
     assert runtime_estimate(job, shorter_default, nothing_learned) == HOUR / 2
     assert runtime_estimate(job, policy, estimates) == learned
 
+    assert job.spec is not None
     limited = replace(job, spec=job.spec.model_copy(update={"max_runtime_s": 600.0}))
     assert runtime_estimate(limited, policy, estimates) == 600.0
 
