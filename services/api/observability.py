@@ -8,7 +8,7 @@ bounded cardinality (teams, classes, GPU types, states, causes; never job or nod
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 
 from prometheus_client.core import (
@@ -198,37 +198,21 @@ class ObservabilityCollector(Collector):
                     if active is not None:
                         sm_active[key] += active
                         sm_sampled[key] += 1
-        gauge = GaugeMetricFamily(
-            "gangway_team_gpus_busy",
-            "Allocated GPUs' NVML utilization summed (1 = one GPU fully busy), by team and type",
-            labels=["team", "gpu_type"],
-        )
-        ratio = GaugeMetricFamily(
-            "gangway_team_gpu_utilization_ratio",
-            "Used over allocated: mean NVML utilization of a team's allocated GPUs",
-            labels=["team", "gpu_type"],
-        )
-        for key, count in sorted(sampled.items()):
-            gauge.add_metric(list(key), round(busy[key], 6))
-            ratio.add_metric(list(key), round(busy[key] / count, 6))
-        yield gauge
-        yield ratio
-        sm_gauge = GaugeMetricFamily(
-            "gangway_team_gpus_sm_active",
-            "Allocated GPUs' SM activity (NVML GPM) summed (1 = every SM of one GPU busy), "
-            "by team and GPU type",
-            labels=["team", "gpu_type"],
-        )
-        sm_ratio = GaugeMetricFamily(
-            "gangway_team_gpu_sm_active_ratio",
-            "Mean share of SMs busy (NVML GPM) on a team's allocated GPUs that report it",
-            labels=["team", "gpu_type"],
-        )
-        for key, count in sorted(sm_sampled.items()):
-            sm_gauge.add_metric(list(key), round(sm_active[key], 6))
-            sm_ratio.add_metric(list(key), round(sm_active[key] / count, 6))
-        yield sm_gauge
-        yield sm_ratio
+        yield from _summed_and_mean(
+            ("gangway_team_gpus_busy",
+             "Allocated GPUs' NVML utilization summed (1 = one GPU fully busy), by team and type"),
+            ("gangway_team_gpu_utilization_ratio",
+             "Used over allocated: mean NVML utilization of a team's allocated GPUs"),
+            busy, sampled,
+        )  # fmt: skip
+        yield from _summed_and_mean(
+            ("gangway_team_gpus_sm_active",
+             "Allocated GPUs' SM activity (NVML GPM) summed (1 = every SM of one GPU busy), "
+             "by team and GPU type"),
+            ("gangway_team_gpu_sm_active_ratio",
+             "Mean share of SMs busy (NVML GPM) on a team's allocated GPUs that report it"),
+            sm_active, sm_sampled,
+        )  # fmt: skip
 
     @staticmethod
     def _waits(models: ReadModels) -> Iterator[Metric]:
@@ -272,3 +256,19 @@ class ObservabilityCollector(Collector):
         for (team, cause), seconds in sorted(models.usage.lost_gpu_seconds.items()):
             lost.add_metric([team, cause], seconds)
         yield lost
+
+
+def _summed_and_mean(
+    summed: tuple[str, str],
+    mean: tuple[str, str],
+    totals: Mapping[tuple[str, str], float],
+    samples: Mapping[tuple[str, str], int],
+) -> Iterator[Metric]:
+    """A per-(team, GPU type) reading as two gauges: its sum over the sampled GPUs, and its mean."""
+    total = GaugeMetricFamily(*summed, labels=["team", "gpu_type"])
+    average = GaugeMetricFamily(*mean, labels=["team", "gpu_type"])
+    for key, count in sorted(samples.items()):
+        total.add_metric(list(key), round(totals[key], 6))
+        average.add_metric(list(key), round(totals[key] / count, 6))
+    yield total
+    yield average
