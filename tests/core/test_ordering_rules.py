@@ -174,3 +174,51 @@ def test_a_preemptor_whose_victims_are_gone_takes_their_gpus_before_a_higher_cla
 
     assert history.job(preemptor).state == "running"
     assert history.job(critical).state == "queued"
+
+
+# The simulator's clock is the trace's time, which starts at zero: a job may be submitted, and
+# begin waiting, at 0.0. The keys order such jobs as any others.
+
+
+def test_a_preemptor_whose_victims_are_gone_goes_before_aged_jobs_whatever_class_and_clock() -> (
+    None
+):
+    # A preemptor of a class ranked 0 against a job aged since the clock's zero, which arrived
+    # before it: the tier alone decides, not the rank or the wait.
+    aged = gangway_key(_waiting(1, 0.0, 0.0), 300, 0.0, True, False, True)
+    preemptor = gangway_key(_waiting(2, 0.0, 0.0), 0, 0.0, False, True, False)
+
+    assert sorted([aged, preemptor]) == [preemptor, aged]
+
+
+def test_aged_jobs_go_oldest_wait_first_on_a_clock_that_starts_at_zero() -> None:
+    # Job 1 began waiting at the clock's zero, job 2 half a second later: job 1 has waited
+    # longer, whatever the order of their arrival.
+    first = gangway_key(_waiting(2, 0.0, 0.0), 0, 0.0, True, False, False)
+    later = gangway_key(_waiting(1, 0.0, 0.5), 0, 0.0, True, False, False)
+
+    assert sorted([later, first]) == [first, later]
+
+
+def test_jobs_equal_in_all_else_go_oldest_submission_first_on_a_clock_that_starts_at_zero() -> (
+    None
+):
+    first = gangway_key(_waiting(1, 0.0, 0.0), 100, 0.0, False, False, True)
+    later = gangway_key(_waiting(2, 0.5, 0.5), 100, 0.0, False, False, True)
+
+    assert sorted([later, first]) == [first, later]
+
+
+def test_jobs_equal_in_all_else_go_by_submission_time_not_by_log_position() -> None:
+    # A submission's time is its transaction's: of two made at nearly the same moment, the log
+    # may record the earlier one second. The earlier submission goes first; the log position
+    # (`seq`) only breaks ties of time.
+    recorded_first = gangway_key(_waiting(1, T0 + 0.2, T0 + 0.2), 100, 0.0, False, False, True)
+    submitted_first = gangway_key(_waiting(2, T0 + 0.1, T0 + 0.1), 100, 0.0, False, False, True)
+    same_time = gangway_key(_waiting(3, T0 + 0.1, T0 + 0.1), 100, 0.0, False, False, True)
+
+    assert sorted([same_time, recorded_first, submitted_first]) == [
+        submitted_first,
+        same_time,
+        recorded_first,
+    ]
