@@ -40,6 +40,27 @@ def test_any_positive_increasing_thresholds_make_levels(thresholds: tuple[float,
     assert SchedulingPolicy(las_thresholds_gpu_s=thresholds).las_thresholds_gpu_s == thresholds
 
 
+@pytest.mark.parametrize(
+    "thresholds", [(0.0, 900.0), (-1.0, 900.0), (900.0, 900.0), (3600.0, 900.0), (1.0, 2.0, 2.0)]
+)
+def test_predicted_length_levels_need_positive_increasing_thresholds(
+    thresholds: tuple[float, ...],
+) -> None:
+    with pytest.raises(
+        ValueError, match=r"^predicted_length_thresholds_s must be positive and increasing$"
+    ):
+        SchedulingPolicy(predicted_length_thresholds_s=thresholds)
+
+
+@pytest.mark.parametrize("thresholds", [(), (0.5,), (0.5, 1.0, 3600.0)])
+def test_any_positive_increasing_thresholds_make_predicted_length_levels(
+    thresholds: tuple[float, ...],
+) -> None:
+    policy = SchedulingPolicy(predicted_length_thresholds_s=thresholds)
+
+    assert policy.predicted_length_thresholds_s == thresholds
+
+
 def test_an_unknown_class_falls_back_to_the_default_class_else_the_lowest() -> None:
     assert SchedulingPolicy().priority_class("gold").name == "research"
     no_default = SchedulingPolicy(default_priority="gold")
