@@ -76,6 +76,7 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
     ),
     "quota": (
         "test_quota_book",
+        "test_host_ceiling_accounting",
         "test_quota",
         "test_victim_rules",
         "test_preemption",
