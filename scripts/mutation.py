@@ -57,6 +57,8 @@ COMMON_TESTS = (
 MODULE_TESTS: dict[str, tuple[str, ...]] = {
     "ordering": (
         "test_ordering_rules",
+        "test_borrower_order",
+        "test_learned_length_order",
         "test_ordering",
         "test_fifo",
         "test_fairness",
