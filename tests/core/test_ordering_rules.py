@@ -200,9 +200,7 @@ def test_aged_jobs_go_oldest_wait_first_on_a_clock_that_starts_at_zero() -> None
     assert sorted([later, first]) == [first, later]
 
 
-def test_jobs_equal_in_all_else_go_oldest_submission_first_on_a_clock_that_starts_at_zero() -> (
-    None
-):
+def test_jobs_equal_in_all_else_go_oldest_submission_first_on_a_clock_that_starts_at_zero() -> None:
     first = gangway_key(_waiting(1, 0.0, 0.0), 100, 0.0, False, False, True)
     later = gangway_key(_waiting(2, 0.5, 0.5), 100, 0.0, False, False, True)
 
