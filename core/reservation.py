@@ -180,11 +180,12 @@ def plan_reservation(
             allocation = find_placement(planning, shape, False)
             if allocation is not None:
                 return max(end, now), allocation
-        if tries == 0 or freed != freed_at_last_try:
-            allocation = find_placement(planning, shape, False)
-            if allocation is not None:
-                last = ends[-1][0] if ends else now
-                return max(last, now), allocation
+        # A last look with every gang ended: the loop may have skipped the tries since its last
+        # one (less than a step freed, or only CPUs and memory a GPU head also needs).
+        allocation = find_placement(planning, shape, False)
+        if allocation is not None:
+            last = ends[-1][0] if ends else now
+            return max(last, now), allocation
         return None
 
 

@@ -45,3 +45,29 @@ def test_in_the_cycle_that_releases_a_gang_its_stopping_ranks_hold_gpus_but_no_c
     assert history.job(cancelled).state == "cancelled"
     assert history.job(head).reason_code == "reserved_head"
     assert _planned(history, head) == (T0 + POLICY.overrun_grace_s, ["n0000"])
+
+
+# ------------------------------------------------- the planner's last look
+
+
+def test_a_gpu_head_waiting_for_cpus_that_cpu_only_gangs_free_after_its_last_try_is_planned() -> (
+    None
+):
+    # 24 one-GPU gangs (8 per node, every 100 s) use up the planner's 16 eager tries and the
+    # tries after each GPU they free; the head also needs a node's 8 CPUs, held on each node by
+    # a CPU-only gang ending later (10,000 s, 20,000 s, 30,000 s). Those free no GPU, so the
+    # loop tries no more after them; the last look at the fully released plan still finds the
+    # head its start (coarse there: no earlier than n0's CPUs are free, at most the last end).
+    # It used to get no reservation: "it does not fit even when the running gangs end".
+    history = History("groups:\n  - {count: 3, gpus: 8, cpus: 8}\n")
+    for k in range(1, 25):
+        history.occupy(f"n000{(k - 1) % 3}", 1, a_job().preemptible(False).estimate(k * 100.0))
+    for node, seconds in (("n0000", 10_000.0), ("n0001", 20_000.0), ("n0002", 30_000.0)):
+        history.occupy(node, 0, a_job().cpu_only(1).preemptible(False).estimate(seconds))
+    head = history.submit(a_job().gpus(1).cpus(8))[0]
+
+    history.cycle()
+
+    assert history.job(head).reason_code == "reserved_head"
+    start, _ = _planned(history, head)
+    assert T0 + 10_000 <= start <= T0 + 30_000
