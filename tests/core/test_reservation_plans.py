@@ -10,9 +10,12 @@ of it, is free since its last try: GPUs for a gang head, CPUs for a CPU-only hea
 
 from __future__ import annotations
 
-from core import SchedulingPolicy
+import pytest
+
+from core import SchedulingPolicy, reservation
+from core.reservation import EAGER_TRIES, runtime_estimate
 from schemas.jobs import ReservationPlanned
-from tests.core.builders import T0, History, a_job
+from tests.core.builders import T0, History, JobBuilder, a_job
 
 HOUR = 3600.0
 POLICY = SchedulingPolicy(overrun_grace_s=300.0)
@@ -25,7 +28,51 @@ def _planned(history: History, job_id: str) -> tuple[float, list[str]]:
     return planned.start_at.timestamp(), planned.nodes
 
 
-# ------------------------------------------------- what a released gang gives back
+# ------------------------------------------------- what a running gang gives back
+
+
+def test_a_head_waiting_for_memory_a_running_gang_holds_is_planned_when_that_gang_ends() -> None:
+    # Each node has 4 free GPUs but only 62 GB free beside a gang holding 200 GB; the head asks
+    # 100 GB. n0's gang ends first (1 h), giving its memory back: the head starts there then.
+    history = History("groups:\n  - {count: 2, gpus: 8, cpus: 32, memory_mb: 262144}\n")
+    for node, hours in (("n0000", 1), ("n0001", 2)):
+        history.occupy(node, 4, a_job().preemptible(False).estimate(hours * HOUR).memory(200_000))
+    head = history.submit(a_job().gpus(1).memory(100_000))[0]
+
+    history.cycle()
+
+    assert history.job(head).reason_code == "reserved_head"
+    assert _planned(history, head) == (T0 + HOUR, ["n0000"])
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        a_job().gpus(4).cpus(16.001),  # a thousandth of a CPU more than is free beside the gang
+        a_job().gpus(4).memory(131_073),  # one MB more than is free beside the gang
+    ],
+    ids=["cpus", "memory"],
+)
+def test_stopping_ranks_give_back_gpus_only_so_a_head_short_of_host_waits_for_the_gang(
+    head: JobBuilder,
+) -> None:
+    # A running gang holds 4 GPUs, 16 CPUs and 128 GiB for 1 h. A cancelled gang's ranks still
+    # stop on the other 4 GPUs; its CPUs and memory were given back at release. The head needs
+    # those 4 GPUs and a little more CPU or memory than is free beside the running gang: the
+    # stopping ranks' end (the overrun grace after now) is not enough, the gang's end is.
+    history = History(ONE_HOST, POLICY)
+    history.occupy("n0000", 4, a_job().preemptible(False).estimate(HOUR).cpus(16).memory(131_072))
+    cancelled = history.occupy("n0000", 4, a_job().cpus(8).memory(65_536))
+    history.cancel(cancelled)
+    history.cycle()  # released; its ranks have not exited
+    assert history.job(cancelled).state == "cancelled"
+    history.advance(60)
+    job_id = history.submit(head)[0]
+
+    history.cycle()
+
+    assert history.job(job_id).reason_code == "reserved_head"
+    assert _planned(history, job_id) == (T0 + HOUR, ["n0000"])
 
 
 def test_in_the_cycle_that_releases_a_gang_its_stopping_ranks_hold_gpus_but_no_cpus() -> None:
@@ -47,7 +94,47 @@ def test_in_the_cycle_that_releases_a_gang_its_stopping_ranks_hold_gpus_but_no_c
     assert _planned(history, head) == (T0 + POLICY.overrun_grace_s, ["n0000"])
 
 
-# ------------------------------------------------- the planner's last look
+# ------------------------------------------------- a CPU-only head's tries
+
+
+def test_past_sixteen_failed_tries_a_cpu_only_head_is_retried_per_eighth_of_its_cpus_freed() -> (
+    None
+):
+    # 68 one-CPU gangs end every 100 s round-robin over 4 nodes of 17 CPUs; the CPU-only head,
+    # 17 one-CPU tasks on one node, first fits when n0 is empty: its last gang, the 65th end.
+    # The planner tries at each of the first 16 ends (100 s to 1,600 s), then once a further
+    # eighth of its 17 CPUs, rounded down (2.125 CPUs), has been freed since its last try:
+    # every third end (1,900 s, 2,200 s, ...), so at 6,700 s, not at 6,500 s. Progress is
+    # counted in CPUs for such a head: its gangs free no GPU.
+    history = History("groups:\n  - {count: 4, gpus: 8, cpus: 17}\n")
+    for k in range(1, 69):
+        history.occupy(
+            f"n000{(k - 1) % 4}", 0, a_job().cpu_only(1).preemptible(False).estimate(k * 100.0)
+        )
+    head = history.submit(a_job().cpu_only(1).tasks(17).require("node"))[0]
+
+    history.cycle()
+
+    assert EAGER_TRIES == 16
+    assert history.job(head).reason_code == "reserved_head"
+    assert _planned(history, head) == (T0 + 6700, ["n0000"])
+
+
+def test_past_sixteen_failed_tries_a_gang_head_is_retried_per_eighth_of_its_gpus_freed() -> None:
+    # 72 one-GPU gangs end every 100 s round-robin over 9 nodes in 3 racks; the head, 17
+    # one-GPU tasks in one rack, first fits at the 47th end (rack r000 then has 17 free). The
+    # planner tries from the 17th end, when 17 GPUs are free, at each of 16 ends (to 3,200 s),
+    # then once a further eighth of its 17 GPUs, rounded down (2), has been freed since its
+    # last try: every second end, so at 4,800 s.
+    history = History("9x8:3:1")
+    for k in range(1, 73):
+        history.occupy(f"n000{(k - 1) % 9}", 1, a_job().preemptible(False).estimate(k * 100.0))
+    head = history.submit(a_job().gpus(1).tasks(17).require("rack"))[0]
+
+    history.cycle()
+
+    assert history.job(head).reason_code == "reserved_head"
+    assert _planned(history, head)[0] == T0 + 4800
 
 
 def test_a_gpu_head_waiting_for_cpus_that_cpu_only_gangs_free_after_its_last_try_is_planned() -> (
@@ -71,3 +158,27 @@ def test_a_gpu_head_waiting_for_cpus_that_cpu_only_gangs_free_after_its_last_try
     assert history.job(head).reason_code == "reserved_head"
     start, _ = _planned(history, head)
     assert T0 + 10_000 <= start <= T0 + 30_000
+
+
+# ------------------------------------------------- the estimate kept per job
+
+
+def test_the_first_learned_estimate_of_a_process_is_computed_with_nothing_kept_yet(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Estimates are kept per job while the estimator learns nothing; a scheduler just started
+    # has kept none yet (the module's memo is empty), and its first answer is the learned one.
+    history = History("1x8")
+    for _ in range(3):
+        job_id = history.submit(a_job().named("train").gpus(1))[0]
+        history.run()
+        history.advance(HOUR)
+        history.exit(job_id, 0)
+        history.run()
+    probe = history.submit(a_job().named("train").gpus(1))[0]
+    job = history.state.job_records[probe]
+    monkeypatch.setattr(reservation, "_memo", None)
+
+    learned = runtime_estimate(job, history.policy, history.state.estimates)
+
+    assert HOUR <= learned <= HOUR + 10
