@@ -45,6 +45,23 @@ def test_a_head_waiting_for_memory_a_running_gang_holds_is_planned_when_that_gan
     assert _planned(history, head) == (T0 + HOUR, ["n0000"])
 
 
+def test_gangs_ending_at_the_same_moment_are_all_gone_before_the_head_is_placed() -> None:
+    # Three 8-GPU gangs end at the same moment (1 h), on n0 and n1 (rack r000) and on n2
+    # (rack r001); n3 is busy for 2 h. The head, two 8-GPU tasks preferring one rack, is
+    # planned at 1 h on the placement it prefers among everything free then: n0 and n1, not
+    # on the first two nodes whose gangs the plan happens to count out (n0 and n2, two racks).
+    history = History("4x8:2:1")
+    for node in ("n0000", "n0002", "n0001"):
+        history.occupy(node, 8, a_job().preemptible(False).estimate(HOUR))
+    history.occupy("n0003", 8, a_job().preemptible(False).estimate(2 * HOUR))
+    head = history.submit(a_job().gpus(8).tasks(2).prefer("rack"))[0]
+
+    history.cycle()
+
+    assert history.job(head).reason_code == "reserved_head"
+    assert _planned(history, head) == (T0 + HOUR, ["n0000", "n0001"])
+
+
 @pytest.mark.parametrize(
     "head",
     [
