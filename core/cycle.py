@@ -144,17 +144,19 @@ def _run(ctx: CycleContext, free_index: FreeIndex, timers: GangTimers | None) ->
 
 def _release_into(ctx: CycleContext, snap: Snapshot) -> None:
     """Phase 2, snapshot: give it the GPUs of the gangs this cycle released, less those where
-    a started rank has not exited yet: it still runs there (see state._keep_running_ranks)."""
+    a started rank has not exited yet: it still runs there (see state._keep_running_ranks).
+    Their CPUs and memory all come back, as the state gives them back at release: a stopping
+    rank keeps only its GPUs, in this cycle as in the next."""
     jobs = ctx.state.job_records
     for job_id in sorted(ctx.released):
         job = jobs[job_id]
         cpus, memory = rank_host(job.spec)
         for rank, (node_index, mask) in enumerate(job.ranks):
+            if cpus or memory:
+                snap.shift_host(node_index, -cpus, -memory)
             if job.still_runs(rank):
                 continue
             snap.release(node_index, mask)
-            if cpus or memory:
-                snap.shift_host(node_index, -cpus, -memory)
 
 
 def explain(ctx: CycleContext, waiting: list[CoreJob]) -> None:

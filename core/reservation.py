@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import weakref
+from itertools import groupby
+from operator import itemgetter
 
 from core.context import CycleContext
 from core.estimates import RuntimeEstimates
@@ -137,25 +139,19 @@ def plan_reservation(
     with snap.trial() as planning:
         nodes = ctx.state.node_records
         ends = [
-            (estimated_end(job, now, policy, estimates), job.seq, job.ranks, rank_host(job.spec))
+            (estimated_end(job, now, policy, estimates), job.ranks, rank_host(job.spec))
             for job in ctx.state.holding_jobs.values()
             if job.job_id not in released
             and job.ranks
             and (shape.gpu_type is None or nodes[job.ranks[0][0]].gpu_type == shape.gpu_type)
         ]
-        # Gangs bound this cycle first among equal ends; (end, seq or -number) is unique, so the
-        # sort never compares ranks.
-        ends += [
-            (end, -1 - number, ranks, host)
-            for number, (end, ranks, host) in enumerate(ctx.placed_gangs)
-        ]
+        ends += ctx.placed_gangs
         stopping = _stopping(ctx, shape)
         if stopping:
             # Stopping ranks gave their CPUs and memory back at release (core/host.py).
-            ends.append(
-                (now + policy.overrun_grace_s, -1 - len(ctx.placed_gangs), stopping, (0, 0))
-            )
-        ends.sort()
+            ends.append((now + policy.overrun_grace_s, stopping, (0, 0)))
+        # By end only: gangs that end at the same moment are released together (below).
+        ends.sort(key=itemgetter(0))
         tries = 0
         freed_at_last_try = -1
         freed = 0
@@ -165,12 +161,16 @@ def plan_reservation(
             step = max(shape.cpus_milli, shape.cpus_milli * shape.min_units // 8)
         else:
             step = max(shape.unit_gpus, shape.min_gpus // 8)
-        for end, _, ranks, (cpus, memory) in ends:
-            for index, mask in ranks:
-                planning.release(index, mask)
-                freed += cpus if cpu_only else mask.bit_count()
-                if cpus or memory:
-                    planning.shift_host(index, -cpus, -memory)
+        # Gangs that end at the same moment are all gone before the head is tried: its
+        # placement then picks among all they free (its preferred rack, its best fit), not the
+        # first nodes the list happens to count out.
+        for end, ending in groupby(ends, key=itemgetter(0)):
+            for _, ranks, (cpus, memory) in ending:
+                for index, mask in ranks:
+                    planning.release(index, mask)
+                    freed += cpus if cpu_only else mask.bit_count()
+                    if cpus or memory:
+                        planning.shift_host(index, -cpus, -memory)
             if planning.total_free < shape.min_gpus:
                 continue
             if tries >= EAGER_TRIES and freed - freed_at_last_try < step:
@@ -180,11 +180,12 @@ def plan_reservation(
             allocation = find_placement(planning, shape, False)
             if allocation is not None:
                 return max(end, now), allocation
-        if tries == 0 or freed != freed_at_last_try:
-            allocation = find_placement(planning, shape, False)
-            if allocation is not None:
-                last = ends[-1][0] if ends else now
-                return max(last, now), allocation
+        # A last look with every gang ended: the loop may have skipped the tries since its last
+        # one (less than a step freed, or only CPUs and memory a GPU head also needs).
+        allocation = find_placement(planning, shape, False)
+        if allocation is not None:
+            last = ends[-1][0] if ends else now
+            return max(last, now), allocation
         return None
 
 

@@ -92,6 +92,7 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
     ),
     "reservation": (
         "test_reservation_rules",
+        "test_reservation_plans",
         "test_backfill",
         "test_backfill_head",
         "test_estimates",
