@@ -50,7 +50,9 @@ def preempt(ctx: CycleContext, snap: Snapshot, blocked: list[CoreJob], quota: Qu
     preemptors = 0
     attempts = 0
     pool: VictimPool | None = None
-    # Victims only get scarcer within a cycle: a shape that found none makes larger fail.
+    # Victims only get scarcer within a cycle: a shape that found none makes larger fail,
+    # for the same queue (which gangs a preemptor may take depends on its queue: its own
+    # lower classes, other queues' borrowers).
     failed: dict[tuple[object, ...], int] = {}
     credited = False
     for job in blocked:
@@ -80,7 +82,7 @@ def preempt(ctx: CycleContext, snap: Snapshot, blocked: list[CoreJob], quota: Qu
         key = (
             pclass.rank,
             reclaiming,
-            job.queue if reclaiming else "",
+            job.queue,
             *shape.failure_key(False),
         )
         if key in failed and shape.min_units >= failed[key]:

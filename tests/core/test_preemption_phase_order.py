@@ -1,7 +1,8 @@
 """The preemption phase walks the blocked jobs in line (DESIGN §3, preemption): a job that
 evicts no one this cycle (a CPU-only gang, a preemptor within its own hysteresis, a job that
 may not preempt, a best-effort job, a shape that already found no victims) is passed over,
-never the end of the phase for the jobs after it; and a preemptor may preempt again the
+never the end of the phase for the jobs after it; a shape that found no victims for one
+team's job is still planned for another team's; and a preemptor may preempt again the
 moment its own hysteresis is over."""
 
 from __future__ import annotations
@@ -89,6 +90,22 @@ def test_a_shape_that_found_no_victims_is_skipped_and_the_next_shape_still_plans
 
     assert victims(history) == [research]
     assert preemptors(history) == [small]
+
+
+def test_a_shape_that_found_no_victims_for_one_team_is_still_planned_for_another() -> None:
+    # Team beta's research gang is within beta's guarantee: no other team may take it, but
+    # beta's own production job may (a lower class of its own queue). Alpha's production job
+    # of the same shape is first in line and finds no victim; beta's still evicts the gang.
+    history = History("1x8:1:1").team("alpha").team("beta", guaranteed=4)
+    history.occupy("n0000", 4)
+    own = history.occupy("n0000", 4, a_job().team("beta").priority("research"))
+    history.submit(a_job().gpus(4).team("alpha").priority("production"))
+    beta = history.submit(a_job().gpus(4).team("beta").priority("production"))[0]
+
+    history.cycle()
+
+    assert victims(history) == [own]
+    assert preemptors(history) == [beta]
 
 
 def _preemptor_preempted_within_its_hysteresis(history: History) -> tuple[str, str, float]:
