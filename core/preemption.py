@@ -50,7 +50,9 @@ def preempt(ctx: CycleContext, snap: Snapshot, blocked: list[CoreJob], quota: Qu
     preemptors = 0
     attempts = 0
     pool: VictimPool | None = None
-    # Victims only get scarcer within a cycle: a shape that found none makes larger fail.
+    # Victims only get scarcer within a cycle: a shape that found none makes larger fail,
+    # for the same queue (which gangs a preemptor may take depends on its queue: its own
+    # lower classes, other queues' borrowers).
     failed: dict[tuple[object, ...], int] = {}
     credited = False
     for job in blocked:
@@ -80,7 +82,7 @@ def preempt(ctx: CycleContext, snap: Snapshot, blocked: list[CoreJob], quota: Qu
         key = (
             pclass.rank,
             reclaiming,
-            job.queue if reclaiming else "",
+            job.queue,
             *shape.failure_key(False),
         )
         if key in failed and shape.min_units >= failed[key]:
@@ -404,13 +406,18 @@ def _by_node(planning: Snapshot, shape: Shape, victims: list[CoreJob]) -> list[C
     reclaiming 8 GPUs from borrowers' 1-GPU jobs); so here each node's own victims are weighed
     together: on each node, victims in pool order until it offers one unit more, then the
     nodes with the fewest GPUs evicted per unit gained until the gang's units are covered.
+    A node's victims may free more than one unit (an 8-GPU gang frees two units of 4): each
+    option counts the units it gains, and the placement of the victims chosen is the judge
+    (a gang of victims on several nodes frees units the count does not see). Counted as one
+    unit per node, a choice that sufficed was dropped for the greedy phase, which evicted a
+    further gang.
     """
     unit = shape.unit_gpus
     on_node: dict[int, list[tuple[CoreJob, int]]] = {}
     for victim in victims:
         for index, mask in victim.ranks:
             on_node.setdefault(index, []).append((victim, popcount(mask)))
-    options: list[tuple[GpuAmount, int, list[CoreJob]]] = []
+    options: list[tuple[GpuAmount, int, list[CoreJob], int]] = []
     for index in sorted(on_node):
         free = planning.count.get(index, 0)
         gained = free
@@ -423,17 +430,18 @@ def _by_node(planning: Snapshot, shape: Shape, victims: list[CoreJob]) -> list[C
                     break
         if gained // unit > free // unit:
             evicted = sum(victim.bound_gpus for victim in taken.values())
-            options.append((evicted, index, list(taken.values())))
+            units = gained // unit - free // unit
+            options.append((evicted, index, list(taken.values()), units))
     options.sort(key=lambda option: (option[0], option[1]))
     covered = _free_units(planning, shape)
     chosen: dict[str, CoreJob] = {}
-    for _, _, taken_here in options:
+    for _, _, taken_here, units in options:
         if covered >= shape.min_units:
             break
         for victim in taken_here:
             chosen.setdefault(victim.job_id, victim)
-        covered += 1
-    if not chosen or covered < shape.min_units:
+        covered += units
+    if not chosen:
         return None
     victims_chosen = list(chosen.values())
     allocation = _fits(planning, shape, victims_chosen)

@@ -129,6 +129,10 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
         "test_audit_rules",
         "test_ordering",
         "test_live_sharing",
+        "test_preemption_phase_order",
+        "test_victim_search",
+        "test_leaving_credit",
+        "test_preemption_attempts",
     ),
     "shape": (
         "test_shape_rules",
