@@ -46,7 +46,7 @@ from schemas.teams import (
 from services.api.auth import Principal, new_token, token_sha256
 from services.api.feed import ReadModelFeed
 from services.api.models import DrainBody, QueueConfig, QueuePatch, TeamCreate, TeamPolicyBody
-from services.api.pipelines import PlannedJob, plan_submissions
+from services.api.pipelines import DRAWN_JOB_ID, PlannedJob, plan_submissions
 from services.api.problems import ProblemError, conflict, not_found
 from services.api.projections.jobs import JobReadModel, Request, request_allowed
 from services.api.projections.nodes import NodeRecord
@@ -176,7 +176,9 @@ class Commands:
             dependency.job
             for spec in specs
             for dependency in spec.depends_on
-            if dependency.job not in names
+            # A batch's name shaped like a drawn id may also be an existing job: learn it too,
+            # or another process's job of that id would be missed, not found ambiguous.
+            if (dependency.job not in names or DRAWN_JOB_ID.fullmatch(dependency.job))
             and dependency.job not in models.jobs
             and dependency.job not in models.arrays
         }
