@@ -61,6 +61,11 @@ from services.runtime.store import EventStore
 
 ATTEMPTS: Final = 5
 JOB_ID_HEX: Final = 12
+# A team's queue is created with it; an existing queue (an organisation's) is never taken over.
+_QUEUE_TAKEN: Final = (
+    "a queue named {name} already exists (an organisation's queue?); a team brings a new queue "
+    "of its name: choose another name, or make the team a child of it (parent)"
+)
 # What a team over its pending cap is told to wait: pending jobs leave as capacity frees.
 PENDING_RETRY_AFTER_S: Final = 10.0
 
@@ -425,6 +430,9 @@ class Commands:
         """Record the team and its queue; return the token, which only its creator ever sees."""
         if body.name in self.feed.models.teams:
             raise conflict(f"team {body.name} already exists")
+        await self.feed.sync_stream(f"queue-{body.name}")
+        if body.name in self.feed.models.queues:
+            raise conflict(_QUEUE_TAKEN.format(name=body.name))
         self._require_valid_quota(
             body.name, Quota(body.parent, body.guaranteed_gpus, body.max_gpus)
         )
@@ -443,11 +451,14 @@ class Commands:
             max_gpus=body.max_gpus,
         )
         try:
+            # The queue must be new too: a team never takes over an existing queue.
             envelopes = await self.store.append_many(
-                [StreamAppend(team.stream, 0, [team]), StreamAppend(queue.stream, None, [queue])],
+                [StreamAppend(team.stream, 0, [team]), StreamAppend(queue.stream, 0, [queue])],
                 _metadata(),
             )
-        except ConcurrencyConflict:
+        except ConcurrencyConflict as clash:
+            if clash.stream == queue.stream:
+                raise conflict(_QUEUE_TAKEN.format(name=body.name)) from None
             raise conflict(f"team {body.name} already exists") from None
         await self.feed.deliver_all(envelopes)
         return token
