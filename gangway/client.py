@@ -8,6 +8,7 @@ The token: GANGWAY_TOKEN, else the admin token in GANGWAY_ADMIN_TOKEN_FILE or
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +19,8 @@ import httpx
 
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 STATE_DIR = Path(".gangway")
+# What an Authorization header can carry: visible ASCII, no spaces (every token the API issues).
+_TOKEN = re.compile(r"[\x21-\x7e]+")
 
 
 class ClientError(Exception):
@@ -51,10 +54,18 @@ class ClientConfig:
         file_env = read_env_file(state_dir / "env")
         url = environ.get("GANGWAY_API_URL") or file_env.get("GANGWAY_API_URL") or DEFAULT_API_URL
         token = environ.get("GANGWAY_TOKEN") or None
+        source = "GANGWAY_TOKEN"
         if token is None:
             token_file = Path(environ.get("GANGWAY_ADMIN_TOKEN_FILE") or state_dir / "admin.token")
             if token_file.is_file():
-                token = token_file.read_text().strip() or None
+                token = token_file.read_text(errors="replace").strip() or None
+                source = str(token_file)
+        if token is not None and _TOKEN.fullmatch(token) is None:
+            # Never echoed: even a mangled token may be most of a real one.
+            raise ClientError(
+                f"the token in {source} is not one: a token is visible ASCII without spaces "
+                "(was it copied with its quotes, a line break or another character?)"
+            )
         return cls(api_url=url.rstrip("/"), token=token)
 
 

@@ -9,6 +9,7 @@ existing job by its id).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -27,22 +28,62 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class _SpecLoader(yaml.SafeLoader):
+    """YAML read as JSON can carry it: a date or time (2026-01-01) stays the text written,
+    since JSON has no type for it and no field of a spec is one."""
+
+
+_SpecLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
 def load_specs(file: str) -> list[dict[str, Any]]:
     """The specs of the file: one per YAML document (empty documents skipped), or each item
     of a top-level list."""
     try:
-        text = sys.stdin.read() if file == "-" else Path(file).read_text()
+        text = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
     except OSError as error:
         raise InputError(f"cannot read {file}: {error.strerror or error}") from error
+    except UnicodeDecodeError as error:
+        raise InputError(f"{file} is not UTF-8 text (byte {error.start})") from error
     try:
-        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]  # JSON is YAML
+        # JSON is YAML.
+        documents = [doc for doc in yaml.load_all(text, Loader=_SpecLoader) if doc is not None]
     except yaml.YAMLError as error:
         raise InputError(f"{file} is neither YAML nor JSON: {error}".splitlines()[0]) from error
+    except RecursionError as error:
+        raise InputError(f"{file} nests too deeply to be a job spec") from error
     if len(documents) == 1 and isinstance(documents[0], list):
         documents = documents[0]
     if not documents or not all(isinstance(doc, dict) for doc in documents):
         raise InputError(f"{file} does not hold job specs (mappings of fields)")
+    for index, document in enumerate(documents):
+        where = f"document {index + 1}: " if len(documents) > 1 else ""
+        problem = _not_json(document, "", ())
+        if problem is not None:
+            raise InputError(f"{file}: {where}{problem}")
     return documents
+
+
+def _not_json(value: object, path: str, parents: tuple[int, ...]) -> str | None:
+    """Why `value` (at `path`) cannot be sent as JSON, or None: a number that is not finite
+    (.nan, .inf), a YAML alias inside its own anchor, a YAML type JSON lacks (!!binary …)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{path or 'the spec'}: {value} is not a number the API accepts"
+    if isinstance(value, dict | list):
+        if id(value) in parents:
+            return f"{path or 'the spec'} refers to itself (a YAML alias inside its own anchor)"
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            found = _not_json(item, f"{path}.{key}" if path else str(key), (*parents, id(value)))
+            if found is not None:
+                return found
+        return None
+    if value is None or isinstance(value, str | int | float):
+        return None
+    return f"{path or 'the spec'}: a YAML {type(value).__name__} is not JSON"
 
 
 @one_line_errors

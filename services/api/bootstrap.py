@@ -12,6 +12,7 @@ import contextlib
 import logging
 from dataclasses import dataclass, field
 
+from core.admission import TeamPolicy
 from services.api.activity import GpuActivity
 from services.api.audit import AuditGate
 from services.api.auth import load_admin_token, token_sha256
@@ -20,6 +21,7 @@ from services.api.commands import Commands
 from services.api.feed import ReadModelFeed
 from services.api.metrics import ApiMetrics
 from services.api.projections.model import ReadModels
+from services.api.projections.tenancy import Tenancy
 from services.api.settings import ApiSettings
 from services.api.streams import StreamGate
 from services.runtime.consumer import TelemetryConsumer
@@ -85,7 +87,11 @@ class ApiBootstrap:
         configured = settings.admin_token.get_secret_value() if settings.admin_token else None
         admin = load_admin_token(configured, settings.admin_token_file)
         store = await EventStore.connect(settings, producer="api")
-        feed = ReadModelFeed(store, ReadModels())
+        default_policy = TeamPolicy(
+            max_pending_jobs=settings.team_max_pending_jobs,
+            submissions_per_second=settings.team_submissions_per_second,
+        )
+        feed = ReadModelFeed(store, ReadModels(tenancy=Tenancy(default=default_policy)))
         await feed.refresh_head()
         rebuilt = await feed.catch_up()
         log.info("read models rebuilt from %d events (head %d)", rebuilt, feed.head)

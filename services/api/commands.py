@@ -8,9 +8,10 @@ The appended events are applied to the read models at once, which gives read-you
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Sequence
-from typing import Final
-from uuid import uuid4
+from typing import Final, Literal
+from uuid import UUID, uuid4, uuid5
 
 from pydantic import ValidationError
 
@@ -45,7 +46,7 @@ from schemas.teams import (
 from services.api.auth import Principal, new_token, token_sha256
 from services.api.feed import ReadModelFeed
 from services.api.models import DrainBody, QueueConfig, QueuePatch, TeamCreate, TeamPolicyBody
-from services.api.pipelines import PlannedJob, plan_submissions
+from services.api.pipelines import DRAWN_JOB_ID, PlannedJob, plan_submissions
 from services.api.problems import ProblemError, conflict, not_found
 from services.api.projections.jobs import JobReadModel, Request, request_allowed
 from services.api.projections.nodes import NodeRecord
@@ -60,6 +61,11 @@ from services.runtime.store import EventStore
 
 ATTEMPTS: Final = 5
 JOB_ID_HEX: Final = 12
+# A team's queue is created with it; an existing queue (an organisation's) is never taken over.
+_QUEUE_TAKEN: Final = (
+    "a queue named {name} already exists (an organisation's queue?); a team brings a new queue "
+    "of its name: choose another name, or make the team a child of it (parent)"
+)
 # What a team over its pending cap is told to wait: pending jobs leave as capacity frees.
 PENDING_RETRY_AFTER_S: Final = 10.0
 
@@ -87,6 +93,32 @@ def idempotent_job_id(principal: str, key: str) -> str:
     return digest[:JOB_ID_HEX]
 
 
+# The route a keyed request came by: the same specs sent to `POST /v1/jobs` and to
+# `POST /v1/jobs:batch` are two requests (their answers differ), never one retried.
+SubmitRoute = Literal["job", "batch"]
+# Request fingerprints are name-based UUIDs (version 5) in this namespace; fixed for ever, since
+# the log keeps them.
+_FINGERPRINTS: Final = UUID("0b7e43a2-5f1c-4d8e-9a26-c3f1e0d4b857")
+
+
+def request_fingerprint(
+    principal: str, key: str, route: SubmitRoute, specs: Sequence[JobSpec]
+) -> UUID:
+    """What one Idempotency-Key was used for: the caller, the key, the route and every spec as
+    submitted (dict keys sorted, so that a retry serialising its env in another order is still
+    the same request). Recorded as the correlation id of the events the request writes."""
+    body = json.dumps([spec.model_dump(mode="json") for spec in specs], sort_keys=True)
+    return uuid5(_FINGERPRINTS, "\0".join((principal, key, route, body)))
+
+
+def key_claims(principal: str, key: str) -> tuple[str, str]:
+    """The two job ids any request with this key may write first: the job `K`, or the first
+    element `K_0` of an array `K`. Every keyed request writes one and guards the other (expects
+    both new), so that any two requests with one key conflict, whatever they hold."""
+    first = idempotent_job_id(principal, key)
+    return first, array_element_id(first, 0)
+
+
 class Commands:
     def __init__(
         self, store: EventStore, feed: ReadModelFeed, limiter: SubmissionLimiter | None = None
@@ -99,7 +131,7 @@ class Commands:
         self, principal: Principal, spec: JobSpec, *, idempotency_key: str | None = None
     ) -> JobReadModel:
         principal.require_team(spec.team)
-        if spec.array is not None or spec.depends_on:
+        if spec.array is not None or spec.depends_on or idempotency_key is not None:
             [planned] = await self.submit_many(
                 principal, [spec], batch=False, idempotency_key=idempotency_key
             )
@@ -107,8 +139,6 @@ class Commands:
         _require_storable(spec)
         check_submission(spec, self.feed.models)
         await self._within_limits(spec.team)
-        if idempotency_key is not None:
-            return await self._submit_once(principal, spec, idempotency_key)
         for _ in range(ATTEMPTS):
             job_id = new_job_id()
             event = JobSubmitted(job_id=job_id, spec=spec, submitted_by=principal.name)
@@ -127,20 +157,33 @@ class Commands:
         batch: bool = True,
         idempotency_key: str | None = None,
     ) -> list[PlannedJob]:
-        """Several jobs (a batch, an array, a pipeline) in one append: all of them, or none."""
+        """Several jobs (a batch, an array, a pipeline) in one append: all of them, or none.
+
+        With an Idempotency-Key, the ids derive from the caller and the key, the events carry
+        the request's fingerprint as their correlation id, and the append claims the key
+        (`key_claims`): the same request again gets what it created the first time, any other
+        request with the key a 422.
+        """
         models = self.feed.models
         names = {spec.name for spec in specs} if batch else set()
+        claims = key_claims(principal.name, idempotency_key) if idempotency_key else ()
+        # A retry of a request that created jobs finds them even when the team is now at its
+        # limits (those jobs count towards the cap): it creates nothing, whatever it is.
+        retry = any(job_id in models.jobs for job_id in claims)
         # Limits first: looking up ids this process has not seen costs database reads, which a
         # team past its rate or cap must not get for free.
         for team in sorted({spec.team for spec in specs}):
             principal.require_team(team)
             count = sum(s.array.count if s.array else 1 for s in specs if s.team == team)
-            await self._within_limits(team, count)
+            if not retry:
+                await self._within_limits(team, count)
         unseen = {
             dependency.job
             for spec in specs
             for dependency in spec.depends_on
-            if dependency.job not in names
+            # A batch's name shaped like a drawn id may also be an existing job: learn it too,
+            # or another process's job of that id would be missed, not found ambiguous.
+            if (dependency.job not in names or DRAWN_JOB_ID.fullmatch(dependency.job))
             and dependency.job not in models.jobs
             and dependency.job not in models.arrays
         }
@@ -153,6 +196,11 @@ class Commands:
             )
         for job_id in sorted(unseen):
             await self._learn(job_id)
+        metadata = _metadata()
+        if idempotency_key is not None:
+            route: SubmitRoute = "batch" if batch else "job"
+            fingerprint = request_fingerprint(principal.name, idempotency_key, route, specs)
+            metadata = Metadata(correlation_id=fingerprint)
         for _ in range(ATTEMPTS):
             if idempotency_key is not None:
                 ids = [
@@ -169,27 +217,55 @@ class Commands:
             appends = [
                 StreamAppend(event.stream, 0, [event]) for job in planned for event in job.events
             ]
+            written = {append.stream for append in appends}
+            appends += [
+                StreamAppend(f"job-{job_id}", 0, [])  # a guard: expects it new, writes nothing
+                for job_id in claims
+                if f"job-{job_id}" not in written
+            ]
             try:
-                envelopes = await self.store.append_many(appends, _metadata())
+                envelopes = await self.store.append_many(appends, metadata)
             except ConcurrencyConflict:
                 if idempotency_key is None:
                     continue  # an id collision: draw others
-                for append in appends:
-                    await self.feed.sync_stream(append.stream)
-                if all(
-                    event.job_id in models.jobs and models.jobs[event.job_id].spec == event.spec
-                    for job in planned
-                    for event in job.events
-                ):
-                    return planned  # the same request, retried: what it created the first time
-                raise ProblemError(
-                    422,
-                    "idempotency-key-reused",
-                    "this Idempotency-Key was used for a different request",
-                ) from None
+                await self._require_retry(planned, claims, metadata.correlation_id)
+                return planned  # the same request, retried: what it created the first time
             await self.feed.deliver_all(envelopes)
             return planned
         raise RuntimeError("could not draw unused job ids")
+
+    async def _require_retry(
+        self, planned: Sequence[PlannedJob], claims: Sequence[str], fingerprint: UUID | None
+    ) -> None:
+        """Bring the jobs of a keyed request the log already holds into the read models, or
+        422 when the key was used for another request (its first event's fingerprint, the
+        correlation id, differs)."""
+        models = self.feed.models
+        first = None
+        for job_id in claims:
+            events = await self.store.read_stream(f"job-{job_id}")
+            if events:
+                first = events[0]
+                break
+        for job in planned:
+            for event in job.events:
+                await self.feed.sync_stream(event.stream)
+        recorded = None if first is None else first.correlation_id
+        if recorded is not None and recorded.version == 5:
+            same = recorded == fingerprint
+        else:
+            # Written before requests carried a fingerprint: the specs are all it can compare.
+            same = all(
+                event.job_id in models.jobs and models.jobs[event.job_id].spec == event.spec
+                for job in planned
+                for event in job.events
+            )
+        if not same:
+            raise ProblemError(
+                422,
+                "idempotency-key-reused",
+                "this Idempotency-Key was used for a different request",
+            )
 
     async def targets(self, principal: Principal, job_id: str) -> list[str]:
         """The job, or every element of the array of that id; 404 for what the caller may
@@ -309,25 +385,6 @@ class Commands:
 
         return decide
 
-    async def _submit_once(self, principal: Principal, spec: JobSpec, key: str) -> JobReadModel:
-        """The job of (caller, key): its id is derived from them, and the log's (stream,
-        version) uniqueness makes the first submission the only one. A retry after a timeout
-        or a 503, whether or not the first attempt committed, gets the same job back."""
-        job_id = idempotent_job_id(principal.name, key)
-        event = JobSubmitted(job_id=job_id, spec=spec, submitted_by=principal.name)
-        try:
-            await self._append(event.stream, 0, [event])
-        except ConcurrencyConflict:
-            await self.feed.sync_stream(event.stream)
-        job = self.feed.models.jobs[job_id]
-        if job.spec != spec:
-            raise ProblemError(
-                422,
-                "idempotency-key-reused",
-                "this Idempotency-Key was used for a different job spec",
-            )
-        return job
-
     async def request(self, principal: Principal, job_id: str, kind: Request) -> JobReadModel:
         """Record the user's request to cancel, suspend or resume; 409 when the state forbids it."""
         stream = f"job-{job_id}"
@@ -373,6 +430,9 @@ class Commands:
         """Record the team and its queue; return the token, which only its creator ever sees."""
         if body.name in self.feed.models.teams:
             raise conflict(f"team {body.name} already exists")
+        await self.feed.sync_stream(f"queue-{body.name}")
+        if body.name in self.feed.models.queues:
+            raise conflict(_QUEUE_TAKEN.format(name=body.name))
         self._require_valid_quota(
             body.name, Quota(body.parent, body.guaranteed_gpus, body.max_gpus)
         )
@@ -391,11 +451,14 @@ class Commands:
             max_gpus=body.max_gpus,
         )
         try:
+            # The queue must be new too: a team never takes over an existing queue.
             envelopes = await self.store.append_many(
-                [StreamAppend(team.stream, 0, [team]), StreamAppend(queue.stream, None, [queue])],
+                [StreamAppend(team.stream, 0, [team]), StreamAppend(queue.stream, 0, [queue])],
                 _metadata(),
             )
-        except ConcurrencyConflict:
+        except ConcurrencyConflict as clash:
+            if clash.stream == queue.stream:
+                raise conflict(_QUEUE_TAKEN.format(name=body.name)) from None
             raise conflict(f"team {body.name} already exists") from None
         await self.feed.deliver_all(envelopes)
         return token
@@ -450,12 +513,21 @@ class Commands:
         unknown = sorted(set(body.allowed_priority_classes or ()) - PRIORITY_CLASSES)
         if unknown:
             raise invalid("unknown-priority", f"unknown priority classes: {', '.join(unknown)}")
+        # A limit left out is the installation's default, written down; null is no limit.
+        default = self.feed.models.tenancy.default
+        given = body.model_fields_set
         event = TeamPolicyConfigured(
             team=team,
             allowed_priority_classes=body.allowed_priority_classes,
             non_preemptible_allowed=body.non_preemptible_allowed,
-            max_pending_jobs=body.max_pending_jobs,
-            submissions_per_second=body.submissions_per_second,
+            max_pending_jobs=(
+                body.max_pending_jobs if "max_pending_jobs" in given else default.max_pending_jobs
+            ),
+            submissions_per_second=(
+                body.submissions_per_second
+                if "submissions_per_second" in given
+                else default.submissions_per_second
+            ),
         )
         await self._append(event.stream, None, [event])
 

@@ -6,7 +6,9 @@ checked together before anything is written, so that the append is all or nothin
 - every spec is checked as a single submission would be (`check_submission`);
 - an array of `count` becomes `count` jobs `ID_0 … ID_{count-1}` sharing the spec;
 - a dependency names an existing job of the same team, an array of it (all its elements), or,
-  inside a batch, another job of the batch by its `name`; it is recorded by job id;
+  inside a batch, another job of the batch by its `name`; it is recorded by job id; a name
+  that is both (a job of the batch named like an existing job's id) is refused as ambiguous,
+  never resolved silently either way;
 - a dependency graph inside a batch must be acyclic (jobs already in the log can only name
   older jobs, so a cycle can only be written by one batch);
 - at most `MAX_SUBMIT_JOBS` jobs per request, counting every array element.
@@ -14,6 +16,7 @@ checked together before anything is written, so that the append is all or nothin
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Final
@@ -34,6 +37,9 @@ from services.api.validation import check_submission
 # The most jobs one request may create (array elements count one each): one append stays well
 # under what the log writes in one transaction and what a scheduling cycle takes in at once.
 MAX_SUBMIT_JOBS: Final = 1000
+# The ids the API draws (commands.new_job_id, idempotent_job_id) and their array elements: only
+# a batch's name of this shape can also be an existing job's id.
+DRAWN_JOB_ID: Final = re.compile(r"[0-9a-f]{12}(_[0-9]+)?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +120,13 @@ def _resolve(
         where = f"depends_on[{position}]"
         named = by_name.get(dependency.job)
         if named is not None:
+            if _owned(dependency.job, spec.team, models) is not None:
+                raise ProblemError(
+                    422,
+                    "ambiguous-dependency",
+                    f"{where}: {dependency.job!r} is both the name of a job of this request and "
+                    f"the id of an existing job of team {spec.team!r}; rename the request's job",
+                )
             if len(named) > 1:
                 raise ProblemError(
                     422,
@@ -146,15 +159,23 @@ def _ids_of(spec: JobSpec, job_id: str) -> list[str]:
     return [array_element_id(job_id, index) for index in range(spec.array.count)]
 
 
-def _existing(job_id: str, team: str, models: ReadModels, where: str) -> list[str]:
-    """An existing job (or array) of `team`; another team's is as unknown as a missing one,
-    so that a team learns nothing of other teams' jobs by naming them."""
+def _owned(job_id: str, team: str, models: ReadModels) -> list[str] | None:
+    """The ids of an existing job (or every element of an array) of `team`, else None; another
+    team's is as unknown as a missing one, so that a team learns nothing of other teams' jobs
+    by naming them."""
     job = models.jobs.get(job_id)
     if job is not None and job.spec.team == team:
         return [job_id]
     elements = models.arrays.get(job_id)
     if elements and models.jobs[elements[0]].spec.team == team:
         return list(elements)
+    return None
+
+
+def _existing(job_id: str, team: str, models: ReadModels, where: str) -> list[str]:
+    owned = _owned(job_id, team, models)
+    if owned is not None:
+        return owned
     raise ProblemError(
         422, "unknown-dependency", f"{where}: there is no job {job_id!r} of team {team!r}"
     )

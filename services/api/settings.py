@@ -47,6 +47,12 @@ class ApiSettings(Settings):
     # How many followed logs and dashboard streams one team may hold open in one API process
     # (services/api/streams.py).
     streams_per_team: int = Field(default=16, ge=1)
+    # The limits of a team the admin has set no policy for (PUT /v1/teams/{team}/policy), and
+    # of a policy that leaves them out: jobs waiting at once (None: no cap), submissions per
+    # second (None: no rate; each request with one costs a database round trip). Past either:
+    # 429 with Retry-After. The cap keeps one tenant from flooding the queue for the others.
+    team_max_pending_jobs: int | None = Field(default=10_000, ge=0, le=10_000_000)
+    team_submissions_per_second: float | None = Field(default=None, gt=0, le=1_000_000)
 
     @property
     def listen_host(self) -> str:

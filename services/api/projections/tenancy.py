@@ -41,9 +41,12 @@ class Tenancy:
     policies: dict[str, TeamPolicy] = field(default_factory=dict)
     tokens: dict[str, TokenRecord] = field(default_factory=dict)
     secrets: dict[str, set[str]] = field(default_factory=dict)
+    # What a team without a policy of its own gets: the installation's default limits
+    # (ApiSettings.team_max_pending_jobs, team_submissions_per_second).
+    default: TeamPolicy = DEFAULT_TEAM_POLICY
 
     def policy_of(self, team: str) -> TeamPolicy:
-        return self.policies.get(team, DEFAULT_TEAM_POLICY)
+        return self.policies.get(team, self.default)
 
     def apply(self, event: Event) -> None:
         handler = _TENANCY_FOLDS.get(type(event))

@@ -1,0 +1,135 @@
+"""An Idempotency-Key names one request: its route (`POST /v1/jobs` or `POST /v1/jobs:batch`)
+and its whole body. Retrying that request gets what it created, and writes nothing; the key used
+for any other request (another route, other specs, fewer or more jobs, an array instead of a
+job) is refused with 422 idempotency-key-reused, and writes nothing either.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from services.runtime import EventStore
+from tests.api.conftest import Api
+
+pytestmark = pytest.mark.integration
+
+
+def spec(name: str, **fields: Any) -> dict[str, Any]:
+    return {"name": name, "team": "nlp", "tasks": 1, "gpus_per_task": 1, **fields}
+
+
+SINGLE = "/v1/jobs"
+BATCH = "/v1/jobs:batch"
+
+
+async def post(api: Api, route: str, body: dict[str, Any], key: str) -> Any:
+    headers = {**api.teams["nlp"], "Idempotency-Key": key}
+    return await api.client.post(route, json=body, headers=headers)
+
+
+@pytest.mark.parametrize(
+    ("first", "second"),
+    [
+        pytest.param((SINGLE, spec("a")), (BATCH, {"jobs": [spec("a")]}), id="job-then-batch"),
+        pytest.param((BATCH, {"jobs": [spec("a")]}), (SINGLE, spec("a")), id="batch-then-job"),
+        pytest.param(
+            (BATCH, {"jobs": [spec("a"), spec("b")]}),
+            (BATCH, {"jobs": [spec("a")]}),
+            id="batch-then-its-first-job",
+        ),
+        pytest.param(
+            (SINGLE, spec("sweep", array={"count": 2})),
+            (SINGLE, spec("sweep")),
+            id="array-then-job",
+        ),
+        pytest.param(
+            (SINGLE, spec("sweep")),
+            (SINGLE, spec("sweep", array={"count": 2})),
+            id="job-then-array",
+        ),
+        pytest.param(
+            (SINGLE, spec("sweep", array={"count": 2})),
+            (BATCH, {"jobs": [spec("sweep", array={"count": 2})]}),
+            id="array-then-batch-of-it",
+        ),
+    ],
+)
+async def test_a_key_used_for_another_request_is_refused_and_writes_nothing(
+    api: Api,
+    store: EventStore,
+    first: tuple[str, dict[str, Any]],
+    second: tuple[str, dict[str, Any]],
+) -> None:
+    await api.create_team("nlp")
+    created = await post(api, *first, key="nightly")
+    assert created.status_code == 201, created.text
+    head = await store.head()
+    reused = await post(api, *second, key="nightly")
+    assert reused.status_code == 422, reused.text
+    assert reused.headers["content-type"] == "application/problem+json"
+    assert reused.json()["type"].endswith("/idempotency-key-reused")
+    assert await store.head() == head
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        pytest.param(SINGLE, spec("a"), id="job"),
+        pytest.param(SINGLE, spec("sweep", array={"count": 3}), id="array"),
+        pytest.param(BATCH, {"jobs": [spec("a")]}, id="batch-of-one"),
+        pytest.param(
+            BATCH, {"jobs": [spec("a"), spec("b", depends_on=[{"job": "a"}])]}, id="pipeline"
+        ),
+    ],
+)
+async def test_the_same_request_retried_gets_what_it_created(
+    api: Api, store: EventStore, route: str, body: dict[str, Any]
+) -> None:
+    await api.create_team("nlp")
+    created = await post(api, route, body, key="retry-me")
+    assert created.status_code == 201, created.text
+    head = await store.head()
+    again = await post(api, route, body, key="retry-me")
+    assert again.status_code == 201, again.text
+    assert _ids(again.json()) == _ids(created.json())
+    assert await store.head() == head
+
+
+async def test_a_key_is_the_callers_own(api: Api, store: EventStore) -> None:
+    """Another team's same key is another request: it creates its own job."""
+    await api.create_team("nlp")
+    vision = await api.create_team("vision")
+    ours = await post(api, SINGLE, spec("a"), key="shared-word")
+    theirs = await api.client.post(
+        SINGLE,
+        json={**spec("a"), "team": "vision"},
+        headers={**vision, "Idempotency-Key": "shared-word"},
+    )
+    assert ours.status_code == theirs.status_code == 201, theirs.text
+    assert ours.json()["id"] != theirs.json()["id"]
+
+
+async def test_a_retry_at_the_pending_cap_still_gets_its_job(api: Api) -> None:
+    """The job a lost answer created counts towards the team's cap: its retry must find it,
+    not be told to wait until the team has fewer pending jobs."""
+    await api.create_team("nlp")
+    policy = await api.client.put(
+        "/v1/teams/nlp/policy", json={"max_pending_jobs": 1}, headers=api.as_admin()
+    )
+    assert policy.status_code == 200, policy.text
+    created = await post(api, SINGLE, spec("a"), key="lost-answer")
+    assert created.status_code == 201, created.text
+    again = await post(api, SINGLE, spec("a"), key="lost-answer")
+    assert again.status_code == 201, again.text
+    assert again.json()["id"] == created.json()["id"]
+    # ... while a new job is refused: the cap still holds.
+    other = await post(api, SINGLE, spec("b"), key="another")
+    assert other.status_code == 429, other.text
+
+
+def _ids(body: dict[str, Any]) -> list[str]:
+    if "jobs" in body:
+        return [job["id"] for job in body["jobs"]]
+    return [body["id"]]

@@ -1,0 +1,74 @@
+"""What a newcomer gets wrong in a spec file or in the environment is one line on stderr and a
+non-zero status, never a traceback, and nothing is sent to the API (none runs here: an
+unreachable address proves it)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gangway.cli import main
+from gangway.commands.submit import load_specs
+
+# Nothing listens there: a command that tried to reach it would say so instead.
+UNREACHABLE = "http://127.0.0.1:9"
+
+SPEC = "name: x\nteam: nlp\ntasks: 1\ngpus_per_task: 1\n"
+
+
+@pytest.fixture(autouse=True)
+def no_api(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("GANGWAY_API_URL", UNREACHABLE)
+    monkeypatch.setenv("GANGWAY_TOKEN", "a-token")
+    monkeypatch.chdir(tmp_path)
+
+
+def one_line(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert err.startswith("gangway: "), err
+    assert err.count("\n") == 1, err
+    assert "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        pytest.param(b"name: \xff\xfe\n", "UTF-8", id="not-utf8"),
+        pytest.param(
+            (SPEC + "estimated_runtime_s: .nan\n").encode(), "estimated_runtime_s", id="nan"
+        ),
+        pytest.param((SPEC + "max_runtime_s: .inf\n").encode(), "max_runtime_s", id="inf"),
+        pytest.param(b"name: &a [*a]\nteam: nlp\n", "refers to itself", id="alias-loop"),
+    ],
+)
+def test_a_spec_file_json_cannot_carry_is_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, says: str
+) -> None:
+    spec = tmp_path / "job.yaml"
+    spec.write_bytes(content)
+    assert main(["submit", str(spec)]) == 2
+    err = one_line(capsys)
+    assert says in err and "job.yaml" in err
+    assert "cannot reach" not in err
+
+
+def test_yaml_dates_and_times_stay_the_text_written(tmp_path: Path) -> None:
+    """YAML 1.1 reads 2026-01-01 as a date, which JSON has no type for: in a job spec it is
+    text (an env value, a name), sent as written."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text(SPEC + "env: {DAY: 2026-01-01, AT: 2026-01-01 10:00:00}\n")
+    [loaded] = load_specs(str(spec))
+    assert loaded["env"] == {"DAY": "2026-01-01", "AT": "2026-01-01 10:00:00"}
+
+
+@pytest.mark.parametrize("token", ["jéton", "two\nlines", "tab\there"])
+def test_a_token_no_http_header_can_carry_is_one_line_naming_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], token: str
+) -> None:
+    monkeypatch.setenv("GANGWAY_TOKEN", token)
+    assert main(["jobs"]) == 1
+    err = one_line(capsys)
+    assert "GANGWAY_TOKEN" in err and "cannot reach" not in err
+    assert token not in err  # a token is never echoed, even a broken one
