@@ -113,6 +113,8 @@ class Samples:
 
     # Bumped by every sample: answers memoised against it hold until it moves.
     changes: int = 0
+    # Fed by every team's jobs (the "gpus" and "all" keys), not by one team's only.
+    shared: bool = False
 
     def add(self, value: float) -> None:
         self.recent.append(value)
@@ -185,6 +187,14 @@ class RuntimeEstimates:
         # Which key speaks for a job changes only when some key first reaches MIN_SAMPLES
         # (a new generation); the cycle asks for every running gang's end every time.
         self._generation = 0
+        # The keys in the order they reached MIN_SAMPLES (generation g made `_matured[g - 1]`
+        # speak): a job none of whose keys matured since it was resolved keeps its key. (Many
+        # team-and-size keys mature as a log grows, each a new generation that sent every
+        # running gang's estimate through its keys again.)
+        self._matured: list[Key] = []
+        # Per team, how many jobs had been learned from once its latest was
+        # (`teams_learned_since`).
+        self._team_learned: dict[str, int] = {}
         self._resolved: dict[str, tuple[int, Samples | None]] = {}
         # Each team's ratio, until some ratio is learned: (ratios learned, ratio).
         self._ratio_changes = 0
@@ -248,9 +258,12 @@ class RuntimeEstimates:
 
     def _learn(self, live: _Live, succeeded: bool) -> None:
         for key in live.keys:
-            samples = self._samples.setdefault(key, Samples())
+            samples = self._samples.get(key)
+            if samples is None:
+                samples = self._samples[key] = Samples(shared=key[0] in ("gpus", "all"))
             samples.add(live.held_s)
             if len(samples) == MIN_SAMPLES:
+                self._matured.append(key)
                 self._generation += 1
         if succeeded and live.user_estimate_s is not None:
             ratio = live.held_s / live.user_estimate_s
@@ -258,6 +271,32 @@ class RuntimeEstimates:
                 self._ratios.setdefault(key, Samples()).add(ratio)
             self._ratio_changes += 1
         self.learned += 1
+        self._team_learned[live.team] = self.learned
+
+    def teams_learned_since(self, learned: int) -> frozenset[str]:
+        """The teams of the jobs learned from since the estimator had learned from `learned`:
+        with `reads_own_team`, which predictions may have moved since (see there)."""
+        return frozenset(team for team, last in self._team_learned.items() if last > learned)
+
+    def reads_own_team(self, job_id: str, spec: JobSpec) -> bool:
+        """Whether what `remaining_s` predicts for the job now is read from its own team's
+        samples or ratio only, or from nothing learned: not from the keys and the ratio that
+        every team's jobs feed.
+
+        If so, and no job of its team was learned from since some moment, the prediction is
+        what it was then: samples and ratios only grow, a team's own keys come before the
+        shared ones, and only its jobs feed them, so the key (or ratio) that speaks now spoke
+        then, with the same samples, and none spoke then where none speaks now.
+        """
+        if spec.estimated_runtime_s is not None:
+            # The user's estimate, scaled by the team's ratio, else everyone's, else as given.
+            own = self._ratios.get(("team", spec.team))
+            if own is not None and len(own) >= MIN_SAMPLES:
+                return True
+            everyone = self._ratios.get(("all",))
+            return everyone is None or len(everyone) < MIN_SAMPLES
+        samples = self._samples_of(job_id, spec)
+        return samples is None or not samples.shared
 
     # ---------------------------------------------------------------- ask
 
@@ -288,6 +327,14 @@ class RuntimeEstimates:
         if resolved is not None and resolved[0] == self._generation:
             return resolved[1]
         live = self._live.get(job_id)
+        if (
+            resolved is not None
+            and live is not None
+            and not any(key in live.keys for key in self._matured[resolved[0] :])
+        ):
+            # No key of the job matured since (samples are only ever added): the same speaks.
+            self._resolved[job_id] = (self._generation, resolved[1])
+            return resolved[1]
         samples = self.samples_for(live.keys if live is not None else keys_of(spec))
         if live is not None:
             self._resolved[job_id] = (self._generation, samples)

@@ -166,8 +166,28 @@ class Snapshot:
 
     def _set(self, index: int, mask: int) -> None:
         self.changes += 1
-        self._remove(index)
-        self._add(index, mask)
+        before = self.free.get(index, 0)
+        if not (before and mask):
+            self._remove(index)
+            self._add(index, mask)
+            return
+        # Free GPUs before and after: the node stays in its rack, block and pool, and only
+        # its counts move (most changes in a busy cycle: a gang taking or giving back part
+        # of a node; taking it out of every level and putting it back cost twice as much).
+        self.free[index] = mask
+        old, new = self.count[index], popcount(mask)
+        if old == new:
+            return
+        node = self.nodes[index]
+        levels = self.levels[node.gpu_type]
+        levels[old].discard(index)
+        levels[new].add(index)
+        self.count[index] = new
+        moved = new - old
+        self.rack_free[node.rack_id] += moved
+        self.block_free[node.block_id] += moved
+        self.pool_free[node.gpu_type] += moved
+        self.total_free += moved
 
     def release(self, index: int, mask: int) -> None:
         """Give GPUs back (a gang leaving, for planning); only bits of a schedulable node count."""

@@ -69,13 +69,28 @@ class SpotIndex:
         ] = {}
         self._share_keys: list[_ShareBucket] | None = None
         self._mig_keys: list[_MigBucket] | None = None
+        # Nodes changed since the index was last read: re-bucketed when it is read next. A
+        # cycle marks a released gang's GPUs in the ledger and restores them when it ends, and
+        # most cycles place no slice or share: re-bucketing on every change did that work
+        # twice per node for nothing (and every folded whole-GPU task did it once).
+        self._dirty: set[str] = set()
         for node_id in nodes:
-            self.refresh(node_id)
+            self._refresh_now(node_id)
 
     # ------------------------------------------------------------ upkeep
 
     def refresh(self, node_id: str) -> None:
-        """Bring one node up to date with the ledger (registered, changed or gone)."""
+        """The node changed in the ledger (registered, changed or gone): it is brought up to
+        date before the index is read next."""
+        self._dirty.add(node_id)
+
+    def _catch_up(self) -> None:
+        dirty = self._dirty
+        while dirty:
+            self._refresh_now(dirty.pop())
+
+    def _refresh_now(self, node_id: str) -> None:
+        """Bring one node up to date with the ledger."""
         old = self._placed.pop(node_id, None)
         if old is not None:
             old_node, old_shares, old_migs = old
@@ -123,6 +138,7 @@ class SpotIndex:
 
     def ranked(self, ask: TaskAsk, now: float) -> Iterator[tuple[CheapKey, Spot]]:
         """The ask's spots in `place`'s order, without those it drops, each with its key."""
+        self._catch_up()
         offers: dict[str, dict[tuple[tuple[int, ...], int], Spot]] = {}
 
         def offered(node_id: str) -> dict[tuple[tuple[int, ...], int], Spot]:

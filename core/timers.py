@@ -17,7 +17,9 @@ entries, and its old ones, recognised by their token, are dropped when they reac
 The entries rest on a gang's estimate being a function of its spec, the policy and the
 runtimes learned so far (core/reservation.py `runtime_estimate`, core/estimates.py): a job's
 spec does not change while it holds a gang, a new policy object rebuilds the timers, and
-whatever the estimator learns (a job ended) rebuilds the estimated ends.
+whatever the estimator learns (a job ended) renews the estimated ends of the gangs whose
+estimate it may have moved (those of the teams it learned from, and those that read what every
+team feeds: core/estimates.py `reads_own_team`).
 """
 
 from __future__ import annotations
@@ -171,7 +173,7 @@ class GangTimers:
                 watch.changes = []
                 self._apply(state, changes)
             if state.estimates.learned != self._learned:
-                self._rebuild_ends(state)
+                self._estimates_moved(state)
         self._latest_now = now
         if len(self._deadlines) + len(self._ends) > 4 * len(self._token) + 1024:
             self._compact()
@@ -232,17 +234,22 @@ class GangTimers:
         end = job.held_since + runtime_estimate(job, policy, state.estimates)
         heapq.heappush(self._ends, (end, token, job.job_id))
 
-    def _rebuild_ends(self, state: PlanningSurface) -> None:
-        """The estimated ends again, under what the estimator has learned since."""
-        self._learned = state.estimates.learned
-        policy, estimates, token = state.policy, state.estimates, self._token
-        self._overrun = {}
-        self._ends = [
-            (job.held_since + runtime_estimate(job, policy, estimates), token[job_id], job_id)
-            for job_id, job in state.holding_jobs.items()
-            if job_id not in self._always and job.held_since is not None and job_id in token
-        ]
-        heapq.heapify(self._ends)
+    def _estimates_moved(self, state: PlanningSurface) -> None:
+        """The estimator learned: new entries for the gangs whose estimate may have moved,
+        those of the teams it learned from and those read from what every team feeds
+        (core/estimates.py `reads_own_team`)."""
+        estimates = state.estimates
+        teams = estimates.teams_learned_since(self._learned)
+        self._learned = estimates.learned
+        holding, always = state.holding_jobs, self._always
+        for job_id in list(self._token):
+            job = holding.get(job_id)
+            spec = job.spec if job is not None else None
+            if job is None or spec is None or job_id in always:
+                continue  # no spec: the policy's default, whatever is learned
+            if spec.team in teams or not estimates.reads_own_team(job_id, spec):
+                self._overrun.pop(job_id, None)
+                self._push(state, job)
 
     def _compact(self) -> None:
         token = self._token

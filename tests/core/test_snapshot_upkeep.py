@@ -1,0 +1,69 @@
+"""The placement snapshot's aggregates (nodes by free count per pool, free GPUs per rack, block,
+pool and cluster, which racks and blocks have any) are kept up to date change by change, and
+trials undo theirs: after any sequence of changes, inside and outside trials, the snapshot holds
+exactly what a snapshot built fresh from the same free GPUs holds (core/placement.py)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from core.placement import Snapshot
+from core.state import SchedulerState
+from core.topology import parse_cluster_spec
+
+CLUSTER = "6x8:2:2"  # 6 nodes of 8 GPUs, 2 nodes a rack, 2 racks a block: 2 blocks
+
+
+def nodes() -> SchedulerState:
+    state = SchedulerState()
+    for node in parse_cluster_spec(CLUSTER):
+        state.apply(node, 0.0)
+    return state
+
+
+def aggregates(snap: Snapshot) -> dict[str, object]:
+    levels = snap.levels.items()
+    return {
+        "free": dict(snap.free),
+        "count": dict(snap.count),
+        "levels": {pool: [sorted(level) for level in by_count] for pool, by_count in levels},
+        "rack_nodes": {rack: sorted(ids) for rack, ids in snap.rack_nodes.items() if ids},
+        "rack_free": {rack: free for rack, free in snap.rack_free.items() if free},
+        "block_racks": {block: sorted(ids) for block, ids in snap.block_racks.items() if ids},
+        "block_free": {block: free for block, free in snap.block_free.items() if free},
+        "pool_blocks": {pool: sorted(ids) for pool, ids in snap.pool_blocks.items() if ids},
+        "pool_free": {pool: free for pool, free in snap.pool_free.items() if free},
+        "total_free": snap.total_free,
+    }
+
+
+changes = st.lists(
+    st.tuples(st.integers(min_value=0, max_value=5), st.integers(min_value=0, max_value=255)),
+    max_size=30,
+)
+
+
+@given(before=changes, inside=changes, after=changes)
+def test_a_snapshot_changed_node_by_node_holds_what_a_fresh_one_holds(
+    before: list[tuple[int, int]], inside: list[tuple[int, int]], after: list[tuple[int, int]]
+) -> None:
+    state = nodes()
+    records = state.node_records
+    snap = Snapshot(records, state.free_masks)
+    free = dict(state.free_masks)
+
+    def change(steps: list[tuple[int, int]], into: dict[int, int]) -> None:
+        for index, mask in steps:
+            snap.set_free(index, mask)
+            into[index] = mask
+
+    change(before, free)
+    with snap.trial():
+        tried = dict(free)
+        change(inside, tried)
+        assert aggregates(snap) == aggregates(Snapshot(records, tried))
+    assert aggregates(snap) == aggregates(Snapshot(records, free))
+    change(after, free)
+
+    assert aggregates(snap) == aggregates(Snapshot(records, free))
