@@ -26,7 +26,7 @@ the youngest of a level first (the least sunk into the attempt).
 
 from __future__ import annotations
 
-from core.attained import job_level
+from core.attained import attained_service, job_level
 from core.context import CycleContext
 from core.placement import Snapshot, find_placement
 from core.preemption import (
@@ -130,9 +130,17 @@ def preempt_for_fairness(
             pool = pools[(job.queue, rank)] = _pool(ctx, job.queue, rank)
         victims: list[CoreJob] = []
         soonest: float | None = None
-        for vlevel, victim in pool:
+        for index, (vlevel, victim) in enumerate(pool):
             if vlevel < level + policy.fairness_level_gap:
-                break  # the pool is sorted by level, highest first
+                # The pool is sorted by level, highest first. Running gangs climb: the first
+                # to reach the level needed may be evicted then, a moment to be woken at.
+                if not victims:
+                    largest = policy.fairness_protected_gang_gpus if small else None
+                    needed = level + policy.fairness_level_gap
+                    rises = _level_reached_at(pool[index:], needed, largest, ctx)
+                    if rises is not None:
+                        soonest = rises if soonest is None else min(soonest, rises)
+                break
             if victim.job_id in taken or victim.job_id in ctx.released:
                 continue
             if small and victim.bound_gpus > policy.fairness_protected_gang_gpus:
@@ -180,6 +188,29 @@ def preempt_for_fairness(
             policy,
         )
         taken.update(victim.job_id for victim in chosen)
+
+
+def _level_reached_at(
+    pool: list[tuple[int, CoreJob]], needed: int, largest: int | None, ctx: CycleContext
+) -> float | None:
+    """The first moment a running gang of the pool (of at most `largest` GPUs) reaches
+    attained-service level `needed` (None: none can); a microsecond later, so that the level
+    is reached by then whatever the rounding of the moment."""
+    thresholds = ctx.policy.las_thresholds_gpu_s
+    if needed < 1 or needed > len(thresholds):
+        return None
+    threshold, now = thresholds[needed - 1], ctx.now
+    soonest: float | None = None
+    for _, victim in pool:
+        rate = victim.bound_gpus
+        if not victim.ranks or victim.started_at is None or rate <= 0:
+            continue
+        if largest is not None and rate > largest:
+            continue
+        moment = now + (threshold - attained_service(victim, now)) / rate + 1e-6
+        if soonest is None or moment < soonest:
+            soonest = moment
+    return soonest
 
 
 def _others_borrow(ctx: CycleContext, quota: QuotaBook, job: CoreJob) -> bool:
