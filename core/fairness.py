@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from core.attained import attained_service, job_level
 from core.context import CycleContext
+from core.fairness_pools import Pool, forget_changes, pool_of
 from core.placement import Snapshot, find_placement
 from core.preemption import (
     Eviction,
@@ -36,7 +37,6 @@ from core.preemption import (
     _quota_room,
     _single,
     credit_leaving,
-    is_protected,
     request_evictions,
 )
 from core.quota import QuotaBook
@@ -87,10 +87,11 @@ def preempt_for_fairness(
 ) -> None:
     """Phase 6b of the cycle (after the priority planner): evictions for attained service."""
     policy, now = ctx.policy, ctx.now
+    forget_changes(ctx)
     if not policy.fairness_preemption or policy.order_key is not None:
         return
     taken: set[str] = set()
-    pools: dict[tuple[str, int], list[tuple[int, CoreJob]]] = {}
+    pools: dict[tuple[str, int], Pool] = {}
     failed: dict[tuple[str, int, int, bool], int] = {}
     preemptors = attempts = 0
     others_borrow: dict[str, bool] = {}
@@ -127,7 +128,7 @@ def preempt_for_fairness(
                 continue  # it may reclaim borrowed GPUs (core/preemption.py): borrowers first
         pool = pools.get((job.queue, rank))
         if pool is None:
-            pool = pools[(job.queue, rank)] = _pool(ctx, job.queue, rank)
+            pool = pools[(job.queue, rank)] = pool_of(ctx, job.queue, rank)
         victims: list[CoreJob] = []
         soonest: float | None = None
         for index, (vlevel, victim) in enumerate(pool):
@@ -224,25 +225,6 @@ def _within_guarantee(quota: QuotaBook, job: CoreJob, gpus: int, victims: list[C
     job runs: fairness reorders a team's guaranteed share, it never makes the team borrow."""
     freed = sum(victim.bound_gpus for victim in victims)
     return quota.usage.get(job.queue, 0) - freed + gpus <= quota.guarantee(job.queue)
-
-
-def _pool(ctx: CycleContext, queue: str, rank: int) -> list[tuple[int, CoreJob]]:
-    """The queue's gangs of that class that may be preempted at all, highest level first,
-    then the youngest."""
-    policy, now = ctx.policy, ctx.now
-    entries: list[tuple[int, float, int, CoreJob]] = []
-    for victim in ctx.state.holding_of(queue).values():
-        if victim.queue != queue or not victim.ranks or victim.job_id in ctx.handled:
-            continue
-        if policy.priority_class(victim.priority).rank != rank:
-            continue
-        if is_protected(victim, now, policy, ctx.wakeups):
-            continue
-        level = job_level(victim, now, policy)
-        held_since = victim.held_since
-        entries.append((level, now if held_since is None else held_since, victim.seq, victim))
-    entries.sort(key=lambda entry: (-entry[0], -entry[1], entry[2]))
-    return [(level, victim) for level, _, _, victim in entries]
 
 
 def _plan(
