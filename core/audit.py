@@ -680,7 +680,10 @@ class Auditor:
         """Whether the queue holds more than its guarantee, net of gangs under eviction; its
         slices and shares count exactly, as the core's quota book counts them."""
         held: GpuAmount = self._subtree(queue, self._staying())
-        for job_id, job in self._jobs.items():
+        # Only a job holding a gang has a fraction (set when bound, cleared when released):
+        # the jobs with a gang, not every job ever seen.
+        for job_id in self._with_gang:
+            job = self._jobs[job_id]
             if not job.fraction or queue not in self._chain(job.queue):
                 continue
             if not job.preempting or job_id in self._plan_victims:
@@ -726,10 +729,12 @@ class Auditor:
             # capacity and borrowers-first rules do not judge slice and share preemptors.
             return
         shape = shape_of(preemptor.spec)
+        # The quota tests before `_fits`, which walks every GPU: a preemptor its ceiling holds
+        # back (the usual case for preemption within a queue) needs no walk.
         if (
             not self._plan_victims
-            and self._fits(shape, set())
             and not self._excess(preemptor.queue, shape.min_gpus, self._staying())
+            and self._fits(shape, set())
         ):
             self._broken(
                 "idle_capacity",
@@ -738,8 +743,8 @@ class Auditor:
             )
         elif not borrower:
             borrowers = self._eligible_borrowers(preemptor, shape, at)
-            if self._fits(shape, borrowers) and not self._excess_after(
-                preemptor.queue, shape.min_gpus, borrowers
+            if not self._excess_after(preemptor.queue, shape.min_gpus, borrowers) and self._fits(
+                shape, borrowers
             ):
                 self._broken(
                     "borrowers_first",

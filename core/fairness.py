@@ -26,8 +26,9 @@ the youngest of a level first (the least sunk into the attempt).
 
 from __future__ import annotations
 
-from core.attained import job_level
+from core.attained import attained_service, job_level
 from core.context import CycleContext
+from core.fairness_pools import Pool, forget_changes, pool_of
 from core.placement import Snapshot, find_placement
 from core.preemption import (
     Eviction,
@@ -36,7 +37,6 @@ from core.preemption import (
     _quota_room,
     _single,
     credit_leaving,
-    is_protected,
     request_evictions,
 )
 from core.quota import QuotaBook
@@ -87,10 +87,11 @@ def preempt_for_fairness(
 ) -> None:
     """Phase 6b of the cycle (after the priority planner): evictions for attained service."""
     policy, now = ctx.policy, ctx.now
+    forget_changes(ctx)
     if not policy.fairness_preemption or policy.order_key is not None:
         return
     taken: set[str] = set()
-    pools: dict[tuple[str, int], list[tuple[int, CoreJob]]] = {}
+    pools: dict[tuple[str, int], Pool] = {}
     failed: dict[tuple[str, int, int, bool], int] = {}
     preemptors = attempts = 0
     others_borrow: dict[str, bool] = {}
@@ -127,12 +128,20 @@ def preempt_for_fairness(
                 continue  # it may reclaim borrowed GPUs (core/preemption.py): borrowers first
         pool = pools.get((job.queue, rank))
         if pool is None:
-            pool = pools[(job.queue, rank)] = _pool(ctx, job.queue, rank)
+            pool = pools[(job.queue, rank)] = pool_of(ctx, job.queue, rank)
         victims: list[CoreJob] = []
         soonest: float | None = None
-        for vlevel, victim in pool:
+        for index, (vlevel, victim) in enumerate(pool):
             if vlevel < level + policy.fairness_level_gap:
-                break  # the pool is sorted by level, highest first
+                # The pool is sorted by level, highest first. Running gangs climb: the first
+                # to reach the level needed may be evicted then, a moment to be woken at.
+                if not victims:
+                    largest = policy.fairness_protected_gang_gpus if small else None
+                    needed = level + policy.fairness_level_gap
+                    rises = _level_reached_at(pool[index:], needed, largest, ctx)
+                    if rises is not None:
+                        soonest = rises if soonest is None else min(soonest, rises)
+                break
             if victim.job_id in taken or victim.job_id in ctx.released:
                 continue
             if small and victim.bound_gpus > policy.fairness_protected_gang_gpus:
@@ -182,6 +191,29 @@ def preempt_for_fairness(
         taken.update(victim.job_id for victim in chosen)
 
 
+def _level_reached_at(
+    pool: list[tuple[int, CoreJob]], needed: int, largest: int | None, ctx: CycleContext
+) -> float | None:
+    """The first moment a running gang of the pool (of at most `largest` GPUs) reaches
+    attained-service level `needed` (None: none can); a microsecond later, so that the level
+    is reached by then whatever the rounding of the moment."""
+    thresholds = ctx.policy.las_thresholds_gpu_s
+    if needed < 1 or needed > len(thresholds):
+        return None
+    threshold, now = thresholds[needed - 1], ctx.now
+    soonest: float | None = None
+    for _, victim in pool:
+        rate = victim.bound_gpus
+        if not victim.ranks or victim.started_at is None or rate <= 0:
+            continue
+        if largest is not None and rate > largest:
+            continue
+        moment = now + (threshold - attained_service(victim, now)) / rate + 1e-6
+        if soonest is None or moment < soonest:
+            soonest = moment
+    return soonest
+
+
 def _others_borrow(ctx: CycleContext, quota: QuotaBook, job: CoreJob) -> bool:
     """Whether a queue off the job's own chain holds more than its guarantee."""
     own = quota.chain(job.queue)
@@ -193,25 +225,6 @@ def _within_guarantee(quota: QuotaBook, job: CoreJob, gpus: int, victims: list[C
     job runs: fairness reorders a team's guaranteed share, it never makes the team borrow."""
     freed = sum(victim.bound_gpus for victim in victims)
     return quota.usage.get(job.queue, 0) - freed + gpus <= quota.guarantee(job.queue)
-
-
-def _pool(ctx: CycleContext, queue: str, rank: int) -> list[tuple[int, CoreJob]]:
-    """The queue's gangs of that class that may be preempted at all, highest level first,
-    then the youngest."""
-    policy, now = ctx.policy, ctx.now
-    entries: list[tuple[int, float, int, CoreJob]] = []
-    for victim in ctx.state.holding_of(queue).values():
-        if victim.queue != queue or not victim.ranks or victim.job_id in ctx.handled:
-            continue
-        if policy.priority_class(victim.priority).rank != rank:
-            continue
-        if is_protected(victim, now, policy, ctx.wakeups):
-            continue
-        level = job_level(victim, now, policy)
-        held_since = victim.held_since
-        entries.append((level, now if held_since is None else held_since, victim.seq, victim))
-    entries.sort(key=lambda entry: (-entry[0], -entry[1], entry[2]))
-    return [(level, victim) for level, _, _, victim in entries]
 
 
 def _plan(

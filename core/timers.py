@@ -144,11 +144,19 @@ class GangTimers:
                 heapq.heappush(ends, end)
             # estimated_end: a gang past its estimate may end at any moment after `now`, or
             # when jobs like it that ran as long ended (learned runtimes).
+            # Such a gang (never one being preempted: those are visited) is planned to end
+            # `overrun_grace_s` after `now` at the earliest, so once the wake-up is there no
+            # other can bring it earlier.
             policy, estimates = state.policy, state.estimates
-            for job_id in self._overrun:
-                if job_id not in visit:
-                    moment = estimated_end(holding[job_id], now, policy, estimates)
-                    wakeup = min(wakeup, moment)
+            floor = now + policy.overrun_grace_s
+            if wakeup > floor:
+                for job_id in self._overrun:
+                    if job_id not in visit:
+                        moment = estimated_end(holding[job_id], now, policy, estimates)
+                        if moment < wakeup:
+                            wakeup = moment
+                            if wakeup <= floor:
+                                break
         order = self._order
         gangs = [holding[job_id] for job_id in sorted(visit, key=order.__getitem__)]
         return gangs, (None if wakeup == float("inf") else wakeup)

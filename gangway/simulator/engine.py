@@ -224,6 +224,11 @@ class Simulation:
         self._heap: list[tuple[float, int, int, str, int]] = []
         self._seq = 0
         self._wakes: set[float] = set()
+        # The one wake-up the last cycle asked for (`next_wakeup`): each cycle's replaces the
+        # one before, as the scheduler service keeps only its last cycle's. Its heap entry
+        # carries this token; an entry of an earlier cycle is stale and wakes nothing.
+        self._cycle_wake: float | None = None
+        self._cycle_wake_token = 0
         self._position = 0
         self._allocated: GpuAmount = 0
         self._allocated_gpu_s = 0.0
@@ -421,6 +426,12 @@ class Simulation:
     def _handle(self, kind: int, job_id: str, token: int, now: float) -> bool:
         """Apply one due heap entry; True when it changed what the core knows."""
         if kind == _WAKE:
+            if token:
+                # The wake-up of a cycle: only the last cycle's counts.
+                if token != self._cycle_wake_token:
+                    return False
+                self._cycle_wake = None
+                return True
             self._wakes.discard(now)
             return True
         job = self._jobs[job_id]
@@ -488,8 +499,19 @@ class Simulation:
             self._start(reserved, now)
         # Time-driven decisions (aging, reservation starts, preemption deadlines) need a cycle
         # even when no event arrives; the core says when the next one could decide something.
-        if result.next_wakeup is not None and now < result.next_wakeup < float("inf"):
-            self._wake(result.next_wakeup)
+        # That answer is about the state as this cycle left it, so it replaces what an earlier
+        # cycle asked for: a cycle since then has seen everything that one saw, and more.
+        # (Kept, every cycle's wake-up piled up: a gang past its estimate asks for a cycle
+        # `overrun_grace_s` on, and every event's cycle started one more such chain, so quiet
+        # cycles came to outnumber the events many times over.)
+        wakeup = result.next_wakeup
+        if wakeup is not None and not now < wakeup < float("inf"):
+            wakeup = None
+        if wakeup != self._cycle_wake:
+            self._cycle_wake = wakeup
+            self._cycle_wake_token += 1
+            if wakeup is not None:
+                self._push(wakeup, _WAKE, "", self._cycle_wake_token)
 
     # Recording: every event goes to the auditor, the core's state and the admission catalogue.
 
