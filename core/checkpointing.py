@@ -50,6 +50,10 @@ CLUSTER_COST_WINDOW = 64
 # daily is no periodic checkpoint to speak of.
 MIN_AUTO_INTERVAL_S = 60.0
 MAX_AUTO_INTERVAL_S = 24 * HOUR_S
+# The checkpoint service's floor under a declared interval (its default
+# `checkpoint_min_interval_s`, services/checkpoint/settings.py): a job asking for checkpoints
+# more often gets them this often, so its last one may be this long ago.
+SERVICE_MIN_INTERVAL_S = 60.0
 _FOLDED: frozenset[type[Event]] = frozenset(
     {
         CheckpointRequested,
@@ -188,6 +192,16 @@ class CheckpointKnowledge:
         rate = self.node_failure_rate(gpu_type, now) * max(nodes, 1)
         interval = young_daly_interval(self.checkpoint_cost_s(job_id), rate)
         return round(min(MAX_AUTO_INTERVAL_S, max(MIN_AUTO_INTERVAL_S, interval)), 1)
+
+
+def declared_interval_s(spec: JobSpec | None) -> float | None:
+    """How often a gang with a declared (numeric) interval is checkpointed: the declared
+    interval, but never more often than the checkpoint service's floor. None for no periodic
+    checkpoints, and for `auto`, whose interval is chosen per gang."""
+    interval = spec.checkpoint.interval_s if spec is not None else None
+    if not isinstance(interval, int | float):
+        return None
+    return max(float(interval), SERVICE_MIN_INTERVAL_S)
 
 
 def checkpoint_interval_s(

@@ -27,6 +27,7 @@ the youngest of a level first (the least sunk into the attempt).
 from __future__ import annotations
 
 from core.attained import attained_service, job_level
+from core.checkpointing import declared_interval_s
 from core.context import CycleContext
 from core.fairness_pools import Pool, forget_changes, pool_of
 from core.placement import Snapshot, find_placement
@@ -54,8 +55,9 @@ def lost_work_s(victim: CoreJob, run_s: float, write_s: float, grace_s: float) -
     """Seconds of the victim's work an eviction now would lose."""
     if write_s <= grace_s:
         return 0.0  # the eviction's checkpoint is written in time and holds all progress
-    interval = victim.spec.checkpoint.interval_s if victim.spec is not None else None
-    if not isinstance(interval, int | float):
+    # The service's floor applies: a gang declaring 10 s is checkpointed every 60 s.
+    interval = declared_interval_s(victim.spec)
+    if interval is None:
         return run_s  # no periodic checkpoints, or `auto`: counted as none (the safe side)
     return run_s % interval
 
