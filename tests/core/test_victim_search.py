@@ -84,6 +84,26 @@ def test_a_node_whose_victim_frees_two_units_counts_for_both() -> None:
     assert history.auditor.violations == []
 
 
+def test_a_gang_whose_eviction_frees_no_unit_on_its_node_is_spared() -> None:
+    # A gang of three 4-GPU tasks. n0000 has 4 GPUs free (one unit) and a 2-GPU research
+    # gang beside a gang that may not be preempted: evicting it frees no further unit.
+    # n0001 and n0002 each free a unit by evicting a 4-GPU research gang. The preemptor lands
+    # on all three nodes; the 2-GPU gang on n0000 stays.
+    history = History("3x8:3:1")
+    history.occupy("n0000", 2)
+    small = history.occupy("n0000", 2, a_job().priority("research"))
+    fours = []
+    for node in ("n0001", "n0002"):
+        history.occupy(node, 4)
+        fours.append(history.occupy(node, 4, a_job().priority("research")))
+
+    history.submit(a_job().gpus(4).tasks(3).priority("production"))
+    history.cycle()
+
+    assert sorted(victims(history)) == sorted(fours)
+    assert history.job(small).state == "running"
+
+
 def test_a_share_first_in_victim_order_is_passed_over_for_a_whole_gpu() -> None:
     # Two GPUs: a research share of half of one (the smallest gang, so first in victim order)
     # and a 1-GPU research gang on the other. Evicting the share frees no whole GPU; the
