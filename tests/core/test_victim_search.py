@@ -104,6 +104,24 @@ def test_a_gang_whose_eviction_frees_no_unit_on_its_node_is_spared() -> None:
     assert history.job(small).state == "running"
 
 
+def test_a_node_with_a_free_unit_counts_only_the_units_its_victims_add() -> None:
+    # A gang of four 4-GPU tasks. n0000 and n0001 each have a unit free and a 4-GPU research
+    # gang that frees one more; n0002 has two young 2-GPU research gangs beside a gang that
+    # may not be preempted (first in victim order: the smallest). The two 4-GPU gangs free
+    # the two units missing: two gangs go, not the two small ones and a 4-GPU gang.
+    history = History("3x8:3:1")
+    olds = [history.occupy(node, 4, a_job().priority("research")) for node in ("n0000", "n0001")]
+    history.advance(60)
+    history.occupy("n0002", 4)
+    smalls = [history.occupy("n0002", 2, a_job().priority("research")) for _ in range(2)]
+
+    history.submit(a_job().gpus(4).tasks(4).priority("production"))
+    history.cycle()
+
+    assert sorted(victims(history)) == sorted(olds)
+    assert all(history.job(job).state == "running" for job in smalls)
+
+
 def test_a_share_first_in_victim_order_is_passed_over_for_a_whole_gpu() -> None:
     # Two GPUs: a research share of half of one (the smallest gang, so first in victim order)
     # and a 1-GPU research gang on the other. Evicting the share frees no whole GPU; the
