@@ -122,6 +122,30 @@ def test_a_node_with_a_free_unit_counts_only_the_units_its_victims_add() -> None
     assert all(history.job(job).state == "running" for job in smalls)
 
 
+def test_a_node_whose_victims_free_a_unit_and_a_half_counts_for_one_unit() -> None:
+    # A gang of three 4-GPU tasks. n0000 and n0001 each have 2 GPUs free and a 4-GPU research
+    # gang: evicting it frees one unit (6 GPUs, not a unit and a half); n0002 frees one by
+    # its old 4-GPU research gang, n0003 by two young 2-GPU ones (the first in victim order).
+    # Three 4-GPU gangs go: not the two small ones and two 4-GPU gangs.
+    history = History("4x8:4:1")
+    history.occupy("n0002", 4)
+    oldest = history.occupy("n0002", 4, a_job().priority("research"))
+    history.advance(60)
+    halves = []
+    for node in ("n0000", "n0001"):
+        history.occupy(node, 2)
+        halves.append(history.occupy(node, 4, a_job().priority("research")))
+    history.advance(60)
+    history.occupy("n0003", 4)
+    smalls = [history.occupy("n0003", 2, a_job().priority("research")) for _ in range(2)]
+
+    history.submit(a_job().gpus(4).tasks(3).priority("production"))
+    history.cycle()
+
+    assert sorted(victims(history)) == sorted([*halves, oldest])
+    assert all(history.job(job).state == "running" for job in smalls)
+
+
 def test_a_share_first_in_victim_order_is_passed_over_for_a_whole_gpu() -> None:
     # Two GPUs: a research share of half of one (the smallest gang, so first in victim order)
     # and a 1-GPU research gang on the other. Evicting the share frees no whole GPU; the
