@@ -1,8 +1,10 @@
 """How the planner searches for victims (DESIGN §3, preemption: the smallest set that
 suffices, whole gangs only): a set of victims that frees exactly what the preemptor needs is
-a fit; a node whose victims free two units counts for both; victims chosen node by node
-that the preemptor does not land on are spared; a gang that frees no whole GPU (a slice or a
-share) is passed over, not the end of the search."""
+a fit; node by node, each node counts the whole units its victims add (two for an 8-GPU
+gang freeing units of 4, one for a gang beside GPUs already free, none for a gang that frees
+no unit, whose eviction is spared); victims chosen node by node that the preemptor does not
+land on are spared; a gang that frees no whole GPU (a slice or a share) is passed over, not
+the end of the search."""
 
 from __future__ import annotations
 
