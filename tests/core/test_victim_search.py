@@ -1,8 +1,10 @@
 """How the planner searches for victims (DESIGN §3, preemption: the smallest set that
 suffices, whole gangs only): a set of victims that frees exactly what the preemptor needs is
-a fit; a node whose victims free two units counts for both; victims chosen node by node
-that the preemptor does not land on are spared; a gang that frees no whole GPU (a slice or a
-share) is passed over, not the end of the search."""
+a fit; node by node, each node counts the whole units its victims add (two for an 8-GPU
+gang freeing units of 4, one for a gang beside GPUs already free, none for a gang that frees
+no unit, whose eviction is spared); victims chosen node by node that the preemptor does not
+land on are spared; a gang that frees no whole GPU (a slice or a share) is passed over, not
+the end of the search."""
 
 from __future__ import annotations
 
@@ -82,6 +84,68 @@ def test_a_node_whose_victim_frees_two_units_counts_for_both() -> None:
     history.run()
     assert history.job(preemptor).state == "running"
     assert history.auditor.violations == []
+
+
+def test_a_gang_whose_eviction_frees_no_unit_on_its_node_is_spared() -> None:
+    # A gang of three 4-GPU tasks. n0000 has 4 GPUs free (one unit) and a 2-GPU research
+    # gang beside a gang that may not be preempted: evicting it frees no further unit.
+    # n0001 and n0002 each free a unit by evicting a 4-GPU research gang. The preemptor lands
+    # on all three nodes; the 2-GPU gang on n0000 stays.
+    history = History("3x8:3:1")
+    history.occupy("n0000", 2)
+    small = history.occupy("n0000", 2, a_job().priority("research"))
+    fours = []
+    for node in ("n0001", "n0002"):
+        history.occupy(node, 4)
+        fours.append(history.occupy(node, 4, a_job().priority("research")))
+
+    history.submit(a_job().gpus(4).tasks(3).priority("production"))
+    history.cycle()
+
+    assert sorted(victims(history)) == sorted(fours)
+    assert history.job(small).state == "running"
+
+
+def test_a_node_with_a_free_unit_counts_only_the_units_its_victims_add() -> None:
+    # A gang of four 4-GPU tasks. n0000 and n0001 each have a unit free and a 4-GPU research
+    # gang that frees one more; n0002 has two young 2-GPU research gangs beside a gang that
+    # may not be preempted (first in victim order: the smallest). The two 4-GPU gangs free
+    # the two units missing: two gangs go, not the two small ones and a 4-GPU gang.
+    history = History("3x8:3:1")
+    olds = [history.occupy(node, 4, a_job().priority("research")) for node in ("n0000", "n0001")]
+    history.advance(60)
+    history.occupy("n0002", 4)
+    smalls = [history.occupy("n0002", 2, a_job().priority("research")) for _ in range(2)]
+
+    history.submit(a_job().gpus(4).tasks(4).priority("production"))
+    history.cycle()
+
+    assert sorted(victims(history)) == sorted(olds)
+    assert all(history.job(job).state == "running" for job in smalls)
+
+
+def test_a_node_whose_victims_free_a_unit_and_a_half_counts_for_one_unit() -> None:
+    # A gang of three 4-GPU tasks. n0000 and n0001 each have 2 GPUs free and a 4-GPU research
+    # gang: evicting it frees one unit (6 GPUs, not a unit and a half); n0002 frees one by
+    # its old 4-GPU research gang, n0003 by two young 2-GPU ones (the first in victim order).
+    # Three 4-GPU gangs go: not the two small ones and two 4-GPU gangs.
+    history = History("4x8:4:1")
+    history.occupy("n0002", 4)
+    oldest = history.occupy("n0002", 4, a_job().priority("research"))
+    history.advance(60)
+    halves = []
+    for node in ("n0000", "n0001"):
+        history.occupy(node, 2)
+        halves.append(history.occupy(node, 4, a_job().priority("research")))
+    history.advance(60)
+    history.occupy("n0003", 4)
+    smalls = [history.occupy("n0003", 2, a_job().priority("research")) for _ in range(2)]
+
+    history.submit(a_job().gpus(4).tasks(3).priority("production"))
+    history.cycle()
+
+    assert sorted(victims(history)) == sorted([*halves, oldest])
+    assert all(history.job(job).state == "running" for job in smalls)
 
 
 def test_a_share_first_in_victim_order_is_passed_over_for_a_whole_gpu() -> None:
