@@ -94,6 +94,8 @@ def preempt_for_fairness(
         return
     taken: set[str] = set()
     pools: dict[tuple[str, int], Pool] = {}
+    # When a gang of the pool first reaches a level, by pool, level and largest victim.
+    climbs: dict[tuple[str, int, int, int | None], float | None] = {}
     failed: dict[tuple[str, int, int, bool], int] = {}
     preemptors = attempts = 0
     others_borrow: dict[str, bool] = {}
@@ -140,7 +142,13 @@ def preempt_for_fairness(
                 if not victims:
                     largest = policy.fairness_protected_gang_gpus if small else None
                     needed = level + policy.fairness_level_gap
-                    rises = _level_reached_at(pool[index:], needed, largest, ctx)
+                    climb = (job.queue, rank, needed, largest)
+                    if climb in climbs:
+                        rises = climbs[climb]
+                    else:
+                        rises = climbs[climb] = _level_reached_at(
+                            pool[index:], needed, largest, ctx
+                        )
                     if rises is not None:
                         soonest = rises if soonest is None else min(soonest, rises)
                 break
