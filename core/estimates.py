@@ -278,6 +278,11 @@ class RuntimeEstimates:
         with `reads_own_team`, which predictions may have moved since (see there)."""
         return frozenset(team for team, last in self._team_learned.items() if last > learned)
 
+    @property
+    def teams_learned(self) -> int:
+        """How many teams' jobs were learned from."""
+        return len(self._team_learned)
+
     def reads_own_team(self, job_id: str, spec: JobSpec) -> bool:
         """Whether what `remaining_s` predicts for the job now is read from its own team's
         samples or ratio only, or from nothing learned: not from the keys and the ratio that
