@@ -187,11 +187,6 @@ class RuntimeEstimates:
         # Which key speaks for a job changes only when some key first reaches MIN_SAMPLES
         # (a new generation); the cycle asks for every running gang's end every time.
         self._generation = 0
-        # The keys in the order they reached MIN_SAMPLES (generation g made `_matured[g - 1]`
-        # speak): a job none of whose keys matured since it was resolved keeps its key. (Many
-        # team-and-size keys mature as a log grows, each a new generation that sent every
-        # running gang's estimate through its keys again.)
-        self._matured: list[Key] = []
         # Per team, how many jobs had been learned from once its latest was
         # (`teams_learned_since`).
         self._team_learned: dict[str, int] = {}
@@ -263,7 +258,6 @@ class RuntimeEstimates:
                 samples = self._samples[key] = Samples(shared=key[0] in ("gpus", "all"))
             samples.add(live.held_s)
             if len(samples) == MIN_SAMPLES:
-                self._matured.append(key)
                 self._generation += 1
         if succeeded and live.user_estimate_s is not None:
             ratio = live.held_s / live.user_estimate_s
@@ -277,6 +271,11 @@ class RuntimeEstimates:
         """The teams of the jobs learned from since the estimator had learned from `learned`:
         with `reads_own_team`, which predictions may have moved since (see there)."""
         return frozenset(team for team, last in self._team_learned.items() if last > learned)
+
+    @property
+    def teams_learned(self) -> int:
+        """How many teams' jobs were learned from."""
+        return len(self._team_learned)
 
     def reads_own_team(self, job_id: str, spec: JobSpec) -> bool:
         """Whether what `remaining_s` predicts for the job now is read from its own team's
@@ -327,14 +326,6 @@ class RuntimeEstimates:
         if resolved is not None and resolved[0] == self._generation:
             return resolved[1]
         live = self._live.get(job_id)
-        if (
-            resolved is not None
-            and live is not None
-            and not any(key in live.keys for key in self._matured[resolved[0] :])
-        ):
-            # No key of the job matured since (samples are only ever added): the same speaks.
-            self._resolved[job_id] = (self._generation, resolved[1])
-            return resolved[1]
         samples = self.samples_for(live.keys if live is not None else keys_of(spec))
         if live is not None:
             self._resolved[job_id] = (self._generation, samples)

@@ -19,7 +19,7 @@ runtimes learned so far (core/reservation.py `runtime_estimate`, core/estimates.
 spec does not change while it holds a gang, a new policy object rebuilds the timers, and
 whatever the estimator learns (a job ended) renews the estimated ends of the gangs whose
 estimate it may have moved (those of the teams it learned from, and those that read what every
-team feeds: core/estimates.py `reads_own_team`).
+team feeds: core/estimates.py `reads_own_team`), or all of them when many teams learned.
 """
 
 from __future__ import annotations
@@ -248,6 +248,12 @@ class GangTimers:
         (core/estimates.py `reads_own_team`)."""
         estimates = state.estimates
         teams = estimates.teams_learned_since(self._learned)
+        if 4 * len(teams) > estimates.teams_learned:
+            # Many teams learned (a busy cycle of a few teams): renewing gang by gang costs
+            # more than building the heap of estimated ends again (measured: with 20 teams
+            # and half of them learned, renewing took react ~2 ms longer at 100k GPUs).
+            self._rebuild_ends(state)
+            return
         self._learned = estimates.learned
         holding, always = state.holding_jobs, self._always
         for job_id in list(self._token):
@@ -258,6 +264,18 @@ class GangTimers:
             if spec.team in teams or not estimates.reads_own_team(job_id, spec):
                 self._overrun.pop(job_id, None)
                 self._push(state, job)
+
+    def _rebuild_ends(self, state: PlanningSurface) -> None:
+        """The estimated ends again, under what the estimator has learned since."""
+        self._learned = state.estimates.learned
+        policy, estimates, token = state.policy, state.estimates, self._token
+        self._overrun = {}
+        self._ends = [
+            (job.held_since + runtime_estimate(job, policy, estimates), token[job_id], job_id)
+            for job_id, job in state.holding_jobs.items()
+            if job_id not in self._always and job.held_since is not None and job_id in token
+        ]
+        heapq.heapify(self._ends)
 
     def _compact(self) -> None:
         token = self._token

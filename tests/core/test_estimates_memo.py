@@ -1,7 +1,8 @@
-"""The estimator keeps, per live job, which key speaks for it, and re-resolves it only when one
-of the job's own keys reached MIN_SAMPLES since (core/estimates.py): asked at any moment of any
-log, it predicts exactly what a fresh estimator replaying the same log predicts, for every job
-still live, before and past its estimate."""
+"""The estimator's memos (which key speaks for each live job, each team's ratio, an overrunning
+gang's expected length) change no prediction: asked at any moment of any log, it predicts
+exactly what a fresh estimator replaying the same log predicts, for every job still live,
+before and past its estimate; and it says which predictions may have moved since a moment
+(`teams_learned_since`, `reads_own_team`: core/estimates.py)."""
 
 from __future__ import annotations
 
