@@ -79,6 +79,8 @@ async def test_a_gang_past_its_queues_cpu_ceiling_is_refused_at_submit(
     await api.create_team("nlp", guaranteed_gpus=0)
     assert (await put(api, "nlp", max_cpus=8)).status_code == 200
     body = {"name": "prep", "team": "nlp", "tasks": 3, "gpus_per_task": 0, "cpus_per_task": 4}
+    # The API judges capacity only once it knows a node: wait for both read models.
+    await eventually(api, "/v1/nodes", lambda listed: len(listed["items"]) == 1)
     await eventually(api, "/v1/queues", lambda listed: any(q["max_cpus"] for q in listed["items"]))
 
     response = await api.client.post("/v1/jobs", json=body, headers=api.as_admin())
