@@ -112,6 +112,18 @@ def serve_agent_logs(base: Settings, tmp_path: Path) -> Iterator[AgentLogs]:
         bound.socket.close()
 
 
+@contextlib.asynccontextmanager
+async def serving(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of `app` through an ASGI transport, the app started (its lifespan) first."""
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://gangway.test"
+        ) as client,
+    ):
+        yield client
+
+
 @pytest.fixture
 async def api(
     settings: Settings,  # noqa: F811
@@ -128,12 +140,7 @@ async def api(
             **getattr(request.module, "API_OVERRIDES", {}),
         )
         app = create_app(configured, use_bus=False)
-        async with (
-            app.router.lifespan_context(app),
-            httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://gangway.test"
-            ) as client,
-        ):
+        async with serving(app) as client:
             yield Api(client, app, configured)
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from services.api.app import create_app
 from services.api.settings import ApiSettings
-from tests.api.conftest import Api
+from tests.api.conftest import Api, serving
 
 pytestmark = pytest.mark.integration
 
@@ -82,12 +82,7 @@ async def test_a_policy_leaving_the_cap_out_keeps_the_default_and_null_lifts_it(
 async def api_with(api: Api, **overrides: object) -> AsyncIterator[httpx.AsyncClient]:
     """Another API process on the same database, with other settings."""
     app = create_app(api.settings.model_copy(update={"api_worker": 2, **overrides}), use_bus=False)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://gangway.test"
-        ) as client,
-    ):
+    async with serving(app) as client:
         yield client
 
 

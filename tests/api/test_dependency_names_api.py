@@ -25,6 +25,18 @@ def spec(name: str, team: str = "nlp", **fields: Any) -> dict[str, Any]:
     return {"name": name, "team": team, "tasks": 1, "gpus_per_task": 1, **fields}
 
 
+async def assert_the_second_depends_on_the_first(
+    api: Api, store: EventStore, batch: dict[str, Any], headers: dict[str, str]
+) -> None:
+    """The batch is accepted and its second job's dependency names the first job's id."""
+    response = await api.client.post("/v1/jobs:batch", json=batch, headers=headers)
+    assert response.status_code == 201, response.text
+    first, second = (job["id"] for job in response.json()["jobs"])
+    [envelope] = await store.read_stream(f"job-{second}")
+    assert isinstance(envelope.payload, JobSubmitted)
+    assert [d.job for d in envelope.payload.spec.depends_on] == [first]
+
+
 @pytest.mark.parametrize("existing", ["job", "array"])
 async def test_a_batch_name_equal_to_an_existing_id_of_the_team_is_ambiguous(
     api: Api, store: EventStore, existing: str
@@ -57,12 +69,7 @@ async def test_another_teams_job_of_that_id_leaves_the_name_unambiguous(
     assert theirs.status_code == 201, theirs.text
     their_id = theirs.json()["id"]
     batch = {"jobs": [spec(their_id), spec("train", depends_on=[{"job": their_id}])]}
-    response = await api.client.post("/v1/jobs:batch", json=batch, headers=api.teams["nlp"])
-    assert response.status_code == 201, response.text
-    first, second = (job["id"] for job in response.json()["jobs"])
-    [envelope] = await store.read_stream(f"job-{second}")
-    assert isinstance(envelope.payload, JobSubmitted)
-    assert [d.job for d in envelope.payload.spec.depends_on] == [first]
+    await assert_the_second_depends_on_the_first(api, store, batch, api.teams["nlp"])
 
 
 async def test_a_batch_name_no_job_has_as_id_still_names_the_batchs_job(
@@ -71,12 +78,7 @@ async def test_a_batch_name_no_job_has_as_id_still_names_the_batchs_job(
     nlp = await api.create_team("nlp")
     await api.submit(nlp, name="prep")  # a job named prep exists, but its id is not "prep"
     batch = {"jobs": [spec("prep"), spec("train", depends_on=[{"job": "prep"}])]}
-    response = await api.client.post("/v1/jobs:batch", json=batch, headers=nlp)
-    assert response.status_code == 201, response.text
-    first, second = (job["id"] for job in response.json()["jobs"])
-    [envelope] = await store.read_stream(f"job-{second}")
-    assert isinstance(envelope.payload, JobSubmitted)
-    assert [d.job for d in envelope.payload.spec.depends_on] == [first]
+    await assert_the_second_depends_on_the_first(api, store, batch, nlp)
 
 
 async def test_a_job_another_api_process_wrote_is_found_ambiguous_too(

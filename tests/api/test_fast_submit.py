@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 
 from services.api.app import create_app
-from tests.api.conftest import ADMIN_TOKEN, Api
+from tests.api.conftest import ADMIN_TOKEN, Api, serving
 
 SPEC = {"name": "train", "team": "nlp", "tasks": 2, "gpus_per_task": 4}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -29,12 +29,7 @@ async def framework_only(api: Api) -> AsyncIterator[httpx.AsyncClient]:
     FastAPI's route."""
     app = create_app(api.settings, use_bus=False)
     app.fast_submit = None
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://gangway.test"
-        ) as client,
-    ):
+    async with serving(app) as client:
         yield client
 
 

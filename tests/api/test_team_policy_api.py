@@ -13,7 +13,7 @@ import pytest
 from schemas.teams import TeamPolicyConfigured
 from services.api.app import create_app
 from services.runtime import EventStore
-from tests.api.conftest import Api
+from tests.api.conftest import Api, serving
 
 pytestmark = pytest.mark.integration
 
@@ -120,12 +120,7 @@ async def another_worker(api: Api) -> AsyncIterator[httpx.AsyncClient]:
     """A second API process's app on the same database (as `--workers 2` runs it): nothing
     in memory shared with the first."""
     app = create_app(api.settings.model_copy(update={"api_worker": 2}), use_bus=False)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://gangway.test"
-        ) as client,
-    ):
+    async with serving(app) as client:
         yield client
 
 
