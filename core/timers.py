@@ -58,6 +58,7 @@ class GangTimers:
         "__weakref__",
         "_always",
         "_deadlines",
+        "_end_of",
         "_ends",
         "_finalizer",
         "_latest_now",
@@ -82,6 +83,8 @@ class GangTimers:
         self._next = 0
         self._deadlines: list[_Deadline] = []
         self._ends: list[_End] = []
+        # Per gang with an estimated end, the end its current entry carries.
+        self._end_of: dict[str, float] = {}
         # Gangs whose estimated end is at or before the latest `now` seen: token by job.
         self._overrun: dict[str, int] = {}
         # Gangs visited in every cycle (being preempted, or with no binding time).
@@ -197,6 +200,7 @@ class GangTimers:
         self._token = {}
         self._deadlines = []
         self._ends = []
+        self._end_of = {}
         self._overrun = {}
         self._always = set()
         self._latest_now = float("-inf")
@@ -222,6 +226,7 @@ class GangTimers:
             if job is None:
                 order.pop(job_id, None)
                 self._token.pop(job_id, None)
+                self._end_of.pop(job_id, None)
             else:
                 self._push(state, job)
 
@@ -230,6 +235,7 @@ class GangTimers:
         token = self._token[job.job_id] = self._next
         if job.state == "preempting" or job.held_since is None:
             self._always.add(job.job_id)
+            self._end_of.pop(job.job_id, None)
             return
         policy = state.policy
         if job.state == "reserved" and job.reserved_at is not None:
@@ -240,6 +246,7 @@ class GangTimers:
             moment = job.started_at + spec.max_runtime_s
             heapq.heappush(self._deadlines, (moment, _LIMIT, token, job.job_id))
         end = job.held_since + runtime_estimate(job, policy, state.estimates)
+        self._end_of[job.job_id] = end
         heapq.heappush(self._ends, (end, token, job.job_id))
 
     def _estimates_moved(self, state: PlanningSurface) -> None:
@@ -255,13 +262,23 @@ class GangTimers:
             self._rebuild_ends(state)
             return
         self._learned = estimates.learned
-        holding, always = state.holding_jobs, self._always
+        holding, always, policy = state.holding_jobs, self._always, state.policy
+        end_of = self._end_of
         for job_id in list(self._token):
             job = holding.get(job_id)
             spec = job.spec if job is not None else None
             if job is None or spec is None or job_id in always:
                 continue  # no spec: the policy's default, whatever is learned
             if spec.team in teams or not estimates.reads_own_team(job_id, spec):
+                # Nearly always the estimate did not move (a team's ratio or quantile is
+                # seldom changed by one more sample): its entry stands as it is. (One pushed
+                # again, with the same end, would come back the same: to the overrun gangs
+                # when its end has passed, whose order decides nothing.)
+                held_since = job.held_since
+                if held_since is not None:
+                    end = held_since + runtime_estimate(job, policy, estimates)
+                    if end_of.get(job_id) == end:
+                        continue
                 self._overrun.pop(job_id, None)
                 self._push(state, job)
 
@@ -275,6 +292,7 @@ class GangTimers:
             for job_id, job in state.holding_jobs.items()
             if job_id not in self._always and job.held_since is not None and job_id in token
         ]
+        self._end_of = {job_id: end for end, _, job_id in self._ends}
         heapq.heapify(self._ends)
 
     def _compact(self) -> None:
