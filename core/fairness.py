@@ -26,7 +26,7 @@ the youngest of a level first (the least sunk into the attempt).
 
 from __future__ import annotations
 
-from core.attained import attained_service, job_level
+from core.attained import job_level
 from core.checkpointing import declared_interval_s
 from core.context import CycleContext
 from core.fairness_pools import Pool, forget_changes, pool_of
@@ -214,11 +214,15 @@ def _level_reached_at(
     soonest: float | None = None
     for _, victim in pool:
         rate = victim.bound_gpus
-        if not victim.ranks or victim.started_at is None or rate <= 0:
+        started = victim.started_at
+        if not victim.ranks or started is None or rate <= 0:
             continue
         if largest is not None and rate > largest:
             continue
-        moment = now + (threshold - attained_service(victim, now)) / rate + 1e-6
+        # attained_service(victim, now) inlined (the same sum, so the same moment): asked
+        # for the pool's running gangs in nearly every cycle.
+        service = victim.attained_gpu_s + rate * max(0.0, now - started)
+        moment = now + (threshold - service) / rate + 1e-6
         if soonest is None or moment < soonest:
             soonest = moment
     return soonest

@@ -58,6 +58,7 @@ class GangTimers:
         "__weakref__",
         "_always",
         "_deadlines",
+        "_end_of",
         "_ends",
         "_finalizer",
         "_latest_now",
@@ -66,6 +67,7 @@ class GangTimers:
         "_order",
         "_overrun",
         "_policy",
+        "_ratio_of",
         "_state",
         "_token",
         "_watch",
@@ -82,6 +84,12 @@ class GangTimers:
         self._next = 0
         self._deadlines: list[_Deadline] = []
         self._ends: list[_End] = []
+        # Per gang with an estimated end, the end its current entry carries.
+        self._end_of: dict[str, float] = {}
+        # Per gang with an estimate of its own (learned runtimes), the team's ratio that end was
+        # reckoned with: its estimate is the given one times that ratio (core/estimates.py),
+        # so while the ratio stays, so does its end.
+        self._ratio_of: dict[str, float | None] = {}
         # Gangs whose estimated end is at or before the latest `now` seen: token by job.
         self._overrun: dict[str, int] = {}
         # Gangs visited in every cycle (being preempted, or with no binding time).
@@ -197,6 +205,8 @@ class GangTimers:
         self._token = {}
         self._deadlines = []
         self._ends = []
+        self._end_of = {}
+        self._ratio_of = {}
         self._overrun = {}
         self._always = set()
         self._latest_now = float("-inf")
@@ -222,6 +232,8 @@ class GangTimers:
             if job is None:
                 order.pop(job_id, None)
                 self._token.pop(job_id, None)
+                self._end_of.pop(job_id, None)
+                self._ratio_of.pop(job_id, None)
             else:
                 self._push(state, job)
 
@@ -230,6 +242,8 @@ class GangTimers:
         token = self._token[job.job_id] = self._next
         if job.state == "preempting" or job.held_since is None:
             self._always.add(job.job_id)
+            self._end_of.pop(job.job_id, None)
+            self._ratio_of.pop(job.job_id, None)
             return
         policy = state.policy
         if job.state == "reserved" and job.reserved_at is not None:
@@ -240,6 +254,8 @@ class GangTimers:
             moment = job.started_at + spec.max_runtime_s
             heapq.heappush(self._deadlines, (moment, _LIMIT, token, job.job_id))
         end = job.held_since + runtime_estimate(job, policy, state.estimates)
+        self._end_of[job.job_id] = end
+        self._note_ratio(state, job)
         heapq.heappush(self._ends, (end, token, job.job_id))
 
     def _estimates_moved(self, state: PlanningSurface) -> None:
@@ -255,13 +271,32 @@ class GangTimers:
             self._rebuild_ends(state)
             return
         self._learned = estimates.learned
-        holding, always = state.holding_jobs, self._always
+        holding, always, policy = state.holding_jobs, self._always, state.policy
+        end_of, ratio_of = self._end_of, self._ratio_of
+        ratios: dict[str, float | None] = {}
         for job_id in list(self._token):
             job = holding.get(job_id)
             spec = job.spec if job is not None else None
             if job is None or spec is None or job_id in always:
                 continue  # no spec: the policy's default, whatever is learned
+            if job_id in ratio_of:
+                team = spec.team
+                if team in ratios:
+                    ratio = ratios[team]
+                else:
+                    ratio = ratios[team] = estimates.estimate_ratio(team)
+                if ratio_of[job_id] == ratio:
+                    continue  # the same given estimate times the same ratio
             if spec.team in teams or not estimates.reads_own_team(job_id, spec):
+                # Nearly always the estimate did not move (a team's ratio or quantile is
+                # seldom changed by one more sample): its entry stands as it is. (One pushed
+                # again, with the same end, would come back the same: to the overrun gangs
+                # when its end has passed, whose order decides nothing.)
+                held_since = job.held_since
+                if held_since is not None:
+                    end = held_since + runtime_estimate(job, policy, estimates)
+                    if end_of.get(job_id) == end:
+                        continue
                 self._overrun.pop(job_id, None)
                 self._push(state, job)
 
@@ -269,13 +304,29 @@ class GangTimers:
         """The estimated ends again, under what the estimator has learned since."""
         self._learned = state.estimates.learned
         policy, estimates, token = state.policy, state.estimates, self._token
+        holding = state.holding_jobs
         self._overrun = {}
         self._ends = [
             (job.held_since + runtime_estimate(job, policy, estimates), token[job_id], job_id)
             for job_id, job in state.holding_jobs.items()
             if job_id not in self._always and job.held_since is not None and job_id in token
         ]
+        self._end_of = {job_id: end for end, _, job_id in self._ends}
+        self._ratio_of = {}
+        for job_id in self._end_of:
+            self._note_ratio(state, holding[job_id])
         heapq.heapify(self._ends)
+
+    def _note_ratio(self, state: PlanningSurface, job: CoreJob) -> None:
+        spec = job.spec
+        if (
+            state.policy.learned_runtimes
+            and spec is not None
+            and spec.estimated_runtime_s is not None
+        ):
+            self._ratio_of[job.job_id] = state.estimates.estimate_ratio(spec.team)
+        else:
+            self._ratio_of.pop(job.job_id, None)
 
     def _compact(self) -> None:
         token = self._token
