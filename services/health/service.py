@@ -18,8 +18,10 @@ from schemas.telemetry import NodeHeartbeat, StepTimeSample
 from services.health.facts import FACT_TYPES, HealthFacts
 from services.health.rules import HealthMonitor, HealthThresholds
 from services.health.settings import HealthSettings
+from services.runtime.errors import DATABASE_UNAVAILABLE
 from services.runtime.metrics import new_registry
 from services.runtime.records import StreamAppend
+from services.runtime.retry import Outage
 from services.runtime.store import EventStore
 
 log = logging.getLogger(__name__)
@@ -86,10 +88,16 @@ class HealthService:
             log.info("%s %s", event.type, event.model_dump_json())
 
     async def poll_log(self, stop: asyncio.Event) -> None:
+        # A database away for a while is one line when lost, a summary now and then, one when
+        # back (as every service rides it out), not a traceback at every poll.
+        outage = Outage(log, "health: the event log")
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.settings.log_poll_interval_s)
             try:
                 await self.follow_log()
+                outage.recovered()
+            except DATABASE_UNAVAILABLE as error:
+                outage.failed(error)
             except Exception:
                 log.exception("reading the log failed; retrying")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -128,3 +130,25 @@ async def test_a_node_an_operator_drained_is_not_returned_by_health(
     await health.on_telemetry(healthy())
     await health.on_telemetry(healthy())
     assert "NodeUndrained" not in await node_types(store)
+
+
+async def test_a_database_away_is_one_line_when_lost_not_a_traceback_at_every_poll(
+    settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    away = await EventStore.connect(settings, producer="tests")
+    await away.close()  # every read now fails as a pool the database went away from does
+    health = HealthService(
+        HealthSettings(**{**settings.model_dump(), "log_poll_interval_s": 0.01}, _env_file=None),
+        away,
+    )
+    stop = asyncio.Event()
+    caplog.set_level(logging.WARNING, logger="services.health.service")
+    polling = asyncio.create_task(health.poll_log(stop))
+    await asyncio.sleep(0.3)  # some thirty polls
+    stop.set()
+    await polling
+
+    records = [r for r in caplog.records if r.name == "services.health.service"]
+    [lost] = records
+    assert lost.getMessage().startswith("health: the event log lost: ")
+    assert lost.exc_info is None
