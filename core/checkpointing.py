@@ -50,9 +50,9 @@ CLUSTER_COST_WINDOW = 64
 # daily is no periodic checkpoint to speak of.
 MIN_AUTO_INTERVAL_S = 60.0
 MAX_AUTO_INTERVAL_S = 24 * HOUR_S
-# The checkpoint service's floor under a declared interval (its default
-# `checkpoint_min_interval_s`, services/checkpoint/settings.py): a job asking for checkpoints
-# more often gets them this often, so its last one may be this long ago.
+# The checkpoint service's floor under a declared interval (the default of its
+# `checkpoint_min_interval_s`, services/checkpoint/settings.py, defined here): a job asking for
+# checkpoints more often gets them this often, so its last one may be this long ago.
 SERVICE_MIN_INTERVAL_S = 60.0
 _FOLDED: frozenset[type[Event]] = frozenset(
     {

@@ -308,7 +308,7 @@ class GangTimers:
         self._overrun = {}
         self._ends = [
             (job.held_since + runtime_estimate(job, policy, estimates), token[job_id], job_id)
-            for job_id, job in state.holding_jobs.items()
+            for job_id, job in holding.items()
             if job_id not in self._always and job.held_since is not None and job_id in token
         ]
         self._end_of = {job_id: end for end, _, job_id in self._ends}

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import Field
 
+from core.checkpointing import SERVICE_MIN_INTERVAL_S
 from services.runtime.settings import Settings
 
 
@@ -16,8 +17,9 @@ class CheckpointSettings(Settings):
     # Added to a preemption's grace: the last shard may land just as the grace ends.
     collect_slack_s: float = Field(default=2.0, ge=0)
     poll_interval_s: float = Field(default=0.2, gt=0)
-    # The cluster's floor under a job's `checkpoint.interval_s`.
-    checkpoint_min_interval_s: float = Field(default=60.0, ge=0)
+    # The cluster's floor under a job's `checkpoint.interval_s` (by default the one the core
+    # counts with when it weighs the work an eviction loses).
+    checkpoint_min_interval_s: float = Field(default=SERVICE_MIN_INTERVAL_S, ge=0)
     # Retention: the newest K good checkpoints of a job stay; everything of a job goes this
     # long after it ended; ended jobs are swept this often.
     checkpoint_keep: int = Field(default=3, ge=1)
