@@ -513,21 +513,14 @@ class Commands:
         unknown = sorted(set(body.allowed_priority_classes or ()) - PRIORITY_CLASSES)
         if unknown:
             raise invalid("unknown-priority", f"unknown priority classes: {', '.join(unknown)}")
-        # A limit left out is the installation's default, written down; null is no limit.
-        default = self.feed.models.tenancy.default
-        given = body.model_fields_set
+        # The admin's policy is the whole value (DESIGN §8): the installation's default limits
+        # hold only teams that have none.
         event = TeamPolicyConfigured(
             team=team,
             allowed_priority_classes=body.allowed_priority_classes,
             non_preemptible_allowed=body.non_preemptible_allowed,
-            max_pending_jobs=(
-                body.max_pending_jobs if "max_pending_jobs" in given else default.max_pending_jobs
-            ),
-            submissions_per_second=(
-                body.submissions_per_second
-                if "submissions_per_second" in given
-                else default.submissions_per_second
-            ),
+            max_pending_jobs=body.max_pending_jobs,
+            submissions_per_second=body.submissions_per_second,
         )
         await self._append(event.stream, None, [event])
 

@@ -272,8 +272,7 @@ class QueueConfig(QuotaBody):
 
 
 class TeamPolicyBody(Body):
-    """A team's policy, a whole value: a field left out takes its default (for the limits,
-    the installation's default limits; null: no limit)."""
+    """A team's policy, a whole value: a field left out takes its default."""
 
     allowed_priority_classes: list[str] | None = Field(
         default=None,
@@ -281,18 +280,8 @@ class TeamPolicyBody(Body):
         description="the priority classes the team may use; null: all but inference-critical",
     )
     non_preemptible_allowed: bool = False
-    max_pending_jobs: int | None = Field(
-        default=None,
-        ge=0,
-        le=10_000_000,
-        description="jobs waiting at once; left out: the installation's default; null: no cap",
-    )
-    submissions_per_second: float | None = Field(
-        default=None,
-        gt=0,
-        le=1_000_000,
-        description="left out: the installation's default; null: no rate limit",
-    )
+    max_pending_jobs: int | None = Field(default=None, ge=0, le=10_000_000)
+    submissions_per_second: float | None = Field(default=None, gt=0, le=1_000_000)
 
 
 class TeamPolicyView(View):

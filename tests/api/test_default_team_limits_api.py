@@ -1,7 +1,8 @@
-"""Every team is held to the installation's default limits until the admin sets its own: a cap
-on pending jobs (GANGWAY_TEAM_MAX_PENDING_JOBS, 10,000 unless set) and, where configured, a
-submission rate (GANGWAY_TEAM_SUBMISSIONS_PER_SECOND), so that no tenant can flood the queue
-and the log for the others by default. Past them: 429 problem+json with Retry-After.
+"""Every team is held to the installation's default limits until the admin sets a policy of
+its own (which then holds whole): a cap on pending jobs (GANGWAY_TEAM_MAX_PENDING_JOBS, 10,000
+unless set) and, where configured, a submission rate (GANGWAY_TEAM_SUBMISSIONS_PER_SECOND), so
+that no tenant can flood the queue and the log for the others by default. Past them: 429
+problem+json with Retry-After.
 """
 
 from __future__ import annotations
@@ -61,20 +62,19 @@ async def test_a_team_without_a_policy_is_held_to_the_default_pending_cap(api: A
     assert other.status_code == 201, other.text
 
 
-async def test_a_policy_leaving_the_cap_out_keeps_the_default_and_null_lifts_it(
-    api: Api,
-) -> None:
-    """A policy that only grants a class must not lift the cap by the way; the admin lifts it
-    by saying so (null)."""
+async def test_a_teams_own_policy_replaces_the_default_limits_whole(api: Api) -> None:
+    """The admin's policy is the whole value (DESIGN §8): its limits, none where it gives
+    none; the default holds only teams without a policy."""
     nlp = await api.create_team("nlp")
-    granted = await put_policy(api, {"non_preemptible_allowed": True})
-    assert granted["max_pending_jobs"] == 2
     for _ in range(2):
         assert (await api.client.post("/v1/jobs", json=job(), headers=nlp)).status_code == 201
-    refused = await api.client.post("/v1/jobs", json=job(), headers=nlp)
-    assert refused.status_code == 429, refused.text
-    lifted = await put_policy(api, {"max_pending_jobs": None})
-    assert lifted["max_pending_jobs"] is None
+    assert (await api.client.post("/v1/jobs", json=job(), headers=nlp)).status_code == 429
+    capped = await put_policy(api, {"max_pending_jobs": 3})
+    assert capped["max_pending_jobs"] == 3
+    assert (await api.client.post("/v1/jobs", json=job(), headers=nlp)).status_code == 201
+    assert (await api.client.post("/v1/jobs", json=job(), headers=nlp)).status_code == 429
+    granted = await put_policy(api, {"non_preemptible_allowed": True})
+    assert granted["max_pending_jobs"] is None
     assert (await api.client.post("/v1/jobs", json=job(), headers=nlp)).status_code == 201
 
 

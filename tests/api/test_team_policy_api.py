@@ -64,9 +64,6 @@ async def test_the_admin_grants_inference_critical_and_non_preemptible_jobs(
         team="nlp",
         allowed_priority_classes=["inference-critical", "production"],
         non_preemptible_allowed=True,
-        # Left out of the policy: the installation's default limits, written down.
-        max_pending_jobs=api.settings.team_max_pending_jobs,
-        submissions_per_second=api.settings.team_submissions_per_second,
     )
 
 
