@@ -19,7 +19,9 @@ violations carry invariant 0 and the name of the rule (`RULES`):
   when the eligible borrowers' gangs could not make room;
 - drain: a node is reported drained only once no gang holds a GPU on it;
 - backfill: a later, lower-ordered job never lands on a node reserved in the same cycle when it
-  would still run at the reservation's start.
+  would still run at the reservation's start;
+- host_ceiling: the gangs of a queue's subtree never hold more CPUs or memory than the queue's
+  `max_cpus` / `max_memory_mb` (core/host_quota.py), where one is set.
 
 It keeps its own small model of the log (it does not trust the scheduler's state) and reports
 each violation with the log positions of the events involved.
@@ -35,6 +37,7 @@ from core.estimates import RuntimeEstimates
 from core.live_sharing import GpuAmount, is_fractional, placement_gpus
 from core.policy import SchedulingPolicy
 from core.shape import Shape, ranks_per_unit, shape_of
+from core.state import rank_host
 from schemas.base import Event
 from schemas.jobs import (
     GANG_RELEASING_EVENTS,
@@ -115,6 +118,7 @@ RULES: dict[str, str] = {
     "borrowers_first": "borrowed capacity is reclaimed before a guarantee's or one's own",
     "drain": "a node is reported drained only when no gang holds it",
     "backfill": "backfill never delays a planned reservation",
+    "host_ceiling": "a queue's gangs hold no more CPUs or memory than its ceilings",
 }
 
 
@@ -186,6 +190,9 @@ class _Queue:
     guaranteed: int
     at: int
     max_gpus: int | None = None
+    # Host ceilings: thousandths of a CPU, MB of memory (None: no ceiling).
+    max_cpus_milli: int | None = None
+    max_memory_mb: int | None = None
 
 
 class Auditor:
@@ -207,6 +214,10 @@ class Auditor:
         self._jobs: dict[str, _Job] = {}
         self._queues: dict[str, _Queue] = {}
         self._usage: dict[str, int] = {}
+        # Per queue, the CPUs (thousandths) and memory (MB) its gangs hold now; per job, what
+        # its gang holds (released with it).
+        self._host_usage: dict[str, tuple[int, int]] = {}
+        self._host_held: dict[str, tuple[int, int]] = {}
         self._epoch = 0
         self._epoch_at: int | None = None
         self._oversubscribed = False
@@ -277,8 +288,15 @@ class Auditor:
         elif isinstance(event, TeamCreated | QueueConfigured):
             name = event.name
             self._queues[name] = _Queue(
-                event.parent, event.guaranteed_gpus, position, event.max_gpus
+                event.parent,
+                event.guaranteed_gpus,
+                position,
+                event.max_gpus,
             )
+            if isinstance(event, QueueConfigured):
+                record = self._queues[name]
+                record.max_cpus_milli = None if event.max_cpus is None else event.max_cpus * 1000
+                record.max_memory_mb = event.max_memory_mb
             self._check_guarantees(position)
         else:
             self._observe_node(event, position)
@@ -456,6 +474,10 @@ class Auditor:
                 del self._bound[slot]
         if job.gang:
             self._usage[job.queue] = self._usage.get(job.queue, 0) - len(job.gang)
+        held = self._host_held.pop(job_id, None)
+        if held is not None:
+            cpus, memory = self._host_usage.get(job.queue, (0, 0))
+            self._host_usage[job.queue] = (cpus - held[0], memory - held[1])
         job.gang = []
         job.fraction = Fraction(0)
         job.gang_at = None
@@ -590,6 +612,39 @@ class Auditor:
         self._ranks[job_id] = len(ranks)
         self._usage[job.queue] = self._usage.get(job.queue, 0) + len(slots)
         self._check_topology(job_id, spec, ranks, position)
+        self._hold_host(job_id, job, len(ranks), position)
+
+    # ---------------------------------------------------------------- §3: host ceilings
+
+    def _hold_host(self, job_id: str, job: _Job, ranks: int, position: int) -> None:
+        """Count the gang's CPUs and memory in its queue, and check every ceiling of the
+        queue's chain against what the chain's subtrees hold now."""
+        cpus_per_rank, memory_per_rank = rank_host(job.spec)
+        if not (cpus_per_rank or memory_per_rank):
+            return
+        held = (cpus_per_rank * ranks, memory_per_rank * ranks)
+        self._host_held[job_id] = held
+        cpus, memory = self._host_usage.get(job.queue, (0, 0))
+        self._host_usage[job.queue] = (cpus + held[0], memory + held[1])
+        for name in self._chain(job.queue):
+            record = self._queues.get(name)
+            if record is None or (record.max_cpus_milli is None and record.max_memory_mb is None):
+                continue
+            subtree = [
+                used for queue, used in self._host_usage.items() if name in self._chain(queue)
+            ]
+            for what, used, ceiling, unit in (
+                ("CPUs", sum(u[0] for u in subtree), record.max_cpus_milli, 1000),
+                ("memory", sum(u[1] for u in subtree), record.max_memory_mb, 1),
+            ):
+                if ceiling is not None and used > ceiling:
+                    self._broken(
+                        "host_ceiling",
+                        f"the gang of job {job_id} brings queue {name}'s {what} to "
+                        f"{used / unit:g}, past its ceiling of {ceiling / unit:g}",
+                        record.at,
+                        position,
+                    )
 
     # ---------------------------------------------------------------- §3: topology
 

@@ -22,7 +22,7 @@ from schemas.jobs import (
     TaskStarted,
 )
 from schemas.nodes import NodeDrained, NodeDrainRequested
-from schemas.teams import TeamCreated
+from schemas.teams import QueueConfigured, TeamCreated
 from tests.core.builders import History, a_job
 
 T = 1_700_000_000.0
@@ -86,6 +86,7 @@ def test_every_rule_is_named_for_reports() -> None:
         "borrowers_first",
         "drain",
         "backfill",
+        "host_ceiling",
     }
     violation = Violation(0, "m", (1,), "drain")
     assert violation.kind == "rule drain"
@@ -412,3 +413,69 @@ def test_the_scheduler_backfills_without_delaying_the_head() -> None:
     history.run(cycles=3)
 
     assert history.auditor.violations == []
+
+
+# ---------------------------------------------------------------- host ceilings
+
+
+def capped(name: str, parent: str | None = None, **ceilings: int) -> QueueConfigured:
+    return QueueConfigured(name=name, parent=parent, guaranteed_gpus=0, **ceilings)
+
+
+def cpu_job(job_id: str, team: str, cpus: int, memory_mb: int = 0) -> list[Event]:
+    return job(
+        job_id,
+        team=team,
+        gpus_per_task=0,
+        cpus_per_task=cpus,
+        memory_mb_per_task=memory_mb or None,
+    )
+
+
+def test_gangs_past_a_queue_cpu_ceiling_break_the_host_ceiling_rule() -> None:
+    cluster = list(parse_cluster_spec("2x8"))
+    history = [
+        *cluster,
+        team("t"),
+        capped("t", max_cpus=10),
+        *cpu_job("a", "t", cpus=6),
+        gang("a", ("n0000", [])),
+        *cpu_job("b", "t", cpus=6),
+        gang("b", ("n0001", [])),
+    ]
+    [violation] = audit(history)
+    assert violation.rule == "host_ceiling"
+    assert "queue t's CPUs to 12, past its ceiling of 10" in violation.message
+
+
+def test_a_parent_memory_ceiling_holds_its_children_together() -> None:
+    cluster = list(parse_cluster_spec("2x8"))
+    history = [
+        *cluster,
+        capped("org", max_memory_mb=1000),
+        team("a"),
+        capped("a", parent="org"),
+        team("b"),
+        capped("b", parent="org"),
+        *cpu_job("x", "a", cpus=1, memory_mb=600),
+        gang("x", ("n0000", [])),
+        *cpu_job("y", "b", cpus=1, memory_mb=600),
+        gang("y", ("n0001", [])),
+    ]
+    [violation] = audit(history)
+    assert violation.rule == "host_ceiling" and "queue org's memory to 1200" in violation.message
+
+
+def test_what_an_ended_gang_held_is_given_back_under_the_ceiling() -> None:
+    cluster = list(parse_cluster_spec("2x8"))
+    history = [
+        *cluster,
+        team("t"),
+        capped("t", max_cpus=10, max_memory_mb=100),
+        *cpu_job("a", "t", cpus=6, memory_mb=60),
+        gang("a", ("n0000", [])),
+        JobRequeued(job_id="a", attempt=1, code="preempted", reason="preempted"),
+        *cpu_job("b", "t", cpus=6, memory_mb=60),
+        gang("b", ("n0001", [])),
+    ]
+    assert audit(history) == []
