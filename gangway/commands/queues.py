@@ -8,7 +8,7 @@ from rich.table import Table
 
 from gangway.commands._common import client, console, one_line_errors
 
-HELP = "list queues: guarantee, ceiling, usage, borrowing"
+HELP = "list queues: guarantee, ceilings (GPUs, CPUs, memory), usage, borrowing"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,6 +29,8 @@ def run(args: argparse.Namespace) -> int:
         "BORROWED",
         "PENDING",
         "RUNNING",
+        "CPUS",
+        "MEMORY",
     )
     for queue in queues:
         table.add_row(
@@ -41,6 +43,13 @@ def run(args: argparse.Namespace) -> int:
             str(queue["borrowed_gpus"]),
             str(queue["pending_jobs"]),
             str(queue["running_jobs"]),
+            _held_of(queue.get("allocated_cpus", 0), queue.get("max_cpus"), ""),
+            _held_of(queue.get("allocated_memory_mb", 0), queue.get("max_memory_mb"), " MB"),
         )
     console().print(table)
     return 0
+
+
+def _held_of(held: float, ceiling: int | None, unit: str) -> str:
+    """What the queue's gangs hold of a host resource, over its ceiling ('-': none)."""
+    return f"{held:g}/{'-' if ceiling is None else ceiling}{unit}"

@@ -140,6 +140,23 @@ def test_nodes_and_queues_print_tables(api_url: str, capsys: pytest.CaptureFixtu
     assert "QUEUE" in capsys.readouterr().out
 
 
+def test_queues_show_the_cpu_and_memory_ceilings(
+    api_url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    admin = {"Authorization": f"Bearer {os.environ['GANGWAY_TOKEN']}"}
+    body = {"name": "prep", "guaranteed_gpus": 0, "max_gpus": 8}
+    assert httpx.post(f"{api_url}/v1/teams", json=body, headers=admin).status_code == 201
+    ceilings = {"max_cpus": 64, "max_memory_mb": 262144}
+    patched = httpx.patch(f"{api_url}/v1/queues/prep", json=ceilings, headers=admin)
+    assert patched.status_code == 200, patched.text
+    assert main(["queues"]) == 0
+    out = capsys.readouterr().out
+    assert "CPUS" in out and "MEMORY" in out
+    [row] = [line for line in out.splitlines() if "prep" in line]
+    cells = [cell.strip() for cell in row.strip("│ ").split("│")]
+    assert cells[-2:] == ["0/64", "0/262144 MB"]
+
+
 def test_teams_prints_each_visible_team_with_its_quota(
     api_url: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
