@@ -6,6 +6,8 @@ Configured by the launcher through the environment:
 - GANGWAY_PROMETHEUS_ADDRESS: where it listens (default 127.0.0.1:9090; loopback only);
 - GANGWAY_PROMETHEUS_TARGETS: `name=host:port,…`, the services' metrics endpoints;
 - GANGWAY_API_URL: the API, scraped at /metrics;
+- GANGWAY_ADMIN_TOKEN_FILE: the operator's token, presented to the API's /metrics (which shows
+  per-team series to it only);
 - GANGWAY_PROMETHEUS_DIR: its configuration and data (default .gangway/prometheus).
 """
 
@@ -35,8 +37,14 @@ def parse_targets(text: str) -> dict[str, str]:
     return {name.strip(): target.strip() for name, target in pairs if name.strip()}
 
 
-def config(api_url: str, targets: Mapping[str, str], rules: Path = RULES) -> str:
-    """prometheus.yml: the API (its own /metrics) and one job per service."""
+def config(
+    api_url: str,
+    targets: Mapping[str, str],
+    rules: Path = RULES,
+    token_file: Path | None = None,
+) -> str:
+    """prometheus.yml: the API (its own /metrics, with the admin token from `token_file` when
+    given, for the per-team series) and one job per service."""
     api = urlsplit(api_url)
     lines = [
         "# Written by gangway/prometheus.py at each start; edits are overwritten.",
@@ -48,6 +56,14 @@ def config(api_url: str, targets: Mapping[str, str], rules: Path = RULES) -> str
         "scrape_configs:",
         "  - job_name: api",
         f"    scheme: {api.scheme or 'http'}",
+    ]
+    if token_file is not None:
+        lines += [
+            "    authorization:",
+            "      type: Bearer",
+            f"      credentials_file: {token_file}",
+        ]
+    lines += [
         "    static_configs:",
         f"      - targets: ['{api.netloc}']",
     ]
@@ -80,10 +96,12 @@ def main(environ: Mapping[str, str] = os.environ) -> int:
     home = Path(environ.get("GANGWAY_PROMETHEUS_DIR") or ".gangway/prometheus").resolve()
     (home / "data").mkdir(parents=True, exist_ok=True)
     config_file = home / "prometheus.yml"
+    token_file = environ.get("GANGWAY_ADMIN_TOKEN_FILE")
     config_file.write_text(
         config(
             environ.get("GANGWAY_API_URL", "http://127.0.0.1:8080"),
             parse_targets(environ.get("GANGWAY_PROMETHEUS_TARGETS", "")),
+            token_file=Path(token_file).resolve() if token_file else None,
         )
     )
     address = environ.get("GANGWAY_PROMETHEUS_ADDRESS") or DEFAULT_ADDRESS

@@ -20,6 +20,9 @@ from services.api.observability import ObservabilityCollector
 from services.api.projections.cluster import summarize
 from services.runtime.metrics import ConsumerLag
 
+# How long an unauthenticated /metrics answer is served again (Prometheus scrapes every 5 s).
+PUBLIC_TTL_S = 1.0
+
 
 class ApiMetrics:
     def __init__(self) -> None:
@@ -47,11 +50,19 @@ class ApiMetrics:
         # The read models' distance from the log head (fed by the bus or the log poll, the
         # same lag either way) and the telemetry consumer's, watched by the bootstrap.
         self.consumer_lag = ConsumerLag("api", self.registry)
-        self.registry.register(
-            ObservabilityCollector(
-                lambda: None if self._feed is None else self._feed.models, lambda: self.activity
+        # Per-team series (team names, their GPUs, waits, GPU time) are the operator's: they go
+        # to a second registry, rendered only for the admin token (docs/security-api.md).
+        self.team_registry = CollectorRegistry(auto_describe=True)
+        for registry, part in ((self.registry, "cluster"), (self.team_registry, "teams")):
+            registry.register(
+                ObservabilityCollector(
+                    lambda: None if self._feed is None else self._feed.models,
+                    lambda: self.activity,
+                    part=part,  # type: ignore[arg-type]
+                )
             )
-        )
+        # The public rendering, kept a moment: a scrape walks every job, and anyone may ask.
+        self._public: tuple[float, bytes] | None = None
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         """One request served: counted by route template and status, timed by template."""
@@ -69,8 +80,16 @@ class ApiMetrics:
         self._feed = feed
         self.consumer_lag.watch("events", lambda: float(feed.lag))
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, *, operator: bool = False) -> bytes:
+        """The exposition text: cluster-wide series for anyone, rendered at most once per
+        PUBLIC_TTL_S however often it is asked (a flood of scrapes costs one walk of the read
+        models a second); with the teams' series, rendered afresh, for the operator."""
+        if operator:
+            return generate_latest(self.registry) + generate_latest(self.team_registry)
+        now = time.monotonic()
+        if self._public is None or now - self._public[0] >= PUBLIC_TTL_S:
+            self._public = (now, generate_latest(self.registry))
+        return self._public[1]
 
 
 class _ReadModelCollector(Collector):

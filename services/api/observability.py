@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
+from typing import Literal
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -60,24 +61,36 @@ def _gpu_seconds(intervals: list[Interval], now: datetime) -> dict[tuple[str, st
     return total
 
 
+# Which families a collector yields: the cluster's (no team named: what `/metrics` shows
+# anyone), the teams' (labelled by team: the operator's only), or both.
+Part = Literal["all", "cluster", "teams"]
+
+
 class ObservabilityCollector(Collector):
     def __init__(
         self,
         models: Callable[[], ReadModels | None],
         activity: Callable[[], GpuActivity | None] = lambda: None,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+        part: Part = "all",
     ) -> None:
         self._models = models
         self._activity = activity
         self._clock = clock
+        self._part = part
 
     def collect(self) -> Iterator[Metric]:
         models = self._models()
         if models is None:
             return
         now = self._clock()
-        yield from self._jobs(models)
-        yield from self._overdue(models, now)
+        if self._part != "teams":
+            yield from self._jobs(models)
+            yield from self._overdue(models, now)
+            yield from self._free(models)
+        if self._part == "cluster":
+            return
+        yield from self._team_jobs(models)
         yield from self._gpus(models)
         activity = self._activity()
         if activity is not None:
@@ -92,6 +105,9 @@ class ObservabilityCollector(Collector):
         for state in JOB_STATES:
             gauge.add_metric([state], states.get(state, 0))
         yield gauge
+
+    @staticmethod
+    def _team_jobs(models: ReadModels) -> Iterator[Metric]:
         counter = CounterMetricFamily(
             "gangway_preemptions",
             "Preemptions requested (checkpoint, then stop), by the victim's priority class and "
@@ -160,6 +176,9 @@ class ObservabilityCollector(Collector):
         for (team, gpu_type), count in sorted(by_team.items()):
             gauge.add_metric([team, gpu_type], count)
         yield gauge
+
+    @staticmethod
+    def _free(models: ReadModels) -> Iterator[Metric]:
         free, unusable = unusable_free_gpus(models)
         gauge = GaugeMetricFamily(
             "gangway_gpus_free_unusable",

@@ -136,3 +136,20 @@ async def test_a_reconfigured_queue_shows_in_its_teams_quota(api: Api) -> None:
     assert (await api.client.put("/v1/queues/nlp", json=quota, headers=api.as_admin())).is_success
     [team] = (await api.client.get("/v1/teams", headers=api.as_admin())).json()["items"]
     assert (team["guaranteed_gpus"], team["max_gpus"]) == (24, 32)
+
+
+async def test_metrics_name_teams_only_to_the_operator(api: Api) -> None:
+    """`/metrics` needs no token (Prometheus, probes), so without the admin token it shows the
+    cluster's series only: no team's name, GPUs, waits or GPU time (docs/security-api.md)."""
+    nlp = await api.create_team("nlp")
+    await api.submit(nlp, priority="production")
+    team_series = ("gangway_team_gpus_allocated", "gangway_queue_wait_seconds", "gangway_requeues")
+    for headers in ({}, nlp, {"Authorization": "Bearer not-a-token"}):
+        public = (await api.client.get("/metrics", headers=headers)).text
+        assert 'gangway_pending_jobs{class="production"} 1.0' in public
+        assert "gangway_jobs" in public and "gangway_gpus_free_unusable" in public
+        assert "nlp" not in public
+        assert not any(name in public for name in team_series)
+    operator = (await api.client.get("/metrics", headers=api.as_admin())).text
+    assert 'gangway_pending_jobs{class="production"} 1.0' in operator
+    assert all(name in operator for name in team_series)

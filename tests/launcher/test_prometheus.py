@@ -53,9 +53,15 @@ def test_make_status_says_where_prometheus_is(
 @pytest.mark.integration  # needs the distribution's package (make test installs it)
 def test_the_configuration_and_the_alert_rules_are_valid(tmp_path: Path) -> None:
     config = tmp_path / "prometheus.yml"
-    config.write_text(prometheus.config("http://127.0.0.1:8080", {"relay": "127.0.0.1:9100"}))
+    token = tmp_path / "admin.token"
+    token.write_text("t\n")
+    config.write_text(
+        prometheus.config("http://127.0.0.1:8080", {"relay": "127.0.0.1:9100"}, token_file=token)
+    )
     text = config.read_text()
     assert "targets: ['127.0.0.1:8080']" in text and "job_name: relay" in text
+    # The API's per-team series are the operator's: its Prometheus presents the admin token.
+    assert f"credentials_file: {token}" in text
     for check in (["check", "config", str(config)], ["check", "rules", str(prometheus.RULES)]):
         result = subprocess.run(["promtool", *check], capture_output=True, text=True)
         assert result.returncode == 0, result.stdout + result.stderr

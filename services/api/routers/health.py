@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hmac
+
 from fastapi import APIRouter, Request, Response
 
+from services.api.auth import token_sha256
 from services.api.bootstrap import ApiBootstrap
 from services.api.deps import Context, unavailable
 from services.api.metrics import ApiMetrics
@@ -48,7 +51,16 @@ async def readyz(context: Context) -> Health:
 
 
 @router.get("/metrics", operation_id="metrics", include_in_schema=False)
-async def metrics(request: Request) -> Response:
+async def metrics(request: Request, context: Context) -> Response:
+    """Prometheus' text format. Without the admin token, cluster-wide series only: the
+    per-team ones (team names, their GPUs, waits and GPU time) are the operator's, and the
+    operator's Prometheus presents the token (gangway/prometheus.py)."""
     bootstrap: ApiBootstrap = request.app.state.bootstrap
     registry: ApiMetrics = bootstrap.metrics
-    return Response(registry.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
+    operator = scheme.lower() == "bearer" and hmac.compare_digest(
+        token_sha256(token.strip()), context.admin_sha256
+    )
+    return Response(
+        registry.render(operator=operator), media_type="text/plain; version=0.0.4; charset=utf-8"
+    )
