@@ -24,6 +24,7 @@ from schemas.jobs import WAITING_STATES, JobEvent
 from schemas.nodes import NodeEvent
 from schemas.teams import QueueConfigured, TeamCreated
 from services.api.projections.jobs import JOB_FOLD_TYPES, JobReadModel, evolve_job
+from services.api.projections.listing import JobListing
 from services.api.projections.nodes import NODE_FOLD_TYPES, NodeRecord, evolve_node
 from services.api.projections.queues import QueueRecord, TeamRecord, evolve_queue, evolve_team
 from services.api.projections.tenancy import (
@@ -85,6 +86,8 @@ class ReadModels:
     waiting_by_team: Counter[str] = field(default_factory=Counter)
     # array id -> its elements' job ids, by index.
     arrays: dict[str, list[str]] = field(default_factory=dict)
+    # The jobs by team and state in submission order, for GET /v1/jobs's pages.
+    listing: JobListing = field(default_factory=JobListing)
     tenancy: Tenancy = field(default_factory=Tenancy)
     audit: AuditIndex = field(default_factory=AuditIndex)
     usage: UsageBook = field(default_factory=UsageBook)
@@ -129,6 +132,7 @@ class ReadModels:
         if after is not None and after is not before:
             self.jobs[after.id] = after
             self._reindex_job(before, after)
+            self.listing.update(before, after)
             if before is None and after.array_id is not None:
                 self.arrays.setdefault(after.array_id, []).append(after.id)
             self.usage.observe(before, after, at, self._gpu_type_of)

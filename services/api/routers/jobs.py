@@ -119,23 +119,9 @@ async def list_jobs(
         if team not in (None, caller.team):
             return JobPage(items=[], next=None)  # another team's jobs are not even counted
         team = caller.team
-    start = after or 0
-    matching = sorted(
-        (
-            job
-            for job in models.jobs.values()
-            if job.submit_position > start
-            and (team is None or job.spec.team == team)
-            and (state is None or job.state == state)
-        ),
-        key=lambda job: job.submit_position,
-    )
-    page = matching[:limit]
-    more = len(matching) > limit
-    return JobPage(
-        items=[job_view(job) for job in page],
-        next=page[-1].submit_position if more else None,
-    )
+    # A page costs its length (projections/listing.py), not a scan of every job.
+    ids, cursor = models.listing.page(team, state, after or 0, limit)
+    return JobPage(items=[job_view(models.jobs[job_id]) for job_id in ids], next=cursor)
 
 
 @router.get(
