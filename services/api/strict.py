@@ -86,6 +86,9 @@ def parse_strict_json(body: bytes) -> Any:
         ) from None
     except UnicodeDecodeError:
         raise ProblemError(400, "malformed-json", "the request body is not UTF-8") from None
+    except RecursionError:
+        # Python's reader recurses per level: a body of 5,000 nested arrays (10 kB) is no job.
+        raise ProblemError(400, "malformed-json", "the JSON is nested too deeply") from None
     _check_strings(data)
     return data
 
