@@ -22,6 +22,7 @@ from services.api.feed import ReadModelFeed
 from services.api.metrics import ApiMetrics
 from services.api.projections.model import ReadModels
 from services.api.projections.tenancy import Tenancy
+from services.api.ratelimit import ReadLimiter
 from services.api.settings import ApiSettings
 from services.api.streams import StreamGate
 from services.runtime.consumer import TelemetryConsumer
@@ -50,6 +51,8 @@ class ApiContext:
     activity: GpuActivity = field(default_factory=GpuActivity)
     # The followed logs and dashboard streams each team holds open (services/api/streams.py).
     streams: StreamGate = field(default_factory=StreamGate)
+    # Each team's reads in this process (services/api/ratelimit.py).
+    reads: ReadLimiter = field(default_factory=ReadLimiter)
 
     @property
     def models(self) -> ReadModels:

@@ -13,6 +13,7 @@ from services.api.auth import Principal, authenticate
 from services.api.bootstrap import ApiBootstrap, ApiContext
 from services.api.problems import ProblemError
 from services.api.projections.model import ReadModels
+from services.api.ratelimit import retry_after
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +62,25 @@ async def get_principal(
     if credentials is not None:
         header = f"Bearer {credentials.credentials}"
     try:
-        return await authenticate(header, context.admin_sha256, context.store.pool)
+        principal = await authenticate(header, context.admin_sha256, context.store.pool)
     except _UNAVAILABLE as error:
         log.warning("event log unreachable: %r", error)
         raise unavailable("the event log is unreachable") from error
+    if principal.team is not None and request.method in _READS:
+        # Per team, not per token: a team may mint tokens of its own (POST .../tokens).
+        rate = context.settings.team_reads_per_second
+        wait = context.reads.take(principal.team, rate)
+        if wait is not None:
+            raise ProblemError(
+                429,
+                "rate-limited",
+                f"team {principal.team!r} may read {rate:g} times per second",
+                headers={"Retry-After": retry_after(wait)},
+            )
+    return principal
+
+
+_READS = frozenset({"GET", "HEAD"})
 
 
 Caller = Annotated[Principal, Depends(get_principal)]

@@ -1,15 +1,21 @@
-"""Per-team submission rate: a token bucket per team, refilled at the team's policy rate.
+"""Rates: a team's submissions (a token bucket shared by every API process) and a team's reads
+(a token bucket in each process).
 
 The bucket lives in PostgreSQL (migrations/0037), not in a process: several API workers share
 one port and each request may land on any of them, so a bucket per process would let a team
 submit at its rate times the number of workers. Taking from the bucket is one round trip
 (`submission_take`: the row's lock serialises concurrent takes, the database's clock refills
 it); a team without a rate costs none.
+
+Reads are bounded per process instead (`ReadLimiter`): what they use up is the process's own
+event loop, not the log, and a database round trip per read would cost more than most reads.
 """
 
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 
 import asyncpg
 
@@ -35,6 +41,30 @@ class SubmissionLimiter:
         if granted:
             return None
         return (count - float(tokens)) / rate
+
+
+class ReadLimiter:
+    """A token bucket per caller in this process, refilled at `rate` a second up to one
+    second's worth (at least one read)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        # caller -> (tokens, when they were counted)
+        self._buckets: dict[str, tuple[float, float]] = {}
+
+    def take(self, caller: str, rate: float | None) -> float | None:
+        """Spend one read of `caller`: None when allowed, else the seconds to wait."""
+        if rate is None:
+            return None
+        burst = max(1.0, rate)
+        now = self._clock()
+        tokens, then = self._buckets.get(caller, (burst, now))
+        tokens = min(burst, tokens + max(0.0, now - then) * rate)
+        if tokens >= 1.0:
+            self._buckets[caller] = (tokens - 1.0, now)
+            return None
+        self._buckets[caller] = (tokens, now)
+        return (1.0 - tokens) / rate
 
 
 def retry_after(seconds: float) -> str:

@@ -53,6 +53,11 @@ class ApiSettings(Settings):
     # 429 with Retry-After. The cap keeps one tenant from flooding the queue for the others.
     team_max_pending_jobs: int | None = Field(default=10_000, ge=0, le=10_000_000)
     team_submissions_per_second: float | None = Field(default=None, gt=0, le=1_000_000)
+    # Reads (GET, HEAD) one team's tokens may make a second in one API process, a burst of a
+    # second's worth; past it 429 with Retry-After (services/api/ratelimit.py). The admin is not
+    # bounded. None: no bound. A page costs at most 1,000 jobs, so this bounds a tenant's share
+    # of the process's event loop.
+    team_reads_per_second: float | None = Field(default=100.0, gt=0, le=1_000_000)
 
     @property
     def listen_host(self) -> str:
