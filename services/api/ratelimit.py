@@ -1,11 +1,13 @@
-"""Rates: a team's submissions (a token bucket shared by every API process) and a team's reads
-(a token bucket in each process).
+"""Rates: a team's submissions and commands (token buckets shared by every API process) and a
+team's reads (a token bucket in each process).
 
 The bucket lives in PostgreSQL (migrations/0037), not in a process: several API workers share
 one port and each request may land on any of them, so a bucket per process would let a team
 submit at its rate times the number of workers. Taking from the bucket is one round trip
 (`submission_take`: the row's lock serialises concurrent takes, the database's clock refills
-it); a team without a rate costs none.
+it); a team without a rate costs none. A team's commands on jobs (hold, release, PATCH, cancel,
+suspend, resume) take from a bucket of their own (`commands:<team>`; no team name holds a colon)
+the same way: each may append to the one log every team shares.
 
 Reads are bounded per process instead (`ReadLimiter`): what they use up is the process's own
 event loop, not the log, and a database round trip per read would cost more than most reads.

@@ -58,6 +58,10 @@ class ApiSettings(Settings):
     # bounded. None: no bound. A page costs at most 1,000 jobs, so this bounds a tenant's share
     # of the process's event loop.
     team_reads_per_second: float | None = Field(default=100.0, gt=0, le=1_000_000)
+    # State-changing commands on jobs (hold, release, PATCH, cancel, suspend, resume) one team
+    # may make a second across all API processes (each may append to the log every team shares),
+    # a burst of a second's worth; past it 429 with Retry-After. None: no bound.
+    team_commands_per_second: float | None = Field(default=20.0, gt=0, le=1_000_000)
 
     @property
     def listen_host(self) -> str:

@@ -1,0 +1,48 @@
+"""Commands on jobs (hold, release, PATCH, cancel, suspend, resume) are bounded per team
+(GANGWAY_TEAM_COMMANDS_PER_SECOND, a bucket shared by every API process): toggling a hold or a
+PATCH back and forth cannot flood the log every team shares. A command that changes nothing
+records nothing."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.runtime import EventStore
+from tests.api.conftest import Api
+
+pytestmark = pytest.mark.integration
+
+# One command, then one more only a hundred seconds later: no test outlasts that.
+API_OVERRIDES = {"team_commands_per_second": 0.01}
+
+
+async def types(store: EventStore, job_id: str) -> list[str]:
+    return [envelope.type for envelope in await store.read_stream(f"job-{job_id}")]
+
+
+async def test_a_team_past_its_command_rate_is_answered_429_and_nothing_is_recorded(
+    api: Api, store: EventStore
+) -> None:
+    nlp = await api.create_team("nlp")
+    vision = await api.create_team("vision")
+    ours = await api.submit(nlp)
+    theirs = await api.submit(vision, team="vision")
+
+    assert (await api.client.post(f"/v1/jobs/{ours}/hold", headers=nlp)).status_code == 200
+    for method, path, body in (
+        ("POST", f"/v1/jobs/{ours}/release", None),
+        ("PATCH", f"/v1/jobs/{ours}", {"hold": False}),
+        ("POST", f"/v1/jobs/{ours}/cancel", None),
+        ("POST", f"/v1/jobs/{ours}/suspend", None),
+    ):
+        refused = await api.client.request(method, path, json=body, headers=nlp)
+        assert refused.status_code == 429, (path, refused.text)
+        assert refused.headers["content-type"].startswith("application/problem+json")
+        assert refused.json()["type"].endswith("/rate-limited")
+        assert int(refused.headers["Retry-After"]) >= 1
+    assert await types(store, ours) == ["JobSubmitted", "JobHeld"]
+
+    # Another team's commands and the admin's go on.
+    assert (await api.client.post(f"/v1/jobs/{theirs}/hold", headers=vision)).status_code == 200
+    released = await api.client.post(f"/v1/jobs/{ours}/release", headers=api.as_admin())
+    assert released.status_code == 200 and released.json()["held"] is False
