@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -197,6 +198,15 @@ class GangwayClient:
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         try:
             response = self._http.request(method, path, **kwargs)
+            # A team's reads are bounded (429 with Retry-After, services/api/ratelimit.py): a
+            # read changes nothing, so `gangway jobs --all` paging a long history waits its
+            # turn and goes on rather than failing half-way. Writes are left to the user.
+            for _ in range(READ_RETRIES):
+                wait = _read_wait(method, response)
+                if wait is None:
+                    break
+                time.sleep(wait)
+                response = self._http.request(method, path, **kwargs)
         except httpx.TransportError as error:
             raise ClientError(
                 f"cannot reach the API at {self.config.api_url} ({type(error).__name__}); "
@@ -208,6 +218,22 @@ class GangwayClient:
                 raise ClientError(f"unexpected answer from {method} {path}")
             return body
         raise _api_error(response)
+
+
+# How often, and how long at most each time, a read answered 429 is tried again.
+READ_RETRIES = 5
+READ_RETRY_MAX_WAIT_S = 10.0
+
+
+def _read_wait(method: str, response: httpx.Response) -> float | None:
+    """The seconds to wait before asking again, when a read was refused for its rate."""
+    if method != "GET" or response.status_code != 429:
+        return None
+    try:
+        wait = float(response.headers.get("Retry-After", ""))
+    except ValueError:
+        return None
+    return wait if 0 <= wait <= READ_RETRY_MAX_WAIT_S else None
 
 
 def _api_error(response: httpx.Response) -> ApiError:
