@@ -105,3 +105,22 @@ async def get_admin(caller: Caller) -> Principal:
 
 
 Admin = Annotated[Principal, Depends(get_admin)]
+
+
+async def command_turn(caller: Principal, context: ApiContext) -> None:
+    """429 when the caller's team is past its rate of commands (hold, release, PATCH, cancel,
+    suspend, resume of a job or a whole array; a token issued or revoked, a secret set or
+    deleted): each may append to the log every team shares, and toggling back and forth has no
+    other bound. A bucket per team shared by every API process (services/api/ratelimit.py);
+    the admin is not bounded."""
+    if caller.team is None:
+        return
+    rate = context.settings.team_commands_per_second
+    wait = await context.commands.limiter.take(f"commands:{caller.team}", rate)
+    if wait is not None:
+        raise ProblemError(
+            429,
+            "rate-limited",
+            f"team {caller.team!r} may make {rate:g} changes per second",
+            headers={"Retry-After": retry_after(wait)},
+        )

@@ -46,3 +46,28 @@ async def test_a_team_past_its_command_rate_is_answered_429_and_nothing_is_recor
     assert (await api.client.post(f"/v1/jobs/{theirs}/hold", headers=vision)).status_code == 200
     released = await api.client.post(f"/v1/jobs/{ours}/release", headers=api.as_admin())
     assert released.status_code == 200 and released.json()["held"] is False
+
+
+async def test_a_team_cannot_flood_the_log_with_tokens_or_secrets_either(
+    api: Api, store: EventStore
+) -> None:
+    """Found by the hostile-tenant run: a team token could issue tokens and set 32 kB secrets
+    as fast as it could send them, each an event the log keeps for ever."""
+    nlp = await api.create_team("nlp")
+    secret = {"value": "s" * 32_768}
+    assert (await api.client.put("/v1/teams/nlp/secrets/a", json=secret, headers=nlp)).is_success
+    for method, path, body in (
+        ("PUT", "/v1/teams/nlp/secrets/b", secret),
+        ("DELETE", "/v1/teams/nlp/secrets/a", None),
+        ("POST", "/v1/teams/nlp/tokens", {"name": "ci"}),
+    ):
+        refused = await api.client.request(method, path, json=body, headers=nlp)
+        assert refused.status_code == 429, (path, refused.text)
+        assert refused.json()["type"].endswith("/rate-limited")
+    listed = await api.client.get("/v1/teams/nlp/secrets", headers=nlp)
+    assert listed.json()["items"] == ["a"]
+    # The admin manages the team's tokens and secrets unbounded.
+    issued = await api.client.post(
+        "/v1/teams/nlp/tokens", json={"name": "ci"}, headers=api.as_admin()
+    )
+    assert issued.status_code == 201, issued.text

@@ -13,7 +13,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Path, Query, status
 
 from schemas.jobs import JobChanges, JobSpec, JobState
-from services.api.deps import Caller, Context, Models
+from services.api.deps import Caller, Context, Models, command_turn
 from services.api.models import (
     ArrayView,
     BatchCreatedView,
@@ -25,9 +25,8 @@ from services.api.models import (
     JobView,
 )
 from services.api.pipelines import PlannedJob
-from services.api.problems import PROBLEM_RESPONSES, ProblemError
+from services.api.problems import PROBLEM_RESPONSES
 from services.api.projections.jobs import JobReadModel, Request
-from services.api.ratelimit import retry_after
 from services.api.strict import StrictJsonRoute
 from services.api.views import array_view, event_view, job_view
 
@@ -153,7 +152,7 @@ async def update_job(
         max_runtime_s=body.max_runtime_s,
         max_retries=body.max_retries,
     )
-    await _command_turn(caller, context)
+    await command_turn(caller, context)
     commands = context.commands
     jobs = await commands.change(
         caller, job_id, commands.update_decision(caller, changes, body.hold)
@@ -167,7 +166,7 @@ async def update_job(
     summary="Hold a waiting job: it is never placed until released",
 )
 async def hold_job(job_id: JobId, caller: Caller, context: Context) -> JobView | ArrayView:
-    await _command_turn(caller, context)
+    await command_turn(caller, context)
     commands = context.commands
     return _answer(job_id, await commands.change(caller, job_id, commands.hold_decision(caller)))
 
@@ -178,7 +177,7 @@ async def hold_job(job_id: JobId, caller: Caller, context: Context) -> JobView |
     summary="Release a held job: it waits for a gang again, in its place by class and age",
 )
 async def release_job(job_id: JobId, caller: Caller, context: Context) -> JobView | ArrayView:
-    await _command_turn(caller, context)
+    await command_turn(caller, context)
     commands = context.commands
     decide = commands.release_decision(caller)
     return _answer(job_id, await commands.change(caller, job_id, decide))
@@ -226,22 +225,5 @@ async def resume_job(job_id: JobId, caller: Caller, context: Context) -> JobView
 async def _request(
     job_id: str, caller: Caller, context: Context, kind: Request
 ) -> JobView | ArrayView:
-    await _command_turn(caller, context)
+    await command_turn(caller, context)
     return _answer(job_id, await context.commands.request_each(caller, job_id, kind))
-
-
-async def _command_turn(caller: Caller, context: Context) -> None:
-    """429 when the caller's team is past its rate of commands on jobs (one request, of one
-    job or a whole array, is one command; the admin is not bounded). Toggling a hold or a
-    PATCH back and forth appends an event each time, to the log every team shares."""
-    if caller.team is None:
-        return
-    rate = context.settings.team_commands_per_second
-    wait = await context.commands.limiter.take(f"commands:{caller.team}", rate)
-    if wait is not None:
-        raise ProblemError(
-            429,
-            "rate-limited",
-            f"team {caller.team!r} may change jobs {rate:g} times per second",
-            headers={"Retry-After": retry_after(wait)},
-        )

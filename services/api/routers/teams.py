@@ -13,7 +13,7 @@ from fastapi import APIRouter, Path, Response, status
 
 from schemas.jobs import NAME_PATTERN
 from schemas.teams import TOKEN_ID_PATTERN
-from services.api.deps import Admin, Caller, Context, Models
+from services.api.deps import Admin, Caller, Context, Models, command_turn
 from services.api.models import (
     SecretBody,
     SecretList,
@@ -115,6 +115,7 @@ async def get_policy(team: Team, caller: Caller, models: Models) -> TeamPolicyVi
 async def create_token(
     team: Team, body: TokenCreate, caller: Caller, context: Context
 ) -> TokenCreatedView:
+    await command_turn(caller, context)
     token_id, token = await context.commands.issue_token(caller, team, body.name)
     return TokenCreatedView(id=token_id, name=body.name, token=token)
 
@@ -135,6 +136,7 @@ async def list_tokens(team: Team, caller: Caller, context: Context, models: Mode
     summary="Revoke a token: it stops working at once, in every API process",
 )
 async def revoke_token(team: Team, token_id: TokenId, caller: Caller, context: Context) -> None:
+    await command_turn(caller, context)
     await context.commands.revoke_token(caller, team, token_id)
 
 
@@ -146,6 +148,7 @@ async def revoke_token(team: Team, token_id: TokenId, caller: Caller, context: C
 async def set_secret(
     team: Team, name: SecretName, body: SecretBody, caller: Caller, context: Context
 ) -> SecretView:
+    await command_turn(caller, context)
     await context.commands.set_secret(caller, team, name, body.value)
     return SecretView(team=team, name=name)
 
@@ -163,6 +166,7 @@ async def list_secrets(team: Team, caller: Caller, context: Context, models: Mod
     summary="Delete a secret: jobs can no longer refer to it",
 )
 async def delete_secret(team: Team, name: SecretName, caller: Caller, context: Context) -> None:
+    await command_turn(caller, context)
     await context.commands.delete_secret(caller, team, name)
 
 
