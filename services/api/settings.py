@@ -27,6 +27,9 @@ class ApiSettings(Settings):
     # How far one GET /v1/events may scan the log to fill a filtered page before it returns
     # a shorter page with a cursor to continue from.
     events_scan_limit: int = Field(default=20_000, ge=100)
+    # Where a GET /v1/jobs page ends at the latest, in bytes of its jobs' specs (at least one
+    # job a page; `next` continues): a page of 1,000 huge specs is not built in memory at once.
+    list_page_max_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     # How many GET /v1/events of one team this process serves at once; the rest wait their turn.
     audit_reads_per_team: int = Field(default=2, ge=1)
     # How often the read models re-check the log for events the bus has not (yet) delivered.

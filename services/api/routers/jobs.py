@@ -108,6 +108,7 @@ def _answer(job_id: str, jobs: list[JobReadModel]) -> JobView | ArrayView:
 async def list_jobs(
     caller: Caller,
     models: Models,
+    context: Context,
     team: Annotated[str | None, Query(max_length=64)] = None,
     state: JobState | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
@@ -121,7 +122,27 @@ async def list_jobs(
         team = caller.team
     # A page costs its length (projections/listing.py), not a scan of every job.
     ids, cursor = models.listing.page(team, state, after or 0, limit)
-    return JobPage(items=[job_view(models.jobs[job_id]) for job_id in ids], next=cursor)
+    # A page also ends at about list_page_max_bytes of specs (at least one job): a spec may
+    # be most of a 1 MiB body, and an array repeats it in each of up to 1,000 elements, so a
+    # page of 1,000 could otherwise be a gigabyte built in this process's memory.
+    budget = context.settings.list_page_max_bytes
+    jobs: list[JobReadModel] = []
+    for job_id in ids:
+        job = models.jobs[job_id]
+        budget -= spec_bytes(job.spec)
+        if jobs and budget < 0:
+            cursor = jobs[-1].submit_position
+            break
+        jobs.append(job)
+    return JobPage(items=[job_view(job) for job in jobs], next=cursor)
+
+
+def spec_bytes(spec: JobSpec) -> int:
+    """About what the spec weighs in a response: its strings, which are all a body can grow
+    (the rest is bounded numbers), and a kilobyte for the view around it."""
+    strings = sum(map(len, spec.command)) + sum(len(k) + len(v) for k, v in spec.env.items())
+    strings += sum(len(k) + len(v) for k, v in spec.secret_env.items())
+    return 1024 + 2 * strings  # escaping may double a string at worst (mostly)
 
 
 @router.get(
