@@ -52,4 +52,4 @@ def run(args: argparse.Namespace) -> int:
 
 def _held_of(held: float, ceiling: int | None, unit: str) -> str:
     """What the queue's gangs hold of a host resource, over its ceiling ('-': none)."""
-    return f"{held:g}/{'-' if ceiling is None else ceiling}{unit}"
+    return f"{held:g}/-" if ceiling is None else f"{held:g}/{ceiling}{unit}"
