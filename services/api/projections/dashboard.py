@@ -90,9 +90,17 @@ def _gpus(
 
 def _queue(models: ReadModels, principal: Principal, now: datetime) -> dict[str, Any]:
     waiting, running = [], []
-    for job in models.jobs.values():
-        if not principal.can_see(job):
-            continue
+    # Only the jobs it shows, from the listing index: never every job the log ever had (a
+    # team's stream redraws up to 20 times a second; ended jobs are most of the read model).
+    shown = sorted(
+        (
+            models.jobs[job_id]
+            for state in {*WAITING_STATES, "suspended", *HOLDING_STATES}
+            for job_id in models.listing.ids(principal.team, state)
+        ),
+        key=lambda job: job.submit_position,
+    )
+    for job in shown:
         row = {
             "id": job.id,
             "name": job.spec.name,
@@ -107,7 +115,7 @@ def _queue(models: ReadModels, principal: Principal, now: datetime) -> dict[str,
         }
         if job.state in WAITING_STATES or job.state == "suspended":
             waiting.append(row)
-        elif job.state in HOLDING_STATES:
+        else:
             since = models.usage.holding_since(job.id) or job.updated_at
             row["elapsed_s"] = round((now - since).total_seconds())
             row["placement"] = {n: list(g) for n, g in sorted(job.placement.items())}

@@ -52,6 +52,10 @@ class JobListing:
         if at >= 0 and positions[at] == position:
             del positions[at]
 
+    def ids(self, team: str | None, state: str) -> list[str]:
+        """Every job of `team` (None: of every team) now in `state`, oldest first."""
+        return [self._ids[position] for position in self._lists.get((team, state), ())]
+
     def page(
         self, team: str | None, state: str | None, after: int, limit: int
     ) -> tuple[list[str], int | None]:
