@@ -59,12 +59,15 @@ class ApiSettings(Settings):
     # Reads (GET, HEAD) one team's tokens may make a second in one API process, a burst of a
     # second's worth; past it 429 with Retry-After (services/api/ratelimit.py). The admin is not
     # bounded. None: no bound. A page costs at most 1,000 jobs, so this bounds a tenant's share
-    # of the process's event loop.
-    team_reads_per_second: float | None = Field(default=100.0, gt=0, le=1_000_000)
+    # of the process's event loop; the default sits above what a client polling in a tight loop
+    # makes (a few hundred a second), so only a flood meets it.
+    team_reads_per_second: float | None = Field(default=1000.0, gt=0, le=1_000_000)
     # State-changing commands on jobs (hold, release, PATCH, cancel, suspend, resume) one team
     # may make a second across all API processes (each may append to the log every team shares),
-    # a burst of a second's worth; past it 429 with Retry-After. None: no bound.
-    team_commands_per_second: float | None = Field(default=20.0, gt=0, le=1_000_000)
+    # a burst of a second's worth; past it 429 with Retry-After. None: no bound. The default
+    # lets a script cancel or hold an array's elements one by one, and bounds a toggling loop
+    # to a hundredth of what the log appends a second.
+    team_commands_per_second: float | None = Field(default=200.0, gt=0, le=1_000_000)
 
     @property
     def listen_host(self) -> str:
