@@ -20,9 +20,6 @@ from services.api.observability import ObservabilityCollector
 from services.api.projections.cluster import summarize
 from services.runtime.metrics import ConsumerLag
 
-# How long an unauthenticated /metrics answer is served again (Prometheus scrapes every 5 s).
-PUBLIC_TTL_S = 1.0
-
 
 class ApiMetrics:
     def __init__(self) -> None:
@@ -61,8 +58,6 @@ class ApiMetrics:
                     part=part,  # type: ignore[arg-type]
                 )
             )
-        # The public rendering, kept a moment: a scrape walks every job, and anyone may ask.
-        self._public: tuple[float, bytes] | None = None
 
     def observe(self, method: str, route: str, status: int, seconds: float) -> None:
         """One request served: counted by route template and status, timed by template."""
@@ -81,15 +76,11 @@ class ApiMetrics:
         self.consumer_lag.watch("events", lambda: float(feed.lag))
 
     def render(self, *, operator: bool = False) -> bytes:
-        """The exposition text: cluster-wide series for anyone, rendered at most once per
-        PUBLIC_TTL_S however often it is asked (a flood of scrapes costs one walk of the read
-        models a second); with the teams' series, rendered afresh, for the operator."""
+        """The exposition text: cluster-wide series for anyone; with the teams' series for the
+        operator. Always rendered afresh: a scrape right after a change sees it."""
         if operator:
             return generate_latest(self.registry) + generate_latest(self.team_registry)
-        now = time.monotonic()
-        if self._public is None or now - self._public[0] >= PUBLIC_TTL_S:
-            self._public = (now, generate_latest(self.registry))
-        return self._public[1]
+        return generate_latest(self.registry)
 
 
 class _ReadModelCollector(Collector):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 
+import httpx
 import pytest
 
 from schemas.teams import QueueConfigured, TeamCreated
@@ -139,17 +140,42 @@ async def test_a_reconfigured_queue_shows_in_its_teams_quota(api: Api) -> None:
 
 
 async def test_metrics_name_teams_only_to_the_operator(api: Api) -> None:
-    """`/metrics` needs no token (Prometheus, probes), so without the admin token it shows the
-    cluster's series only: no team's name, GPUs, waits or GPU time (docs/security-api.md)."""
+    """`/metrics` needs no token (Prometheus, probes). The per-team series (team names, GPUs,
+    waits, GPU time) go to the operator: the admin token, or a tokenless scrape from the API's
+    own host (loopback, as the service metrics); a team's token, a bad one, or a tokenless
+    scrape from elsewhere see the cluster's series only (docs/security-api.md)."""
     nlp = await api.create_team("nlp")
     await api.submit(nlp, priority="production")
     team_series = ("gangway_team_gpus_allocated", "gangway_queue_wait_seconds", "gangway_requeues")
-    for headers in ({}, nlp, {"Authorization": "Bearer not-a-token"}):
-        public = (await api.client.get("/metrics", headers=headers)).text
+    elsewhere = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=api.app, client=("203.0.113.7", 40000)),
+        base_url="http://gangway.test",
+    )
+    async with elsewhere:
+        scrapes = [
+            await elsewhere.get("/metrics"),
+            await elsewhere.get("/metrics", headers=nlp),
+            await api.client.get("/metrics", headers=nlp),
+            await api.client.get("/metrics", headers={"Authorization": "Bearer not-a-token"}),
+        ]
+        operators = [
+            await elsewhere.get("/metrics", headers=api.as_admin()),
+            await api.client.get("/metrics"),  # loopback, no token
+        ]
+    for public in (scrape.text for scrape in scrapes):
         assert 'gangway_pending_jobs{class="production"} 1.0' in public
         assert "gangway_jobs" in public and "gangway_gpus_free_unusable" in public
         assert "nlp" not in public
         assert not any(name in public for name in team_series)
-    operator = (await api.client.get("/metrics", headers=api.as_admin())).text
-    assert 'gangway_pending_jobs{class="production"} 1.0' in operator
-    assert all(name in operator for name in team_series)
+    for operator in (scrape.text for scrape in operators):
+        assert 'gangway_pending_jobs{class="production"} 1.0' in operator
+        assert all(name in operator for name in team_series)
+
+
+async def test_a_scrape_right_after_a_submission_counts_it(api: Api) -> None:
+    """Every scrape is rendered afresh: nothing served from an earlier one hides a change."""
+    before = (await api.client.get("/metrics")).text
+    assert 'gangway_pending_jobs{class="production"} 1.0' not in before
+    await api.submit(api.as_admin(), priority="production")
+    after = (await api.client.get("/metrics")).text
+    assert 'gangway_pending_jobs{class="production"} 1.0' in after

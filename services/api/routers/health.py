@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+import ipaddress
 
 from fastapi import APIRouter, Request, Response
 
@@ -52,15 +53,27 @@ async def readyz(context: Context) -> Health:
 
 @router.get("/metrics", operation_id="metrics", include_in_schema=False)
 async def metrics(request: Request, context: Context) -> Response:
-    """Prometheus' text format. Without the admin token, cluster-wide series only: the
-    per-team ones (team names, their GPUs, waits and GPU time) are the operator's, and the
-    operator's Prometheus presents the token (gangway/prometheus.py)."""
+    """Prometheus' text format. The per-team series (team names, their GPUs, waits and GPU
+    time) are the operator's: shown to the admin token, and to a tokenless scrape from the API's
+    own host (loopback, where the service metrics listen too: the operator's Prometheus, probes
+    and tools on the host); anyone else, a team's token included, sees cluster-wide series."""
     bootstrap: ApiBootstrap = request.app.state.bootstrap
     registry: ApiMetrics = bootstrap.metrics
-    scheme, _, token = (request.headers.get("authorization") or "").partition(" ")
-    operator = scheme.lower() == "bearer" and hmac.compare_digest(
-        token_sha256(token.strip()), context.admin_sha256
-    )
+    header = request.headers.get("authorization")
+    if header is None:
+        operator = request.client is not None and _loopback(request.client.host)
+    else:
+        scheme, _, token = header.partition(" ")
+        operator = scheme.lower() == "bearer" and hmac.compare_digest(
+            token_sha256(token.strip()), context.admin_sha256
+        )
     return Response(
         registry.render(operator=operator), media_type="text/plain; version=0.0.4; charset=utf-8"
     )
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name, not an address (ASGI servers give addresses)
+        return False
