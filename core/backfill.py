@@ -41,6 +41,8 @@ FailureKey = tuple[str | None, int, str, bool, int, int]
 # Jobs in line whose reservation cannot be planned at all, passed over for the head in one
 # cycle before the next such job stays the head without one (each costs a plan).
 MAX_UNPLANNED_HEADS = 4
+# "Not asked yet" in the per-shape answers, where None is an answer.
+_UNKNOWN = ""
 
 
 @dataclass(slots=True)
@@ -278,8 +280,11 @@ def _host_blocker(
 
 def _infeasible(ctx: CycleContext, shape: Shape) -> str | None:
     """Why the gang could never fit this cluster as it is (empty), or None; once per shape."""
-    if shape in ctx.infeasibility:
-        return ctx.infeasibility[shape]
+    # One lookup, not two: thousands of jobs ask in one cycle, and hashing a Shape walks its
+    # fields.
+    why = ctx.infeasibility.get(shape, _UNKNOWN)
+    if why is not _UNKNOWN:
+        return why
     why = _why_infeasible(ctx.state, shape)
     if why is None:
         host = host_infeasible(ctx.state, shape)

@@ -40,6 +40,7 @@ from operator import lt
 
 from core.backfill import place
 from core.context import CycleContext, CycleResult
+from core.explain_events import job_deferred
 from core.fairness import preempt_for_fairness
 from core.fractional import plan_repartitions, sharing_trial
 from core.gating import gate
@@ -53,7 +54,6 @@ from core.slo import refill_headroom
 from core.state import CoreJob, rank_host
 from core.surface import PlanningSurface
 from core.timers import GangTimers
-from schemas.jobs import JobDeferred
 
 __all__ = ["CycleResult", "Planner", "schedule"]
 
@@ -166,8 +166,4 @@ def explain(ctx: CycleContext, waiting: list[CoreJob]) -> None:
         if outcome is None:
             continue
         if job.reason_code != outcome.code or job.reason != outcome.message:
-            ctx.emit(
-                JobDeferred.model_construct(
-                    job_id=job.job_id, code=outcome.code, message=outcome.message
-                )
-            )
+            ctx.emit(job_deferred(job.job_id, outcome.code, outcome.message))
