@@ -307,8 +307,20 @@ def profiled(state_dir: Path, out: str | None, phase: str) -> Iterator[None]:
     Path(out).mkdir(parents=True, exist_ok=True)
     recorders = [
         subprocess.Popen(
-            [spy, "record", "-p", pid_file.read_text().split()[0], "-s", "-r", "100",
-             "--nonblocking", "-f", "raw", "-o", f"{out}/{phase}-{pid_file.stem}.txt"],
+            [
+                spy,
+                "record",
+                "-p",
+                pid_file.read_text().split()[0],
+                "-s",
+                "-r",
+                "100",
+                "--nonblocking",
+                "-f",
+                "raw",
+                "-o",
+                f"{out}/{phase}-{pid_file.stem}.txt",
+            ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
@@ -461,8 +473,7 @@ async def stage_timeline(settings: Settings, after: int) -> str:
     finally:
         await conn.close()
     return "  stages (first / last event after the phase's first submission): " + ", ".join(
-        f"{row['type']} {float(row['first_s']):.2f} / {float(row['last_s']):.2f} s"
-        for row in rows
+        f"{row['type']} {float(row['first_s']):.2f} / {float(row['last_s']):.2f} s" for row in rows
     )
 
 
