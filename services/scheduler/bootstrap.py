@@ -7,15 +7,13 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-import asyncpg
-
 from core.policy import SchedulingPolicy
 from services.runtime.errors import DATABASE_UNAVAILABLE
 from services.runtime.metrics import new_registry, start_metrics_server
 from services.runtime.migrate import migrate_settings
 from services.runtime.retry import Outage, until_available
 from services.runtime.signals import stop_on_signals
-from services.runtime.store import EventStore
+from services.runtime.store import EventStore, create_pool
 from services.scheduler.metrics import SchedulerMetrics
 from services.scheduler.replay import VerifyReport, rebuild, verify_replay
 from services.scheduler.service import SchedulerService, with_server_settings
@@ -38,10 +36,7 @@ async def wired(settings: SchedulerSettings) -> AsyncIterator[Wiring]:
     # row past the lock timeout: the server aborts its idle transaction instead.
     timeout_ms = int(settings.scheduler_lock_timeout_s * 1000)
     dsn = with_server_settings(settings.pg_dsn, idle_in_transaction_session_timeout=str(timeout_ms))
-    pool = await asyncpg.create_pool(
-        dsn, min_size=settings.pg_pool_min, max_size=settings.pg_pool_max
-    )
-    assert pool is not None
+    pool = await create_pool(settings, dsn)
     try:
         policy = SchedulingPolicy(
             retry_backoff_base_s=settings.scheduler_retry_backoff_base_s,
