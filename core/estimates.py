@@ -339,6 +339,10 @@ class RuntimeEstimates:
         what earlier attempts held is not taken off (as a user's estimate counts): an estimate
         too long costs a backfill, one too short delays a reservation.
         """
+        if spec.estimated_runtime_s is not None:
+            # A given estimate is scaled by its team's ratio: the job's own samples are not
+            # read, so they are not resolved (backfill asks this of every job behind a head).
+            return _combine(self, spec, None)
         # Asked for every running gang in every cycle: the memo inlined.
         resolved = self._resolved.get(job_id)
         if resolved is not None and resolved[0] == self._generation:
