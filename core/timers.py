@@ -12,7 +12,8 @@ Nothing here decides: the gangs returned are visited by the same code as before,
 order (`holding_jobs` order), and the moment returned is the minimum of what the gangs not
 visited would have added. It is a cache of the state, kept up to date from the state's
 holding watch: a gang that enters, changes within or leaves the holding states gets fresh
-entries, and its old ones, recognised by their token, are dropped when they reach the top.
+entries, and its old ones, recognised by their token (an estimated end also by its moment: when
+only the end moved, the gang keeps its token), are dropped when they reach the top.
 
 The entries rest on a gang's estimate being a function of its spec, the policy and the
 runtimes learned so far (core/reservation.py `runtime_estimate`, core/estimates.py): a job's
@@ -120,10 +121,10 @@ class GangTimers:
             # launch_overdue acts at its deadline, past_max_runtime only after its limit.
             if kind == _LAUNCH or moment < now:
                 visit.add(job_id)
-        ends = self._ends
+        ends, end_of = self._ends, self._end_of
         while ends and ends[0][0] <= now:
             moment, entry_token, job_id = heapq.heappop(ends)
-            if token.get(job_id) == entry_token:
+            if token.get(job_id) == entry_token and end_of.get(job_id) == moment:
                 self._overrun[job_id] = entry_token
         wakeup = float("inf")
         while deadlines:
@@ -141,7 +142,7 @@ class GangTimers:
             held: list[_End] = []
             while ends:
                 end = ends[0]
-                if token.get(end[2]) != end[1]:
+                if token.get(end[2]) != end[1] or end_of.get(end[2]) != end[0]:
                     heapq.heappop(ends)
                 elif end[2] in visit:
                     held.append(heapq.heappop(ends))
@@ -297,6 +298,15 @@ class GangTimers:
                     end = held_since + runtime_estimate(job, policy, estimates)
                     if end_of.get(job_id) == end:
                         continue
+                    if job_id in end_of:
+                        # Only its estimated end moved (its deadlines did not: nothing of the
+                        # gang changed): a new end entry under the same token; the old one no
+                        # longer matches `_end_of` and is dropped when it comes up.
+                        self._overrun.pop(job_id, None)
+                        end_of[job_id] = end
+                        self._note_ratio(state, job)
+                        heapq.heappush(self._ends, (end, self._token[job_id], job_id))
+                        continue
                 self._overrun.pop(job_id, None)
                 self._push(state, job)
 
@@ -332,5 +342,10 @@ class GangTimers:
         token = self._token
         self._deadlines = [entry for entry in self._deadlines if token.get(entry[3]) == entry[2]]
         heapq.heapify(self._deadlines)
-        self._ends = [end for end in self._ends if token.get(end[2]) == end[1]]
+        end_of = self._end_of
+        self._ends = [
+            end
+            for end in self._ends
+            if token.get(end[2]) == end[1] and end_of.get(end[2]) == end[0]
+        ]
         heapq.heapify(self._ends)

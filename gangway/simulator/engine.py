@@ -215,7 +215,8 @@ class Simulation:
         self._node_gpus = {node.node_id: len(node.gpus) for node in nodes}
         self._capacity = sum(self._node_gpus.values())
         self._quotas = quotas
-        self._jobs = {job.job_id: _Job(job, _record(job), job.duration_s) for job in jobs}
+        with gc_paused():  # as in `run`: tens of thousands of records, no cyclic garbage
+            self._jobs = {job.job_id: _Job(job, _record(job), job.duration_s) for job in jobs}
         self._state = SchedulerState(policy)
         self._planner = Planner()
         self._auditor = Auditor(policy)
@@ -262,6 +263,14 @@ class Simulation:
     # The loop.
 
     def run(self, progress: Progress | None = None) -> SimulationResult:
+        # The collector stays paused for the whole run, not only in the cycles: the simulation
+        # makes next to no cyclic garbage (813 objects over the 1,313 collections of the
+        # `philly_noest.csv` week), while each collection scans the ever larger state and log
+        # (13% of that week's CPU: 2.3 of 17.7 s). It is left as it was found.
+        with gc_paused():
+            return self._run(progress)
+
+    def _run(self, progress: Progress | None) -> SimulationResult:
         began = time.perf_counter()
         records = [job.record for job in self._jobs.values()]
         start = min((job.trace.submit_s for job in self._jobs.values()), default=0.0)
@@ -484,10 +493,9 @@ class Simulation:
 
     def _cycle(self, now: float) -> None:
         self._cycles += 1
-        # A cycle makes no reference cycles: the collector's scans of the large state
+        # The collector is paused around the whole loop (`run`): its scans of the large state
         # mid-cycle would cost more than the cycle.
-        with gc_paused():
-            result = self._planner.schedule(self._state, now)
+        result = self._planner.schedule(self._state, now)
         started: list[GangReserved] = []
         for decision in result.decisions:
             self._record(decision, now)

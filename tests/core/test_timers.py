@@ -7,6 +7,8 @@ hardware, drains, cancels, suspends and time passing over estimates and max runt
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -118,3 +120,34 @@ def _one_gpu(estimate: float) -> Submit:
         prefer="none",
         count=1,
     )
+
+
+# Jobs with estimates of their own that mostly end well: each team's ratio (ran / estimated,
+# core/estimates.py) moves as its jobs end, and with it every running gang's estimated end
+# while nothing else of the gang changes (the timers then push its end alone, keeping its
+# token and its deadlines).
+with_estimates = submits.map(lambda submit: replace(submit, estimate=submit.estimate or 3600.0))
+learning = st.lists(
+    st.one_of(
+        with_estimates,
+        with_estimates,
+        st.builds(Exit, pick=st.integers(0, 50), code=st.just(0)),
+        st.builds(Exit, pick=st.integers(0, 50), code=st.sampled_from([0, 1])),
+        st.builds(Wait, seconds=st.sampled_from([30.0, 300.0, 900.0, 3600.0, 20000.0])),
+    ),
+    min_size=20,
+    max_size=60,
+)
+
+
+@given(cluster=clusters, policy=policies, ops=learning)
+def test_timers_whose_estimated_ends_move_as_the_estimator_learns_decide_as_every_gang_visited(
+    cluster: str, policy: SchedulingPolicy, ops: list[object]
+) -> None:
+    history = History(cluster, policy=policy)
+    planner = Planner()
+    nodes = [view.node_id for view in history.state.nodes()]
+    for number, op in enumerate(ops):
+        if not perform(history, op, f"t{number:03d}", nodes) and isinstance(op, Wait):
+            history.advance(op.seconds)
+        cycles_agree(history, planner, True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import random
 from pathlib import Path
 
@@ -112,3 +113,25 @@ def test_a_job_that_ends_during_its_eviction_loses_no_work(tmp_path: Path) -> No
     assert result.lost_gpu_s == 0.0
     assert records["borrower"].outcome == "succeeded"
     assert records["owner"].first_start_s == 1010.0
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_run_leaves_the_garbage_collector_as_it_found_it(tmp_path: Path, enabled: bool) -> None:
+    # The collector is paused while the trace is read and for the whole run (they make no
+    # cyclic garbage, and its scans of the large state cost more than the work); a caller's
+    # collector comes back as it was, on or off.
+    trace = write_trace(tmp_path, "a,0,4,100,t", "b,10,8,50,t")
+    was = gc.isenabled()
+    try:
+        if enabled:
+            gc.enable()
+        else:
+            gc.disable()
+        _, result = simulate(trace, "1x8")
+        assert gc.isenabled() is enabled
+        assert [record.outcome for record in result.records] == ["succeeded", "succeeded"]
+    finally:
+        if was:
+            gc.enable()
+        else:
+            gc.disable()
