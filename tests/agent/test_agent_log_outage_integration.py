@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from schemas.jobs import TaskStarted
+from schemas.jobs import JobCancelled, TaskStarted
 from services.agent.agent import Agent
 from services.runtime import EventStore, Settings
 from services.runtime.store import create_pool
@@ -86,3 +86,32 @@ async def test_a_launch_cut_off_from_the_log_starts_its_rank_once_the_log_is_bac
         await agent.handlers()[envelope.type](envelope, conn)
     await agent.launches_done()
     assert len(await events_of(store, "cutoff", TaskStarted)) == 1
+
+
+async def test_a_launch_waiting_for_the_log_starts_nothing_once_its_attempt_is_cancelled(
+    agent: Agent,
+    store: EventStore,
+    proxy: tuple[TcpProxy, str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cut = proxy[0]
+    gang = await submit_cpu_only(store, "gone", 2)
+    [envelope] = await store.append("job-gone", None, [gang])
+    caplog.set_level(logging.WARNING, logger="services.agent.agent")
+    async with store.pool.acquire() as conn:
+        await agent.handlers()[envelope.type](envelope, conn)
+    await cut.cut()
+
+    async def lost() -> bool:
+        return "lost" in caplog.text
+
+    await until(lost, "the launch noticed the log was away")
+    [cancel] = await store.append(
+        "job-gone", None, [JobCancelled(job_id="gone", attempt=1, reason="user")]
+    )
+    async with store.pool.acquire() as conn:
+        await agent.handlers()[cancel.type](cancel, conn)
+    await agent.launches_done()  # the wait ends with the attempt, not with the outage
+    await cut.restore()
+    assert not await events_of(store, "gone", TaskStarted)
+    assert not agent.ranks
