@@ -10,17 +10,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
 import shutil
 import signal
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
@@ -83,10 +84,11 @@ from services.runtime.checkpoint_store import (
     write_shard,
 )
 from services.runtime.consumer import EventConsumer, EventHandler, telemetry_record
-from services.runtime.errors import DomainError
+from services.runtime.errors import DATABASE_UNAVAILABLE, DomainError
 from services.runtime.kafka import make_producer
 from services.runtime.metrics import new_registry
 from services.runtime.records import Metadata
+from services.runtime.retry import Outage, until_available
 from services.runtime.store import EventStore
 from services.runtime.topics import Topics
 
@@ -94,14 +96,26 @@ log = logging.getLogger(__name__)
 
 LAUNCH_FAILED_EXIT_CODE = 127
 
+T = TypeVar("T")
+
 
 @dataclass(eq=False)
 class Launch:
-    """An attempt whose ranks the agent is starting; `stopped` says why it must start no more."""
+    """An attempt whose ranks the agent is starting; `stopped` says why it must start no more
+    (and `released` wakes a launch waiting for the log)."""
 
     job_id: str
     attempt: int
     stopped: str | None = None
+    released: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def stop(self, reason: str) -> None:
+        self.stopped = self.stopped or reason
+        self.released.set()
+
+
+class _Released(Exception):
+    """The attempt was released while its launch waited for the log: start no more ranks."""
 
 
 class Agent:
@@ -125,6 +139,9 @@ class Agent:
         # The attempts whose ranks are being started, and the tasks starting them.
         self._launches: set[Launch] = set()
         self._launch_tasks: set[asyncio.Task[None]] = set()
+        # What the background work (launches, recorded starts and exits) sees of the log:
+        # one line when it is lost, one when it is back, the retries in between counted.
+        self.log_outage = Outage(log, "agent: the event log")
         self._cgroups: dict[RankKey, str] = {}
         # The kernel's OOM-kill count (the rank's cgroup's, else the host's) at each launch.
         self._oom_kills: dict[RankKey, int] = {}
@@ -181,6 +198,7 @@ class Agent:
         task = asyncio.create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(_log_failure)
 
     # ------------------------------------------------------------------ heartbeats
 
@@ -302,6 +320,7 @@ class Agent:
         self._launch_tasks.add(task)
         task.add_done_callback(self._launch_tasks.discard)
         task.add_done_callback(lambda _: self._launches.discard(starting))
+        task.add_done_callback(_log_failure)
 
     async def launches_done(self) -> None:
         """Wait until every launch under way has started (or failed to start) its ranks."""
@@ -317,30 +336,71 @@ class Agent:
         meta: Metadata,
     ) -> None:
         """Start the ranks one by one, and none once the attempt is released (cancelled,
-        preempted, failed): a released attempt's ranks still to start never start."""
+        preempted, failed): a released attempt's ranks still to start never start.
+
+        The ranks are marked launched, so no redelivery starts them: a launch waits out an
+        outage of the log (`_from_log`) rather than die with its ranks marked and never started
+        (the gang held its GPUs with no rank until the launch timeout). Should it fail for any
+        other reason, the ranks it had not yet tried are unmarked, so the gang's redelivery
+        starts them; a rank it tried stays marked, as it may have started."""
+        left = list(todo)
+        try:
+            await self._start_ranks(starting, reserved, view, left, meta)
+        except _Released:
+            pass
+        except Exception:
+            log.exception(
+                "%s/%d: launch failed; %d ranks left for a redelivery",
+                reserved.job_id,
+                reserved.attempt,
+                len(left),
+            )
+            for placement in left:
+                self.launched.discard((reserved.job_id, reserved.attempt, placement.rank))
+            return
+        if left:
+            log.info(
+                "%s/%d released (%s): %d ranks left unstarted",
+                starting.job_id,
+                starting.attempt,
+                starting.stopped,
+                len(left),
+            )
+
+    async def _start_ranks(
+        self,
+        starting: Launch,
+        reserved: GangReserved,
+        view: AgentJob,
+        left: list[RankPlacement],
+        meta: Metadata,
+    ) -> None:
+        """`_launch_ranks`' work; takes each rank off `left` as it tries it."""
         spec = view.spec
         assert spec is not None
-        resume = await self.usable_checkpoint(reserved.job_id, meta)
+        resume = await self.usable_checkpoint(starting, meta)
         world_size = len(reserved.ranks)
-        for placement in todo:
-            if starting.stopped is not None:
-                log.info(
-                    "%s/%d released (%s): %d ranks left unstarted",
-                    starting.job_id,
-                    starting.attempt,
-                    starting.stopped,
-                    len(todo) - todo.index(placement),
-                )
-                return
+        while left and starting.stopped is None:
+            placement = left.pop(0)
             rank = await self._launch_rank(
-                reserved, view, spec, placement, world_size, resume, meta
+                starting, reserved, view, spec, placement, world_size, resume, meta
             )
             if rank is not None and starting.stopped is not None:
                 # Released while this rank was starting: the release found it not yet listed.
                 self._spawn(rank.stop(starting.stopped, self.settings.stop_timeout_s))
 
+    async def _from_log(self, starting: Launch, read: Callable[[], Awaitable[T]]) -> T:
+        """`read()` until the log answers; raises _Released once the attempt is released."""
+        result = await until_available(
+            read, self.log_outage, starting.released, transient=DATABASE_UNAVAILABLE
+        )
+        if starting.released.is_set():
+            raise _Released
+        return result  # type: ignore[return-value]  # None only when released
+
     async def _launch_rank(
         self,
+        starting: Launch,
         reserved: GangReserved,
         view: AgentJob,
         spec: JobSpec,
@@ -374,8 +434,8 @@ class Agent:
             bad_names = illegal_env_names(spec.env)
             if bad_names:
                 raise ValueError(f"illegal environment variable name {bad_names[0]!r}")
-            env.update(await resolve_secret_env(self.store, spec))
-            master_addr, master_port = await self._master(reserved)
+            env.update(await self._from_log(starting, lambda: resolve_secret_env(self.store, spec)))
+            master_addr, master_port = await self._master(starting, reserved)
             env.update(distributed_env(reserved.ranks, key.rank, master_addr, master_port))
             sandbox = await asyncio.to_thread(
                 self._sandbox, spec, list(spec.command), env, workdir, cgroup_name
@@ -386,6 +446,8 @@ class Agent:
             rank = await launch(
                 key, placement, world_size, list(spec.command), env, workdir, sandbox
             )
+        except _Released:
+            raise
         except Exception as error:
             # Any failure to start ends the attempt with a reason a person understands;
             # the core's retry policy decides what comes next. A rank marked launched but
@@ -401,7 +463,7 @@ class Agent:
                 reason=reason,
                 permanent=permanent,
             )
-            await self.store.append(reserved.stream, None, [started, exited], meta)
+            await self._append_until_recorded(reserved.stream, [started, exited], meta)
             self._release_port_if_done(key)
             return None
         rank.checkpoints_itself = CHECKPOINT_SIGNAL_ENV in spec.env
@@ -420,13 +482,13 @@ class Agent:
         self._spawn(self._watch(rank, meta))
         return rank
 
-    async def _master(self, reserved: GangReserved) -> tuple[str, int]:
+    async def _master(self, starting: Launch, reserved: GangReserved) -> tuple[str, int]:
         """MASTER_ADDR and MASTER_PORT of the attempt: rank 0's node, and the port every agent
         derives (reserved and checked by rank 0's agent: services/agent/ranks.py)."""
         first = min(reserved.ranks, key=lambda placement: placement.rank)
         if first.node_id not in self.nodes:
             port = derived_master_port(reserved.job_id, reserved.attempt)
-            return await self._address_of(first.node_id), port
+            return await self._from_log(starting, lambda: self._address_of(first.node_id)), port
         whole_gang = all(placement.node_id in self.nodes for placement in reserved.ranks)
         port = self.master_ports.reserve(reserved.job_id, reserved.attempt, whole_gang=whole_gang)
         return self._addresses[first.node_id], port
@@ -493,12 +555,14 @@ class Agent:
             )
         return isolation.Sandbox(argv, user, procs, sandboxed)
 
-    async def usable_checkpoint(self, job_id: str, meta: Metadata) -> Path | None:
+    async def usable_checkpoint(self, starting: Launch, meta: Metadata) -> Path | None:
         """The newest committed checkpoint whose shards still hold what was committed. One that
         does not is recorded as CheckpointCorrupted and the next older one is tried, so a
         resumed job never starts from damaged state when good state exists."""
+        job_id = starting.job_id
         stream = f"checkpoint-{job_id}"
-        events = [e.payload for e in await self.store.read_stream(stream)]
+        read = await self._from_log(starting, lambda: self.store.read_stream(stream))
+        events = [e.payload for e in read]
         for committed in committed_newest_first(events):
             directory = checkpoint_dir(self.root_dir, job_id, committed.checkpoint_id)
             problems = await asyncio.to_thread(verify_committed, directory, committed.shards)
@@ -511,7 +575,9 @@ class Agent:
             corrupted = CheckpointCorrupted(
                 job_id=job_id, checkpoint_id=committed.checkpoint_id, reason=reason
             )
-            await self.store.append(stream, None, [corrupted], meta)
+            await self._from_log(
+                starting, functools.partial(self.store.append, stream, None, [corrupted], meta)
+            )
         return None
 
     async def _watch(self, rank: RankProcess, meta: Metadata) -> None:
@@ -542,17 +608,17 @@ class Agent:
     async def _record(self, event: TaskStarted | TaskExited, meta: Metadata) -> None:
         """Append until it is in the log: a rank's start and exit must never be lost (a lost
         exit would hold the gang's GPUs forever), and the process already exists."""
-        backoff = 0.2
-        while True:
-            try:
-                await self.store.append(event.stream, None, [event], meta)
-                return
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-                log.warning(
-                    "recording %s of %s failed (%r); retrying", event.type, event.job_id, error
-                )
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+        await self._append_until_recorded(event.stream, [event], meta)
+
+    async def _append_until_recorded(
+        self, stream: str, events: list[TaskStarted | TaskExited], meta: Metadata
+    ) -> None:
+        await until_available(
+            lambda: self.store.append(stream, None, list(events), meta),
+            self.log_outage,
+            None,
+            transient=(*DATABASE_UNAVAILABLE, asyncpg.PostgresError),
+        )
 
     def attempt_running(self, job_id: str, attempt: int) -> bool:
         """Whether a rank of that attempt still runs here (its log may still grow)."""
@@ -588,7 +654,7 @@ class Agent:
         reason = event.type.removeprefix("Job").lower()
         for starting in self._launches:
             if starting.job_id == job_id and (attempt is None or starting.attempt == attempt):
-                starting.stopped = starting.stopped or reason
+                starting.stop(reason)
         for rank in self._running(job_id, attempt):
             self._spawn(rank.stop(reason, self.settings.stop_timeout_s))
 
@@ -799,7 +865,7 @@ class Agent:
     async def shutdown(self) -> None:
         """Stop every rank (their exits are recorded) and wait for the bookkeeping."""
         for starting in self._launches:
-            starting.stopped = "agent stopped"
+            starting.stop("agent stopped")
         await self.launches_done()
         ranks = [rank for rank in self.ranks.values() if rank.running]
         await asyncio.gather(
@@ -807,6 +873,12 @@ class Agent:
         )
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self.settings.stop_timeout_s + 5)
+
+
+def _log_failure(task: asyncio.Task[Any]) -> None:
+    """A background task's exception is logged, never left unretrieved."""
+    if not task.cancelled() and (error := task.exception()) is not None:
+        log.error("agent task %s failed", task.get_name(), exc_info=error)
 
 
 def _megabytes(value: int | None) -> int | None:
