@@ -52,7 +52,7 @@ from services.api.projections.jobs import JobReadModel, Request, request_allowed
 from services.api.projections.nodes import NodeRecord
 from services.api.projections.queues import QueueRecord
 from services.api.projections.tenancy import TokenRecord
-from services.api.ratelimit import SubmissionLimiter, retry_after
+from services.api.ratelimit import SubmissionLimiter, rate_limited, retry_after
 from services.api.validation import PRIORITY_CLASSES, check_submission, invalid
 from services.runtime import vault
 from services.runtime.errors import ConcurrencyConflict
@@ -495,11 +495,8 @@ class Commands:
             )
         wait = await self.limiter.take(team, policy.submissions_per_second)
         if wait is not None:
-            raise ProblemError(
-                429,
-                "rate-limited",
-                f"team {team!r} may submit {policy.submissions_per_second:g} jobs per second",
-                headers={"Retry-After": retry_after(wait)},
+            raise rate_limited(
+                f"team {team!r} may submit {policy.submissions_per_second:g} jobs per second", wait
             )
 
     # ------------------------------------------------------------------ teams

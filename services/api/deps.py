@@ -13,7 +13,7 @@ from services.api.auth import Principal, authenticate
 from services.api.bootstrap import ApiBootstrap, ApiContext
 from services.api.problems import ProblemError
 from services.api.projections.model import ReadModels
-from services.api.ratelimit import retry_after
+from services.api.ratelimit import rate_limited
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +71,7 @@ async def get_principal(
         rate = context.settings.team_reads_per_second
         wait = context.reads.take(principal.team, rate)
         if wait is not None:
-            raise ProblemError(
-                429,
-                "rate-limited",
-                f"team {principal.team!r} may read {rate:g} times per second",
-                headers={"Retry-After": retry_after(wait)},
-            )
+            raise rate_limited(f"team {principal.team!r} may read {rate:g} times per second", wait)
     return principal
 
 
@@ -118,9 +113,4 @@ async def command_turn(caller: Principal, context: ApiContext) -> None:
     rate = context.settings.team_commands_per_second
     wait = await context.commands.limiter.take(f"commands:{caller.team}", rate)
     if wait is not None:
-        raise ProblemError(
-            429,
-            "rate-limited",
-            f"team {caller.team!r} may make {rate:g} changes per second",
-            headers={"Retry-After": retry_after(wait)},
-        )
+        raise rate_limited(f"team {caller.team!r} may make {rate:g} changes per second", wait)

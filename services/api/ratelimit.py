@@ -21,6 +21,8 @@ from collections.abc import Callable
 
 import asyncpg
 
+from services.api.problems import ProblemError
+
 _TAKE = "SELECT granted, tokens FROM submission_take($1, $2, $3, $4)"
 
 
@@ -72,3 +74,8 @@ class ReadLimiter:
 def retry_after(seconds: float) -> str:
     """A Retry-After header value: whole seconds, at least one."""
     return str(max(1, math.ceil(seconds)))
+
+
+def rate_limited(detail: str, wait: float) -> ProblemError:
+    """The 429 of a team past one of its rates, with when to try again."""
+    return ProblemError(429, "rate-limited", detail, headers={"Retry-After": retry_after(wait)})
