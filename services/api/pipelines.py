@@ -11,7 +11,10 @@ checked together before anything is written, so that the append is all or nothin
   never resolved silently either way;
 - a dependency graph inside a batch must be acyclic (jobs already in the log can only name
   older jobs, so a cycle can only be written by one batch);
-- at most `MAX_SUBMIT_JOBS` jobs per request, counting every array element.
+- at most `MAX_SUBMIT_JOBS` jobs per request, counting every array element, and at most
+  `MAX_SUBMIT_SPEC_BYTES` of specs recorded (an array records its spec once per element: a
+  body within the cap could otherwise write a thousand times its size into the log every
+  team shares).
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ from services.api.validation import check_submission
 # The most jobs one request may create (array elements count one each): one append stays well
 # under what the log writes in one transaction and what a scheduling cycle takes in at once.
 MAX_SUBMIT_JOBS: Final = 1000
+# The most spec JSON one request may record, every array element's copy counted: a thousand
+# elements of a 16 KiB spec (a typical spec is under 2 KiB).
+MAX_SUBMIT_SPEC_BYTES: Final = 16 * 1024 * 1024
 # The ids the API draws (commands.new_job_id, idempotent_job_id) and their array elements: only
 # a batch's name of this shape can also be an existing job's id.
 DRAWN_JOB_ID: Final = re.compile(r"[0-9a-f]{12}(_[0-9]+)?")
@@ -102,7 +108,27 @@ def plan_submissions(
             errors.append((int(cycle[0]), ProblemError(422, "dependency-cycle", detail)))
     if errors:
         raise _refusal(errors, batch=batch)
+    _require_recordable(resolved)
     return [_events(principal, spec, job_id) for spec, job_id in zip(resolved, ids, strict=True)]
+
+
+def _require_recordable(specs: Sequence[JobSpec]) -> None:
+    """413 when the request would record more than `MAX_SUBMIT_SPEC_BYTES` of specs. Only
+    arrays are measured: the other specs came in the body, which the body cap bounds."""
+    if not any(spec.array is not None for spec in specs):
+        return
+    recorded = sum(
+        len(spec.model_dump_json().encode()) * (spec.array.count if spec.array else 1)
+        for spec in specs
+    )
+    if recorded > MAX_SUBMIT_SPEC_BYTES:
+        raise ProblemError(
+            413,
+            "payload-too-large",
+            f"the request would record {recorded} bytes of job specs (an array's spec once "
+            f"per element); at most {MAX_SUBMIT_SPEC_BYTES}: make the array's spec smaller "
+            "or submit it as smaller arrays",
+        )
 
 
 def _resolve(

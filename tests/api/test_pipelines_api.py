@@ -489,3 +489,32 @@ async def test_one_request_creates_at_most_a_thousand_jobs(api: Api, store: Even
     assert largest.status_code == 201, largest.text
     assert len(largest.json()["array"]) == 1000
     assert await store.head() == before + 1000
+
+
+async def test_an_array_may_not_multiply_a_large_spec_into_the_log(
+    api: Api, store: EventStore
+) -> None:
+    """Each element records the array's spec: a body within the cap must not become a
+    thousand times its size in the log every team shares (found by the hostile-tenant run:
+    a 1 MiB array of 1,000 wrote about 1 GB)."""
+    nlp = await api.create_team("nlp")
+    before = await store.head()
+    bulky = {f"VAR_{index}": "x" * 1000 for index in range(20)}  # ~20 KiB of env
+    flood = await api.client.post(
+        "/v1/jobs", json=spec("bulky", env=bulky, array={"count": 1000}), headers=nlp
+    )
+    assert flood.status_code == 413, flood.text
+    assert flood.headers["content-type"] == "application/problem+json"
+    assert "per element" in flood.json()["detail"]
+    in_a_batch = await api.client.post(
+        "/v1/jobs:batch",
+        json={"jobs": [spec(f"bulky-{n}", env=bulky, array={"count": 500}) for n in range(2)]},
+        headers=nlp,
+    )
+    assert in_a_batch.status_code == 413, in_a_batch.text
+    assert await store.head() == before
+    fewer = await api.client.post(
+        "/v1/jobs", json=spec("bulky", env=bulky, array={"count": 100}), headers=nlp
+    )
+    assert fewer.status_code == 201, fewer.text
+    assert await store.head() == before + 100
