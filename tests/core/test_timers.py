@@ -7,6 +7,7 @@ hardware, drains, cancels, suspends and time passing over estimates and max runt
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from hypothesis import given
@@ -65,6 +66,17 @@ def cycles_agree(history: History, planner: Planner, start: bool) -> None:
             return
 
 
+def run_agreeing(history: History, ops: list[object], starts: Callable[[int], bool]) -> None:
+    """Perform `ops` on `history`, a planner with timers cycling after each and agreeing with
+    one that visits every gang; `starts(n)`: whether the gangs placed after op n start."""
+    planner = Planner()
+    nodes = [view.node_id for view in history.state.nodes()]
+    for number, op in enumerate(ops):
+        if not perform(history, op, f"t{number:03d}", nodes) and isinstance(op, Wait):
+            history.advance(op.seconds)
+        cycles_agree(history, planner, starts(number))
+
+
 @given(
     cluster=clusters,
     policy=policies,
@@ -74,14 +86,8 @@ def cycles_agree(history: History, planner: Planner, start: bool) -> None:
 def test_a_planner_with_timers_decides_as_one_visiting_every_gang(
     cluster: str, policy: SchedulingPolicy, ops: list[object], starts: list[bool]
 ) -> None:
-    history = History(cluster, policy=policy)
-    planner = Planner()
-    nodes = [view.node_id for view in history.state.nodes()]
-    for number, op in enumerate(ops):
-        if not perform(history, op, f"t{number:03d}", nodes) and isinstance(op, Wait):
-            history.advance(op.seconds)
-        # Some gangs' ranks start at once, others late or never (their launch times out).
-        cycles_agree(history, planner, starts[number % len(starts)])
+    # Some gangs' ranks start at once, others late or never (their launch times out).
+    run_agreeing(History(cluster, policy=policy), ops, lambda number: starts[number % len(starts)])
 
 
 def test_a_gang_past_its_estimate_asks_a_wakeup_after_the_overrun_grace() -> None:
@@ -144,10 +150,4 @@ learning = st.lists(
 def test_timers_whose_estimated_ends_move_as_the_estimator_learns_decide_as_every_gang_visited(
     cluster: str, policy: SchedulingPolicy, ops: list[object]
 ) -> None:
-    history = History(cluster, policy=policy)
-    planner = Planner()
-    nodes = [view.node_id for view in history.state.nodes()]
-    for number, op in enumerate(ops):
-        if not perform(history, op, f"t{number:03d}", nodes) and isinstance(op, Wait):
-            history.advance(op.seconds)
-        cycles_agree(history, planner, True)
+    run_agreeing(History(cluster, policy=policy), ops, lambda number: True)
