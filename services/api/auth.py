@@ -102,16 +102,26 @@ class Principal:
             raise forbidden("this needs the admin token")
 
 
+def bearer_token(header: str) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header; None when it is not one."""
+    scheme, _, token = header.partition(" ")
+    token = token.strip()
+    return token if scheme.lower() == "bearer" and token else None
+
+
+def is_admin_token(token: str, admin_sha256: str) -> bool:
+    return hmac.compare_digest(token_sha256(token), admin_sha256)
+
+
 async def authenticate(header: str | None, admin_sha256: str, pool: asyncpg.Pool) -> Principal:
     if not header:
         raise unauthorized("missing bearer token")
-    scheme, _, token = header.partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
+    token = bearer_token(header)
+    if token is None:
         raise unauthorized("the Authorization header must be 'Bearer <token>'")
-    digest = token_sha256(token)
-    if hmac.compare_digest(digest, admin_sha256):
+    if is_admin_token(token, admin_sha256):
         return Principal(team=None)
+    digest = token_sha256(token)
     row = await pool.fetchrow(_LOOKUP, digest, FIRST_TOKEN, token_id_of(digest))
     if row is None:
         raise unauthorized("unknown token")

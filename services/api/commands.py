@@ -651,9 +651,9 @@ class Commands:
         await self.feed.deliver_all(envelopes)
 
 
-def _require_storable(spec: JobSpec) -> None:
+def _require_storable(spec: JobSpec) -> int:
     """PostgreSQL's jsonb holds no NUL character, and JSON no lone surrogate: such a spec is
-    invalid input, not a server error."""
+    invalid input, not a server error. Returns the size of the spec's JSON in bytes."""
     try:
         encoded = spec.model_dump_json()
     except ValueError:
@@ -662,6 +662,7 @@ def _require_storable(spec: JobSpec) -> None:
         raise ProblemError(
             422, "validation-error", "the job spec must not contain NUL or unpaired surrogates"
         )
+    return len(encoded.encode())
 
 
 def _first_error(error: ValidationError) -> str:

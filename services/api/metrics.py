@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.api.activity import GpuActivity
 from services.api.feed import ReadModelFeed
-from services.api.observability import ObservabilityCollector
+from services.api.observability import ObservabilityCollector, Part
 from services.api.projections.cluster import summarize
 from services.runtime.metrics import ConsumerLag
 
@@ -50,12 +50,16 @@ class ApiMetrics:
         # Per-team series (team names, their GPUs, waits, GPU time) are the operator's: they go
         # to a second registry, rendered only for the admin token (docs/security-api.md).
         self.team_registry = CollectorRegistry(auto_describe=True)
-        for registry, part in ((self.registry, "cluster"), (self.team_registry, "teams")):
+        parts: tuple[tuple[CollectorRegistry, Part], ...] = (
+            (self.registry, "cluster"),
+            (self.team_registry, "teams"),
+        )
+        for registry, part in parts:
             registry.register(
                 ObservabilityCollector(
                     lambda: None if self._feed is None else self._feed.models,
                     lambda: self.activity,
-                    part=part,  # type: ignore[arg-type]
+                    part=part,
                 )
             )
 

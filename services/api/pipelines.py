@@ -68,7 +68,7 @@ def plan_submissions(
     ids: Sequence[str],
     *,
     batch: bool,
-    storable: Callable[[JobSpec], None],
+    storable: Callable[[JobSpec], int],
 ) -> list[PlannedJob]:
     """The events of every spec, or a ProblemError naming each invalid one (a batch), or the
     first problem as a single submission reports it (not a batch)."""
@@ -89,9 +89,11 @@ def plan_submissions(
     errors: list[tuple[int, ProblemError]] = []
     edges: dict[str, list[str]] = {}
     resolved: list[JobSpec] = []
+    # Bytes of spec JSON the request would record: each array element records its spec.
+    recorded = 0
     for index, spec in enumerate(specs):
         try:
-            storable(spec)
+            recorded += storable(spec) * (spec.array.count if spec.array is not None else 1)
             check_submission(spec, models)
             depends, refs = _resolve(spec, index, specs, ids, by_name, models)
         except ProblemError as problem:
@@ -108,19 +110,12 @@ def plan_submissions(
             errors.append((int(cycle[0]), ProblemError(422, "dependency-cycle", detail)))
     if errors:
         raise _refusal(errors, batch=batch)
-    _require_recordable(resolved)
+    _require_recordable(recorded)
     return [_events(principal, spec, job_id) for spec, job_id in zip(resolved, ids, strict=True)]
 
 
-def _require_recordable(specs: Sequence[JobSpec]) -> None:
-    """413 when the request would record more than `MAX_SUBMIT_SPEC_BYTES` of specs. Only
-    arrays are measured: the other specs came in the body, which the body cap bounds."""
-    if not any(spec.array is not None for spec in specs):
-        return
-    recorded = sum(
-        len(spec.model_dump_json().encode()) * (spec.array.count if spec.array else 1)
-        for spec in specs
-    )
+def _require_recordable(recorded: int) -> None:
+    """413 when the request would record more than `MAX_SUBMIT_SPEC_BYTES` of specs."""
     if recorded > MAX_SUBMIT_SPEC_BYTES:
         raise ProblemError(
             413,

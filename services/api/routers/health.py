@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 
 from fastapi import APIRouter, Request, Response
 
-from services.api.auth import token_sha256
+from services.api.auth import bearer_token, is_admin_token
 from services.api.bootstrap import ApiBootstrap
 from services.api.deps import Context, unavailable
 from services.api.metrics import ApiMetrics
@@ -63,10 +62,8 @@ async def metrics(request: Request, context: Context) -> Response:
     if header is None:
         operator = request.client is not None and _loopback(request.client.host)
     else:
-        scheme, _, token = header.partition(" ")
-        operator = scheme.lower() == "bearer" and hmac.compare_digest(
-            token_sha256(token.strip()), context.admin_sha256
-        )
+        token = bearer_token(header)
+        operator = token is not None and is_admin_token(token, context.admin_sha256)
     return Response(
         registry.render(operator=operator), media_type="text/plain; version=0.0.4; charset=utf-8"
     )
