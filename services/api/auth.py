@@ -2,7 +2,8 @@
 
 A team token is looked up in the log itself on every request (by its sha256, through an
 index), never in a process's memory: issuing and revoking take effect at once in every API
-process, whatever their read models have applied so far.
+process, whatever their read models have applied so far. Only refusals are remembered
+(auth_guard.py), so that a flood of unknown tokens does not become a flood of look-ups.
 """
 
 from __future__ import annotations
@@ -17,12 +18,16 @@ from pathlib import Path
 import asyncpg
 
 from schemas.teams import token_id_of
+from services.api.auth_guard import AuthGuard
 from services.api.problems import forbidden, not_found, unauthorized
 from services.api.projections.jobs import JobReadModel
+from services.api.ratelimit import rate_limited
 
 ADMIN = "admin"
 # The token a team is created with; further ones are named by whoever asks for them.
 FIRST_TOKEN = "default"
+UNKNOWN = "unknown token"
+REVOKED = "this token was revoked"
 
 # The token's grant and whether it was revoked since, in one indexed look-up: the partial
 # index of migration 0020 finds the grant, the stream's (stream, version) key the revocation.
@@ -113,7 +118,16 @@ def is_admin_token(token: str, admin_sha256: str) -> bool:
     return hmac.compare_digest(token_sha256(token), admin_sha256)
 
 
-async def authenticate(header: str | None, admin_sha256: str, pool: asyncpg.Pool) -> Principal:
+async def authenticate(
+    header: str | None,
+    admin_sha256: str,
+    pool: asyncpg.Pool,
+    guard: AuthGuard | None = None,
+    client: str = "unknown",
+) -> Principal:
+    """Who presents `header`. A team token is accepted only from the log, never from memory;
+    with a `guard`, a token that does not authenticate is refused cheaply (auth_guard.py):
+    from memory when it was refused before, 429 for `client` past its failed look-ups."""
     if not header:
         raise unauthorized("missing bearer token")
     token = bearer_token(header)
@@ -122,10 +136,27 @@ async def authenticate(header: str | None, admin_sha256: str, pool: asyncpg.Pool
     if is_admin_token(token, admin_sha256):
         return Principal(team=None)
     digest = token_sha256(token)
-    row = await pool.fetchrow(_LOOKUP, digest, FIRST_TOKEN, token_id_of(digest))
-    if row is None:
-        raise unauthorized("unknown token")
-    team, token_name, revoked = row
-    if revoked:
-        raise unauthorized("this token was revoked")
+    token_id = token_id_of(digest)
+    spent = False
+    if guard is not None:
+        known = guard.known(token_id)
+        if known is not None and known.revoked:
+            raise unauthorized(REVOKED)  # a revocation is for ever: no look-up needed
+        if known is None:
+            detail = guard.refused(digest)
+            if detail is not None:
+                raise unauthorized(detail)
+            wait = guard.spend(client)
+            if wait is not None:
+                raise rate_limited("too many unknown tokens from this address", wait)
+            spent = True
+    row = await pool.fetchrow(_LOOKUP, digest, FIRST_TOKEN, token_id)
+    if row is None or row[2]:
+        detail = UNKNOWN if row is None else REVOKED
+        if guard is not None:
+            guard.refuse(digest, detail)
+        raise unauthorized(detail)
+    if spent and guard is not None:
+        guard.give_back(client)
+    team, token_name, _ = row
     return Principal(team=str(team), token_name=str(token_name))

@@ -16,6 +16,7 @@ from core.admission import TeamPolicy
 from services.api.activity import GpuActivity
 from services.api.audit import AuditGate
 from services.api.auth import load_admin_token, token_sha256
+from services.api.auth_guard import AuthGuard
 from services.api.bus import ReadModelConsumer
 from services.api.commands import Commands
 from services.api.feed import ReadModelFeed
@@ -53,6 +54,8 @@ class ApiContext:
     streams: StreamGate = field(default_factory=StreamGate)
     # Each team's reads in this process (services/api/ratelimit.py).
     reads: ReadLimiter = field(default_factory=ReadLimiter)
+    # Refused tokens and each address's failed look-ups (services/api/auth_guard.py).
+    auth_guard: AuthGuard | None = None
 
     @property
     def models(self) -> ReadModels:
@@ -106,6 +109,11 @@ class ApiBootstrap:
             Commands(store, feed),
             token_sha256(admin),
             AuditGate(settings.audit_reads_per_team),
+            auth_guard=AuthGuard(
+                lambda: feed.models.tenancy.tokens,
+                rate=settings.auth_failures_per_second,
+                ttl_s=settings.auth_refusal_ttl_s,
+            ),
         )
         self.metrics.activity = context.activity
         return context

@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from services.api.auth import Principal, authenticate
+from services.api.auth_guard import client_key
 from services.api.bootstrap import ApiBootstrap, ApiContext
 from services.api.problems import ProblemError
 from services.api.projections.model import ReadModels
@@ -62,7 +63,9 @@ async def get_principal(
     if credentials is not None:
         header = f"Bearer {credentials.credentials}"
     try:
-        principal = await authenticate(header, context.admin_sha256, context.store.pool)
+        principal = await authenticate(
+            header, context.admin_sha256, context.store.pool, context.auth_guard, client_of(request)
+        )
     except _UNAVAILABLE as error:
         log.warning("event log unreachable: %r", error)
         raise unavailable("the event log is unreachable") from error
@@ -78,6 +81,12 @@ async def get_principal(
 _READS = frozenset({"GET", "HEAD"})
 
 
+def client_of(request: Request) -> str:
+    """Whom the request's failed token look-ups count against (services/api/auth_guard.py):
+    the peer's address as the socket gives it (the API trusts no forwarding header)."""
+    return client_key(request.client.host if request.client is not None else None)
+
+
 Caller = Annotated[Principal, Depends(get_principal)]
 
 
@@ -87,7 +96,11 @@ async def still_authorized(request: Request, context: ApiContext) -> bool:
     revoked token stops seeing the team's jobs. An unreachable log ends the stream too."""
     try:
         await authenticate(
-            request.headers.get("authorization"), context.admin_sha256, context.store.pool
+            request.headers.get("authorization"),
+            context.admin_sha256,
+            context.store.pool,
+            context.auth_guard,
+            client_of(request),
         )
     except (ProblemError, *_UNAVAILABLE):
         return False

@@ -49,11 +49,18 @@ class SubmissionLimiter:
 
 class ReadLimiter:
     """A token bucket per caller in this process, refilled at `rate` a second up to one
-    second's worth (at least one read)."""
+    second's worth (at least one read).
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    With `max_callers`, only that many callers' buckets are kept (the least recently seen is
+    forgotten, and starts full again): the callers are then client addresses, which a flood
+    may not make the process remember without bound."""
+
+    def __init__(
+        self, clock: Callable[[], float] = time.monotonic, *, max_callers: int | None = None
+    ) -> None:
         self._clock = clock
-        # caller -> (tokens, when they were counted)
+        self._max_callers = max_callers
+        # caller -> (tokens, when they were counted), least recently seen first
         self._buckets: dict[str, tuple[float, float]] = {}
 
     def take(self, caller: str, rate: float | None) -> float | None:
@@ -62,13 +69,20 @@ class ReadLimiter:
             return None
         burst = max(1.0, rate)
         now = self._clock()
-        tokens, then = self._buckets.get(caller, (burst, now))
+        tokens, then = self._buckets.pop(caller, (burst, now))
         tokens = min(burst, tokens + max(0.0, now - then) * rate)
-        if tokens >= 1.0:
-            self._buckets[caller] = (tokens - 1.0, now)
-            return None
-        self._buckets[caller] = (tokens, now)
-        return (1.0 - tokens) / rate
+        granted = tokens >= 1.0
+        self._buckets[caller] = (tokens - 1.0 if granted else tokens, now)
+        if self._max_callers is not None and len(self._buckets) > self._max_callers:
+            del self._buckets[next(iter(self._buckets))]
+        return None if granted else (1.0 - tokens) / rate
+
+    def give_back(self, caller: str, rate: float | None) -> None:
+        """Return one taken read of `caller` (what it was spent on turned out free)."""
+        if rate is None or caller not in self._buckets:
+            return
+        tokens, then = self._buckets[caller]
+        self._buckets[caller] = (min(max(1.0, rate), tokens + 1.0), then)
 
 
 def retry_after(seconds: float) -> str:

@@ -68,6 +68,12 @@ class ApiSettings(Settings):
     # lets a script cancel or hold an array's elements one by one, and bounds a toggling loop
     # to a hundredth of what the log appends a second.
     team_commands_per_second: float | None = Field(default=200.0, gt=0, le=1_000_000)
+    # Look-ups of tokens the read models do not know, per client address (an IPv6 /64) and API
+    # process, a second (a second's worth of burst); a good token's costs nothing. Past it 429
+    # with Retry-After (services/api/auth_guard.py). None: no bound. A refused token is refused
+    # from memory for `auth_refusal_ttl_s` without a look-up.
+    auth_failures_per_second: float | None = Field(default=10.0, gt=0, le=1_000_000)
+    auth_refusal_ttl_s: float = Field(default=60.0, ge=0, le=86_400)
 
     @property
     def listen_host(self) -> str:
