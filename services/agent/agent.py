@@ -142,6 +142,9 @@ class Agent:
         # What the background work (launches, recorded starts and exits) sees of the log:
         # one line when it is lost, one when it is back, the retries in between counted.
         self.log_outage = Outage(log, "agent: the event log")
+        # Set by `shutdown`: a record still waiting for the log is then left to the next
+        # agent's reconcile, which recovers it (`reconcile`), instead of holding the exit.
+        self._stopping = asyncio.Event()
         self._cgroups: dict[RankKey, str] = {}
         # The kernel's OOM-kill count (the rank's cgroup's, else the host's) at each launch.
         self._oom_kills: dict[RankKey, int] = {}
@@ -463,6 +466,9 @@ class Agent:
                 reason=reason,
                 permanent=permanent,
             )
+            # Left unrecorded only by a shutdown in an outage: with no rank of the gang in
+            # the log as started, the next agent's reconcile starts the gang again
+            # (`_resume_launches`), and the failure is recorded then.
             await self._append_until_recorded(reserved.stream, [started, exited], meta)
             self._release_port_if_done(key)
             return None
@@ -472,7 +478,12 @@ class Agent:
         self._oom_kills[key] = oom_kills
         # Recorded before the exit watcher starts, so TaskStarted always precedes
         # TaskExited in the log.
-        await self._record(started, meta)
+        if not await self._record(started, meta):
+            # The agent stops while the log is away: a rank the log never saw started is
+            # stopped unrecorded, and the next agent's reconcile starts its gang again.
+            await rank.stop("agent stopped", self.settings.stop_timeout_s)
+            self._release_port_if_done(key)
+            return None
         self.ranks[key] = rank
         self.ranks_started.inc()
         self.ranks_running.inc()
@@ -605,20 +616,33 @@ class Agent:
         self.ranks.pop(rank.key, None)
         self._release_port_if_done(rank.key)
 
-    async def _record(self, event: TaskStarted | TaskExited, meta: Metadata) -> None:
+    async def _record(self, event: TaskStarted | TaskExited, meta: Metadata) -> bool:
         """Append until it is in the log: a rank's start and exit must never be lost (a lost
         exit would hold the gang's GPUs forever), and the process already exists."""
-        await self._append_until_recorded(event.stream, [event], meta)
+        return await self._append_until_recorded(event.stream, [event], meta)
 
     async def _append_until_recorded(
         self, stream: str, events: list[TaskStarted | TaskExited], meta: Metadata
-    ) -> None:
-        await until_available(
-            lambda: self.store.append(stream, None, list(events), meta),
-            self.log_outage,
-            None,
-            transient=(*DATABASE_UNAVAILABLE, asyncpg.PostgresError),
-        )
+    ) -> bool:
+        """Append until recorded (True), retrying while the log is away; False only when the
+        agent stops with the log still away. Each append is tried at least once, so the exits
+        of the ranks a shutdown stops are recorded whenever the log answers; what is given up
+        here, the next agent's `reconcile` recovers from the log: a rank recorded as started
+        and never as exited is recorded as lost, a gang with no rank recorded as started is
+        started again."""
+        while True:
+            try:
+                await self.store.append(stream, None, list(events), meta)
+            except (*DATABASE_UNAVAILABLE, asyncpg.PostgresError) as error:
+                if self._stopping.is_set() or await self.log_outage.sleep(error, self._stopping):
+                    log.warning(
+                        "stopping with the log away: %s left unrecorded for the next agent",
+                        ", ".join(type(event).__name__ for event in events),
+                    )
+                    return False
+                continue
+            self.log_outage.recovered()
+            return True
 
     def attempt_running(self, job_id: str, attempt: int) -> bool:
         """Whether a rank of that attempt still runs here (its log may still grow)."""
@@ -863,7 +887,10 @@ class Agent:
     # ------------------------------------------------------------------ shutdown
 
     async def shutdown(self) -> None:
-        """Stop every rank (their exits are recorded) and wait for the bookkeeping."""
+        """Stop every rank (their exits are recorded while the log answers) and wait for the
+        bookkeeping; with the log away, what is left unrecorded is its successor's
+        (`reconcile`), so that the agent stops promptly whatever the log does."""
+        self._stopping.set()
         for starting in self._launches:
             starting.stop("agent stopped")
         await self.launches_done()

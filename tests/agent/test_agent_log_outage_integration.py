@@ -8,14 +8,23 @@ pool reaches PostgreSQL through a TCP proxy the test cuts."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from schemas.jobs import JobCancelled, TaskStarted
-from services.agent.agent import Agent
+from schemas.jobs import (
+    GangReserved,
+    JobCancelled,
+    JobSpec,
+    JobSubmitted,
+    RankPlacement,
+    TaskExited,
+    TaskStarted,
+)
+from services.agent.agent import LAUNCH_FAILED_EXIT_CODE, Agent
 from services.runtime import EventStore, Settings
 from services.runtime.store import create_pool
 from tests.agent.test_agent_integration import make_agent, until
@@ -115,3 +124,72 @@ async def test_a_launch_waiting_for_the_log_starts_nothing_once_its_attempt_is_c
     await cut.restore()
     assert not await events_of(store, "gone", TaskStarted)
     assert not agent.ranks
+
+
+class CutWhenLogged(logging.Handler):
+    """Cuts the log away at the very moment the agent logs `marker`: between the agent's last
+    read and the append it then makes, with no await in between for a test to step into."""
+
+    def __init__(self, proxy: TcpProxy, marker: str) -> None:
+        super().__init__(logging.WARNING)
+        self.proxy = proxy
+        self.marker = marker
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.marker in record.getMessage():
+            self.proxy.cut_now()
+
+
+async def test_an_agent_stopped_while_recording_a_failed_launch_in_an_outage_stops_at_once(
+    agent: Agent,
+    agent_store: EventStore,
+    store: EventStore,
+    settings: Settings,
+    proxy: tuple[TcpProxy, str],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Found by the last adversarial review: the failure waited for the log without end, so
+    the agent's shutdown did too. It now gives up the record once stopping, and the next
+    agent's reconcile starts the gang again, whose launch fails again and is recorded."""
+    cut = proxy[0]
+    caplog.set_level(logging.WARNING, logger="services.agent.agent")
+    spec = JobSpec(
+        name="prep",
+        team="ml",
+        tasks=1,
+        gpus_per_task=0,
+        cpus_per_task=0.1,
+        command=[str(tmp_path / "no-such-program")],
+    )
+    submitted = JobSubmitted(job_id="broken", spec=spec, submitted_by="t")
+    gang = GangReserved(
+        job_id="broken", attempt=1, ranks=[RankPlacement(rank=0, node_id="n0000", gpus=[])]
+    )
+    [_, envelope] = await store.append("job-broken", None, [submitted, gang])
+    cutter = CutWhenLogged(cut, "could not start")
+    logging.getLogger("services.agent.agent").addHandler(cutter)
+    try:
+        async with store.pool.acquire() as conn:
+            await agent.handlers()[envelope.type](envelope, conn)
+
+        async def lost() -> bool:
+            return "lost" in caplog.text
+
+        await until(lost, "the failure's record met the outage")
+        # A deadlock guard, not a timing: before the fix this waited until the log came back.
+        await asyncio.wait_for(agent.shutdown(), 60)
+    finally:
+        logging.getLogger("services.agent.agent").removeHandler(cutter)
+    assert not await events_of(store, "broken", TaskExited)  # nothing recorded meanwhile
+
+    await cut.restore()
+    successor = make_agent(settings, agent_store, tmp_path)
+    await successor.reconcile()
+    await successor.launches_done()
+    started = await events_of(store, "broken", TaskStarted)
+    [exited] = await events_of(store, "broken", TaskExited)
+    assert [(e.attempt, e.rank) for e in started] == [(1, 0)]
+    assert (exited.attempt, exited.rank, exited.exit_code) == (1, 0, LAUNCH_FAILED_EXIT_CODE)
+    assert exited.permanent and "FileNotFoundError" in (exited.reason or "")
+    await successor.shutdown()

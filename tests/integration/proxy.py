@@ -33,15 +33,21 @@ class TcpProxy:
             self.port = self._server.sockets[0].getsockname()[1]
 
     async def cut(self) -> None:
+        server = self._server
+        self.cut_now()
+        if server is not None:
+            with contextlib.suppress(Exception):
+                await server.wait_closed()
+
+    def cut_now(self) -> None:
+        """`cut()` without waiting for the listener to close: callable where nothing may be
+        awaited (from a log handler, at the very moment something is logged)."""
         server, self._server = self._server, None
         if server is not None:
             server.close()
         for writer in list(self._writers):
             writer.transport.abort()
         self._writers.clear()
-        if server is not None:
-            with contextlib.suppress(Exception):
-                await server.wait_closed()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
