@@ -24,6 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from itertools import chain
 from typing import Literal
 
 from core.live_sharing import GpuAmount, job_gpus, placement_gpus
@@ -132,6 +133,10 @@ class UsageBook:
     preemptions: dict[tuple[str, str, str], int] = field(default_factory=dict)
     # (team, requeue code) -> gangs released back to the queue.
     requeues: dict[tuple[str, str], int] = field(default_factory=dict)
+    # The same intervals by team: a team's report walks its own intervals only, however many
+    # the other teams have (the index every team's GET /v1/usage reads).
+    allocated_by_team: dict[str, list[Interval]] = field(default_factory=dict)
+    used_by_team: dict[str, list[Interval]] = field(default_factory=dict)
     # job id -> its open intervals (one per GPU type of its placement).
     _open_allocated: dict[str, list[Interval]] = field(default_factory=dict)
     _open_used: dict[str, list[Interval]] = field(default_factory=dict)
@@ -161,6 +166,7 @@ class UsageBook:
             self._account_loss(after, at)
         self._step(
             self.allocated,
+            self.allocated_by_team,
             self._open_allocated,
             _holds(before),
             _holds(after),
@@ -168,7 +174,25 @@ class UsageBook:
             at,
             gpu_type_of,
         )
-        self._step(self.used, self._open_used, _uses(before), _uses(after), after, at, gpu_type_of)
+        self._step(
+            self.used,
+            self.used_by_team,
+            self._open_used,
+            _uses(before),
+            _uses(after),
+            after,
+            at,
+            gpu_type_of,
+        )
+
+    def intervals(
+        self, kind: Literal["allocated", "used"], teams: set[str] | None
+    ) -> Iterable[Interval]:
+        """The `kind` intervals of `teams` (None: every team's), through the team index."""
+        if teams is None:
+            return self.allocated if kind == "allocated" else self.used
+        index = self.allocated_by_team if kind == "allocated" else self.used_by_team
+        return chain.from_iterable(index.get(team, ()) for team in sorted(teams))
 
     def _account_wait(self, before: JobReadModel | None, after: JobReadModel, at: datetime) -> None:
         waited = before is not None and before.state in WAITING_STATES
@@ -207,6 +231,7 @@ class UsageBook:
     @staticmethod
     def _step(
         book: list[Interval],
+        by_team: dict[str, list[Interval]],
         open_now: dict[str, list[Interval]],
         was: bool,
         now: bool,
@@ -234,6 +259,7 @@ class UsageBook:
                 for gpu_type, count in sorted(by_type.items())
             ]
             book.extend(intervals)
+            by_team.setdefault(job.spec.team, []).extend(intervals)
             open_now[job.id] = intervals
 
 
@@ -283,10 +309,13 @@ def report(
     now: datetime,
     teams: set[str] | None = None,
 ) -> list[UsageRow]:
-    """Rows per (team, GPU type, period) with any allocation in [start, end), in that order."""
-    allocated = _spread(book.allocated, start, end, by, now, teams)
-    used = _spread(book.used, start, end, by, now, teams)
-    cpu_hours = _spread(book.allocated, start, end, by, now, teams, lambda i: i.cpus)
+    """Rows per (team, GPU type, period) with any allocation in [start, end), in that order.
+    With `teams`, it walks only their intervals (the book's team index)."""
+    allocated = _spread(book.intervals("allocated", teams), start, end, by, now, teams)
+    used = _spread(book.intervals("used", teams), start, end, by, now, teams)
+    cpu_hours = _spread(
+        book.intervals("allocated", teams), start, end, by, now, teams, lambda i: i.cpus
+    )
     step = _step_of(by)
     return [
         UsageRow(
