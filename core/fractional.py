@@ -42,6 +42,7 @@ from core.sharing import (
     free_thousandths,
     share_memory_mb,
 )
+from core.sharing_reclaim import claim_recuts
 from core.slo import eats_headroom, headroom_free, headroom_refuses, keeps_headroom
 from core.state import CoreJob
 from schemas.jobs import GangReserved, GpuShare, JobSpec, MigSlice, RankPlacement
@@ -81,6 +82,9 @@ class SharingTrial:
     # Whole free GPUs this cycle decided to cut (out of the snapshot, not yet in the ledger):
     # the headroom still counts them free, as it counts GPUs being re-partitioned.
     cut_whole: int = 0
+    # GPUs emptied by evictions for a whole-GPU gang and re-cut to whole in this cycle
+    # (core/sharing_reclaim.py): (node, GPU, its busy_until before), busy until the cycle ends.
+    recuts: list[tuple[str, int, float]] = field(default_factory=list)
 
     def note_bound(self, holders: list[str], spots: list[Spot]) -> None:
         """A job's holds, kept until the cycle ends; the free MIG count follows its slices
@@ -118,6 +122,8 @@ def sharing_trial(ctx: CycleContext, snap: Snapshot) -> Iterator[SharingTrial]:
     ctx.sharing = trial
     jobs = ctx.state.job_records
     try:
+        # Slices given back by this cycle's releases: (job, node, GPU), for re-cuts to whole.
+        emptied: list[tuple[str, str, int]] = []
         for job_id in sorted(ctx.released):
             job = jobs[job_id]
             _release_whole(ctx, trial, job)
@@ -131,6 +137,10 @@ def sharing_trial(ctx: CycleContext, snap: Snapshot) -> Iterator[SharingTrial]:
                 ledger.release(holder)
                 trial.released.append((holder, found[0], found[1]))
                 _whole_again(ctx, snap, trial, found[1])
+                if found[1].mig is not None:
+                    emptied.append((job_id, found[1].node_id, found[1].gpus[0]))
+        if emptied:
+            claim_recuts(ctx, emptied)
         for node_id in sorted(live.sharing_nodes):
             node = ledger.nodes[node_id]
             record = ctx.state.node_record(node_id)
@@ -145,6 +155,9 @@ def sharing_trial(ctx: CycleContext, snap: Snapshot) -> Iterator[SharingTrial]:
                         snap.set_free(record.index, free & ~(1 << gpu.index))
         yield trial
     finally:
+        for node_id, gpu_index, busy_until in reversed(trial.recuts):
+            ledger.nodes[node_id].gpus[gpu_index].busy_until = busy_until
+            ledger.changed(node_id)
         for node_id, gpu_index in trial.unmarked:
             ledger.nodes[node_id].gpus[gpu_index].whole = WHOLE_GANG
             ledger.changed(node_id)
