@@ -15,15 +15,17 @@ Which GPUs a gang may get back this way:
   requeued slice never lands back on it), a GpuGeometryChanged with its `reconfigure_s`, and
   the gang starts when the re-cut is over (`awaiting_repartition`, with that moment);
 - an idle GPU in MIG mode (no slice left) is cut back with no eviction at all.
-A GPU counts only if every slice or share on it is a victim the gang may take (or already
-leaving): evicting some of them would give it nothing.
+A GPU counts only if every slice or share on it is a victim the gang may take: evicting some
+of them would give it nothing; one with a slice or share already leaving is another plan's.
 
 The victims follow the rules of whole-GPU preemption: only a lower class (or, for a queue
 within its guarantee, what other queues borrow), never a protected gang (non-preemptible,
 younger than its minimum runtime, preempted within the hysteresis), and across queues only
-borrowed or best-effort work (invariant 4). Victims with the least work to lose go first
-(GPUs x time since their last checkpoint, core/slo.py; a GPU to re-cut adds its
-`reconfigure_s` of idle GPU time).
+what a queue borrows, whatever its class (invariant 4: the auditor's cross_queue rule, as for
+whole gangs; best-effort work within its queue's guarantee is no exception). Borrowers first:
+GPUs whose victims all belong to borrowing queues are tried alone before any other; within
+that, victims with the least work to lose go first (GPUs x time since their last checkpoint,
+core/slo.py; a GPU to re-cut adds its `reconfigure_s` of idle GPU time).
 
 The reverse of the blast radius (a slice never stops a large gang) bounds how much small work
 one gang may stop:
@@ -121,7 +123,7 @@ def reclaim_shared_gpus(
         if not gpus:
             continue
         planned += 1
-        plan = _plan(snap, shape, gpus, coming)
+        plan = _borrowers_first(ctx, job, quota, snap, shape, gpus, coming)
         if plan is None:
             continue
         victims = list({v.job_id: v for gpu in plan for v in gpu.victims}.values())
@@ -202,7 +204,7 @@ def _shared_gpus(
     coming: dict[tuple[int, int], float],
 ) -> list[SharedGpu]:
     """The GPUs of the gang's type that evicting their slices and shares (all of them victims
-    it may take, or already leaving) would give back whole."""
+    it may take) would give back whole."""
     trial = ctx.sharing
     assert trial is not None
     live = trial.live
@@ -245,8 +247,6 @@ def _shared_gpus(
                 victim = holding.get(job_id)
                 if victim is None or holder not in live.by_job.get(job_id, {}).values():
                     break  # a rank of a released gang still runs there
-                if victim.state == "preempting" or victim.job_id in ctx.handled:
-                    continue  # leaving anyway
                 if not may_take(victim):
                     break
                 victims[job_id] = victim
@@ -274,14 +274,16 @@ def _may_take(
     """Whether the gang may evict this slice or share job (core/preemption.py's rules)."""
     policy = ctx.policy
     if victim.job_id in excluded or victim.job_id == job.job_id:
-        return False
+        return False  # leaving already: its GPU is another plan's, or it goes elsewhere
     if victim.bound_gpus > policy.inference_max_victim_gpus:
         return False  # spread over more GPUs than it gives back
     vrank = policy.priority_class(victim.priority).rank
     same_queue = victim.queue == job.queue
+    # Across queues only what a queue borrows, best-effort work too: a gang within its own
+    # queue's guarantee is safe from other teams whatever its class (invariant 4; the
+    # auditor's cross_queue rule, and core/preemption.py's `reachable`).
     borrower = not same_queue and quota.borrowing(victim.queue) > 0
-    idle_only = victim.priority == policy.idle_only_priority
-    lower = rank > vrank and (same_queue or borrower or idle_only)
+    lower = rank > vrank and (same_queue or borrower)
     if not (lower or (reclaiming and borrower)):
         return False
     return not is_protected(victim, ctx.now, policy, ctx.wakeups)
@@ -293,6 +295,35 @@ def _may_recut(node: NodeLedger, gpu: GpuLedger, now: float) -> bool:
         return False
     changed = gpu.geometry_changed_at
     return changed is None or now - changed >= hold_s_of(node, None)
+
+
+def _borrowers_first(
+    ctx: CycleContext,
+    job: CoreJob,
+    quota: QuotaBook,
+    snap: Snapshot,
+    shape: Shape,
+    gpus: list[SharedGpu],
+    coming: dict[tuple[int, int], float],
+) -> list[SharedGpu] | None:
+    """The plan on the GPUs only borrowers hold (other queues' borrowed capacity is reclaimed
+    first, DESIGN §3), else on all of them."""
+    borrowing: dict[str, bool] = {}
+
+    def borrowed(victim: CoreJob) -> bool:
+        known = borrowing.get(victim.queue)
+        if known is None:
+            known = borrowing[victim.queue] = (
+                victim.queue != job.queue and quota.borrowing(victim.queue) > 0
+            )
+        return known
+
+    tier = [gpu for gpu in gpus if gpu.victims and all(borrowed(v) for v in gpu.victims)]
+    if tier and len(tier) < len(gpus):
+        plan = _plan(snap, shape, tier, coming)
+        if plan is not None:
+            return plan
+    return _plan(snap, shape, gpus, coming)
 
 
 def _plan(
