@@ -267,9 +267,14 @@ def place_fractional(
         if refused is not None:
             outcomes[job.job_id] = refused
             return False
-    if key not in trial.failed:
+    # Behind the head, never on the nodes its reservation pins (as a gang that would delay
+    # it): a slice or share there may outlive the start the reservation was planned for.
+    pinned = _pinned_nodes(ctx, snap) if ctx.result.head_job_id is not None else frozenset()
+    # (A job avoiding pinned nodes failing says nothing of one that may use them.)
+    failed_key = (*key, pinned) if pinned else key
+    if failed_key not in trial.failed:
         for rank in range(spec.tasks):
-            spot = find_spot(ctx, snap, ask)
+            spot = find_spot(ctx, snap, ask, avoid_nodes=pinned)
             if spot is None:
                 break
             holder = holder_of(job.job_id, attempt, rank)
@@ -289,7 +294,16 @@ def place_fractional(
     if len(spots) < spec.tasks:
         for holder in holders:
             ledger.release(holder)
-        trial.failed.add(key)
+        trial.failed.add(failed_key)
+        if pinned and find_spot(ctx, snap, ask) is not None:
+            # Room on the nodes the head's reservation pins: it waits for the head (and evicts
+            # no one for room it has).
+            outcomes[job.job_id] = Outcome(
+                "backfill_blocked",
+                f"{need}; the GPUs with room are on nodes held for the reservation of the "
+                "first job in line",
+            )
+            return False
         trial.blocked.append(job)
         left = spec.tasks - len(spots)
         if ask.kind == "mig":
@@ -335,7 +349,14 @@ def _rank(rank: int, spot: Spot, ask: TaskAsk) -> RankPlacement:
     )
 
 
-def find_spot(ctx: CycleContext, snap: Snapshot, ask: TaskAsk) -> Spot | None:
+def _pinned_nodes(ctx: CycleContext, snap: Snapshot) -> frozenset[str]:
+    nodes = ctx.state.node_records
+    return frozenset(nodes[index].node_id for index in snap.reserved)
+
+
+def find_spot(
+    ctx: CycleContext, snap: Snapshot, ask: TaskAsk, avoid_nodes: frozenset[str] = frozenset()
+) -> Spot | None:
     """Where one slice or share task goes now, or None.
 
     A free instance of its profile, or a soft-shared GPU of its team with room. Ranked best
@@ -358,6 +379,8 @@ def find_spot(ctx: CycleContext, snap: Snapshot, ask: TaskAsk) -> Spot | None:
     for key, spot in ledger.ranked(ask, now):
         if ask.kind == "share" and key[0] >= FULL:
             break  # idle GPUs from here on (all of them free)
+        if spot.node_id in avoid_nodes:
+            continue
         ranked.append((key, spot))
         if len(ranked) >= first:
             break
