@@ -55,13 +55,15 @@ from core.regeometry import hold_s_of
 from core.sharing import GpuLedger, NodeLedger
 from core.slo import lost_work
 from core.state import CoreJob
-from schemas.jobs import WAITING_STATES, PreemptionRequested
+from schemas.jobs import WAITING_STATES, GangReserved, PreemptionRequested
 from schemas.nodes import GpuGeometryChanged, MigInstanceSpec
 
 # Whole-GPU gangs that may evict slices and shares in one cycle.
 MAX_RECLAIMING_GANGS = 4
 # Slice and share jobs one gang may evict at once (seven 1g slices on each of 64 GPUs).
 MAX_VICTIMS = 448
+# Blocked gangs looked at per call (each costs a placement search or more).
+MAX_GANGS_TRIED = 16
 # Placements tried per gang while adding GPUs (each is a placement search).
 MAX_TRIES = 48
 
@@ -76,15 +78,27 @@ class SharedGpu:
     victims: tuple[CoreJob, ...]
     recut: bool  # in MIG mode: re-cut to whole once empty
     cost: float  # work lost (GPU-seconds), and a re-cut's idle time
+    idle: bool = False  # nothing on it (a rank still running there is no victim, but holds it)
 
 
 def reclaim_shared_gpus(
-    ctx: CycleContext, snap: Snapshot, blocked: list[CoreJob], quota: QuotaBook
-) -> None:
-    """Checkpoint-then-evict slices and shares for the whole-GPU gangs that found no room."""
+    ctx: CycleContext,
+    snap: Snapshot,
+    blocked: list[CoreJob],
+    quota: QuotaBook,
+    *,
+    borrowers_only: bool = False,
+) -> set[str]:
+    """Checkpoint-then-evict slices and shares for the whole-GPU gangs that found no room;
+    returns the gangs it planned for (evictions or re-cuts).
+
+    The cycle calls it twice: before the whole-GPU planner with `borrowers_only` (what other
+    queues borrow is reclaimed first, DESIGN §3, whether gangs or slices and shares hold it),
+    and after it with every victim the rules allow."""
     trial = ctx.sharing
+    served: set[str] = set()
     if trial is None or not trial.sharing_nodes():
-        return
+        return served
     policy, now = ctx.policy, ctx.now
     excluded = set(ctx.released) | set(ctx.handled)
     preempting: set[str] = set()
@@ -94,9 +108,9 @@ def reclaim_shared_gpus(
             if event.preemptor_job_id is not None:
                 preempting.add(event.preemptor_job_id)
     coming = _coming_whole(ctx)
-    planned = 0
+    planned = tried = 0
     for job in blocked:
-        if planned >= MAX_RECLAIMING_GANGS:
+        if planned >= MAX_RECLAIMING_GANGS or tried >= MAX_GANGS_TRIED:
             break
         shape, spec = job.shape, job.spec
         if shape is None or spec is None or spec.fractional or shape.cpu_only:
@@ -116,6 +130,7 @@ def reclaim_shared_gpus(
             continue
         if quota.excess(job.queue, shape.min_gpus):
             continue  # a ceiling keeps it out: freeing GPUs would not let it in
+        tried += 1
         if find_placement(snap, shape, False) is not None:
             continue  # idle capacity serves (a reservation held it back): never evict
         credit_leaving(ctx, quota)
@@ -123,25 +138,33 @@ def reclaim_shared_gpus(
         if not gpus:
             continue
         planned += 1
-        plan = _borrowers_first(ctx, job, quota, snap, shape, gpus, coming)
+        plan = _borrowers_first(ctx, job, quota, snap, shape, gpus, coming, borrowers_only)
         if plan is None:
             continue
         victims = list({v.job_id: v for gpu in plan for v in gpu.victims}.values())
         if not _within_bounds(victims, plan):
             continue
+        if _placed_borrowers(ctx, job, quota) and not all(
+            v.queue != job.queue and quota.borrowing(v.queue) > 0 for v in victims
+        ):
+            # Gangs this cycle bound for borrowing queues are victims the whole-GPU planner
+            # could not see yet: borrowers first, so it gets the next cycle to take them.
+            continue
+        served.add(job.job_id)
         recut = [gpu for gpu in plan if gpu.recut]
         if victims:
             _evict(ctx, job, victims, plan, recut, reclaiming, quota)
             excluded.update(v.job_id for v in victims)
             ctx.handled.update(v.job_id for v in victims)
         for gpu in recut:
-            if not gpu.victims:
+            if gpu.idle:
                 # An idle GPU in MIG mode: cut back to whole now, for this gang.
                 ready = _emit_recut(ctx, gpu.node_id, gpu.gpu, job)
                 if ready is not None:
                     coming[(gpu.index, gpu.gpu)] = ready
         if not victims:
             _waits_for_recut(ctx, snap, job, shape, coming)
+    return served
 
 
 def _evict(
@@ -176,6 +199,20 @@ def _evict(
         quota,
         ctx.policy,
     )
+
+
+def _placed_borrowers(ctx: CycleContext, job: CoreJob, quota: QuotaBook) -> bool:
+    """Whether this cycle bound a whole-GPU gang of another queue that borrows."""
+    jobs = ctx.state.job_records
+    for event in ctx.result.decisions:
+        if not isinstance(event, GangReserved):
+            continue
+        placed = jobs.get(event.job_id)
+        if placed is None or placed.queue == job.queue or placed.spec is None:
+            continue
+        if not placed.spec.fractional and quota.borrowing(placed.queue) > 0:
+            return True
+    return False
 
 
 def _reconfigure_s(ctx: CycleContext, node_id: str) -> float:
@@ -245,8 +282,11 @@ def _shared_gpus(
             for holder in holders:
                 job_id = holder.rsplit(":", 2)[0]
                 victim = holding.get(job_id)
-                if victim is None or holder not in live.by_job.get(job_id, {}).values():
-                    break  # a rank of a released gang still runs there
+                released = job_id in ctx.released
+                if released or victim is None or holder not in live.by_job.get(job_id, {}).values():
+                    # A rank of a released gang still runs there: its hold ends when it
+                    # exits (its agents were told to stop it), with no eviction.
+                    continue
                 if not may_take(victim):
                     break
                 victims[job_id] = victim
@@ -256,7 +296,13 @@ def _shared_gpus(
                     cost += node.reconfigure_s
                 found.append(
                     SharedGpu(
-                        record.index, node_id, gpu.index, tuple(victims.values()), recut, cost
+                        record.index,
+                        node_id,
+                        gpu.index,
+                        tuple(victims.values()),
+                        recut,
+                        cost,
+                        idle=not holders,
                     )
                 )
     return found
@@ -305,9 +351,10 @@ def _borrowers_first(
     shape: Shape,
     gpus: list[SharedGpu],
     coming: dict[tuple[int, int], float],
+    borrowers_only: bool,
 ) -> list[SharedGpu] | None:
     """The plan on the GPUs only borrowers hold (other queues' borrowed capacity is reclaimed
-    first, DESIGN §3), else on all of them."""
+    first, DESIGN §3), else (but `borrowers_only`) on all of them."""
     borrowing: dict[str, bool] = {}
 
     def borrowed(victim: CoreJob) -> bool:
@@ -318,10 +365,10 @@ def _borrowers_first(
             )
         return known
 
-    tier = [gpu for gpu in gpus if gpu.victims and all(borrowed(v) for v in gpu.victims)]
-    if tier and len(tier) < len(gpus):
-        plan = _plan(snap, shape, tier, coming)
-        if plan is not None:
+    tier = [gpu for gpu in gpus if all(borrowed(v) for v in gpu.victims)]
+    if borrowers_only or (tier and len(tier) < len(gpus)):
+        plan = _plan(snap, shape, tier, coming) if tier else None
+        if plan is not None or borrowers_only:
             return plan
     return _plan(snap, shape, gpus, coming)
 
