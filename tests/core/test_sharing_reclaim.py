@@ -229,3 +229,52 @@ def test_a_restarted_scheduler_decides_the_same() -> None:
     ours = schedule(history.state, history.now).decisions
     assert schedule(replayed, history.now).decisions == ours
     assert not any(isinstance(e, GangReserved) for e in ours)
+
+
+def test_a_queue_within_its_guarantee_reclaims_what_slices_borrow_of_any_class() -> None:
+    """Team lab, guaranteed nothing, holds two GPUs of production slices; team prod,
+    guaranteed two, reclaims one GPU for a research gang: seven slices on one GPU go, with the
+    code `reclaim`, and the gang starts once the GPU has left MIG mode."""
+    history = History(cluster=one_h100(gpus=2))
+    history.team("lab", guaranteed=0).team("prod", guaranteed=2)
+    slices = sliced_node(history, *(a_slice(team="lab").priority("production") for _ in range(14)))
+    gang = history.submit(a_job().gpus(1).team("prod").priority("research"))[0]
+    history.run()
+    requests = history.events(PreemptionRequested)
+    assert len(requests) == 7
+    assert {r.code for r in requests} == {"reclaim"}
+    assert all("reclaiming guaranteed capacity" in r.reason for r in requests)
+    gpus = {history.gang(r.job_id).ranks[0].gpus[0] for r in requests}
+    assert len(gpus) == 1
+    for request in requests:
+        history.evict(request.job_id)
+    history.run()
+    history.advance(60).run()
+    assert history.job(gang).state == "running"
+    assert history.job(gang).placement == {"n0000": sorted(gpus)}
+    assert sum(history.job(job).state == "running" for job in slices) == 7
+    audit_clean(history)
+
+
+def test_a_slice_behind_the_head_keeps_off_the_nodes_its_reservation_pins() -> None:
+    """Two nodes: the head's reservation pins n0000 (its whole gang ends first), whose other
+    GPU is soft-shared with room; a later share of that team waits (backfill_blocked) rather
+    than outlive the reservation's start there, and evicts no one for it."""
+    history = History(cluster=one_h100(mig="none", gpus=2, count=2))
+    history.occupy("n0001", 2, a_job().preemptible(False).estimate(86_400).priority("production"))
+    first = history.submit(
+        a_share(0.5, team="lab").priority("research").estimate(1000).preemptible(False)
+    )[0]
+    history.run()
+    busy = history.submit(a_job().gpus(1).estimate(600.0).priority("production").preemptible(False))
+    history.run()
+    assert history.job(first).state == "running" and history.job(busy[0]).state == "running"
+    head = history.submit(a_job().gpus(1).priority("production").team("big"))[0]
+    late = history.submit(a_share(0.5, team="lab").priority("research").estimate(86_400))[0]
+    history.run()
+    assert history.job(head).state == "queued"
+    assert history.deferrals(head)[-1].code == "reserved_head"
+    assert history.job(late).state == "queued"
+    assert history.deferrals(late)[-1].code == "backfill_blocked"
+    assert not history.events(PreemptionRequested)
+    audit_clean(history)
