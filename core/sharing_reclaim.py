@@ -532,8 +532,10 @@ def claim_recuts(ctx: CycleContext, released: list[tuple[str, str, int]]) -> Non
     for job_id, node_id, gpu_index in released:
         job = jobs.get(job_id)
         preemptor = jobs.get(job.preemptor_id or "") if job is not None else None
-        if preemptor is None or preemptor.state not in WAITING_STATES:
+        if preemptor is None or preemptor.state not in WAITING_STATES or preemptor.held:
             continue
+        if preemptor.job_id in ctx.handled:
+            continue  # cancelled or suspended in this very cycle: nobody waits for the GPU
         spec = preemptor.spec
         if spec is None or spec.fractional or spec.gpus_per_task < 1:
             continue
