@@ -85,6 +85,8 @@ class SharingTrial:
     # GPUs emptied by evictions for a whole-GPU gang and re-cut to whole in this cycle
     # (core/sharing_reclaim.py): (node, GPU, its busy_until before), busy until the cycle ends.
     recuts: list[tuple[str, int, float]] = field(default_factory=list)
+    # The head's reserved node indices and their ids (core/fractional.py `_pinned_nodes`).
+    pinned: tuple[frozenset[int], frozenset[str]] | None = None
 
     def note_bound(self, holders: list[str], spots: list[Spot]) -> None:
         """A job's holds, kept until the cycle ends; the free MIG count follows its slices
@@ -350,8 +352,17 @@ def _rank(rank: int, spot: Spot, ask: TaskAsk) -> RankPlacement:
 
 
 def _pinned_nodes(ctx: CycleContext, snap: Snapshot) -> frozenset[str]:
+    """The nodes the head's reservation pins, by id (kept while the reservation is the same:
+    many slice and share jobs may ask in one cycle)."""
+    trial = ctx.sharing
+    reserved = snap.reserved
+    if trial is not None and trial.pinned is not None and trial.pinned[0] is reserved:
+        return trial.pinned[1]
     nodes = ctx.state.node_records
-    return frozenset(nodes[index].node_id for index in snap.reserved)
+    pinned = frozenset(nodes[index].node_id for index in reserved)
+    if trial is not None:
+        trial.pinned = (reserved, pinned)
+    return pinned
 
 
 def find_spot(
