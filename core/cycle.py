@@ -14,7 +14,9 @@ The phases, in order (as in Kueue's scheduler):
 4. place     — each job in order: quota, then a topology-fit placement committed whole;
 5. backfill  — the first job that cannot start becomes the head: a reservation on concrete
                nodes is planned and later jobs may only start where they do not delay it;
-6. preempt   — checkpoint-then-evict whole gangs for jobs entitled to them, then slices,
+6. preempt   — checkpoint-then-evict borrowers' slices and shares for whole-GPU gangs
+               (core/sharing_reclaim.py), whole gangs for jobs entitled to them, any
+               slices and shares the rules allow for whole-GPU gangs, then slices,
                shares and small gangs for slice and share jobs (core/share_preemption.py);
                then, when the policy asks, for attained service within a queue
                (core/fairness.py);
@@ -50,6 +52,7 @@ from core.preemption import preempt
 from core.quota import QuotaBook
 from core.reactions import react
 from core.share_preemption import preempt_for_fractions
+from core.sharing_reclaim import reclaim_shared_gpus
 from core.slo import refill_headroom
 from core.state import CoreJob, rank_host
 from core.surface import PlanningSurface
@@ -131,7 +134,11 @@ def _run(ctx: CycleContext, free_index: FreeIndex, timers: GangTimers | None) ->
         plan_repartitions(ctx, snap, placed.blocked)
         placed.give_back_holds(snap)
         if ctx.policy.preemption and not ctx.policy.is_fifo:
-            preempt(ctx, snap, placed.blocked, quota)
+            # Borrowed capacity first, whether gangs or slices and shares hold it.
+            reclaimed = reclaim_shared_gpus(ctx, snap, placed.blocked, quota, borrowers_only=True)
+            blocked = [j for j in placed.blocked if j.job_id not in reclaimed]
+            preempt(ctx, snap, blocked if reclaimed else placed.blocked, quota)
+            reclaim_shared_gpus(ctx, snap, placed.blocked, quota)
             preempt_for_fractions(ctx, snap, quota)
             refill_headroom(ctx, snap, quota)
             preempt_for_fairness(ctx, snap, waiting, quota)

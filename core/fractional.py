@@ -42,6 +42,7 @@ from core.sharing import (
     free_thousandths,
     share_memory_mb,
 )
+from core.sharing_reclaim import claim_recuts
 from core.slo import eats_headroom, headroom_free, headroom_refuses, keeps_headroom
 from core.state import CoreJob
 from schemas.jobs import GangReserved, GpuShare, JobSpec, MigSlice, RankPlacement
@@ -81,6 +82,11 @@ class SharingTrial:
     # Whole free GPUs this cycle decided to cut (out of the snapshot, not yet in the ledger):
     # the headroom still counts them free, as it counts GPUs being re-partitioned.
     cut_whole: int = 0
+    # GPUs emptied by evictions for a whole-GPU gang and re-cut to whole in this cycle
+    # (core/sharing_reclaim.py): (node, GPU, its busy_until before), busy until the cycle ends.
+    recuts: list[tuple[str, int, float]] = field(default_factory=list)
+    # The head's reserved node indices and their ids (core/fractional.py `_pinned_nodes`).
+    pinned: tuple[frozenset[int], frozenset[str]] | None = None
 
     def note_bound(self, holders: list[str], spots: list[Spot]) -> None:
         """A job's holds, kept until the cycle ends; the free MIG count follows its slices
@@ -118,6 +124,8 @@ def sharing_trial(ctx: CycleContext, snap: Snapshot) -> Iterator[SharingTrial]:
     ctx.sharing = trial
     jobs = ctx.state.job_records
     try:
+        # Slices given back by this cycle's releases: (job, node, GPU), for re-cuts to whole.
+        emptied: list[tuple[str, str, int]] = []
         for job_id in sorted(ctx.released):
             job = jobs[job_id]
             _release_whole(ctx, trial, job)
@@ -131,6 +139,10 @@ def sharing_trial(ctx: CycleContext, snap: Snapshot) -> Iterator[SharingTrial]:
                 ledger.release(holder)
                 trial.released.append((holder, found[0], found[1]))
                 _whole_again(ctx, snap, trial, found[1])
+                if found[1].mig is not None:
+                    emptied.append((job_id, found[1].node_id, found[1].gpus[0]))
+        if emptied:
+            claim_recuts(ctx, emptied)
         for node_id in sorted(live.sharing_nodes):
             node = ledger.nodes[node_id]
             record = ctx.state.node_record(node_id)
@@ -145,6 +157,9 @@ def sharing_trial(ctx: CycleContext, snap: Snapshot) -> Iterator[SharingTrial]:
                         snap.set_free(record.index, free & ~(1 << gpu.index))
         yield trial
     finally:
+        for node_id, gpu_index, busy_until in reversed(trial.recuts):
+            ledger.nodes[node_id].gpus[gpu_index].busy_until = busy_until
+            ledger.changed(node_id)
         for node_id, gpu_index in trial.unmarked:
             ledger.nodes[node_id].gpus[gpu_index].whole = WHOLE_GANG
             ledger.changed(node_id)
@@ -254,9 +269,14 @@ def place_fractional(
         if refused is not None:
             outcomes[job.job_id] = refused
             return False
-    if key not in trial.failed:
+    # Behind the head, never on the nodes its reservation pins (as a gang that would delay
+    # it): a slice or share there may outlive the start the reservation was planned for.
+    pinned = _pinned_nodes(ctx, snap) if ctx.result.head_job_id is not None else frozenset()
+    # (A job avoiding pinned nodes failing says nothing of one that may use them.)
+    failed_key = (*key, pinned) if pinned else key
+    if failed_key not in trial.failed:
         for rank in range(spec.tasks):
-            spot = find_spot(ctx, snap, ask)
+            spot = find_spot(ctx, snap, ask, avoid_nodes=pinned)
             if spot is None:
                 break
             holder = holder_of(job.job_id, attempt, rank)
@@ -276,7 +296,16 @@ def place_fractional(
     if len(spots) < spec.tasks:
         for holder in holders:
             ledger.release(holder)
-        trial.failed.add(key)
+        trial.failed.add(failed_key)
+        if pinned and find_spot(ctx, snap, ask) is not None:
+            # Room on the nodes the head's reservation pins: it waits for the head (and evicts
+            # no one for room it has).
+            outcomes[job.job_id] = Outcome(
+                "backfill_blocked",
+                f"{need}; the GPUs with room are on nodes held for the reservation of the "
+                "first job in line",
+            )
+            return False
         trial.blocked.append(job)
         left = spec.tasks - len(spots)
         if ask.kind == "mig":
@@ -322,7 +351,23 @@ def _rank(rank: int, spot: Spot, ask: TaskAsk) -> RankPlacement:
     )
 
 
-def find_spot(ctx: CycleContext, snap: Snapshot, ask: TaskAsk) -> Spot | None:
+def _pinned_nodes(ctx: CycleContext, snap: Snapshot) -> frozenset[str]:
+    """The nodes the head's reservation pins, by id (kept while the reservation is the same:
+    many slice and share jobs may ask in one cycle)."""
+    trial = ctx.sharing
+    reserved = snap.reserved
+    if trial is not None and trial.pinned is not None and trial.pinned[0] is reserved:
+        return trial.pinned[1]
+    nodes = ctx.state.node_records
+    pinned = frozenset(nodes[index].node_id for index in reserved)
+    if trial is not None:
+        trial.pinned = (reserved, pinned)
+    return pinned
+
+
+def find_spot(
+    ctx: CycleContext, snap: Snapshot, ask: TaskAsk, avoid_nodes: frozenset[str] = frozenset()
+) -> Spot | None:
     """Where one slice or share task goes now, or None.
 
     A free instance of its profile, or a soft-shared GPU of its team with room. Ranked best
@@ -345,6 +390,8 @@ def find_spot(ctx: CycleContext, snap: Snapshot, ask: TaskAsk) -> Spot | None:
     for key, spot in ledger.ranked(ask, now):
         if ask.kind == "share" and key[0] >= FULL:
             break  # idle GPUs from here on (all of them free)
+        if spot.node_id in avoid_nodes:
+            continue
         ranked.append((key, spot))
         if len(ranked) >= first:
             break

@@ -13,7 +13,7 @@ What a victim gives a slice or share:
 
 The rules are those of whole-GPU preemption (core/preemption.py): only a lower class, never a
 protected gang (non-preemptible, younger than its minimum runtime, preempted within the
-hysteresis), and across queues only what a queue borrows or best-effort work (invariant 4).
+hysteresis), and across queues only what a queue borrows, best-effort work too (invariant 4).
 A slice or share never evicts a gang larger than `inference_max_victim_gpus` (the blast
 radius: a seventh of a GPU is no ground to stop a 64-GPU gang), and victims with the least
 work to lose go first (GPUs x time since their last checkpoint, core/slo.py). The victims
@@ -124,8 +124,9 @@ def _candidates(
         if vrank >= rank:
             continue
         same_queue = victim.queue == job.queue
-        idle_only = victim.priority == policy.idle_only_priority
-        if not (same_queue or idle_only or quota.borrowing(victim.queue) > 0):
+        # Best-effort work too: within its queue's guarantee it is safe from other teams (the
+        # auditor's cross_queue rule, as for whole gangs: core/preemption.py's `reachable`).
+        if not (same_queue or quota.borrowing(victim.queue) > 0):
             continue  # within its own queue's guarantee: safe from other teams
         if not _gives_room(live, victim, ask, [nodes[index].node_id for index, _ in victim.ranks]):
             continue
