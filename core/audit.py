@@ -732,9 +732,13 @@ class Auditor:
         return self._excess(queue, gpus, usage)
 
     def _borrowing(self, queue: str) -> bool:
-        """Whether the queue holds more than its guarantee, net of gangs under eviction; its
-        slices and shares count exactly, as the core's quota book counts them."""
-        held: GpuAmount = self._subtree(queue, self._staying())
+        """Whether the queue holds more than its guarantee, net of gangs under eviction."""
+        return self._held(queue, self._staying()) > self._guarantee(queue)
+
+    def _held(self, queue: str, staying: dict[str, int]) -> GpuAmount:
+        """What the queue and its descendants hold, net of gangs under eviction; its slices
+        and shares count exactly, as the core's quota book counts them."""
+        held: GpuAmount = self._subtree(queue, staying)
         # Only a job holding a gang has a fraction (set when bound, cleared when released):
         # the jobs with a gang, not every job ever seen.
         for job_id in self._with_gang:
@@ -743,7 +747,7 @@ class Auditor:
                 continue
             if not job.preempting or job_id in self._plan_victims:
                 held += job.fraction
-        return held > self._guarantee(queue)
+        return held
 
     # ---------------------------------------------------------------- §3: preemption
 
@@ -814,7 +818,9 @@ class Auditor:
         policy = self._policy
         pclass = policy.priority_class(preemptor.priority)
         staying = self._staying()
-        used = self._subtree(preemptor.queue, staying)
+        # Slices and shares count: a queue holding 1.25 GPUs of slices is that much nearer
+        # its guarantee for the core, so it must be here too.
+        used = self._held(preemptor.queue, staying)
         guarantee = self._guarantee(preemptor.queue)
         reclaiming = guarantee > 0 and used + shape.min_gpus <= guarantee
         chosen: set[str] = set()

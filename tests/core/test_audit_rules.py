@@ -11,6 +11,7 @@ from core.audit import RULES
 from schemas.base import Event
 from schemas.jobs import (
     GangReserved,
+    GpuShare,
     JobAdmitted,
     JobDeferred,
     JobRequeued,
@@ -479,3 +480,49 @@ def test_what_an_ended_gang_held_is_given_back_under_the_ceiling() -> None:
         gang("b", ("n0001", [])),
     ]
     assert audit(history) == []
+
+
+def test_a_queue_whose_slices_and_shares_fill_its_guarantee_is_not_reclaiming() -> None:
+    """The core's quota book counts a queue's shares: 8 whole GPUs and 1.5 GPUs of shares
+    put `ops` past its 16 guaranteed once `urgent` asks 8 more, so `urgent` (research) may
+    not reclaim the lender's research gang and evicting its own best-effort gang is right."""
+    before = [
+        *parse_cluster_spec("3x8:2:1"),
+        team("ops", guaranteed=16),
+        team("lender"),
+        *job("mine", team="ops", priority="best-effort"),
+        *running("mine", ("n0000", WHOLE)),
+        *job("borrowed", team="lender", priority="research"),
+        *running("borrowed", ("n0001", WHOLE)),
+    ]
+    after = [*job("urgent", team="ops", priority="research"), preempt("mine", "urgent")]
+    shares = [
+        *job("s1", team="ops", gpus_per_task=1),
+        share_on("s1", "n0002", 0, 750),
+        *job("s2", team="ops", gpus_per_task=1),
+        share_on("s2", "n0002", 1, 750),
+    ]
+    # The same with n0002 held by a gang no one may evict instead of the shares.
+    steady = [
+        team("third"),
+        *job("steady", team="third", priority="production", preemptible=False),
+        *running("steady", ("n0002", WHOLE)),
+    ]
+
+    assert audit([*before, *shares, *after]) == []
+    assert rules(audit([*before, *steady, *after])) == {"borrowers_first"}
+
+
+def share_on(job_id: str, node: str, gpu: int, thousandths: int) -> GangReserved:
+    return GangReserved(
+        job_id=job_id,
+        attempt=1,
+        ranks=[
+            RankPlacement(
+                rank=0,
+                node_id=node,
+                gpus=[gpu],
+                share=GpuShare(thousandths=thousandths, sharing="mps"),
+            )
+        ],
+    )
