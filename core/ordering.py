@@ -21,7 +21,7 @@ from bisect import bisect_right
 from datetime import UTC, datetime
 from operator import itemgetter
 
-from core.attained import job_level, service_level
+from core.attained import attained_service, service_level
 from core.context import CycleContext, Outcome
 from core.drf import dominant_usage
 from core.live_sharing import GpuAmount
@@ -168,19 +168,14 @@ def order(ctx: CycleContext, quota: QuotaBook) -> list[CoreJob]:
             within = within_known
         if not within and guaranteed:
             share = 0.0  # borrowing beyond a guarantee: no penalty for having borrowed
-        if job.ranks:
-            level = job_level(job, now, policy)
-        else:
-            # No gang held: its service is what its past attempts received (core/attained.py).
-            service = job.attained_gpu_s
-            level_known = levels.get(service)
-            if level_known is None:
-                level_known = levels[service] = service_level(service, policy)
-            level = level_known
+        service = attained_service(job, now)
+        level = levels.get(service)
+        if level is None:
+            level = levels[service] = service_level(service, policy)
         # Predicted-short first only within the guarantee: a borrower keeps arrival order, so
         # a guess about its length never decides who takes capacity lent by another team.
         length = length_level(job, ctx) if within and not aged else 0
-        released = bool(job.awaiting_victims) and ctx.victims_released(job)
+        released = ctx.victims_released(job)
         key = gangway_key(job, rank, share, aged, released, within, level, length)
         keyed.append((key, job))
     # Keys are unique (they end in the job's sequence number): the jobs are never compared.
