@@ -132,11 +132,18 @@ class Snapshot:
         # cycle's trials add over 10,000 nodes).
         rack, block = node.rack_id, node.block_id
         nodes = self.rack_nodes.get(rack)
-        if nodes is None:
-            self.rack_nodes[rack] = {index}
-        else:
+        if nodes is not None:
+            # Its rack is indexed, so its block and pool are too (`_remove` takes a rack out of
+            # its block only with its last node, and a block out of its pool with its last
+            # rack): only counts move. Most nodes a reservation plan releases join such a rack.
             nodes.add(index)
-        self.rack_free[rack] = self.rack_free.get(rack, 0) + count
+            self.rack_free[rack] += count
+            self.block_free[block] += count
+            self.pool_free[pool] += count
+            self.total_free += count
+            return
+        self.rack_nodes[rack] = {index}
+        self.rack_free[rack] = count
         racks = self.block_racks.get(block)
         if racks is None:
             self.block_racks[block] = {rack}
