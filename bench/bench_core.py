@@ -251,8 +251,8 @@ def main() -> None:
     parser.add_argument(
         "--decisions",
         type=Path,
-        help="write one line per cycle of the peak, fill, busy and settling cycles (decisions, tasks "
-        "placed, SHA-256 of the decision events): two runs decided alike if the files match",
+        help="write one line per cycle of the peak, fill, busy and settling cycles (decisions, "
+        "tasks placed, SHA-256 of the decision events): two runs decided alike if the files match",
     )
     args = parser.parse_args()
     phases = time_phases() if args.phases else None
