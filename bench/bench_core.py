@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import random
 import resource
 import statistics
@@ -81,6 +82,9 @@ class Bench:
         # The ranks each gang started, (attempt, [(rank, node)]): a released gang's ranks are
         # stopped and their exits recorded, as node agents do (their GPUs wait for that).
         self.live_ranks: dict[str, tuple[int, list[tuple[int, str]]]] = {}
+        # One digest of each cycle's decisions, in order (--decisions): the proof that a
+        # change to the core decided exactly as before.
+        self.digests: list[str] = []
         for node in parse_cluster_spec(spec):
             self.record(node)
 
@@ -112,6 +116,11 @@ class Bench:
             result = self.planner.schedule(self.state, self.now)
             elapsed = time.perf_counter() - started
             self.cpu_times.append(time.process_time() - cpu_started)
+        digest = hashlib.sha256()
+        for decision in result.decisions:
+            digest.update(type(decision).__name__.encode())
+            digest.update(decision.model_dump_json().encode())
+        self.digests.append(f"{len(result.decisions)} {result.tasks_placed} {digest.hexdigest()}")
         for decision in result.decisions:
             self.record(decision)
             if isinstance(decision, GANG_RELEASING_EVENTS):
@@ -239,6 +248,12 @@ def main() -> None:
     parser.add_argument(
         "--phases", action="store_true", help="also print each phase's CPU in the busy cycles"
     )
+    parser.add_argument(
+        "--decisions",
+        type=Path,
+        help="write one line per cycle of the peak, fill, busy and settling cycles (decisions, "
+        "tasks placed, SHA-256 of the decision events): two runs decided alike if the files match",
+    )
     args = parser.parse_args()
     phases = time_phases() if args.phases else None
 
@@ -259,6 +274,7 @@ def main() -> None:
         burst.record(JobSubmitted(job_id=job_id, spec=spec, submitted_by="bench"))
         burst.record(JobAdmitted(job_id=job_id, queue=spec.team, priority="research"))
     wall, tasks, _ = burst.cycle()
+    bench.digests[:0] = burst.digests
     print(
         f"peak placement: {tasks:,} tasks in one cycle of {wall * 1000:.0f} ms "
         f"({burst.cpu_times[-1] * 1000:.0f} ms CPU) = {tasks / wall:,.0f} task placements/s "
@@ -329,6 +345,8 @@ def main() -> None:
     for _ in range(100):
         with gc_paused():
             bench.planner.schedule(bench.state, bench.now)
+    if args.decisions is not None:
+        args.decisions.write_text("".join(f"{line}\n" for line in bench.digests))
     print(
         f"quiet cycle (nothing changed, settled after {settling} cycles): "
         f"{(time.perf_counter() - quiet) * 10:.3f} ms"

@@ -19,10 +19,12 @@ from __future__ import annotations
 import math
 from bisect import bisect_right
 from datetime import UTC, datetime
+from operator import itemgetter
 
-from core.attained import job_level
+from core.attained import attained_service, service_level
 from core.context import CycleContext, Outcome
 from core.drf import dominant_usage
+from core.live_sharing import GpuAmount
 from core.policy import SchedulingPolicy
 from core.quota import QuotaBook
 from core.reservation import runtime_estimate
@@ -32,6 +34,7 @@ from schemas.reasons import RETRY_BACKOFF
 # Smaller sorts first. The first element is the tier; keys of one tier have one shape, and
 # keys of different tiers are told apart by it.
 OrderKey = tuple[float, ...]
+_first = itemgetter(0)
 
 
 def fair_share(
@@ -127,28 +130,56 @@ def order(ctx: CycleContext, quota: QuotaBook) -> list[CoreJob]:
         return candidates
     queues = state.queue_records
     capacity = state.host_capacity()
-    shares: dict[str, float] = {}
-    keyed = []
+    aging = policy.aging_max_wait_s
+    wakeups = ctx.wakeups
+    # What many jobs share is asked once per cycle: a queue's share and guarantee, a class's
+    # rank, whether a queue stays within its guarantee with a job's GPUs (the book does not
+    # change while ordering), the level of an amount of service. A busy cycle orders 10,000
+    # jobs of 20 queues, 4 classes and a few sizes.
+    shares: dict[str, tuple[float, bool]] = {}
+    ranks: dict[str, int] = {}
+    within_of: dict[tuple[str, GpuAmount], bool] = {}
+    levels: dict[float, int] = {}
+    keyed: list[tuple[OrderKey, CoreJob]] = []
     for job in candidates:
-        share = shares.get(job.queue)
-        if share is None:
-            share = fair_share(queues.get(job.queue), now, policy, capacity)
-            shares[job.queue] = share
-        rank = policy.priority_class(job.priority).rank
+        queue = job.queue
+        known = shares.get(queue)
+        if known is None:
+            known = (
+                fair_share(queues.get(queue), now, policy, capacity),
+                quota.guarantee(queue) > 0,
+            )
+            shares[queue] = known
+        share, guaranteed = known
+        rank = ranks.get(job.priority)
+        if rank is None:
+            rank = ranks[job.priority] = policy.priority_class(job.priority).rank
         aged = is_aged(job, now, policy)
         if not aged and job.queued_at is not None:
-            ctx.wakeups.append(job.queued_at + policy.aging_max_wait_s)
+            wakeups.append(job.queued_at + aging)
         shape = job.shape
-        within = shape is not None and quota.within_guarantee(job.queue, shape.min_gpus)
-        if not within and quota.guarantee(job.queue) > 0:
+        if shape is None:
+            within = False
+        else:
+            need = (queue, shape.min_gpus)
+            within_known = within_of.get(need)
+            if within_known is None:
+                within_known = within_of[need] = quota.within_guarantee(queue, shape.min_gpus)
+            within = within_known
+        if not within and guaranteed:
             share = 0.0  # borrowing beyond a guarantee: no penalty for having borrowed
-        level = job_level(job, now, policy)
+        service = attained_service(job, now)
+        level = levels.get(service)
+        if level is None:
+            level = levels[service] = service_level(service, policy)
         # Predicted-short first only within the guarantee: a borrower keeps arrival order, so
         # a guess about its length never decides who takes capacity lent by another team.
         length = length_level(job, ctx) if within and not aged else 0
-        key = gangway_key(job, rank, share, aged, ctx.victims_released(job), within, level, length)
+        released = ctx.victims_released(job)
+        key = gangway_key(job, rank, share, aged, released, within, level, length)
         keyed.append((key, job))
-    keyed.sort(key=lambda pair: pair[0])
+    # Keys are unique (they end in the job's sequence number): the jobs are never compared.
+    keyed.sort(key=_first)
     return [job for _, job in keyed]
 
 

@@ -107,8 +107,9 @@ class Snapshot:
         finally:
             self._journals.pop()
             self._host_journals.pop()
+            free = self.free
             for index, mask in undo.items():
-                self._set(index, mask)
+                self._set(index, mask, free.get(index, 0))
             for index, taken in host_undo.items():
                 self.host_taken[index] = taken
             self.reserved = reserved
@@ -131,11 +132,18 @@ class Snapshot:
         # cycle's trials add over 10,000 nodes).
         rack, block = node.rack_id, node.block_id
         nodes = self.rack_nodes.get(rack)
-        if nodes is None:
-            self.rack_nodes[rack] = {index}
-        else:
+        if nodes is not None:
+            # Its rack is indexed, so its block and pool are too (`_remove` takes a rack out of
+            # its block only with its last node, and a block out of its pool with its last
+            # rack): only counts move. Most nodes a reservation plan releases join such a rack.
             nodes.add(index)
-        self.rack_free[rack] = self.rack_free.get(rack, 0) + count
+            self.rack_free[rack] += count
+            self.block_free[block] += count
+            self.pool_free[pool] += count
+            self.total_free += count
+            return
+        self.rack_nodes[rack] = {index}
+        self.rack_free[rack] = count
         racks = self.block_racks.get(block)
         if racks is None:
             self.block_racks[block] = {rack}
@@ -175,17 +183,21 @@ class Snapshot:
                 self.pool_blocks[pool].discard(node.block_id)
 
     def set_free(self, index: int, mask: int) -> None:
+        before = self.free.get(index, 0)
         for undo in self._journals:
             if index not in undo:
-                undo[index] = self.free.get(index, 0)
-        self._set(index, mask)
+                undo[index] = before
+        self._set(index, mask, before)
 
-    def _set(self, index: int, mask: int) -> None:
+    def _set(self, index: int, mask: int, before: int) -> None:
+        """`before`: the node's free GPUs now (the callers have read them already)."""
         self.changes += 1
-        before = self.free.get(index, 0)
         if not (before and mask):
-            self._remove(index)
-            self._add(index, mask)
+            # A node comes into the index or leaves it (neither, when both are empty).
+            if before:
+                self._remove(index)
+            if mask:
+                self._add(index, mask)
             return
         # Free GPUs before and after: the node stays in its rack, block and pool, and only
         # its counts move (most changes in a busy cycle: a gang taking or giving back part
@@ -211,7 +223,12 @@ class Snapshot:
         usable = mask & node.all_mask & ~node.unhealthy_mask
         if not node.schedulable or not usable:
             return
-        self.set_free(index, self.free.get(index, 0) | usable)
+        # set_free inlined: a head's reservation plan releases thousands of ranks per cycle.
+        before = self.free.get(index, 0)
+        for undo in self._journals:
+            if index not in undo:
+                undo[index] = before
+        self._set(index, before | usable, before)
 
     def commit(self, shape: Shape, allocation: Allocation) -> list[tuple[int, int]]:
         """Bind the allocation: one (node index, GPU mask) per rank, ranks in topology order.

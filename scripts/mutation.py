@@ -57,6 +57,7 @@ COMMON_TESTS = (
 MODULE_TESTS: dict[str, tuple[str, ...]] = {
     "ordering": (
         "test_ordering_rules",
+        "test_order_memo",
         "test_borrower_order",
         "test_learned_length_order",
         "test_ordering",
