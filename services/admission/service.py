@@ -69,7 +69,7 @@ class Admission:
         """
         end = await self.store.head() if until is None else until
         if end > self._fetched_until:
-            await self._fetch(end)
+            await self._fetch()
         while self._ahead and self._ahead[0].position <= end:
             raw = self._ahead.popleft()
             self.catalog.apply(
@@ -77,10 +77,8 @@ class Admission:
             )
         self.position = max(self.position, end)
 
-    async def _fetch(self, head: int) -> None:
-        """Every catalogue event up to `head`, a committed position: positions are given in
-        commit order without gaps, so nothing at or before it can commit later (the position
-        of the submission being decided serves, one query fewer per batch than the head's)."""
+    async def _fetch(self) -> None:
+        head = await self.store.head()
         after = self._fetched_until
         while True:
             batch = await self.store.read_all_raw(after, self.batch_size, types=CATALOG_TYPES)
