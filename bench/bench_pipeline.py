@@ -74,20 +74,26 @@ SERVICES = ("relay", "admission", "scheduler", "api")
 
 @contextlib.asynccontextmanager
 async def pipeline(
-    state_dir: Path, cluster: str, api_workers: int
+    state_dir: Path, cluster: str, api_workers: int, profile: str | None = None
 ) -> AsyncIterator[tuple[Settings, str, str]]:
     base = Settings()
     tag = uuid.uuid4().hex[:8]
     async with (
         scratch_database(base.migration_dsn, f"gw_bench_pipeline_{tag}") as database,
-        _running(base, database, tag, state_dir, cluster, api_workers) as running,
+        _running(base, database, tag, state_dir, cluster, api_workers, profile) as running,
     ):
         yield running
 
 
 @contextlib.asynccontextmanager
 async def _running(
-    base: Settings, database: str, tag: str, state_dir: Path, cluster: str, api_workers: int
+    base: Settings,
+    database: str,
+    tag: str,
+    state_dir: Path,
+    cluster: str,
+    api_workers: int,
+    profile: str | None,
 ) -> AsyncIterator[tuple[Settings, str, str]]:
     def dsn(url: str) -> str:
         return with_database(url, database)
@@ -117,6 +123,7 @@ async def _running(
             "GANGWAY_API_URL": api_url,
             "GANGWAY_ADMIN_TOKEN_FILE": str(token_file),
             "GANGWAY_CLUSTER": cluster,
+            **sampler_env(profile),
         },
     )
     specs = [
@@ -294,17 +301,83 @@ def service_cpu_s(state_dir: Path, stack: dict[str, int] | None = None) -> dict[
     return totals
 
 
+SAMPLER = Path(__file__).resolve().parent / "sampler"
+
+
+def py_spy() -> str | None:
+    return os.environ.get("PY_SPY") or shutil.which("py-spy")
+
+
+def sampler_env(out: str | None) -> dict[str, str]:
+    """What the services need to carry bench/sampler's profiler (`--profile` without py-spy)."""
+    if out is None or py_spy() is not None:
+        return {}
+    Path(out).mkdir(parents=True, exist_ok=True)
+    path = os.environ.get("PYTHONPATH")
+    return {
+        "GANGWAY_SAMPLE_DIR": str(Path(out).resolve()),
+        "PYTHONPATH": str(SAMPLER) + (os.pathsep + path if path else ""),
+    }
+
+
+def service_families(state_dir: Path) -> dict[str, list[int]]:
+    """Each launched service's Python processes, its children (uvicorn's workers) included."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                parents[int(entry.name)] = int(
+                    (entry / "stat").read_text().rsplit(")", 1)[1].split()[1]
+                )
+    families = {}
+    for pid_file in (state_dir / "pids").glob("*.pid"):
+        family = {int(pid_file.read_text().split()[0])}
+        for pid in sorted(parents):
+            if parents[pid] in family:
+                family.add(pid)
+        families[pid_file.stem] = sorted(
+            pid
+            for pid in family
+            if b"python" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        )
+    return families
+
+
+@contextlib.contextmanager
+def sampled(state_dir: Path, out: str, phase: str) -> Iterator[None]:
+    """bench/sampler's profiler in each service's processes during the phase, its stacks in
+    `out`/<phase>-<pid>.txt, and `out`/pids-<phase>.json naming each service's pids."""
+    folder = Path(out)
+    (folder / "phase").write_text(phase)
+    families = service_families(state_dir)
+    (folder / f"pids-{phase}.json").write_text(json.dumps(families))
+    for pids in families.values():
+        for pid in pids:
+            os.kill(pid, signal.SIGUSR1)
+    try:
+        yield
+    finally:
+        for pids in families.values():
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGUSR2)
+        time.sleep(1.0)  # each writes its file
+
+
 @contextlib.contextmanager
 def profiled(state_dir: Path, out: str | None, phase: str) -> Iterator[None]:
     """py-spy records each service (its children too) during the phase, as raw collapsed
-    stacks in `out`/<phase>-<service>.txt (`--profile`; py-spy on PATH or $PY_SPY)."""
+    stacks in `out`/<phase>-<service>.txt (`--profile`; py-spy on PATH or $PY_SPY); without
+    py-spy, bench/sampler's profiler does (see `sampled`)."""
     if out is None:
         yield
         return
-    spy = os.environ.get("PY_SPY") or shutil.which("py-spy")
-    if spy is None:
-        raise SystemExit("--profile needs py-spy (on PATH, or PY_SPY=/path/to/py-spy)")
     Path(out).mkdir(parents=True, exist_ok=True)
+    spy = py_spy()
+    if spy is None:
+        with sampled(state_dir, out, phase):
+            yield
+        return
     recorders = [
         subprocess.Popen(
             [
@@ -545,7 +618,8 @@ async def main() -> None:
         "--behind-api", action="store_true", help="also inject submissions behind the API"
     )
     parser.add_argument(
-        "--profile", help="record each service with py-spy during each phase, into this folder"
+        "--profile",
+        help="record each service during each phase (py-spy, else bench/sampler), into this folder",
     )
     parser.add_argument(
         "--state-dir", help="keep the services' logs and pid files here (default: a temporary one)"
@@ -563,7 +637,11 @@ async def _bench(args: argparse.Namespace, tmp: str) -> None:
     total += 2 * args.jobs if args.behind_api else 0
     cluster = f"{max(MIN_NODES, -(-total * 11 // 80))}x8:16:8"
     print(f"before: {load()}")
-    async with pipeline(Path(tmp), cluster, args.api_workers) as (settings, api_url, token):
+    async with pipeline(Path(tmp), cluster, args.api_workers, args.profile) as (
+        settings,
+        api_url,
+        token,
+    ):
         api = Connection(api_url, token)
         connections = [Connection(api_url, token) for _ in range(args.clients)]
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
@@ -27,7 +28,11 @@ def connection_options(settings: Settings) -> dict[str, Any]:
 
 
 def make_producer(
-    settings: Settings, *, client_id: str | None = None, linger_ms: int = 2
+    settings: Settings,
+    *,
+    client_id: str | None = None,
+    linger_ms: int = 2,
+    partitioner: Callable[[bytes | None, list[int], list[int]], int] | None = None,
 ) -> AIOKafkaProducer:
     """An idempotent producer (acks=all): a retried send is never written twice by the broker.
 
@@ -43,6 +48,7 @@ def make_producer(
         # The bus's record bound (limits.py): every event the log accepts fits in one record.
         max_request_size=MAX_MESSAGE_BYTES,
         request_timeout_ms=30_000,
+        **({} if partitioner is None else {"partitioner": partitioner}),
     )
 
 

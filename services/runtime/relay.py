@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -22,6 +23,7 @@ from aiokafka.errors import (
     RecordListTooLargeError,
     RecordTooLargeError,
 )
+from aiokafka.partitioner import DefaultPartitioner, murmur2
 from prometheus_client import Counter, Gauge
 
 from services.runtime.errors import DATABASE_UNAVAILABLE
@@ -41,6 +43,14 @@ T = TypeVar("T")
 
 # How long a liveness ping of the lock's session, or a producer's stop, may take.
 _PING_TIMEOUT_S = 2.0
+# The stored position trails what Kafka acknowledged by at most this long: under a stream of
+# small rounds (single submissions) a write and commit of the position per round was a tenth
+# of the relay's CPU and a WAL flush each on the server. A relay that dies re-publishes at most
+# this much more from its stored position, which consumers' inboxes absorb as they absorb any
+# redelivery; a quiet relay stores its position once the interval has passed.
+POSITION_STORE_INTERVAL_S = 0.5
+# Streams whose partition the relay remembers (StreamPartitioner).
+_PARTITIONS_REMEMBERED = 65_536
 
 _TRY_LOCK = "SELECT pg_try_advisory_lock(hashtextextended('gangway.relay.' || $1, 0))"
 _LOAD = "SELECT position FROM relay_positions WHERE name = $1"
@@ -76,6 +86,31 @@ def message_headers(raw: RawEvent) -> list[tuple[str, bytes]]:
     ]
 
 
+class StreamPartitioner:
+    """aiokafka's default partitioner (murmur2 of the key, as Java's client), remembering each
+    key's hash: a job's events (submitted, admitted, reserved, ...) are published in different
+    rounds under the same key, and the pure-Python murmur2 was a tenth of the relay's CPU in a
+    batch burst. Same partition for every key as DefaultPartitioner (tests/runtime)."""
+
+    def __init__(self, remembered: int = _PARTITIONS_REMEMBERED) -> None:
+        self.remembered = remembered
+        self._hashes: dict[bytes, int] = {}
+
+    def __call__(self, key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
+        if key is None:
+            return int(DefaultPartitioner()(key, all_partitions, available))
+        hashed = self._hashes.get(key)
+        if hashed is None:
+            if len(self._hashes) >= self.remembered:
+                self._hashes.clear()  # a bound, not an LRU: refilled from the live streams
+            hashed = self._hashes[key] = murmur2(key) & 0x7FFFFFFF
+        return all_partitions[hashed % len(all_partitions)]
+
+    def __len__(self) -> int:
+        """How many keys' hashes it holds now."""
+        return len(self._hashes)
+
+
 class OutboxRelay:
     def __init__(
         self,
@@ -89,7 +124,10 @@ class OutboxRelay:
         self.settings = settings
         self.name = name or settings.relay_name
         self.topics = topics or Topics.from_settings(settings)
+        # What Kafka acknowledged, and what relay_positions holds (and since when).
         self.position = 0
+        self._stored = 0
+        self._stored_at = 0.0
         self.dead_letters = 0
         self.lag = 0
         self.registry = new_registry()
@@ -136,6 +174,10 @@ class OutboxRelay:
                 finally:
                     listener.terminate()
         finally:
+            if self.position > self._stored:
+                # Spares the next relay re-publishing it; bounded, and harmless if it fails.
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self.store_position(self.position), _PING_TIMEOUT_S)
             await self._stop_producer()
 
     async def _publish_while_locked(
@@ -174,7 +216,10 @@ class OutboxRelay:
                 self.position = await self.load_position()
                 await sleep_unless(stop, delay)
                 continue
-            if not await self._sleep_until_woken(stop):
+            woken = await self._sleep_until_woken(stop, self._store_due())
+            if self._store_due() == 0.0:
+                await self.store_position(self.position)
+            elif not woken:
                 # No notification for a poll interval: is the lock's session still there?
                 await asyncio.wait_for(listener.fetchval("SELECT 1"), _PING_TIMEOUT_S)
 
@@ -203,7 +248,9 @@ class OutboxRelay:
             refused = [i for i, o in enumerate(outcomes) if isinstance(o, UNPUBLISHABLE)]
             if refused:
                 producer = await self._publish_one_by_one(batch[refused[0] :])
-            await self.store_position(batch[-1].position)
+            self.position = batch[-1].position
+            if self._store_due() == 0.0:
+                await self.store_position(self.position)
             sent += len(batch)
             if len(batch) < self.settings.relay_batch_size:
                 self._read_to_head = True
@@ -296,12 +343,21 @@ class OutboxRelay:
     async def load_position(self) -> int:
         async with self.store.pool.acquire() as c:
             position = await c.fetchval(_LOAD, self.name)
-        return 0 if position is None else int(position)
+        self._stored = 0 if position is None else int(position)
+        return self._stored
 
     async def store_position(self, position: int) -> None:
         async with self.store.pool.acquire() as c:
             await c.execute(_STORE, self.name, position)
-        self.position = position
+        self.position = self._stored = position
+        self._stored_at = time.monotonic()
+
+    def _store_due(self) -> float | None:
+        """Seconds until the acknowledged position is due to be stored (0.0: now); None when
+        relay_positions holds it already."""
+        if self.position <= self._stored:
+            return None
+        return max(0.0, self._stored_at + POSITION_STORE_INTERVAL_S - time.monotonic())
 
     async def _wait_for_lock(self, conn: asyncpg.Connection, stop: asyncio.Event) -> bool:
         while not await conn.fetchval(_TRY_LOCK, self.name):
@@ -312,14 +368,16 @@ class OutboxRelay:
     def _on_notify(self, *_: Any) -> None:
         self._wake.set()
 
-    async def _sleep_until_woken(self, stop: asyncio.Event) -> bool:
-        """Until a notification, `stop`, or the poll interval; whether anything woke it.
-        NOTIFY wakes the relay at once; the poll is the fallback for a lost notification."""
+    async def _sleep_until_woken(self, stop: asyncio.Event, due: float | None = None) -> bool:
+        """Until a notification, `stop`, or the poll interval (or `due` seconds, when sooner);
+        whether anything woke it. NOTIFY wakes the relay at once; the poll is the fallback
+        for a lost notification."""
+        timeout = self.settings.relay_poll_interval_s
         waiters = {asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())}
         try:
             done, _ = await asyncio.wait(
                 waiters,
-                timeout=self.settings.relay_poll_interval_s,
+                timeout=timeout if due is None else min(timeout, due),
                 return_when=asyncio.FIRST_COMPLETED,
             )
         finally:
@@ -332,7 +390,10 @@ class OutboxRelay:
             # No linger: publish_pending queues a whole read of the log before awaiting any
             # of it, so the sends share requests anyway, and lingering only delays each hop.
             producer = make_producer(
-                self.settings, client_id=f"{self.settings.service_name}-relay", linger_ms=0
+                self.settings,
+                client_id=f"{self.settings.service_name}-relay",
+                linger_ms=0,
+                partitioner=StreamPartitioner(),
             )
             await producer.start()
             self._producer = producer

@@ -161,7 +161,15 @@ def _live(fold: _LiveFold) -> _Fold:
             # nothing.
             return job
         changed = fold(job, event, at)
-        return job if changed is None else replace(changed, updated_at=at)
+        if changed is None:
+            return job
+        if changed is job:
+            return replace(job, updated_at=at)
+        # The fold made this record just now and nothing else holds it yet: stamped in place
+        # rather than copied a second time (dataclasses.replace of its 31 fields, twice per
+        # event, was a sixth of the API's CPU in a batch burst).
+        object.__setattr__(changed, "updated_at", at)
+        return changed
 
     return folded
 
