@@ -30,6 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from schemas.jobs import JobSpec
 from services.api.auth import Principal, authenticate
 from services.api.bootstrap import ApiBootstrap, ApiContext
+from services.api.deps import client_of
 from services.api.limits import forward_read_body
 from services.api.metrics import ApiMetrics
 from services.api.models import BatchCreatedView, BatchSubmit, JobCreatedView
@@ -134,7 +135,13 @@ class FastSubmit:
         try:
             context = await self.bootstrap.context()
             await context.fresh()
-            principal = await authenticate(authorization, context.admin_sha256, context.store.pool)
+            principal = await authenticate(
+                authorization,
+                context.admin_sha256,
+                context.store.pool,
+                context.auth_guard,
+                client_of(Request(scope)),
+            )
         except Exception:
             raise _Ordinary from None  # nothing written yet: the app answers as its routes do
         try:

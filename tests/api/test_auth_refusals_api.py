@@ -12,10 +12,12 @@ import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 
 from services.api.app import create_app
+from services.api.auth import _LOOKUP
 from services.api.auth_guard import AuthGuard, client_key
 from services.api.projections.tenancy import TokenRecord
 from services.runtime import Settings
@@ -185,3 +187,27 @@ def test_an_ipv6_client_is_counted_by_its_64_and_a_mapped_ipv4_as_itself() -> No
     assert client_key("::ffff:203.0.113.7") == client_key("203.0.113.7") == "203.0.113.7"
     assert client_key(None) == "unknown"
     assert client_key("testclient") == "testclient"
+
+
+async def test_a_submission_with_an_unknown_token_costs_the_guards_look_ups_only(
+    cut_off: tuple[Api, TcpProxy], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`POST /v1/jobs` is served before the app's routes (fast_submit.py): its look-up of the
+    token must go through the same guard, or each submission with a random token is a query."""
+    api, _ = cut_off
+    look_ups = 0
+    fetchrow = asyncpg.Pool.fetchrow
+
+    async def counted(pool: asyncpg.Pool, query: str, *args: object, **kwargs: object) -> object:
+        nonlocal look_ups
+        look_ups += query == _LOOKUP
+        return await fetchrow(pool, query, *args, **kwargs)
+
+    monkeypatch.setattr(asyncpg.Pool, "fetchrow", counted)
+    spec = {"name": "probe", "team": "nlp", "gpus_per_task": 1, "command": ["true"]}
+    answers = [
+        (await api.client.post("/v1/jobs", json=spec, headers=random_token())).status_code
+        for _ in range(20)
+    ]
+    assert answers == [401] + [429] * 19
+    assert look_ups == 1
