@@ -2,30 +2,33 @@
 
 A pool is a queue's gangs of one priority class that may be preempted at all, by attained-service
 level, highest first, then the youngest. Built afresh, it costs a look at every gang of the
-queue in every cycle that has a job to help, though between two cycles it seldom changes. What it
-depends on:
+queue in every cycle that has a job to help (on the `philly_noest.csv` week, rebuilding the
+pools whenever one gang of the queue changed cost a quarter of the week's CPU), though between
+two cycles few gangs change. Each gang's entry depends only on that gang and the clock:
 
-- the queue's holding gangs, their states, ranks, starts and last preemption: each change of
-  those is a holding-state change the state reports (`watch_holding`; a holding gang's spec
-  never changes, core/state.py `_on_updated`), which drops that queue's pools;
-- the clock: a gang's protection ends (its minimum runtime, the hysteresis after a
-  preemption: the moments `is_protected` notes as wake-ups) and a running gang climbs a level
-  as it receives service. A kept pool is used only before the first such moment;
-- the gangs the reactions phase handled in this cycle, which the pool leaves out: a kept pool
-  with one of them is built again.
+- its state, ranks, start and last preemption: each change of those is a holding-state change
+  the state reports (`watch_holding`; a holding gang's spec never changes, core/state.py
+  `_on_updated`), and the gang is looked at again;
+- the clock: its protection ends (its minimum runtime, the hysteresis after a preemption: the
+  moment `is_protected` notes as its wake-up) or, running, it climbs a level as it receives
+  service: the gang is looked at again from that moment on (a level a little before it);
+- the gangs the reactions phase handled in this cycle, which the pool leaves out for that
+  cycle only, with their wake-ups.
 
 So a kept pool is exactly the pool built afresh, and so are the wake-ups its protected gangs
 add (each still ahead of the clock). Nothing here decides: `pool_of` returns the same list
-and adds the same wake-ups as `build_pool`.
+and adds the same wake-ups as `build_pool` (tests/core/test_fairness_pools.py checks both).
 """
 
 from __future__ import annotations
 
+import heapq
 import weakref
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass
 
 from core.context import CycleContext
+from core.policy import SchedulingPolicy
 from core.preemption import is_protected
 from core.state import CoreJob, HoldingWatch
 from core.surface import PlanningSurface
@@ -41,11 +44,25 @@ _LEVEL_MARGIN_S = 1e-3
 
 
 @dataclass(slots=True)
-class _Kept:
-    pool: Pool
-    # The wake-ups its protected gangs noted, and until when it stands (exclusive).
-    wakeups: list[float]
-    until: float
+class _Live:
+    """A queue's pool for one class, kept up to date gang by gang: a gang is looked at again
+    when it changes (a holding change), when its protection ends (its wake-up) and when it is
+    about to reach another level, and only then; every other gang's entry stands as it is."""
+
+    # (-level, -held since, seq, job id) of the pool's gangs, in pool order.
+    order: list[tuple[int, float, int, str]]
+    # The gang of each entry, by job id, with its entry.
+    member: dict[str, tuple[tuple[int, float, int, str], CoreJob]]
+    # The wake-up each protected gang noted.
+    wake: dict[str, float]
+    # (moment, job id): from that moment on the gang is looked at again (a stale entry, whose
+    # moment is no longer the gang's in `due`, is dropped).
+    recheck: list[tuple[float, str]]
+    due: dict[str, float]
+    # Gangs changed since the pool was last read.
+    dirty: set[str]
+    # The pool as a list, while nothing of it changed.
+    pool: Pool | None
 
 
 @dataclass(slots=True)
@@ -53,7 +70,7 @@ class _Pools:
     watch: HoldingWatch
     policy: object
     latest_now: float
-    kept: dict[tuple[str, int], _Kept]
+    kept: dict[tuple[str, int], _Live]
 
 
 _by_state: weakref.WeakKeyDictionary[PlanningSurface, _Pools] = weakref.WeakKeyDictionary()
@@ -103,9 +120,10 @@ def forget(state: PlanningSurface) -> None:
 
 
 def forget_changes(ctx: CycleContext) -> None:
-    """Drop the pools the state's holding changes since the last cycle touch; all of them when
-    the policy changed or no longer preempts for fairness. Called in every cycle, so that the
-    changes reported never pile up."""
+    """Note the state's holding changes since the last cycle in the pools of their queues (each
+    such gang is looked at again when its pool is next read); drop every pool when the policy
+    changed or no longer preempts for fairness. Called in every cycle, so that the changes
+    reported never pile up."""
     state = ctx.state
     pools = _by_state.get(state)
     if pools is None:
@@ -122,13 +140,16 @@ def forget_changes(ctx: CycleContext) -> None:
         if job is None:
             kept.clear()
             return
-        for key in [key for key in kept if key[0] == job.queue]:
-            del kept[key]
+        queue = job.queue
+        for key, live in kept.items():
+            if key[0] == queue:
+                live.dirty.add(job_id)
 
 
 def pool_of(ctx: CycleContext, queue: str, rank: int) -> Pool:
     """The queue's pool for that class at `ctx.now`, its protected gangs' wake-ups added to
-    the cycle's: the kept one while it stands, else built (and kept)."""
+    the cycle's: the kept one brought up to date (only the gangs that changed, whose
+    protection ended or that reach another level are looked at), else built (and kept)."""
     state, now = ctx.state, ctx.now
     forget_changes(ctx)
     pools = _by_state.get(state)
@@ -137,20 +158,81 @@ def pool_of(ctx: CycleContext, queue: str, rank: int) -> Pool:
         pools = _Pools(state.watch_holding(), ctx.policy, now, {})
         _by_state[state] = pools
     pools.latest_now = now
-    kept = pools.kept
-    # A gang the reactions phase handled in this cycle is left out of the pool (and its
-    # wake-ups with it): with one in the queue, the pool is built afresh and not kept.
-    handled = any(job_id in state.holding_of(queue) for job_id in ctx.handled)
-    found = kept.get((queue, rank))
-    if found is not None and now < found.until and not handled:
-        ctx.wakeups.extend(found.wakeups)
-        return found.pool
-    wakeups: list[float] = []
-    pool, climbs = build_pool(ctx, queue, rank, wakeups)
-    ctx.wakeups.extend(wakeups)
-    if handled:
-        kept.pop((queue, rank), None)
+    holding = state.holding_of(queue)
+    live = pools.kept.get((queue, rank))
+    if live is None:
+        live = pools.kept[(queue, rank)] = _Live([], {}, {}, [], {}, set(holding), None)
+    looked: list[str] = []
+    if live.dirty:
+        looked.extend(live.dirty)
+        live.dirty.clear()
+    recheck, due = live.recheck, live.due
+    while recheck and recheck[0][0] <= now:
+        moment, job_id = heapq.heappop(recheck)
+        if due.get(job_id) == moment:
+            looked.append(job_id)
+    if looked:
+        policy = ctx.policy
+        for job_id in looked:
+            _look(live, holding.get(job_id), job_id, queue, rank, now, policy)
+        if len(recheck) > 4 * len(due) + 64:
+            live.recheck = [(moment, job_id) for job_id, moment in due.items()]
+            heapq.heapify(live.recheck)
+    pool = live.pool
+    if pool is None:
+        member = live.member
+        pool = live.pool = [(-key[0], member[key[3]][1]) for key in live.order]
+    # A gang the reactions phase handled in this cycle is left out of the pool, and its
+    # wake-up with it, for this cycle only (each gang's entry stands on its own).
+    handled = ctx.handled
+    if any(job_id in holding for job_id in handled):
+        pool = [entry for entry in pool if entry[1].job_id not in handled]
+        wake = live.wake
+        ctx.wakeups.extend(wake[job_id] for job_id in wake if job_id not in handled)
     else:
-        until = min(min(wakeups, default=float("inf")), climbs - _LEVEL_MARGIN_S)
-        kept[(queue, rank)] = _Kept(pool, wakeups, until)
+        ctx.wakeups.extend(live.wake.values())
     return pool
+
+
+def _look(
+    live: _Live,
+    victim: CoreJob | None,
+    job_id: str,
+    queue: str,
+    rank: int,
+    now: float,
+    policy: SchedulingPolicy,
+) -> None:
+    """The gang's entry, wake-up and next look at `now`, as `build_pool` finds them."""
+    old = live.member.pop(job_id, None)
+    if old is not None:
+        order = live.order
+        del order[bisect_left(order, old[0])]
+        live.pool = None
+    live.wake.pop(job_id, None)
+    live.due.pop(job_id, None)
+    if victim is None or victim.queue != queue or not victim.ranks:
+        return
+    if policy.priority_class(victim.priority).rank != rank:
+        return
+    noted: list[float] = []
+    if is_protected(victim, now, policy, noted):
+        if noted:
+            live.wake[job_id] = live.due[job_id] = noted[0]
+            heapq.heappush(live.recheck, (noted[0], job_id))
+        return
+    thresholds = policy.las_thresholds_gpu_s
+    service = victim.attained_gpu_s
+    started = victim.started_at
+    if started is not None:
+        service += victim.bound_gpus * max(0.0, now - started)
+    level = bisect_right(thresholds, service)
+    if level < len(thresholds) and started is not None and victim.bound_gpus > 0:
+        moment = now + (thresholds[level] - service) / victim.bound_gpus - _LEVEL_MARGIN_S
+        live.due[job_id] = moment
+        heapq.heappush(live.recheck, (moment, job_id))
+    held_since = victim.held_since
+    key = (-level, -(now if held_since is None else held_since), victim.seq, job_id)
+    insort(live.order, key)
+    live.member[job_id] = (key, victim)
+    live.pool = None

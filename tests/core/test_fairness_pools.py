@@ -10,8 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core import SchedulingPolicy
+from core.context import CycleContext
 from core.cycle import Planner
-from core.fairness_pools import forget
+from core.fairness_pools import build_pool, forget, pool_of
 from tests.core.builders import History
 from tests.core.test_properties import (
     Exit,
@@ -104,5 +105,39 @@ def play_both(cluster: str, policy: SchedulingPolicy, tree: Tree, ops: list[obje
                 fresh.record(decision)
             kept.start_all()
             fresh.start_all()
+            if not result.decisions:
+                break
+
+
+@settings(max_examples=60, deadline=None)
+@given(policy=fair_policies, ops=crowded)
+def test_a_pool_kept_up_to_date_is_the_pool_built_afresh(
+    policy: SchedulingPolicy, ops: list[object]
+) -> None:
+    """Read after every cycle and every passing of time, each queue's kept pool of each class
+    (brought up to date gang by gang) holds the gangs, levels and order `build_pool` finds
+    from scratch, and adds the same wake-ups."""
+    history, planner = History("3x8:1:3", policy=policy), Planner()
+    configure(history, crowded_tree)
+    nodes = [view.node_id for view in history.state.nodes()]
+    ranks = sorted({pc.rank for pc in policy.priority_classes})
+    for number, op in enumerate(ops):
+        if not perform(history, op, f"p{number:03d}", nodes) and isinstance(op, Wait):
+            history.advance(op.seconds)
+        for _ in range(6):
+            result = planner.schedule(history.state, history.now)
+            for decision in result.decisions:
+                history.record(decision)
+            history.start_all()
+            for queue in history.state.queue_records:
+                for rank in ranks:
+                    kept = CycleContext.start(history.state, history.now)
+                    fresh = CycleContext.start(history.state, history.now)
+                    pool = pool_of(kept, queue, rank)
+                    built, _ = build_pool(fresh, queue, rank, fresh.wakeups)
+                    assert [(level, gang.job_id) for level, gang in pool] == [
+                        (level, gang.job_id) for level, gang in built
+                    ]
+                    assert sorted(kept.wakeups) == sorted(fresh.wakeups)
             if not result.decisions:
                 break
