@@ -82,6 +82,18 @@ class CycleContext:
         self.released.add(job.job_id)
         self.handled.add(job.job_id)
 
+    def calming(self, job: CoreJob) -> bool:
+        """Whether the job asked for evictions within the hysteresis (it plans none until
+        then, so nothing thrashes); its calm's end is then a wake-up. One rule for every
+        preemption planner: whole GPUs, slices and shares, and whole GPUs back from them."""
+        if job.last_preempting_at is None:
+            return False
+        calm_until = job.last_preempting_at + self.policy.hysteresis_s
+        if self.now < calm_until:
+            self.wakeups.append(calm_until)
+            return True
+        return False
+
     def victims_pending(self, job: CoreJob) -> list[str]:
         """The job's victims still being evicted: their GPUs are about to come free.
 

@@ -63,11 +63,8 @@ def preempt(ctx: CycleContext, snap: Snapshot, blocked: list[CoreJob], quota: Qu
             continue
         if shape.cpu_only:
             continue  # a CPU-only gang waits for CPUs; it evicts no one
-        if job.last_preempting_at is not None:
-            calm_until = job.last_preempting_at + policy.hysteresis_s
-            if now < calm_until:
-                ctx.wakeups.append(calm_until)
-                continue
+        if ctx.calming(job):
+            continue
         if not credited:
             credit_leaving(ctx, quota)
             credited = True

@@ -50,7 +50,7 @@ def preempt_for_fractions(ctx: CycleContext, snap: Snapshot, quota: QuotaBook) -
     trial = ctx.sharing
     if trial is None or not trial.blocked:
         return
-    policy, now = ctx.policy, ctx.now
+    policy = ctx.policy
     excluded = set(ctx.released) | set(ctx.handled)
     excluded.update(
         event.job_id for event in ctx.result.decisions if isinstance(event, PreemptionRequested)
@@ -66,11 +66,8 @@ def preempt_for_fractions(ctx: CycleContext, snap: Snapshot, quota: QuotaBook) -
             continue
         if job.awaiting_victims and ctx.victims_pending(job):
             continue
-        if job.last_preempting_at is not None:
-            calm_until = job.last_preempting_at + policy.hysteresis_s
-            if now < calm_until:
-                ctx.wakeups.append(calm_until)
-                continue
+        if ctx.calming(job):
+            continue
         pclass = policy.priority_class(job.priority)
         if not pclass.can_preempt or job.priority == policy.idle_only_priority:
             continue

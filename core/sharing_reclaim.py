@@ -99,7 +99,7 @@ def reclaim_shared_gpus(
     served: set[str] = set()
     if trial is None or not trial.sharing_nodes():
         return served
-    policy, now = ctx.policy, ctx.now
+    policy = ctx.policy
     excluded = set(ctx.released) | set(ctx.handled)
     preempting: set[str] = set()
     for event in ctx.result.decisions:
@@ -119,11 +119,8 @@ def reclaim_shared_gpus(
             continue  # the whole-GPU planner evicts for it, or its victims are still leaving
         if coming and job.awaiting_victims and _waits_for_recut(ctx, snap, job, shape, coming):
             continue
-        if job.last_preempting_at is not None:
-            calm_until = job.last_preempting_at + policy.hysteresis_s
-            if now < calm_until:
-                ctx.wakeups.append(calm_until)
-                continue
+        if ctx.calming(job):
+            continue
         pclass = policy.priority_class(job.priority)
         reclaiming = quota.within_guarantee(job.queue, shape.min_gpus)
         if not (pclass.can_preempt or reclaiming) or job.priority == policy.idle_only_priority:
