@@ -24,6 +24,7 @@ from schemas.base import Event
 from schemas.jobs import (
     GANG_RELEASING_EVENTS,
     GangReserved,
+    GpuShare,
     JobAdmitted,
     JobCancelRequested,
     JobDeferred,
@@ -368,3 +369,19 @@ class History:
 
     def deferrals(self, job_id: str) -> list[JobDeferred]:
         return self.events(JobDeferred, job_id)
+
+
+def share_on(job_id: str, node: str, gpu: int, thousandths: int) -> GangReserved:
+    """A one-rank gang holding `thousandths` of an MPS-shared GPU."""
+    return GangReserved(
+        job_id=job_id,
+        attempt=1,
+        ranks=[
+            RankPlacement(
+                rank=0,
+                node_id=node,
+                gpus=[gpu],
+                share=GpuShare(thousandths=thousandths, sharing="mps"),
+            )
+        ],
+    )

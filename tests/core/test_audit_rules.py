@@ -11,7 +11,6 @@ from core.audit import RULES
 from schemas.base import Event
 from schemas.jobs import (
     GangReserved,
-    GpuShare,
     JobAdmitted,
     JobDeferred,
     JobRequeued,
@@ -24,7 +23,7 @@ from schemas.jobs import (
 )
 from schemas.nodes import NodeDrained, NodeDrainRequested
 from schemas.teams import QueueConfigured, TeamCreated
-from tests.core.builders import History, a_job
+from tests.core.builders import History, a_job, share_on
 
 T = 1_700_000_000.0
 WHOLE = list(range(8))
@@ -511,18 +510,3 @@ def test_a_queue_whose_slices_and_shares_fill_its_guarantee_is_not_reclaiming() 
 
     assert audit([*before, *shares, *after]) == []
     assert rules(audit([*before, *steady, *after])) == {"borrowers_first"}
-
-
-def share_on(job_id: str, node: str, gpu: int, thousandths: int) -> GangReserved:
-    return GangReserved(
-        job_id=job_id,
-        attempt=1,
-        ranks=[
-            RankPlacement(
-                rank=0,
-                node_id=node,
-                gpus=[gpu],
-                share=GpuShare(thousandths=thousandths, sharing="mps"),
-            )
-        ],
-    )

@@ -7,8 +7,9 @@ from __future__ import annotations
 from core.audit import Auditor
 from core.topology import parse_cluster_spec
 from schemas.base import Event
-from schemas.jobs import GangReserved, GpuShare, JobSpec, JobSubmitted, MigSlice, RankPlacement
+from schemas.jobs import GangReserved, JobSpec, JobSubmitted, MigSlice, RankPlacement
 from schemas.nodes import GpuGeometryChanged, MigInstanceSpec
+from tests.core.builders import share_on
 
 CLUSTER = (
     "groups:\n"
@@ -40,21 +41,6 @@ def slice_at(job: str, node: str, gpu: int, profile: str, start: int) -> GangRes
         ranks=[
             RankPlacement(
                 rank=0, node_id=node, gpus=[gpu], mig=MigSlice(profile=profile, start=start)
-            )
-        ],
-    )
-
-
-def share_on(job: str, node: str, gpu: int, thousandths: int) -> GangReserved:
-    return GangReserved(
-        job_id=job,
-        attempt=1,
-        ranks=[
-            RankPlacement(
-                rank=0,
-                node_id=node,
-                gpus=[gpu],
-                share=GpuShare(thousandths=thousandths, sharing="mps"),
             )
         ],
     )
