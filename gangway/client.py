@@ -2,7 +2,8 @@
 
 The API address: GANGWAY_API_URL, else the line in `.gangway/env` (written by `make up`).
 The token: GANGWAY_TOKEN, else the admin token in GANGWAY_ADMIN_TOKEN_FILE or
-`.gangway/admin.token`.
+`.gangway/admin.token`. `.gangway/` is the nearest one in the working directory or above it, as
+git finds `.git/`, so the commands work from anywhere inside a checkout.
 """
 
 from __future__ import annotations
@@ -35,6 +36,16 @@ class ApiError(ClientError):
         self.problem = dict(problem)
 
 
+def find_state_dir(start: Path | None = None) -> Path:
+    """The nearest `.gangway/` at or above `start` (the working directory); else `./.gangway`."""
+    here = (start or Path.cwd()).resolve()
+    for directory in (here, *here.parents):
+        candidate = directory / STATE_DIR
+        if candidate.is_dir():
+            return candidate
+    return STATE_DIR
+
+
 def read_env_file(path: Path) -> dict[str, str]:
     if not path.is_file():
         return {}
@@ -49,9 +60,10 @@ class ClientConfig:
 
     @classmethod
     def load(
-        cls, env: Mapping[str, str] | None = None, state_dir: Path = STATE_DIR
+        cls, env: Mapping[str, str] | None = None, state_dir: Path | None = None
     ) -> ClientConfig:
         environ = os.environ if env is None else env
+        state_dir = find_state_dir() if state_dir is None else state_dir
         file_env = read_env_file(state_dir / "env")
         url = environ.get("GANGWAY_API_URL") or file_env.get("GANGWAY_API_URL") or DEFAULT_API_URL
         token = environ.get("GANGWAY_TOKEN") or None

@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 import asyncpg
 
+from gangway.client import find_state_dir
 from gangway.commands._common import InputError
 from services.runtime.settings import Settings
 from services.runtime.store import EventStore
@@ -14,8 +15,8 @@ from services.runtime.store import EventStore
 
 @asynccontextmanager
 async def open_log() -> AsyncIterator[EventStore]:
-    """The store of GANGWAY_PG_DSN (or .gangway/env); unreachable → a one-line error."""
-    settings = Settings()
+    """The store of GANGWAY_PG_DSN (or the nearest .gangway/env); unreachable → one line."""
+    settings = Settings(_env_file=find_state_dir() / "env")
     try:
         store = await EventStore.connect(settings, producer="gangway-cli")
     except (OSError, asyncpg.PostgresError) as error:

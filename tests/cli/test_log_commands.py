@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -103,3 +104,22 @@ def test_an_unreachable_log_is_a_one_line_error(
     assert main(["audit"]) != 0
     err = capsys.readouterr().err
     assert err.startswith("gangway: cannot open the event log") and "secret" not in err
+
+
+def test_audit_from_a_subdirectory_reads_the_checkouts_log(
+    settings: Settings,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The DSN comes from the nearest `.gangway/env`, not from the default port."""
+    record(settings, node("n1"), *running_job("sub", [0]))
+    (tmp_path / ".gangway").mkdir()
+    (tmp_path / ".gangway" / "env").write_text(f"GANGWAY_PG_DSN={settings.pg_dsn}\n")
+    (tmp_path / "docs").mkdir()
+    monkeypatch.delenv("GANGWAY_PG_DSN", raising=False)
+    monkeypatch.chdir(tmp_path / "docs")
+
+    status = main(["audit"])
+    out = capsys.readouterr().out
+    assert status == 0 and "audited 5 events" in out and "no invariant violations" in out, out
