@@ -28,6 +28,14 @@ class Settings(BaseSettings):
     pg_owner_dsn: str | None = None
     pg_pool_min: int = Field(default=1, ge=0)
     pg_pool_max: int = Field(default=10, ge=1)
+    # The bound on each statement of a pooled connection. A partition that drops packets, or a
+    # database host that froze, sends no reset: without it a statement already delivered waits
+    # forever (and one not yet acknowledged waits for TCP's retransmissions to give up, about
+    # 15 minutes). The longest statement here (a large snapshot's insert) takes seconds.
+    pg_command_timeout_s: float = Field(default=60.0, gt=0)
+    # The bound on opening a connection, for the same reason: a SYN into a silent partition is
+    # retried by TCP for minutes. A healthy server answers in milliseconds.
+    pg_connect_timeout_s: float = Field(default=10.0, gt=0)
 
     kafka_bootstrap: str = "127.0.0.1:29092"
     # The broker's credentials (SASL over plaintext; scripts/stack.sh's broker accepts nothing

@@ -356,6 +356,8 @@ async def create_pool(settings: Settings, dsn: str | None = None) -> asyncpg.Poo
         dsn or settings.pg_dsn,
         min_size=settings.pg_pool_min,
         max_size=settings.pg_pool_max,
+        command_timeout=settings.pg_command_timeout_s,
+        timeout=settings.pg_connect_timeout_s,
         reset=keep_session,
     )
     assert pool is not None

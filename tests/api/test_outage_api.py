@@ -3,6 +3,7 @@ submission with the same Idempotency-Key never submits twice."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -97,3 +98,35 @@ async def test_an_idempotency_key_reused_for_another_spec_is_refused(
     changed = await api.client.post("/v1/jobs", json={**BODY, "tasks": 3}, headers=keyed)
     assert changed.status_code == 422
     assert changed.json()["type"].endswith("/idempotency-key-reused")
+
+
+async def test_a_database_gone_silent_answers_503_within_the_command_timeout(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """A partition that drops packets, or a host that froze, sends no reset: without a bound
+    on each statement the request would wait for TCP to give up (minutes, or never for a
+    query already delivered). Each statement is bounded by `pg_command_timeout_s`."""
+    proxy, dsn = await TcpProxy.for_dsn(settings.pg_dsn)
+    configured = api_settings(
+        settings, tmp_path, pg_dsn=dsn, pg_command_timeout_s=1.0, pg_connect_timeout_s=1.0
+    )
+    app = create_app(configured, use_bus=False)
+    async with (
+        app.router.lifespan_context(app),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://gangway.test"
+        ) as client,
+    ):
+        api = Api(client, app, configured)
+        team = await api.create_team("nlp")
+        proxy.stall()
+        try:
+            stalled = await asyncio.wait_for(
+                api.client.post("/v1/jobs", json=BODY, headers=team), timeout=30
+            )
+            assert_unavailable(stalled)
+        finally:
+            proxy.heal()
+        recovered = await api.client.post("/v1/jobs", json=BODY, headers=team)
+        assert recovered.status_code == 201, recovered.text
+    await proxy.cut()

@@ -10,13 +10,23 @@ from urllib.parse import urlsplit, urlunsplit
 
 class TcpProxy:
     """Forwards 127.0.0.1:<port> to `target`; `cut()` closes every connection and refuses new
-    ones (as a stopped server does); `restore()` accepts again."""
+    ones (as a stopped server does); `restore()` accepts again. `stall()` keeps every
+    connection open but delivers nothing either way (a silent partition, a host that froze:
+    no reset ever comes); `heal()` delivers what was held, as TCP's retransmissions would."""
 
     def __init__(self, target_host: str, target_port: int) -> None:
         self.target = (target_host, target_port)
         self.port = 0
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+
+    def stall(self) -> None:
+        self._flowing.clear()
+
+    def heal(self) -> None:
+        self._flowing.set()
 
     @classmethod
     async def for_dsn(cls, dsn: str) -> tuple[TcpProxy, str]:
@@ -57,14 +67,19 @@ class TcpProxy:
             return
         self._writers |= {writer, up_writer}
         await asyncio.gather(
-            _pipe(reader, up_writer), _pipe(up_reader, writer), return_exceptions=True
+            _pipe(reader, up_writer, self._flowing),
+            _pipe(up_reader, writer, self._flowing),
+            return_exceptions=True,
         )
         self._writers -= {writer, up_writer}
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def _pipe(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, flowing: asyncio.Event
+) -> None:
     try:
         while data := await reader.read(65536):
+            await flowing.wait()
             writer.write(data)
             await writer.drain()
     finally:
