@@ -41,8 +41,8 @@ from functools import partial
 from operator import lt
 
 from core.backfill import place
+from core.built_events import job_deferred
 from core.context import CycleContext, CycleResult
-from core.explain_events import job_deferred
 from core.fairness import preempt_for_fairness
 from core.fractional import plan_repartitions, sharing_trial
 from core.gating import gate
