@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from core.built_events import gang_reserved, rank_placement
 from core.checkpointing import checkpoint_interval_s
 from core.context import CycleContext, Outcome
 from core.fractional import place_fractional
@@ -20,7 +21,7 @@ from core.shape import describe_need
 from core.slo import headroom_blocks
 from core.state import CoreJob, bits
 from core.surface import PlanningSurface
-from schemas.jobs import GangReserved, RankPlacement, ReservationPlanned
+from schemas.jobs import ReservationPlanned
 from schemas.reasons import RESERVED_HEAD, DeferCode
 
 _NO_CAPACITY = "waiting for enough free GPUs in one placement"
@@ -337,18 +338,17 @@ def _bind(
             ctx.now,
         )
     ctx.emit(
-        # Built without re-validation: the core constructs these from checked state, and a
-        # cycle binding thousands of ranks would otherwise spend its time in validators.
-        GangReserved.model_construct(
-            job_id=job.job_id,
-            attempt=job.attempt + 1,
-            ranks=[
-                RankPlacement.model_construct(
-                    rank=rank, node_id=nodes[index].node_id, gpus=bits(mask)
-                )
+        # Built without re-validation (core/built_events.py): the core constructs these from
+        # checked state, and a cycle binding thousands of ranks would otherwise spend its time
+        # in validators and pydantic's constructor.
+        gang_reserved(
+            job.job_id,
+            job.attempt + 1,
+            [
+                rank_placement(rank, nodes[index].node_id, bits(mask))
                 for rank, (index, mask) in enumerate(ranks)
             ],
-            checkpoint_interval_s=interval,
+            interval,
         )
     )
     quota.charge(job.queue, sum(mask.bit_count() for _, mask in ranks))

@@ -41,8 +41,8 @@ from functools import partial
 from operator import lt
 
 from core.backfill import place
+from core.built_events import job_deferred
 from core.context import CycleContext, CycleResult
-from core.explain_events import job_deferred
 from core.fairness import preempt_for_fairness
 from core.fractional import plan_repartitions, sharing_trial
 from core.gating import gate
@@ -136,8 +136,10 @@ def _run(ctx: CycleContext, free_index: FreeIndex, timers: GangTimers | None) ->
         if ctx.policy.preemption and not ctx.policy.is_fifo:
             # Borrowed capacity first, whether gangs or slices and shares hold it.
             reclaimed = reclaim_shared_gpus(ctx, snap, placed.blocked, quota, borrowers_only=True)
-            blocked = [j for j in placed.blocked if j.job_id not in reclaimed]
-            preempt(ctx, snap, blocked if reclaimed else placed.blocked, quota)
+            blocked = placed.blocked
+            if reclaimed:  # (a busy cycle blocks ~9,500 jobs: filtered only when there is cause)
+                blocked = [j for j in blocked if j.job_id not in reclaimed]
+            preempt(ctx, snap, blocked, quota)
             reclaim_shared_gpus(ctx, snap, placed.blocked, quota)
             preempt_for_fractions(ctx, snap, quota)
             refill_headroom(ctx, snap, quota)

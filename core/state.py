@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
+from functools import lru_cache
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -72,12 +73,30 @@ NodeStateName = Literal["ready", "draining", "drained", "lost"]
 PREEMPTED_EXIT_REASON = "preempted"
 
 
+# The wording of a shape's need, shared by the jobs of that shape: a cycle after a burst of
+# submissions words thousands of needs at once (~2 µs each), of a few shapes. A frozen shape's
+# wording never changes, so nothing here can go stale; the bound only caps the memory.
+_need_of = lru_cache(maxsize=4_096)(describe_need)
+
+
+@lru_cache(maxsize=4_096)
+def _one_shape(shape: Shape) -> Shape:
+    """The first shape equal to `shape` seen (while it is remembered): jobs of one shape share
+    one object. A cycle looks thousands of jobs' shapes up in its per-shape answers (fits,
+    infeasible, host blocker); equal keys that are one object skip the field-by-field
+    comparison. Shapes are frozen values: sharing one changes no answer."""
+    return shape
+
+
 def popcount(mask: int) -> int:
     return mask.bit_count()
 
 
 def bits(mask: int) -> list[int]:
     """The GPU indices set in `mask`, lowest first."""
+    if 0 <= mask < _BYTE:
+        # A node of up to 8 GPUs (a binding names thousands of ranks in one cycle).
+        return list(_BYTE_BITS[mask])
     out: list[int] = []
     index = 0
     while mask:
@@ -86,6 +105,12 @@ def bits(mask: int) -> list[int]:
         mask >>= 1
         index += 1
     return out
+
+
+_BYTE = 256
+_BYTE_BITS: tuple[tuple[int, ...], ...] = tuple(
+    tuple(index for index in range(8) if mask >> index & 1) for mask in range(_BYTE)
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,7 +314,7 @@ class CoreJob:
     def need(self) -> str:
         # Worded on first use: replay folds many more jobs than any cycle explains.
         if not self._need and self.shape is not None:
-            self._need = describe_need(self.shape)
+            self._need = _need_of(self.shape)
         return self._need
 
 
@@ -704,7 +729,7 @@ class SchedulerState:
             seq=self._seq,
             spec=spec,
             state="pending",
-            shape=shape_of(spec),
+            shape=_one_shape(shape_of(spec)),
             submitted_at=at,
             team=spec.team,
             queue=spec.queue or spec.team,
