@@ -177,15 +177,17 @@ class EventStore:
             # more per append): a stale epoch or a version conflict is found before anything
             # is written (the append statement skips a conflicting request rather than fail),
             # so the caller's transaction stays usable after either.
-            return await self._append_in(conn, request, leadership)
-        async with self.pool.acquire() as c, c.transaction():
-            return await self._append_in(c, request, leadership)
+            if request.epoch is not None:
+                await _check_epoch(conn, leadership, request.epoch)
+            return await self._append_one(conn, request, leadership)
+        # One statement, its own transaction: the epoch's check and share lock, then the head
+        # row's lock, are taken inside it, and no COMMIT round trip is left inside the lock.
+        async with self.pool.acquire() as c:
+            return await self._append_one(c, request, leadership)
 
-    async def _append_in(
+    async def _append_one(
         self, c: asyncpg.Connection, request: _Request, leadership: str
     ) -> list[EventEnvelope]:
-        if request.epoch is not None:
-            await _check_epoch(c, leadership, request.epoch)
         [result] = await self._write(c, [request], leadership)
         if isinstance(result, ConcurrencyConflict):
             raise result
@@ -213,10 +215,12 @@ class EventStore:
             )
         except asyncpg.PostgresError as refused:
             if refused.sqlstate == _STALE_EPOCH:
-                # The database's own fence (a bump between our check and the write cannot
-                # happen: _check_epoch holds the epoch row; this is the backstop).
+                # The database's fence: the append statement names the current epoch (its
+                # detail); event_log_append's backstop does not (-1).
                 epoch = next((r.epoch for r in requests if r.epoch is not None), 0)
-                raise StaleLeader(leadership, epoch, -1) from refused
+                detail = getattr(refused, "detail", None)
+                current = int(detail) if detail and detail.isdigit() else -1
+                raise StaleLeader(leadership, epoch, current) from refused
             raise
         return rows.outcomes(recorded_at, positions or [], versions or [], found or [])
 

@@ -328,6 +328,24 @@ async def test_a_deposed_leader_cannot_append(store: EventStore, settings: Setti
     await new.release()
 
 
+async def test_a_deposed_leader_is_told_so_even_when_its_append_would_conflict(
+    store: EventStore, settings: Settings
+) -> None:
+    old = await acquire_leadership(store, settings.pg_dsn, "old")
+    assert old is not None
+    await old.release()
+    new = await acquire_leadership(store, settings.pg_dsn, "new")
+    assert new is not None
+    await store.append("job-g", 0, deferrals("g", 1), epoch=new.epoch)
+
+    with pytest.raises(StaleLeader) as fenced:
+        await store.append("job-g", 0, deferrals("g", 1, tag="late"), epoch=old.epoch)
+
+    assert (fenced.value.epoch, fenced.value.current) == (1, 2)
+    assert [e.epoch for e in await store.read_stream("job-g")] == [2]
+    await new.release()
+
+
 async def test_a_leader_learns_it_lost_its_session(store: EventStore, settings: Settings) -> None:
     leader = await acquire_leadership(store, settings.pg_dsn, "doomed")
     assert leader is not None

@@ -6,7 +6,8 @@
 -- snapshot holds every append committed before ours), skips each request whose expected
 -- versions do not hold and appends the others through event_log_append (0030: its checks, the
 -- epoch fence and the notification stay the one definition): one round trip inside the lock,
--- and none more when the caller runs it as its own transaction.
+-- and none more when the caller runs it as its own transaction (a fenced append too: the
+-- epoch's check and share lock come first, inside it).
 --
 -- Per append (in request order; a request's appends are adjacent and name distinct streams):
 -- its request's number, its stream, its expected version (NULL: any) and its number of rows.
@@ -38,7 +39,21 @@ DECLARE
     w_positions bigint[]; w_streams text[]; w_versions integer[]; w_event_ids uuid[];
     w_types text[]; w_schema_versions integer[]; w_payloads text[]; w_correlation_ids uuid[];
     w_causation_ids uuid[]; w_producers text[]; w_epochs bigint[];
+    fence bigint;
 BEGIN
+    IF EXISTS (SELECT 1 FROM unnest(epochs) AS e(epoch) WHERE e.epoch IS NOT NULL) THEN
+        -- A fenced append: the epoch row's share lock comes before the head row's, as in every
+        -- fenced append (a new leader's bump waits for it), and a stale epoch is refused before
+        -- anything else, even when every request would conflict; event_log_append checks again.
+        fence := leader_epoch_share(leadership);
+        IF fence IS NULL
+           OR EXISTS (SELECT 1 FROM unnest(epochs) AS e(epoch) WHERE e.epoch IS DISTINCT FROM fence)
+        THEN
+            RAISE EXCEPTION 'stale leader epoch for %: the current one is %',
+                leadership, coalesce(fence, 0)
+                USING ERRCODE = 'GW001', DETAIL = coalesce(fence, 0)::text;
+        END IF;
+    END IF;
     SELECT h.position, clock_timestamp() INTO last, recorded
     FROM public.event_log_head h FOR UPDATE;
     -- A new statement: its snapshot holds every append committed before the lock was ours.
