@@ -118,11 +118,14 @@ async def _apply(conn: asyncpg.Connection) -> list[int]:
     return applied
 
 
-# The functions the services' role writes the log and the epochs through (migrations/0030).
+# The functions the services' role writes the log and the epochs through (migrations/0030,
+# 0038).
 _APPEND_FUNCTIONS = (
     "event_log_head_lock()",
     "event_log_append(bigint[], text[], integer[], uuid[], text[], integer[], text[], uuid[],"
     " uuid[], text[], bigint[], timestamptz, text, text)",
+    "event_log_append_checked(integer[], text[], integer[], integer[], uuid[], text[],"
+    " integer[], text[], uuid[], uuid[], text[], bigint[], text, text)",
     "leader_epoch_share(text)",
     "leader_epoch_bump(text, text)",
 )

@@ -31,25 +31,17 @@ _STALE_EPOCH = "GW001"
 
 _FENCE = "SELECT leader_epoch_share($1)"
 
-# Taking the head row's lock serialises appends; see migrations/0001_event_log.sql. The
-# services' role may not write the head, so the lock is taken through the owner's function.
-_LOCK_HEAD = "SELECT head, now FROM event_log_head_lock()"
-
-# A new statement after the lock, so its snapshot holds every append committed before ours.
-_STREAM_VERSIONS = """
-SELECT s.stream,
-       COALESCE((SELECT max(e.version) FROM events e WHERE e.stream = s.stream), 0)
-FROM unnest($1::text[]) AS s(stream)
-"""
-
-# The rows, the new head and the notification of followers in one statement (one round trip
-# inside the head row's lock), through the one function the services' role may append with:
-# it refuses positions that do not continue the head and rows of a stale leader epoch
-# (migrations/0030). $12 is the recorded time, $13 the leadership, $14 the channel.
-_INSERT = """
-SELECT event_log_append($1::bigint[], $2::text[], $3::integer[], $4::uuid[], $5::text[],
-                        $6::integer[], $7::text[], $8::uuid[], $9::uuid[], $10::text[],
-                        $11::bigint[], $12, $13, $14)
+# A group of appends in one statement, one round trip inside the head row's lock (which
+# serialises appends; see migrations/0001_event_log.sql): the function takes the lock, reads
+# the streams' versions after it, skips each request whose expected versions do not hold and
+# appends the rest with their notification through event_log_append, the one function the
+# services' role may append with (it refuses positions that do not continue the head and rows
+# of a stale leader epoch). migrations/0038 says what goes in and out.
+_APPEND_CHECKED = """
+SELECT recorded, positions, versions, checked
+FROM event_log_append_checked($1::integer[], $2::text[], $3::integer[], $4::integer[],
+                              $5::uuid[], $6::text[], $7::integer[], $8::text[], $9::uuid[],
+                              $10::uuid[], $11::text[], $12::bigint[], $13, $14)
 """
 
 _READ_STREAM = f"SELECT {_COLUMNS} FROM events WHERE stream = $1 AND version > $2 ORDER BY version"
@@ -149,9 +141,9 @@ class EventStore:
         """Append to several streams in one transaction: all of them, or none.
 
         Without `conn` or `epoch`, the append joins the store's group commit: appends that
-        arrive while one commits are written together in the next transaction (each in a
-        savepoint of its own, so a conflict fails only its own append). Appends are serialised
-        by the log's head row anyway, so this turns one WAL flush per append into one per group.
+        arrive while one commits are written together in the next statement (a conflict skips
+        only its own append). Appends are serialised by the log's head row anyway, so this
+        turns one WAL flush per append into one per group.
         """
         payloads = _check_appends(appends, self.registry)
         request = _Request(appends, metadata or Metadata(), epoch, payloads)
@@ -165,8 +157,8 @@ class EventStore:
         self, appends: Sequence[tuple[StreamAppend, Metadata]], *, conn: asyncpg.Connection
     ) -> list[list[EventEnvelope] | ConcurrencyConflict]:
         """Independent appends, each with its own metadata, inside the caller's transaction
-        and in three statements whatever their number (a consumer writing a batch's reactions
-        at once): each gets its envelopes, or its ConcurrencyConflict and writes nothing."""
+        and in one statement whatever their number (a consumer writing a batch's reactions at
+        once): each gets its envelopes, or its ConcurrencyConflict and writes nothing."""
         requests = []
         for append, metadata in appends:
             if not append.events:
@@ -183,16 +175,19 @@ class EventStore:
         if conn is not None:
             # In the caller's transaction, without a savepoint of its own (two round trips
             # more per append): a stale epoch or a version conflict is found before anything
-            # is written, so the caller's transaction stays usable after either.
-            return await self._append_in(conn, request, leadership)
-        async with self.pool.acquire() as c, c.transaction():
-            return await self._append_in(c, request, leadership)
+            # is written (the append statement skips a conflicting request rather than fail),
+            # so the caller's transaction stays usable after either.
+            if request.epoch is not None:
+                await _check_epoch(conn, leadership, request.epoch)
+            return await self._append_one(conn, request, leadership)
+        # One statement, its own transaction: the epoch's check and share lock, then the head
+        # row's lock, are taken inside it, and no COMMIT round trip is left inside the lock.
+        async with self.pool.acquire() as c:
+            return await self._append_one(c, request, leadership)
 
-    async def _append_in(
+    async def _append_one(
         self, c: asyncpg.Connection, request: _Request, leadership: str
     ) -> list[EventEnvelope]:
-        if request.epoch is not None:
-            await _check_epoch(c, leadership, request.epoch)
         [result] = await self._write(c, [request], leadership)
         if isinstance(result, ConcurrencyConflict):
             raise result
@@ -204,56 +199,30 @@ class EventStore:
         requests: Sequence[_Request],
         leadership: str = SCHEDULER_LEADERSHIP,
     ) -> list[list[EventEnvelope] | ConcurrencyConflict]:
-        """Append `requests` in order inside the caller's transaction, in three statements
-        whatever their number; a request whose expected versions do not hold is skipped and
-        gets its ConcurrencyConflict instead."""
-        last, recorded_at = await c.fetchrow(_LOCK_HEAD)
-        streams = list(dict.fromkeys(a.stream for r in requests for a in r.appends))
-        current: dict[str, int] = dict(await c.fetch(_STREAM_VERSIONS, streams))
+        """Append `requests` in order in one statement (inside the caller's transaction, or as
+        its own); a request whose expected versions do not hold is skipped and gets its
+        ConcurrencyConflict instead."""
         rows = _Rows(self.producer)
-        spans: list[tuple[int, int] | ConcurrencyConflict] = []
-        for request in requests:
-            conflict = next(
-                (
-                    ConcurrencyConflict(a.stream, a.expected_version, current[a.stream])
-                    for a in request.appends
-                    if a.expected_version is not None and a.expected_version != current[a.stream]
-                ),
-                None,
-            )
-            if conflict is not None:
-                spans.append(conflict)
-                continue
-            first = len(rows)
+        for index, request in enumerate(requests):
             payloads = iter(request.payloads)
             for append in request.appends:
+                rows.begin(index, append)
                 for event in append.events:
-                    current[append.stream] += 1
-                    rows.add(
-                        last + len(rows) + 1,
-                        append.stream,
-                        current[append.stream],
-                        event,
-                        next(payloads),
-                        request.meta,
-                        request.epoch,
-                    )
-            spans.append((first, len(rows)))
-        if len(rows):
-            try:
-                await c.execute(_INSERT, *rows.columns(), recorded_at, leadership, NOTIFY_CHANNEL)
-            except asyncpg.PostgresError as refused:
-                if refused.sqlstate == _STALE_EPOCH:
-                    # The database's own fence (a bump between our check and the write cannot
-                    # happen: _check_epoch holds the epoch row; this is the backstop).
-                    epoch = next((r.epoch for r in requests if r.epoch is not None), 0)
-                    raise StaleLeader(leadership, epoch, -1) from refused
-                raise
-        envelopes = rows.envelopes(recorded_at)
-        return [
-            span if isinstance(span, ConcurrencyConflict) else envelopes[span[0] : span[1]]
-            for span in spans
-        ]
+                    rows.add(event, next(payloads), request.meta, request.epoch)
+        try:
+            recorded_at, positions, versions, found = await c.fetchrow(
+                _APPEND_CHECKED, *rows.columns(), leadership, NOTIFY_CHANNEL
+            )
+        except asyncpg.PostgresError as refused:
+            if refused.sqlstate == _STALE_EPOCH:
+                # The database's fence: the append statement names the current epoch (its
+                # detail); event_log_append's backstop does not (-1).
+                epoch = next((r.epoch for r in requests if r.epoch is not None), 0)
+                detail = getattr(refused, "detail", None)
+                current = int(detail) if detail and detail.isdigit() else -1
+                raise StaleLeader(leadership, epoch, current) from refused
+            raise
+        return rows.outcomes(recorded_at, positions or [], versions or [], found or [])
 
     # ------------------------------------------------------------------ reads
 
@@ -434,7 +403,9 @@ class _GroupCommit:
         while self.pending:
             group, self.pending = self.pending[: self.max_group], self.pending[self.max_group :]
             try:
-                async with self.store.pool.acquire() as c, c.transaction():
+                # One statement, its own transaction: the head row's lock is held for the
+                # statement and its commit, not across round trips (no BEGIN, no COMMIT).
+                async with self.store.pool.acquire() as c:
                     results = await self.store._write(c, [request for request, _ in group])
             except asyncpg.PostgresError as refused:
                 if len(group) == 1:
@@ -474,13 +445,15 @@ def _settle(
 
 
 class _Rows:
-    """The columns of one INSERT ... SELECT FROM unnest(...), one list per column."""
+    """The arguments of event_log_append_checked: one list per column of the appends (their
+    request, stream, expected version and number of rows) and of the rows."""
 
     def __init__(self, producer: str) -> None:
         self.producer = producer
-        self.positions: list[int] = []
+        self.requests: list[int] = []
         self.streams: list[str] = []
-        self.versions: list[int] = []
+        self.expected: list[int | None] = []
+        self.counts: list[int] = []
         self.event_ids: list[UUID] = []
         self.types: list[str] = []
         self.schema_versions: list[int] = []
@@ -491,22 +464,14 @@ class _Rows:
         self.epochs: list[int | None] = []
         self.events: list[Event] = []
 
-    def __len__(self) -> int:
-        return len(self.positions)
+    def begin(self, request: int, append: StreamAppend) -> None:
+        self.requests.append(request)
+        self.streams.append(append.stream)
+        self.expected.append(append.expected_version)
+        self.counts.append(0)
 
-    def add(
-        self,
-        position: int,
-        stream: str,
-        version: int,
-        event: Event,
-        payload: str,
-        meta: Metadata,
-        epoch: int | None,
-    ) -> None:
-        self.positions.append(position)
-        self.streams.append(stream)
-        self.versions.append(version)
+    def add(self, event: Event, payload: str, meta: Metadata, epoch: int | None) -> None:
+        self.counts[-1] += 1
         self.event_ids.append(uuid4())
         self.types.append(event.type)
         self.schema_versions.append(event.schema_version)
@@ -519,9 +484,10 @@ class _Rows:
 
     def columns(self) -> tuple[list[Any], ...]:
         return (
-            self.positions,
+            self.requests,
             self.streams,
-            self.versions,
+            self.expected,
+            self.counts,
             self.event_ids,
             self.types,
             self.schema_versions,
@@ -532,21 +498,59 @@ class _Rows:
             self.epochs,
         )
 
-    def envelopes(self, recorded_at: datetime) -> list[EventEnvelope]:
-        return [
-            EventEnvelope(
-                event_id=self.event_ids[i],
-                stream=self.streams[i],
-                version=self.versions[i],
-                position=self.positions[i],
-                type=self.types[i],
-                schema_version=self.schema_versions[i],
-                payload=self.events[i],
-                recorded_at=recorded_at,
-                correlation_id=self.correlation_ids[i],
-                causation_id=self.causation_ids[i],
-                producer=self.producers[i],
-                epoch=self.epochs[i],
-            )
-            for i in range(len(self))
-        ]
+    def outcomes(
+        self,
+        recorded_at: datetime,
+        positions: Sequence[int | None],
+        versions: Sequence[int | None],
+        found: Sequence[int],
+    ) -> list[list[EventEnvelope] | ConcurrencyConflict]:
+        """Per request, what the database made of it: its envelopes, or the conflict that
+        kept it out (the first of its appends whose stream was not at the expected version).
+        A request's rows were all written or none (every request has a row: callers append
+        no empty request)."""
+        out: list[list[EventEnvelope] | ConcurrencyConflict] = []
+        row = 0
+        a = 0
+        while a < len(self.requests):
+            b = a
+            while b < len(self.requests) and self.requests[b] == self.requests[a]:
+                b += 1
+            if positions[row] is None:
+                out.append(
+                    next(
+                        ConcurrencyConflict(self.streams[i], self.expected[i], found[i])
+                        for i in range(a, b)
+                        if self.expected[i] is not None and self.expected[i] != found[i]
+                    )
+                )
+                row += sum(self.counts[a:b])
+            else:
+                envelopes = []
+                for i in range(a, b):
+                    for _ in range(self.counts[i]):
+                        position, version = positions[row], versions[row]
+                        assert position is not None and version is not None
+                        envelopes.append(self._envelope(row, i, position, version, recorded_at))
+                        row += 1
+                out.append(envelopes)
+            a = b
+        return out
+
+    def _envelope(
+        self, r: int, a: int, position: int, version: int, recorded_at: datetime
+    ) -> EventEnvelope:
+        return EventEnvelope(
+            event_id=self.event_ids[r],
+            stream=self.streams[a],
+            version=version,
+            position=position,
+            type=self.types[r],
+            schema_version=self.schema_versions[r],
+            payload=self.events[r],
+            recorded_at=recorded_at,
+            correlation_id=self.correlation_ids[r],
+            causation_id=self.causation_ids[r],
+            producer=self.producers[r],
+            epoch=self.epochs[r],
+        )

@@ -136,11 +136,12 @@ async def started(loop: ConsumerLoop, task: asyncio.Task[None]) -> None:
 
 
 async def appends_waiting(store: EventStore) -> int:
-    """How many appends are blocked behind another append's transaction."""
+    """How many appends are blocked behind another append's transaction (on the head row's
+    lock, which the store's one append statement takes: services/runtime/store.py)."""
     async with store.pool.acquire() as c:
         return int(
             await c.fetchval(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
-                " AND wait_event_type = 'Lock' AND query LIKE '%event_log_head%'"
+                " AND wait_event_type = 'Lock' AND query LIKE '%event_log_append_checked%'"
             )
         )

@@ -110,6 +110,65 @@ async def test_appends_written_together_in_a_transaction_keep_their_own_outcomes
     assert await store.head() == 4
 
 
+async def test_appends_written_together_see_the_versions_the_earlier_ones_wrote(
+    store: EventStore,
+) -> None:
+    async with store.pool.acquire() as conn, conn.transaction():
+        results = await store.append_each(
+            [
+                (StreamAppend("job-z", 0, deferrals("z", 2)), Metadata()),
+                (StreamAppend("job-z", 2, deferrals("z", 1, tag="second")), Metadata()),
+                (StreamAppend("job-z", 2, deferrals("z", 1, tag="stale")), Metadata()),
+                (StreamAppend("job-w", None, deferrals("w", 1)), Metadata()),
+            ],
+            conn=conn,
+        )
+    first, second, stale, any_version = results
+    assert isinstance(stale, ConcurrencyConflict)
+    assert (stale.stream, stale.expected, stale.actual) == ("job-z", 2, 3)
+    assert isinstance(first, list) and isinstance(second, list)
+    assert isinstance(any_version, list)
+    assert [(e.stream, e.version, e.position) for e in first + second + any_version] == [
+        ("job-z", 1, 1),
+        ("job-z", 2, 2),
+        ("job-z", 3, 3),
+        ("job-w", 1, 4),
+    ]
+    assert [(e.version, e.position) for e in await store.read_stream("job-z")] == [
+        (1, 1),
+        (2, 2),
+        (3, 3),
+    ]
+
+
+async def test_a_group_skips_a_request_to_several_streams_whole_when_one_stream_moved(
+    store: EventStore,
+) -> None:
+    await store.append("job-moved", 0, deferrals("moved", 1))
+
+    results = await asyncio.gather(
+        store.append("job-before", 0, deferrals("before", 1)),
+        store.append_many(
+            [
+                StreamAppend("job-fresh", 0, deferrals("fresh", 2)),
+                StreamAppend("job-moved", 0, deferrals("moved", 1, tag="late")),
+            ]
+        ),
+        store.append("job-after", 0, deferrals("after", 1)),
+        return_exceptions=True,
+    )
+
+    before, refused, after = results
+    assert isinstance(refused, ConcurrencyConflict)
+    assert (refused.stream, refused.expected, refused.actual) == ("job-moved", 0, 1)
+    assert isinstance(before, list) and isinstance(after, list)
+    assert [(e.stream, e.position) for e in await store.read_all(1)] == [
+        ("job-before", 2),
+        ("job-after", 3),
+    ]
+    assert await store.read_stream("job-fresh") == []
+
+
 async def test_appends_written_together_are_undone_with_their_transaction(
     store: EventStore,
 ) -> None:
@@ -266,6 +325,24 @@ async def test_a_deposed_leader_cannot_append(store: EventStore, settings: Setti
     assert [e.version for e in await store.read_stream("job-f")] == [1]
     await store.append("job-f", 1, deferrals("f", 1, start=1), epoch=new.epoch)
     assert [e.epoch for e in await store.read_stream("job-f")] == [1, 2]
+    await new.release()
+
+
+async def test_a_deposed_leader_is_told_so_even_when_its_append_would_conflict(
+    store: EventStore, settings: Settings
+) -> None:
+    old = await acquire_leadership(store, settings.pg_dsn, "old")
+    assert old is not None
+    await old.release()
+    new = await acquire_leadership(store, settings.pg_dsn, "new")
+    assert new is not None
+    await store.append("job-g", 0, deferrals("g", 1), epoch=new.epoch)
+
+    with pytest.raises(StaleLeader) as fenced:
+        await store.append("job-g", 0, deferrals("g", 1, tag="late"), epoch=old.epoch)
+
+    assert (fenced.value.epoch, fenced.value.current) == (1, 2)
+    assert [e.epoch for e in await store.read_stream("job-g")] == [2]
     await new.release()
 
 
