@@ -23,6 +23,11 @@ from schemas.teams import QueueConfigured, TeamCreated, TeamPolicyConfigured
 
 # The class no team may use unless the admin grants it: never preempted, and it may preempt.
 RESTRICTED_PRIORITIES: frozenset[str] = frozenset({"inference-critical"})
+# The longest `min_runtime_s` (a gang shielded from preemption for that long after it starts)
+# a team may ask for without the admin's grant of non-preemptible jobs: long enough to load a
+# model and reach a first checkpoint; longer would be a non-preemptible job by another name,
+# and a lender's guarantee would wait for its borrowers' shields to run out.
+MAX_PREEMPTIBLE_MIN_RUNTIME_S = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +71,12 @@ def policy_violation(spec: JobSpec, policy: TeamPolicy) -> tuple[RejectCode, str
         return (
             "non_preemptible_not_allowed",
             f"team {spec.team!r} may not submit non-preemptible jobs",
+        )
+    if spec.min_runtime_s > MAX_PREEMPTIBLE_MIN_RUNTIME_S and not policy.non_preemptible_allowed:
+        return (
+            "non_preemptible_not_allowed",
+            f"team {spec.team!r} may not shield a gang from preemption for more than "
+            f"{MAX_PREEMPTIBLE_MIN_RUNTIME_S:g} s (min_runtime_s {spec.min_runtime_s:g} s)",
         )
     return None
 

@@ -11,9 +11,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -28,6 +31,10 @@ ADMIN = "admin"
 FIRST_TOKEN = "default"
 UNKNOWN = "unknown token"
 REVOKED = "this token was revoked"
+# A job id as the API draws them (12 hex digits), or an element of an array of one.
+# ("job " before it is part of what is replaced: "preempted for a job of another team".)
+_JOB_ID = re.compile(r"(?:\bjob )?\b([0-9a-f]{12}(?:_[0-9]{1,4})?)\b")
+OTHER_TEAMS_JOB = "a job of another team"
 
 # The token's grant and whether it was revoked since, in one indexed look-up: the partial
 # index of migration 0020 finds the grant, the stream's (stream, version) key the revocation.
@@ -97,6 +104,29 @@ class Principal:
         if job is None or not self.can_see(job):
             raise not_found(f"job {job_id}")
         return job
+
+    def words(self, text: str, jobs: Mapping[str, JobReadModel]) -> str:
+        """`text` with the id of every job of `jobs` this principal may not see replaced: a
+        preemption names the job it was for (in the victim's reason and events), and the
+        preemptor's reason names its victims, each possibly another team's."""
+        if self.is_admin:
+            return text
+
+        def shown(match: re.Match[str]) -> str:
+            job = jobs.get(match[1])
+            return OTHER_TEAMS_JOB if job is not None and not self.can_see(job) else match[0]
+
+        return _JOB_ID.sub(shown, text)
+
+    def payload(self, value: Any, jobs: Mapping[str, JobReadModel]) -> Any:
+        """An event's JSON payload with `words` applied to every string in it."""
+        if isinstance(value, str):
+            return self.words(value, jobs)
+        if isinstance(value, dict):
+            return {key: self.payload(item, jobs) for key, item in value.items()}
+        if isinstance(value, list):
+            return [self.payload(item, jobs) for item in value]
+        return value
 
     def require_team(self, team: str) -> None:
         if not self.is_admin and team != self.team:

@@ -11,6 +11,7 @@ Routers opt in with `APIRouter(route_class=StrictJsonRoute)`.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -71,12 +72,25 @@ def _no_constants(name: str) -> Any:
     raise _NotFinite(name)
 
 
+def _finite(text: str) -> float:
+    # A literal too large for a double (1e999) is read as infinity without a word: the same
+    # non-number as `Infinity`, recorded as null.
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NotFinite(text)
+    return value
+
+
 def parse_strict_json(body: bytes) -> Any:
     """The body's JSON, rejecting duplicate keys, NaN and Infinity (which Python's reader
-    takes and JSON does not: they would be recorded as null), NUL and unpaired surrogates."""
+    takes and JSON does not: they would be recorded as null) and numbers that overflow to
+    infinity, NUL and unpaired surrogates."""
     try:
         data = json.loads(
-            body.decode("utf-8"), object_pairs_hook=_no_duplicates, parse_constant=_no_constants
+            body.decode("utf-8"),
+            object_pairs_hook=_no_duplicates,
+            parse_constant=_no_constants,
+            parse_float=_finite,
         )
     except _Duplicate as duplicate:
         raise ProblemError(400, "duplicate-key", f"the key {duplicate} appears twice") from None

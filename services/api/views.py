@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from typing import Literal
 from uuid import UUID
 
@@ -28,7 +29,9 @@ from services.api.projections.nodes import NodeRecord
 from services.api.projections.queues import QueueRecord
 
 
-def job_view(job: JobReadModel) -> JobView:
+def job_view(job: JobReadModel, seen_by: Principal, jobs: Mapping[str, JobReadModel]) -> JobView:
+    """The job as `seen_by` may see it: its reason names no other team's job (`jobs` says
+    whose each is)."""
     return JobView(
         id=job.id,
         name=job.spec.name,
@@ -36,7 +39,7 @@ def job_view(job: JobReadModel) -> JobView:
         queue=job.queue,
         priority=job.priority,
         state=job.state,
-        reason=job.reason,
+        reason=None if job.reason is None else seen_by.words(job.reason, jobs),
         reason_code=job.reason_code,
         estimated_start=job.estimated_start,
         planned_nodes=list(job.planned_nodes),
@@ -74,7 +77,12 @@ _ARRAY_STATE_ORDER: tuple[JobState, ...] = (
 )
 
 
-def array_view(array_id: str, jobs: list[JobReadModel]) -> ArrayView:
+def array_view(
+    array_id: str,
+    jobs: list[JobReadModel],
+    seen_by: Principal,
+    known: Mapping[str, JobReadModel],
+) -> ArrayView:
     # By index, not in the order this process happened to learn the elements in.
     jobs = sorted(jobs, key=lambda job: (job.array_index is None, job.array_index or 0, job.id))
     first = jobs[0]
@@ -90,7 +98,7 @@ def array_view(array_id: str, jobs: list[JobReadModel]) -> ArrayView:
         max_parallel=None if array is None else array.max_parallel,
         array=[job.id for job in jobs],
         states=dict(sorted(states.items())),
-        elements=[job_view(job) for job in jobs],
+        elements=[job_view(job, seen_by, known) for job in jobs],
     )
 
 
@@ -251,7 +259,9 @@ def _uuid(value: UUID | None) -> str | None:
     return None if value is None else str(value)
 
 
-def event_view(envelope: EventEnvelope) -> EventView:
+def event_view(
+    envelope: EventEnvelope, seen_by: Principal, jobs: Mapping[str, JobReadModel]
+) -> EventView:
     return EventView(
         position=envelope.position or 0,
         stream=envelope.stream,
@@ -264,5 +274,5 @@ def event_view(envelope: EventEnvelope) -> EventView:
         correlation_id=_uuid(envelope.correlation_id),
         causation_id=_uuid(envelope.causation_id),
         epoch=envelope.epoch,
-        payload=envelope.payload.model_dump(mode="json"),
+        payload=seen_by.payload(envelope.payload.model_dump(mode="json"), jobs),
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from schemas.jobs import JobSpec, JobState
+from services.api.auth import Principal
 from services.api.projections.jobs import JobReadModel
 from services.api.views import array_view
 
@@ -38,7 +39,7 @@ def element(index: int, state: JobState = "queued") -> JobReadModel:
 def test_an_arrays_elements_are_listed_by_index() -> None:
     learned = [element(1, "running"), element(3), element(0, "running"), element(2)]
 
-    view = array_view("a1b2c3d4e5f6", learned)
+    view = array_view("a1b2c3d4e5f6", learned, Principal(team=None), {})
 
     ids = [f"a1b2c3d4e5f6_{index}" for index in range(4)]
     assert view.array == ids

@@ -22,3 +22,19 @@ def test_json_nested_within_reason_is_read() -> None:
     for _ in range(199):
         [value] = value
     assert value == []
+
+
+@pytest.mark.parametrize("literal", [b"1e999", b"-1E400", b"Infinity", b"NaN"])
+def test_a_number_that_is_not_finite_is_a_400(literal: bytes) -> None:
+    """1e999 is valid JSON that no double holds: read as infinity, it was recorded as null."""
+    with pytest.raises(ProblemError) as refused:
+        parse_strict_json(b'{"interval_s": ' + literal + b"}")
+    assert refused.value.status_code == 400
+
+
+def test_large_finite_numbers_are_read() -> None:
+    assert parse_strict_json(b"[1e308, 123456789012345678901234567890, 1e-320]") == [
+        1e308,
+        123456789012345678901234567890,
+        1e-320,
+    ]

@@ -42,6 +42,27 @@ async def test_a_new_team_may_use_every_class_but_inference_critical(api: Api) -
     assert pinned.json()["type"] == "https://gangway.dev/problems/non-preemptible-not-allowed"
 
 
+async def test_ten_years_of_min_runtime_is_a_non_preemptible_job(
+    api: Api, store: EventStore
+) -> None:
+    """A gang shielded by min_runtime_s for ten years was accepted (201) and could not be
+    preempted to give a lender its guarantee back: a non-preemptible job without the grant."""
+    nlp = await api.create_team("nlp")
+    before = await store.head()
+    for extra in ({}, {"max_runtime_s": 3e8}):
+        shielded = await api.client.post(
+            "/v1/jobs", json={**JOB, "min_runtime_s": 3e8, **extra}, headers=nlp
+        )
+        assert shielded.status_code == 403, shielded.text
+        problem = shielded.json()
+        assert problem["type"] == "https://gangway.dev/problems/non-preemptible-not-allowed"
+        assert "min_runtime_s" in problem["detail"]
+    assert await store.head() == before
+    await set_policy(api, non_preemptible_allowed=True)
+    granted = await api.client.post("/v1/jobs", json={**JOB, "min_runtime_s": 3e8}, headers=nlp)
+    assert granted.status_code == 201, granted.text
+
+
 async def test_the_admin_grants_inference_critical_and_non_preemptible_jobs(
     api: Api, store: EventStore
 ) -> None:

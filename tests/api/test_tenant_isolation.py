@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from schemas.jobs import JobAdmitted
+from schemas.jobs import JobAdmitted, JobDeferred, PreemptionRequested
 from services.runtime import EventStore
 from tests.api.builders import node, reserved
 from tests.api.conftest import Api
@@ -267,3 +267,59 @@ async def test_the_admin_sees_everything(api: Api, world: World) -> None:
     events = (await api.client.get("/v1/events", headers=admin, params={"limit": 1000})).json()
     assert any(e["stream"] == "secrets-vision" for e in events["items"])
     assert SECRET_VALUE not in str(events)
+
+
+async def test_a_preemption_names_no_other_teams_job(
+    api: Api, store: EventStore, world: World
+) -> None:
+    """A preemption's words name the job it was for (the victim's reason, its events'
+    `preemptor_job_id`) and the preemptor's reason names its victims: across teams, both told
+    each team another team's job id, which every route otherwise keeps to itself (404)."""
+    nlp_job, vision_job = world.nlp_job, world.vision_job
+    why = f"preempted for job {vision_job} (reclaiming guaranteed capacity)"
+    await store.append(
+        f"job-{nlp_job}",
+        3,
+        [
+            PreemptionRequested(
+                job_id=nlp_job,
+                attempt=1,
+                preemptor_job_id=vision_job,
+                reason=why,
+                grace_s=30,
+                code="reclaim",
+            )
+        ],
+    )
+    waiting = f"needs 2 GPUs; preempting {nlp_job}; starts once they checkpoint (within 30 s)"
+    await store.append(
+        f"job-{vision_job}", 3, [JobDeferred(job_id=vision_job, code="preempting", message=waiting)]
+    )
+    admin = api.as_admin()
+    async with asyncio.timeout(30):  # the API learns of them from the log, a moment later
+        while True:
+            shown = await api.client.get(f"/v1/jobs/{vision_job}", headers=admin)
+            if shown.json()["reason"] == waiting:
+                break
+            await asyncio.sleep(0.05)
+    for team, own, other in (("nlp", nlp_job, vision_job), ("vision", vision_job, nlp_job)):
+        headers = world.nlp if team == "nlp" else world.vision
+        bodies = [
+            (await api.client.get(f"/v1/jobs/{own}", headers=headers)).text,
+            (await api.client.get("/v1/jobs", headers=headers)).text,
+            (await api.client.get(f"/v1/jobs/{own}/events", headers=headers)).text,
+            (await api.client.get("/v1/events", headers=headers)).text,
+            (await api.client.get("/v1/dashboard", headers=headers)).text,
+        ]
+        for body in bodies:
+            assert other not in body, body
+        shown = (await api.client.get(f"/v1/jobs/{own}", headers=headers)).json()["reason"]
+        assert shown in (
+            "preempted for a job of another team (reclaiming guaranteed capacity)",
+            "needs 2 GPUs; preempting a job of another team; starts once they checkpoint "
+            "(within 30 s)",
+        )
+    # The admin sees every id.
+    assert (await api.client.get(f"/v1/jobs/{nlp_job}", headers=admin)).json()["reason"] == why
+    events = (await api.client.get(f"/v1/jobs/{nlp_job}/events", headers=admin)).json()["items"]
+    assert events[-1]["payload"]["preemptor_job_id"] == vision_job

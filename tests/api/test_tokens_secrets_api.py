@@ -96,6 +96,25 @@ async def test_rotation_a_new_token_then_the_old_one_revoked(api: Api) -> None:
     assert (await api.client.get("/v1/jobs", headers=bearer(rotated["token"]))).status_code == 200
 
 
+async def test_a_token_name_is_never_given_twice_in_a_team(api: Api, store: EventStore) -> None:
+    """Events name the token that acted (`team:nlp/ci`); a second token called `ci`, or one
+    called `default` (recorded as `team:nlp`, the first token), made that record ambiguous:
+    after a leak the log could not tell which token did what. Both were 201."""
+    nlp = await api.create_team("nlp")
+    ci = await issue(api, "nlp", "ci", nlp)
+    await api.client.delete(f"/v1/teams/nlp/tokens/{ci['id']}", headers=nlp)
+    before = await store.head()
+    for name in ("ci", "default"):
+        again = await api.client.post("/v1/teams/nlp/tokens", json={"name": name}, headers=nlp)
+        assert again.status_code == 409, again.text
+        assert again.headers["content-type"] == "application/problem+json"
+        assert name in again.json()["detail"]
+    assert await store.head() == before
+    assert (await issue(api, "nlp", "ci-2", nlp))["name"] == "ci-2"
+    other = await api.create_team("vision")
+    assert (await issue(api, "vision", "ci", other))["name"] == "ci"  # names are per team
+
+
 async def test_a_team_cannot_issue_or_revoke_another_teams_tokens(api: Api) -> None:
     nlp = await api.create_team("nlp")
     vision = await api.create_team("vision")

@@ -109,7 +109,7 @@ def _queue(models: ReadModels, principal: Principal, now: datetime) -> dict[str,
             "state": job.state,
             "gpus": job.gpus,
             "submitted_at": _iso(job.submitted_at),
-            "reason": job.reason,
+            "reason": None if job.reason is None else principal.words(job.reason, models.jobs),
             "estimated_start": _iso(job.estimated_start),
             "waited_s": round((now - job.submitted_at).total_seconds()),
         }

@@ -44,6 +44,7 @@ def compare_live(
     """Differences between the jobs a running API shows (`live_jobs`, as GET /v1/jobs gives
     them) and `models`, a rebuild from the log up to the position the API had applied. A job
     shown but absent from the log is what a record forged onto the bus would have left."""
+    from services.api.auth import Principal
     from services.api.views import job_view
 
     found: list[str] = []
@@ -56,7 +57,7 @@ def compare_live(
         elif theirs is None:
             found.append(f"job {job_id}: in the log, not shown by the API")
         else:
-            ours = job_view(record).model_dump(mode="json")
+            ours = job_view(record, Principal(team=None), models.jobs).model_dump(mode="json")
             for key in ("state", "placement"):
                 if ours.get(key) != theirs.get(key):
                     shown, logged = theirs.get(key), ours.get(key)

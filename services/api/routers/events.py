@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 
 from schemas.envelope import EventEnvelope
 from services.api.audit import read_positions
+from services.api.auth import Principal
 from services.api.bootstrap import ApiContext
 from services.api.deps import Caller, Context, Models
 from services.api.models import EventPage
@@ -39,16 +40,20 @@ async def list_events(
     types = sorted({name.strip() for value in type or () for name in value.split(",")} - {""})
     if caller.team is not None:
         async with context.audit_gate.slot(caller.team):
-            return await _team_page(caller.team, models, context, after, types, stream, limit)
+            page = _team_page(caller.team, caller, models, context, after, types, stream, limit)
+            return await page
     items = await context.store.read_all(after, limit, types=types or None, stream=stream)
     cursor = items[-1].position or after if items else after
     return EventPage(
-        items=[event_view(e) for e in items], next=cursor, has_more=len(items) == limit
+        items=[event_view(e, caller, models.jobs) for e in items],
+        next=cursor,
+        has_more=len(items) == limit,
     )
 
 
 async def _team_page(
     team: str,
+    caller: Principal,
     models: ReadModels,
     context: ApiContext,
     after: int,
@@ -77,4 +82,5 @@ async def _team_page(
             break
         cursor = chunk[-1]
     more = [p for p in models.audit.after(team, cursor, 1) if p <= ceiling]
-    return EventPage(items=[event_view(e) for e in items], next=cursor, has_more=bool(more))
+    items_seen = [event_view(e, caller, models.jobs) for e in items]
+    return EventPage(items=items_seen, next=cursor, has_more=bool(more))

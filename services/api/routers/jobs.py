@@ -13,6 +13,8 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Path, Query, status
 
 from schemas.jobs import JobChanges, JobSpec, JobState
+from services.api.auth import Principal
+from services.api.bootstrap import ApiContext
 from services.api.deps import Caller, Context, Models, command_turn
 from services.api.models import (
     ArrayView,
@@ -97,11 +99,14 @@ def _created(planned: PlannedJob, context: Context) -> JobCreatedView:
     return JobCreatedView(id=planned.id, state=first.state, array=planned.element_ids)
 
 
-def _answer(job_id: str, jobs: list[JobReadModel]) -> JobView | ArrayView:
+def _answer(
+    job_id: str, jobs: list[JobReadModel], caller: Principal, context: ApiContext
+) -> JobView | ArrayView:
     """One job's view, or the array's when `job_id` names an array."""
+    known = context.models.jobs
     if len(jobs) == 1 and jobs[0].id == job_id:
-        return job_view(jobs[0])
-    return array_view(job_id, jobs)
+        return job_view(jobs[0], caller, known)
+    return array_view(job_id, jobs, caller, known)
 
 
 @router.get("", operation_id="listJobs", summary="List jobs, oldest first, a page at a time")
@@ -134,7 +139,7 @@ async def list_jobs(
             cursor = jobs[-1].submit_position
             break
         jobs.append(job)
-    return JobPage(items=[job_view(job) for job in jobs], next=cursor)
+    return JobPage(items=[job_view(job, caller, models.jobs) for job in jobs], next=cursor)
 
 
 def spec_bytes(spec: JobSpec) -> int:
@@ -152,7 +157,7 @@ async def get_job(
     job_id: JobId, caller: Caller, models: Models, context: Context
 ) -> JobView | ArrayView:
     ids = await context.commands.targets(caller, job_id)
-    return _answer(job_id, [models.jobs[target] for target in ids])
+    return _answer(job_id, [models.jobs[target] for target in ids], caller, context)
 
 
 @router.patch(
@@ -178,7 +183,7 @@ async def update_job(
     jobs = await commands.change(
         caller, job_id, commands.update_decision(caller, changes, body.hold)
     )
-    return _answer(job_id, jobs)
+    return _answer(job_id, jobs, caller, context)
 
 
 @router.post(
@@ -189,7 +194,8 @@ async def update_job(
 async def hold_job(job_id: JobId, caller: Caller, context: Context) -> JobView | ArrayView:
     await command_turn(caller, context)
     commands = context.commands
-    return _answer(job_id, await commands.change(caller, job_id, commands.hold_decision(caller)))
+    jobs = await commands.change(caller, job_id, commands.hold_decision(caller))
+    return _answer(job_id, jobs, caller, context)
 
 
 @router.post(
@@ -201,7 +207,7 @@ async def release_job(job_id: JobId, caller: Caller, context: Context) -> JobVie
     await command_turn(caller, context)
     commands = context.commands
     decide = commands.release_decision(caller)
-    return _answer(job_id, await commands.change(caller, job_id, decide))
+    return _answer(job_id, await commands.change(caller, job_id, decide), caller, context)
 
 
 @router.get(
@@ -216,7 +222,7 @@ async def list_job_events(
         *await context.store.read_stream(f"checkpoint-{job_id}"),
     ]
     events.sort(key=lambda envelope: envelope.position or 0)
-    return EventList(items=[event_view(envelope) for envelope in events])
+    return EventList(items=[event_view(envelope, caller, models.jobs) for envelope in events])
 
 
 ACCEPTED = status.HTTP_202_ACCEPTED
@@ -247,4 +253,5 @@ async def _request(
     job_id: str, caller: Caller, context: Context, kind: Request
 ) -> JobView | ArrayView:
     await command_turn(caller, context)
-    return _answer(job_id, await context.commands.request_each(caller, job_id, kind))
+    jobs = await context.commands.request_each(caller, job_id, kind)
+    return _answer(job_id, jobs, caller, context)

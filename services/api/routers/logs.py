@@ -204,6 +204,10 @@ async def _follow(
                 pending = await _fetch(client, source, offset=offset)
             if pending is not None:
                 async for chunk in _rest(client, source, pending):
+                    # Asked again once the bytes are read, before they are shown: what was
+                    # written after a revocation is read after it, so this check sees it.
+                    if chunk is not first and not await still_authorized(request, context):
+                        return
                     offset = chunk.offset + len(chunk.data)
                     yield chunk.data
             pending = None
