@@ -288,21 +288,34 @@ class GangTimers:
         # tokens is pushed again in the order of `_token`, as when every gang was walked.
         moved = [key for key in self._by_ratio if estimates.estimate_ratio(key[0]) != key[1]]
         again: set[str] = set()
+        # Such a gang's estimate is its given estimate times the team's ratio, capped by its
+        # limit (core/estimates.py): the same for every gang of the team with the same given
+        # estimate and limit, so worked out once per call for them all (with every estimate
+        # 4 h, a team's gangs are all one).
+        scaled: dict[tuple[str, float | None, float | None], float] = {}
         for key in moved:
             for job_id in list(self._by_ratio.get(key, ())):
-                if self._renew(state, job_id, teams):
+                if self._renew(state, job_id, teams, scaled):
                     again.add(job_id)
         for job_id in list(self._unscaled):
-            if self._renew(state, job_id, teams):
+            if self._renew(state, job_id, teams, None):
                 again.add(job_id)
         if again:
             for job_id in [job_id for job_id in self._token if job_id in again]:
                 self._overrun.pop(job_id, None)
                 self._push(state, state.holding_jobs[job_id])
 
-    def _renew(self, state: PlanningSurface, job_id: str, teams: frozenset[str]) -> bool:
+    def _renew(
+        self,
+        state: PlanningSurface,
+        job_id: str,
+        teams: frozenset[str],
+        scaled: dict[tuple[str, float | None, float | None], float] | None,
+    ) -> bool:
         """A new end entry for the gang if the estimator moved its estimate; True: the gang
-        has no end to move and must be pushed again whole."""
+        has no end to move and must be pushed again whole. `scaled`: the estimates of this
+        call by team, given estimate and limit, for a gang whose estimate is its given one
+        scaled (None: the gang's is worked out alone)."""
         job = state.holding_jobs.get(job_id)
         spec = job.spec if job is not None else None
         if job is None or spec is None or job_id in self._always:
@@ -316,7 +329,14 @@ class GangTimers:
             held_since = job.held_since
             if held_since is None or job_id not in self._end_of:
                 return True
-            end = held_since + runtime_estimate(job, state.policy, estimates)
+            if scaled is None:
+                end = held_since + runtime_estimate(job, state.policy, estimates)
+            else:
+                fields = (spec.team, spec.estimated_runtime_s, spec.max_runtime_s)
+                estimate = scaled.get(fields)
+                if estimate is None:
+                    estimate = scaled[fields] = runtime_estimate(job, state.policy, estimates)
+                end = held_since + estimate
             if self._end_of[job_id] == end:
                 return False
             # Only its estimated end moved (its deadlines did not: nothing of the gang

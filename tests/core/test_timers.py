@@ -172,7 +172,25 @@ def kept_ends_agree(history: History, planner: Planner) -> None:
     assert set(timers._unscaled) == set(timers._end_of) - set(timers._ratio_of)
 
 
-@given(cluster=clusters, policy=policies, ops=learning)
+# Jobs of one given estimate, some capped by a limit under it: a team's gangs share the
+# estimate, not always the end (the timers work the scaled estimate out once per team, given
+# estimate and limit).
+one_estimate = submits.map(
+    lambda submit: replace(submit, estimate=3600.0, gpus=1, tasks=1, gpu_type=None, count=2)
+)
+learning_one_estimate = st.lists(
+    st.one_of(
+        one_estimate,
+        one_estimate,
+        st.builds(Exit, pick=st.integers(0, 50), code=st.just(0)),
+        st.builds(Wait, seconds=st.sampled_from([300.0, 900.0, 3600.0, 20000.0])),
+    ),
+    min_size=20,
+    max_size=60,
+)
+
+
+@given(cluster=clusters, policy=policies, ops=st.one_of(learning, learning_one_estimate))
 def test_the_timers_keep_each_gangs_end_as_worked_out_afresh_while_the_estimator_learns(
     cluster: str, policy: SchedulingPolicy, ops: list[object]
 ) -> None:
