@@ -293,12 +293,15 @@ class GangTimers:
         # estimate and limit, so worked out once per call for them all (with every estimate
         # 4 h, a team's gangs are all one).
         scaled: dict[tuple[str, float | None, float | None], float] = {}
+        holding = state.holding_jobs
         for key in moved:
+            # What `_note_ratio` notes for the group's gangs whose end moves.
+            noted = (key[0], estimates.estimate_ratio(key[0]))
             for job_id in list(self._by_ratio.get(key, ())):
-                if self._renew(state, job_id, teams, scaled):
+                if self._renew(state, holding.get(job_id), teams, scaled, noted):
                     again.add(job_id)
         for job_id in list(self._unscaled):
-            if self._renew(state, job_id, teams, None):
+            if self._renew(state, holding.get(job_id), teams, None, None):
                 again.add(job_id)
         if again:
             for job_id in [job_id for job_id in self._token if job_id in again]:
@@ -308,19 +311,22 @@ class GangTimers:
     def _renew(
         self,
         state: PlanningSurface,
-        job_id: str,
+        job: CoreJob | None,
         teams: frozenset[str],
         scaled: dict[tuple[str, float | None, float | None], float] | None,
+        noted: tuple[str, float | None] | None,
     ) -> bool:
-        """A new end entry for the gang if the estimator moved its estimate; True: the gang
-        has no end to move and must be pushed again whole. `scaled`: the estimates of this
-        call by team, given estimate and limit, for a gang whose estimate is its given one
-        scaled (None: the gang's is worked out alone)."""
-        job = state.holding_jobs.get(job_id)
+        """A new end entry for the holding gang if the estimator moved its estimate; True:
+        the gang has no end to move and must be pushed again whole. For a gang whose estimate
+        is its given one scaled by its team's ratio: `scaled`, the estimates of this call by
+        team, given estimate and limit, and `noted`, its team and that ratio now (None: the
+        gang's estimate is worked out alone)."""
         spec = job.spec if job is not None else None
-        if job is None or spec is None or job_id in self._always:
+        if job is None or spec is None or job.job_id in self._always:
             return False  # no spec: the policy's default, whatever is learned
+        job_id = job.job_id
         estimates = state.estimates
+        policy_learns = state.policy.learned_runtimes
         if spec.team in teams or not estimates.reads_own_team(job_id, spec):
             # Nearly always the estimate did not move (a team's ratio or quantile is
             # seldom changed by one more sample): its entry stands as it is. (One pushed
@@ -344,7 +350,10 @@ class GangTimers:
             # matches `_end_of` and is dropped when it comes up.
             self._overrun.pop(job_id, None)
             self._end_of[job_id] = end
-            self._note_ratio(state, job)
+            if noted is not None and spec.estimated_runtime_s is not None and policy_learns:
+                self._regroup(job_id, noted)  # as `_note_ratio`, the ratio already asked
+            else:
+                self._note_ratio(state, job)
             heapq.heappush(self._ends, (end, self._token[job_id], job_id))
         return False
 
@@ -376,21 +385,24 @@ class GangTimers:
             and spec is not None
             and spec.estimated_runtime_s is not None
         ):
-            noted = (spec.team, state.estimates.estimate_ratio(spec.team))
-            old = self._ratio_of.get(job_id)
-            if old == noted:
-                return
-            if old is None:
-                self._unscaled.pop(job_id, None)
-            else:
-                self._leave_group(job_id, old)
-            self._ratio_of[job_id] = noted
-            self._by_ratio.setdefault(noted, {})[job_id] = None
+            self._regroup(job_id, (spec.team, state.estimates.estimate_ratio(spec.team)))
         else:
             old = self._ratio_of.pop(job_id, None)
             if old is not None:
                 self._leave_group(job_id, old)
             self._unscaled[job_id] = None
+
+    def _regroup(self, job_id: str, noted: tuple[str, float | None]) -> None:
+        """The gang's end was reckoned with its team's ratio `noted` (team, ratio)."""
+        old = self._ratio_of.get(job_id)
+        if old == noted:
+            return
+        if old is None:
+            self._unscaled.pop(job_id, None)
+        else:
+            self._leave_group(job_id, old)
+        self._ratio_of[job_id] = noted
+        self._by_ratio.setdefault(noted, {})[job_id] = None
 
     def _forget_ratio(self, job_id: str) -> None:
         """The gang has no end of its own any more (being preempted, or gone)."""
