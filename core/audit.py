@@ -830,6 +830,16 @@ class Auditor:
             other = self._jobs[job_id]
             if other is preemptor or other.gang_at is None or other.queue == preemptor.queue:
                 continue
+            # Whether its queue borrows first: every test here only reads, so their order
+            # changes no answer, and with guarantees that leave nothing to borrow (the Philly
+            # runs without borrowing) no queue borrows and the gang's other tests are spared.
+            borrows = borrowing.get(other.queue)
+            if borrows is None:
+                borrows = borrowing[other.queue] = self._subtree(
+                    other.queue, staying
+                ) > self._guarantee(other.queue)
+            if not borrows:
+                continue
             if other.preempting and job_id not in self._plan_victims:
                 continue
             if shape.gpu_type is not None and any(
@@ -847,13 +857,6 @@ class Auditor:
             ):
                 continue
             if not ((pclass.can_preempt and vclass.rank < pclass.rank) or reclaiming):
-                continue
-            borrows = borrowing.get(other.queue)
-            if borrows is None:
-                borrows = borrowing[other.queue] = self._subtree(
-                    other.queue, staying
-                ) > self._guarantee(other.queue)
-            if not borrows:
                 continue
             chosen.add(job_id)
         return chosen

@@ -37,10 +37,18 @@ def credit_leaving(ctx: CycleContext, quota: QuotaBook) -> None:
     if ctx.leaving_credited:
         return
     ctx.leaving_credited = True
-    for job in ctx.state.holding_jobs.values():
-        leaving = job.state == "preempting" or job.job_id in ctx.handled
-        if leaving and job.job_id not in ctx.released:
+    # The gangs being preempted and those handled, not a walk over every holding gang (3% of
+    # the Philly window's run): the sums are exact (whole GPUs, fractions), so the order of
+    # crediting changes nothing.
+    state, released = ctx.state, ctx.released
+    for job in state.preempting_jobs.values():
+        if job.job_id not in released:
             quota.charge(job.queue, -job.bound_gpus)
+    holding = state.holding_jobs
+    for job_id in ctx.handled:
+        handled = holding.get(job_id)
+        if handled is not None and handled.state != "preempting" and job_id not in released:
+            quota.charge(handled.queue, -handled.bound_gpus)
 
 
 def preempt(ctx: CycleContext, snap: Snapshot, blocked: list[CoreJob], quota: QuotaBook) -> None:

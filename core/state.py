@@ -386,6 +386,9 @@ class SchedulerState:
         # The same gangs by queue, each in `holding_jobs` order: preemption for fairness looks
         # at one queue's gangs.
         self._holding_by_queue: dict[str, dict[str, CoreJob]] = {}
+        # The gangs being preempted (state `preempting`): each cycle credits their GPUs back to
+        # their queues (core/preemption.py `credit_leaving`) without a walk over every gang.
+        self._preempting: dict[str, CoreJob] = {}
         # Jobs with something for the reactions phase to decide (exits, requests, lost GPUs).
         self._attention: set[str] = set()
         self._queues: dict[str, QueueRecord] = {}
@@ -623,6 +626,11 @@ class SchedulerState:
         return self._holding_by_queue.get(queue, _NO_JOBS)
 
     @property
+    def preempting_jobs(self) -> Mapping[str, CoreJob]:
+        """The gangs of `holding_jobs` being preempted (state `preempting`)."""
+        return self._preempting
+
+    @property
     def lingering_nodes(self) -> AbstractSet[int]:
         """Indices of nodes where ranks of released gangs have not exited yet."""
         return self._lingering
@@ -713,6 +721,10 @@ class SchedulerState:
         if new in HOLDING_STATES:
             self._holding[job.job_id] = job
             self._holding_by_queue.setdefault(job.queue, {})[job.job_id] = job
+        if old == "preempting":
+            self._preempting.pop(job.job_id, None)
+        if new == "preempting":
+            self._preempting[job.job_id] = job
         job.state = new
         if self._holding_watches and (old in HOLDING_STATES or new in HOLDING_STATES):
             entered = old not in HOLDING_STATES

@@ -75,6 +75,11 @@ class PlanningSurface(Protocol):
         ...
 
     @property
+    def preempting_jobs(self) -> Mapping[str, CoreJob]:
+        """The gangs of `holding_jobs` being preempted."""
+        ...
+
+    @property
     def lingering_nodes(self) -> AbstractSet[int]:
         """Indices of nodes where ranks of released gangs have not exited yet."""
         ...

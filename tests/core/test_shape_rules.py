@@ -8,7 +8,11 @@ the need worded from the shape ("needs 8 GPUs in one NVLink domain; earliest at 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from core.shape import Shape, cpus_text, describe_need, shape_of, unit_gpus
 from tests.core.builders import JobBuilder, a_job
@@ -150,3 +154,30 @@ def test_cpus_are_written_as_a_person_writes_them_never_in_exponent_notation(
     milli: int, text: str
 ) -> None:
     assert cpus_text(milli) == text
+
+
+_shapes = st.builds(
+    Shape,
+    gpu_type=st.sampled_from([None, "h100"]),
+    unit_gpus=st.integers(0, 16),
+    tasks_per_unit=st.integers(1, 8),
+    gpus_per_task=st.integers(0, 8),
+    units=st.integers(1, 64),
+    min_units=st.integers(1, 64),
+    require=st.sampled_from(["none", "node", "rack", "block"]),
+    cpus_milli=st.sampled_from([0, 500, 4000]),
+    memory_mb=st.sampled_from([0, 1024]),
+)
+
+
+@given(shape=_shapes, units=st.integers(1, 64), cpus_milli=st.sampled_from([0, 250]))
+def test_a_shapes_kept_least_gpus_and_host_ask_are_those_of_its_fields_after_any_change(
+    shape: Shape, units: int, cpus_milli: int
+) -> None:
+    # `min_gpus` and `asks_host` are worked out once when a shape is made, not on each read:
+    # a shape made again with other fields (as the host rules and the host ceilings do) must
+    # not keep the old answers.
+    for seen in (shape, replace(shape, units=units), replace(shape, cpus_milli=cpus_milli)):
+        assert seen.min_gpus == seen.min_units * seen.unit_gpus
+        assert seen.asks_host == bool(seen.cpus_milli or seen.memory_mb)
+        assert seen == replace(seen)

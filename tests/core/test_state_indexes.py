@@ -1,7 +1,7 @@
 """Indexes the state keeps for the cycle's speed (the nodes where released ranks still run,
-the holding gangs by queue) name exactly what a walk over its records would: random clusters,
-policies and job streams (those of the property tests), with ranks that start late or never
-and gangs released while their ranks still run.
+the holding gangs by queue, the gangs being preempted) name exactly what a walk over its
+records would: random clusters, policies and job streams (those of the property tests), with
+ranks that start late or never and gangs released while their ranks still run.
 """
 
 from __future__ import annotations
@@ -28,6 +28,9 @@ def indexes_agree(history: History) -> None:
         # The queue's holding gangs, in `holding_jobs` order.
         walked = [job_id for job_id, job in state.holding_jobs.items() if job.queue == queue]
         assert list(state.holding_of(queue)) == walked
+    preempting = {job_id for job_id, job in state.holding_jobs.items() if job.state == "preempting"}
+    assert set(state.preempting_jobs) == preempting
+    assert all(state.preempting_jobs[job_id] is state.holding_jobs[job_id] for job_id in preempting)
 
 
 @given(

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from core import SchedulingPolicy
 from core.cycle import Planner
+from core.reservation import runtime_estimate
 from schemas.base import Event
 from tests.core.builders import History
 from tests.core.test_properties import (
@@ -151,3 +152,59 @@ def test_timers_whose_estimated_ends_move_as_the_estimator_learns_decide_as_ever
     cluster: str, policy: SchedulingPolicy, ops: list[object]
 ) -> None:
     run_agreeing(History(cluster, policy=policy), ops, lambda number: True)
+
+
+def kept_ends_agree(history: History, planner: Planner) -> None:
+    """What the planner's timers keep after a cycle is what they would work out afresh: each
+    gang's estimated end is its estimate now, and the gangs kept by team and noted ratio (those
+    looked at when the estimator learns) are exactly those noted with it."""
+    timers = planner._timers
+    assert timers is not None
+    state = history.state
+    for job_id, end in timers._end_of.items():
+        job = state.holding_jobs[job_id]
+        assert job.held_since is not None
+        assert end == job.held_since + runtime_estimate(job, state.policy, state.estimates)
+    grouped: dict[tuple[str, float | None], set[str]] = {}
+    for job_id, noted in timers._ratio_of.items():
+        grouped.setdefault(noted, set()).add(job_id)
+    assert {key: set(group) for key, group in timers._by_ratio.items()} == grouped
+    assert set(timers._unscaled) == set(timers._end_of) - set(timers._ratio_of)
+
+
+# Jobs of one given estimate, some capped by a limit under it: a team's gangs share the
+# estimate, not always the end (the timers work the scaled estimate out once per team, given
+# estimate and limit).
+one_estimate = submits.map(
+    lambda submit: replace(submit, estimate=3600.0, gpus=1, tasks=1, gpu_type=None, count=2)
+)
+learning_one_estimate = st.lists(
+    st.one_of(
+        one_estimate,
+        one_estimate,
+        st.builds(Exit, pick=st.integers(0, 50), code=st.just(0)),
+        st.builds(Wait, seconds=st.sampled_from([300.0, 900.0, 3600.0, 20000.0])),
+    ),
+    min_size=20,
+    max_size=60,
+)
+
+
+@given(cluster=clusters, policy=policies, ops=st.one_of(learning, learning_one_estimate))
+def test_the_timers_keep_each_gangs_end_as_worked_out_afresh_while_the_estimator_learns(
+    cluster: str, policy: SchedulingPolicy, ops: list[object]
+) -> None:
+    history = History(cluster, policy=policy)
+    planner = Planner()
+    nodes = [view.node_id for view in history.state.nodes()]
+    for number, op in enumerate(ops):
+        if not perform(history, op, f"t{number:03d}", nodes) and isinstance(op, Wait):
+            history.advance(op.seconds)
+        for _ in range(6):
+            result = planner.schedule(history.state, history.now)
+            kept_ends_agree(history, planner)
+            for decision in result.decisions:
+                history.record(decision)
+            history.start_all()
+            if not result.decisions:
+                break
