@@ -4,6 +4,7 @@ submission with the same Idempotency-Key never submits twice."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,11 +21,13 @@ pytestmark = pytest.mark.integration
 BODY = {"name": "train", "team": "nlp", "tasks": 2, "gpus_per_task": 4}
 
 
-@pytest.fixture
-async def cut_off(settings: Settings, tmp_path: Path) -> AsyncIterator[tuple[Api, TcpProxy]]:
-    """The API, with its pool reaching PostgreSQL through a proxy the test can cut."""
+@contextlib.asynccontextmanager
+async def behind_proxy(
+    settings: Settings, tmp_path: Path, **overrides: object
+) -> AsyncIterator[tuple[Api, TcpProxy]]:
+    """The API, with its pool reaching PostgreSQL through a proxy the test can cut or stall."""
     proxy, dsn = await TcpProxy.for_dsn(settings.pg_dsn)
-    configured = api_settings(settings, tmp_path, pg_dsn=dsn)
+    configured = api_settings(settings, tmp_path, pg_dsn=dsn, **overrides)
     app = create_app(configured, use_bus=False)
     async with (
         app.router.lifespan_context(app),
@@ -34,6 +37,12 @@ async def cut_off(settings: Settings, tmp_path: Path) -> AsyncIterator[tuple[Api
     ):
         yield Api(client, app, configured), proxy
     await proxy.cut()
+
+
+@pytest.fixture
+async def cut_off(settings: Settings, tmp_path: Path) -> AsyncIterator[tuple[Api, TcpProxy]]:
+    async with behind_proxy(settings, tmp_path) as api_and_proxy:
+        yield api_and_proxy
 
 
 def assert_unavailable(response: httpx.Response) -> None:
@@ -106,18 +115,8 @@ async def test_a_database_gone_silent_answers_503_within_the_command_timeout(
     """A partition that drops packets, or a host that froze, sends no reset: without a bound
     on each statement the request would wait for TCP to give up (minutes, or never for a
     query already delivered). Each statement is bounded by `pg_command_timeout_s`."""
-    proxy, dsn = await TcpProxy.for_dsn(settings.pg_dsn)
-    configured = api_settings(
-        settings, tmp_path, pg_dsn=dsn, pg_command_timeout_s=1.0, pg_connect_timeout_s=1.0
-    )
-    app = create_app(configured, use_bus=False)
-    async with (
-        app.router.lifespan_context(app),
-        httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app), base_url="http://gangway.test"
-        ) as client,
-    ):
-        api = Api(client, app, configured)
+    bounds = {"pg_command_timeout_s": 1.0, "pg_connect_timeout_s": 1.0}
+    async with behind_proxy(settings, tmp_path, **bounds) as (api, proxy):
         team = await api.create_team("nlp")
         proxy.stall()
         try:
@@ -129,4 +128,3 @@ async def test_a_database_gone_silent_answers_503_within_the_command_timeout(
             proxy.heal()
         recovered = await api.client.post("/v1/jobs", json=BODY, headers=team)
         assert recovered.status_code == 201, recovered.text
-    await proxy.cut()
