@@ -5,6 +5,9 @@ within its guarantee than it is, and fairness made it borrow."""
 
 from __future__ import annotations
 
+from core.context import CycleContext
+from core.preemption import credit_leaving
+from core.quota import QuotaBook
 from schemas.jobs import PreemptionRequested
 from tests.core.builders import History, a_job
 from tests.core.test_fairness import FAIR
@@ -32,3 +35,43 @@ def test_a_suspended_gang_is_credited_to_its_team_once_not_once_per_phase() -> N
     assert [p.job_id for p in history.events(PreemptionRequested)] == [leaving]
     assert history.job(long).state == "running"
     assert history.job(waiting).reason_code == "reserved_head"
+
+
+def leaving_state() -> tuple[History, str, str]:
+    """Team alpha holds two 8-GPU gangs; one is being preempted (suspended, its ranks not yet
+    stopped): `preempting`, still holding its GPUs."""
+    history = History("2x8:2:1").team("alpha", guaranteed=16)
+    staying, leaving = history.submit(*(a_job().gpus(8).team("alpha") for _ in range(2)))
+    history.run()
+    history.suspend(leaving)
+    history.run(agents=False)
+    assert history.job(leaving).state == "preempting"
+    assert history.job(staying).state == "running"
+    return history, staying, leaving
+
+
+def credited(
+    history: History, *, handled: set[str], released: frozenset[str] = frozenset()
+) -> float:
+    """alpha's usage in a cycle's quota book (its 16 GPUs held) after the leaving gangs are
+    credited: each leaving gang's GPUs come off once; a released one's were already."""
+    ctx = CycleContext.start(history.state, history.now)
+    ctx.handled |= handled
+    ctx.released |= released
+    quota = QuotaBook(history.state.queue_records)
+    credit_leaving(ctx, quota)
+    credit_leaving(ctx, quota)  # a second phase of the same cycle credits nothing more
+    return float(quota.usage.get("alpha", 0))
+
+
+def test_a_gang_being_preempted_is_credited_once_even_when_handled_again() -> None:
+    history, _, leaving = leaving_state()
+    assert credited(history, handled=set()) == 8
+    assert credited(history, handled={leaving}) == 8
+
+
+def test_a_handled_gang_is_credited_unless_released_and_a_gone_one_is_passed_over() -> None:
+    history, staying, leaving = leaving_state()
+    assert credited(history, handled={staying}) == 0
+    assert credited(history, handled={staying}, released={staying, leaving}) == 16
+    assert credited(history, handled={"no-such-job"}) == 8
