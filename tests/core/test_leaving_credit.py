@@ -5,6 +5,8 @@ within its guarantee than it is, and fairness made it borrow."""
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
+
 from core.context import CycleContext
 from core.preemption import credit_leaving
 from core.quota import QuotaBook
@@ -51,7 +53,7 @@ def leaving_state() -> tuple[History, str, str]:
 
 
 def credited(
-    history: History, *, handled: set[str], released: frozenset[str] = frozenset()
+    history: History, *, handled: set[str], released: AbstractSet[str] = frozenset()
 ) -> float:
     """alpha's usage in a cycle's quota book (its 16 GPUs held) after the leaving gangs are
     credited: each leaving gang's GPUs come off once; a released one's were already."""
