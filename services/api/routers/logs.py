@@ -194,19 +194,22 @@ async def _follow(
     pending: Chunk | None = first
     try:
         while True:
-            if not await still_authorized(request, context):
-                return
             # Whether the attempt was over BEFORE the next read: then that read gets everything.
             models = await context.fresh()
             job = models.jobs.get(source.job_id)
             over = job is None or job.terminal or job.attempt > source.attempt
             if pending is None:
                 pending = await _fetch(client, source, offset=offset)
-            if pending is not None:
+            if pending is None:
+                # Nothing new to show: asked once a poll all the same, so that a revoked
+                # token's stream ends rather than waits for output.
+                if not await still_authorized(request, context):
+                    return
+            else:
                 async for chunk in _rest(client, source, pending):
-                    # Asked again once the bytes are read, before they are shown: what was
-                    # written after a revocation is read after it, so this check sees it.
-                    if chunk is not first and not await still_authorized(request, context):
+                    # Asked once the bytes are read, before they are shown: what was written
+                    # after a revocation is read after it, so this check sees it.
+                    if not await still_authorized(request, context):
                         return
                     offset = chunk.offset + len(chunk.data)
                     yield chunk.data
