@@ -536,18 +536,16 @@ class Commands:
             # The name is who acted in every event the token causes (`team:<team>/<name>`):
             # two tokens of one name, ever, and the log could not tell which one did it.
             if any(t.team == team and t.name == name for t in models.tenancy.tokens.values()):
-                raise ProblemError(
-                    409,
-                    "conflict",
+                raise conflict(
                     f"team {team!r} already has a token named {name!r} (names are never reused: "
-                    "events name the token that acted)",
+                    "events name the token that acted)"
                 )
             try:
                 await self._append(event.stream, models.version_of(event.stream), [event])
             except ConcurrencyConflict:
                 continue  # the team's stream moved (another token issued): look again
             return event.token_id, token
-        raise RuntimeError("the team's stream kept moving")
+        raise conflict(f"team {team}'s tokens are changing too fast; try again")
 
     def tokens(self, principal: Principal, team: str) -> list[TokenRecord]:
         principal.require_team(team)
