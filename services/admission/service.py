@@ -12,6 +12,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Collection
+from uuid import UUID
 
 import asyncpg
 
@@ -22,7 +23,7 @@ from schemas.nodes import NodeRegistered
 from schemas.teams import QueueConfigured, TeamCreated, TeamPolicyConfigured
 from services.runtime.errors import ConcurrencyConflict, DomainError
 from services.runtime.records import Metadata, RawEvent, StreamAppend
-from services.runtime.store import EventStore
+from services.runtime.store import EventStore, Inbox
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,12 @@ CATALOG_TYPES: tuple[str, ...] = (
     NodeRegistered.type,
 )
 DECISION_TYPES: frozenset[str] = frozenset({JobAdmitted.type, JobRejected.type})
+# A decided submission's row in the consumer's inbox, beside a decision written after its
+# stream moved on (the batch's statement records the others).
+_INBOX = """
+INSERT INTO inbox (consumer, event_id) VALUES ($1, $2)
+ON CONFLICT (consumer, event_id) DO NOTHING
+"""
 
 
 class Admission:
@@ -57,8 +64,9 @@ class Admission:
         self._ahead: deque[RawEvent] = deque()
         self._fetched_until = 0
         self.decided = 0
-        # Decisions taken inside `batch`, appended at its end; None outside a batch.
-        self._staged: list[tuple[StreamAppend, Metadata]] | None = None
+        # Decisions taken inside `batch`, appended at its end, each with the id of the
+        # submission it answers; None outside a batch.
+        self._staged: list[tuple[StreamAppend, Metadata, UUID]] | None = None
 
     async def catch_up(self, until: int | None = None) -> None:
         """Fold the catalogue's events up to `until` (default: the log's head now).
@@ -105,7 +113,8 @@ class Admission:
         # Usually nothing follows the submission yet: one append after it, no read.
         append = StreamAppend(submitted.stream, envelope.version, [decision])
         if self._staged is not None:
-            self._staged.append((append, metadata))  # written with the batch's others
+            # Written with the batch's others.
+            self._staged.append((append, metadata, envelope.event_id))
         else:
             try:
                 await self.store.append_many([append], metadata, conn=conn)
@@ -116,18 +125,38 @@ class Admission:
             log.info("job %s rejected: %s", submitted.job_id, decision.reason)
 
     @contextlib.asynccontextmanager
-    async def batch(self, conn: asyncpg.Connection) -> AsyncIterator[None]:
+    async def batch(
+        self, conn: asyncpg.Connection, inbox: str | None = None
+    ) -> AsyncIterator[None]:
         """The consumer's scope around one fetched batch (its BatchScope): the decisions
-        taken inside are appended together at its end, in the batch's transaction, in three
-        statements instead of three per job. A batch that fails appends nothing."""
+        taken inside are appended together at its end in one statement, whatever their
+        number. With `inbox`, the consumer's inbox name, the batch is outside a transaction:
+        that statement is its own, and records each decided submission in the inbox; a
+        decision whose stream moved on is written after it, with its inbox row, in a
+        transaction of its own. Without, the statement is in the caller's transaction. A
+        batch that fails appends nothing."""
         self._staged = []
         try:
             yield
             staged = self._staged
-            results = await self.store.append_each(staged, conn=conn) if staged else []
-            for (append, metadata), result in zip(staged, results, strict=True):
-                if isinstance(result, ConcurrencyConflict):
+            results = (
+                await self.store.append_each(
+                    [(append, metadata) for append, metadata, _ in staged],
+                    conn=conn,
+                    inbox=None if inbox is None else Inbox(inbox, [e for _, _, e in staged]),
+                )
+                if staged
+                else []
+            )
+            for (append, metadata, answered), result in zip(staged, results, strict=True):
+                if not isinstance(result, ConcurrencyConflict):
+                    continue
+                if inbox is None:
                     await self._decide_after(append, metadata, conn)
+                else:
+                    async with conn.transaction():
+                        await conn.execute(_INBOX, inbox, answered)
+                        await self._decide_after(append, metadata, conn)
         finally:
             self._staged = None
 

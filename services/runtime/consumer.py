@@ -39,10 +39,16 @@ from services.runtime.topics import Topics, ensure_topics
 log = logging.getLogger(__name__)
 
 EventHandler = Callable[[EventEnvelope, asyncpg.Connection], Awaitable[None]]
-# Wraps the handling of one fetched batch inside its transaction: what the handlers stage is
-# written once, at the scope's end, before the commit (admission appends a batch's decisions in
-# one statement); a batch that fails leaves the scope with its exception and stages nothing.
-BatchScope = Callable[[asyncpg.Connection], AbstractAsyncContextManager[None]]
+# Wraps the handling of one fetched batch: the handlers only stage their effects, and the scope
+# writes them at its end, with each applied event's row in the inbox named by its second
+# argument, in one statement of its own (admission appends a batch's decisions so): the batch
+# runs outside a transaction, so that no COMMIT round trip is left inside the log's head lock,
+# and a handler writes nothing through the connection but by staging. An applied event the
+# scope could not write for (its stream moved on) gets its effects and its inbox row in a
+# transaction of their own. A batch that fails leaves the scope with its exception and writes
+# nothing. Given None for the inbox, the scope is inside a transaction that recorded the
+# event's inbox row already (`EventConsumer.process`, one message) and writes the effects only.
+BatchScope = Callable[[asyncpg.Connection, str | None], AbstractAsyncContextManager[None]]
 TelemetryMessage = NodeHeartbeat | StepTimeSample
 TelemetryHandler = Callable[[TelemetryMessage], Awaitable[None]]
 
@@ -67,6 +73,13 @@ _INBOX_MANY = """
 INSERT INTO inbox (consumer, event_id) SELECT $1, id FROM unnest($2::uuid[]) AS u(id)
 ON CONFLICT (consumer, event_id) DO NOTHING
 RETURNING event_id
+"""
+
+# The ids of the batch not in the inbox yet, written by nothing here (a BatchScope writes them
+# with the effects).
+_INBOX_UNSEEN = """
+SELECT u.id FROM unnest($2::uuid[]) AS u(id)
+WHERE NOT EXISTS (SELECT 1 FROM inbox i WHERE i.consumer = $1 AND i.event_id = u.id)
 """
 
 
@@ -360,7 +373,7 @@ class EventConsumer(ConsumerLoop):
         async with (
             self.pool.acquire() as conn,
             conn.transaction(),
-            (self.batch_scope or _no_scope)(conn),
+            (self.batch_scope or _no_scope)(conn, None),
         ):
             return await self._apply(conn, envelope)
 
@@ -376,9 +389,9 @@ class EventConsumer(ConsumerLoop):
         stop: asyncio.Event,
     ) -> dict[TopicPartition, int]:
         """Apply the fetched batch, every partition's records in their order, in one
-        transaction: one commit (one WAL flush) and one inbox statement for many events. An
-        event its handler refuses undoes the transaction; the batch is then applied again
-        without it."""
+        transaction (or, with a batch scope, in the scope's one statement): one commit (one WAL
+        flush) and one inbox statement for many events. An event its handler refuses undoes
+        the batch; it is then applied again without it."""
         staged: list[_Staged] = []
         for tp, records in batches.items():
             for record in records:
@@ -425,14 +438,15 @@ class EventConsumer(ConsumerLoop):
     async def _apply_batch(self, staged: Sequence[_Staged]) -> list[Outcome]:
         todo = [s.envelope.event_id for s in staged if s.envelope is not None and not s.reason]
         outcomes: list[Outcome] = []
-        async with (
-            self.pool.acquire() as conn,
-            conn.transaction(),
-            (self.batch_scope or _no_scope)(conn),
-        ):
-            fresh = (
-                {r[0] for r in await conn.fetch(_INBOX_MANY, self.name, todo)} if todo else set()
-            )
+        async with contextlib.AsyncExitStack() as scope:
+            conn = await scope.enter_async_context(self.pool.acquire())
+            if self.batch_scope is None:
+                await scope.enter_async_context(conn.transaction())
+                inbox = _INBOX_MANY  # written here, in the handlers' transaction
+            else:
+                inbox = _INBOX_UNSEEN  # written by the batch scope, with the effects
+                await scope.enter_async_context(self.batch_scope(conn, self.name))
+            fresh = {r[0] for r in await conn.fetch(inbox, self.name, todo)} if todo else set()
             for index, item in enumerate(staged):
                 if item.reason is not None:
                     outcomes.append(Outcome.DEAD_LETTERED)
@@ -455,7 +469,7 @@ class EventConsumer(ConsumerLoop):
 
 
 @contextlib.asynccontextmanager
-async def _no_scope(_conn: asyncpg.Connection) -> AsyncIterator[None]:
+async def _no_scope(_conn: asyncpg.Connection, _inbox: str | None) -> AsyncIterator[None]:
     yield
 
 

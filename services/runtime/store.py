@@ -44,6 +44,27 @@ FROM event_log_append_checked($1::integer[], $2::text[], $3::integer[], $4::inte
                               $10::uuid[], $11::text[], $12::bigint[], $13, $14)
 """
 
+# The same append, and in the same statement each written request's answered event recorded in
+# a consumer's inbox (per request: the event's id, and the number of its first row): a
+# consumer's batch as one statement of its own, with no COMMIT round trip inside the head
+# row's lock, its inbox rows still written with its effects. A skipped request gets no inbox
+# row: its event is handled again, after the conflict (services/admission `_decide_after`).
+_APPEND_CHECKED_TRACKED = """
+WITH written AS (
+    SELECT recorded, positions, versions, checked
+    FROM event_log_append_checked($1::integer[], $2::text[], $3::integer[], $4::integer[],
+                                  $5::uuid[], $6::text[], $7::integer[], $8::text[],
+                                  $9::uuid[], $10::uuid[], $11::text[], $12::bigint[], $13, $14)
+), tracked AS (
+    INSERT INTO inbox (consumer, event_id)
+    SELECT $15, t.event_id
+    FROM written, unnest($16::uuid[], $17::integer[]) AS t(event_id, first_row)
+    WHERE written.positions[t.first_row] IS NOT NULL
+    ON CONFLICT (consumer, event_id) DO NOTHING
+)
+SELECT recorded, positions, versions, checked FROM written
+"""
+
 _READ_STREAM = f"SELECT {_COLUMNS} FROM events WHERE stream = $1 AND version > $2 ORDER BY version"
 
 _READ_ALL = f"""
@@ -154,11 +175,19 @@ class EventStore:
         return await self._append_alone(request, leadership, conn)
 
     async def append_each(
-        self, appends: Sequence[tuple[StreamAppend, Metadata]], *, conn: asyncpg.Connection
+        self,
+        appends: Sequence[tuple[StreamAppend, Metadata]],
+        *,
+        conn: asyncpg.Connection,
+        inbox: Inbox | None = None,
     ) -> list[list[EventEnvelope] | ConcurrencyConflict]:
-        """Independent appends, each with its own metadata, inside the caller's transaction
-        and in one statement whatever their number (a consumer writing a batch's reactions at
-        once): each gets its envelopes, or its ConcurrencyConflict and writes nothing."""
+        """Independent appends, each with its own metadata, in one statement whatever their
+        number (a consumer writing a batch's reactions at once), inside the caller's
+        transaction if it has one: each gets its envelopes, or its ConcurrencyConflict and
+        writes nothing. With `inbox`, each written append's answered event is recorded in
+        the consumer's inbox in the same statement (and a conflicting one's is not)."""
+        if inbox is not None and len(inbox.event_ids) != len(appends):
+            raise ValueError(f"{len(appends)} appends answer {len(inbox.event_ids)} events")
         requests = []
         for append, metadata in appends:
             if not append.events:
@@ -167,7 +196,7 @@ class EventStore:
             requests.append(_Request([append], metadata, None, payloads))
         if not requests:
             return []
-        return await self._write(conn, requests)
+        return await self._write(conn, requests, inbox=inbox)
 
     async def _append_alone(
         self, request: _Request, leadership: str, conn: asyncpg.Connection | None = None
@@ -198,20 +227,32 @@ class EventStore:
         c: asyncpg.Connection,
         requests: Sequence[_Request],
         leadership: str = SCHEDULER_LEADERSHIP,
+        *,
+        inbox: Inbox | None = None,
     ) -> list[list[EventEnvelope] | ConcurrencyConflict]:
         """Append `requests` in order in one statement (inside the caller's transaction, or as
         its own); a request whose expected versions do not hold is skipped and gets its
-        ConcurrencyConflict instead."""
+        ConcurrencyConflict instead. With `inbox` (one event per request), each written
+        request's event is recorded in the consumer's inbox by the same statement."""
         rows = _Rows(self.producer)
+        first_rows: list[int] = []  # per request, the number of its first row (from 1)
         for index, request in enumerate(requests):
+            first_rows.append(len(rows.event_ids) + 1)
             payloads = iter(request.payloads)
             for append in request.appends:
                 rows.begin(index, append)
                 for event in append.events:
                     rows.add(event, next(payloads), request.meta, request.epoch)
+        tracked: tuple[Any, ...] = ()
+        if inbox is not None:
+            tracked = (inbox.consumer, list(inbox.event_ids), first_rows)
         try:
             recorded_at, positions, versions, found = await c.fetchrow(
-                _APPEND_CHECKED, *rows.columns(), leadership, NOTIFY_CHANNEL
+                _APPEND_CHECKED if inbox is None else _APPEND_CHECKED_TRACKED,
+                *rows.columns(),
+                leadership,
+                NOTIFY_CHANNEL,
+                *tracked,
             )
         except asyncpg.PostgresError as refused:
             if refused.sqlstate == _STALE_EPOCH:
@@ -366,6 +407,14 @@ def _check_appends(appends: Sequence[StreamAppend], registry: EventRegistry) -> 
                 raise EventTooLarge(event.type, len(payload.encode()), MAX_EVENT_BYTES)
             payloads.append(payload)
     return tuple(payloads)
+
+
+@dataclass(frozen=True, slots=True)
+class Inbox:
+    """A consumer's inbox rows to write with its appends: per append, the event it answers."""
+
+    consumer: str
+    event_ids: Sequence[UUID]
 
 
 @dataclass(frozen=True, slots=True)

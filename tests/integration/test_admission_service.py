@@ -207,3 +207,71 @@ async def test_in_a_batch_a_job_whose_stream_moved_on_is_decided_after_it_and_a_
     ]
     assert len(await decisions(store, "done")) == 1
     assert len(await decisions(store, "plain")) == 1
+
+
+async def handle_tracked(admission: Admission, envelopes: list[EventEnvelope]) -> None:
+    """As the consumer applies a batch: outside a transaction, the scope writing the inbox."""
+    async with admission.store.pool.acquire() as conn, admission.batch(conn, "admission"):
+        for envelope in envelopes:
+            await admission.on_submitted(envelope, conn)
+
+
+async def inbox_of(store: EventStore, consumer: str = "admission") -> set[object]:
+    async with store.pool.acquire() as conn:
+        rows = await conn.fetch("SELECT event_id FROM inbox WHERE consumer = $1", consumer)
+    return {r["event_id"] for r in rows}
+
+
+async def test_a_batch_outside_a_transaction_records_its_decisions_and_inbox_rows_at_once(
+    store: EventStore,
+) -> None:
+    await register_nodes(store)
+    await create_team(store)
+    envelopes = [await submit(store, f"t{i}") for i in range(4)]
+    head = await store.head()
+    await handle_tracked(admission(store), envelopes)
+    written = await store.read_all(head)
+    assert [e.stream for e in written] == [f"job-t{i}" for i in range(4)]
+    assert [e.position for e in written] == list(range(head + 1, head + 5))
+    assert await inbox_of(store) == {e.event_id for e in envelopes}
+
+
+async def test_a_batch_outside_a_transaction_decides_a_moved_stream_after_it_with_its_inbox_row(
+    store: EventStore,
+) -> None:
+    await register_nodes(store)
+    await create_team(store)
+    quick, decided, plain = [await submit(store, name) for name in ("quick", "done", "plain")]
+    await store.append("job-quick", 1, [JobCancelRequested(job_id="quick", by="vision")])
+    await handle(admission(store), decided)  # another replica decided it already
+    await handle_tracked(admission(store), [quick, decided, plain])
+    assert [e.type for e in await store.read_stream("job-quick")] == [
+        "JobSubmitted",
+        "JobCancelRequested",
+        "JobAdmitted",
+    ]
+    assert len(await decisions(store, "done")) == 1
+    assert len(await decisions(store, "plain")) == 1
+    # Every submission of the batch is recorded, the two written after a conflict included.
+    assert await inbox_of(store) == {quick.event_id, decided.event_id, plain.event_id}
+
+
+async def test_a_batch_outside_a_transaction_that_fails_writes_no_decision_and_no_inbox_row(
+    store: EventStore,
+) -> None:
+    await register_nodes(store)
+    await create_team(store)
+    envelopes = [await submit(store, f"g{i}") for i in range(3)]
+    head = await store.head()
+    deciding = admission(store)
+    with pytest.raises(RuntimeError, match="the batch's last handler failed"):
+        async with store.pool.acquire() as conn, deciding.batch(conn, "admission"):
+            for envelope in envelopes:
+                await deciding.on_submitted(envelope, conn)
+            raise RuntimeError("the batch's last handler failed")
+    assert await store.head() == head
+    assert await inbox_of(store) == set()
+    # Applied again (as the consumer retries a batch), each job is decided once.
+    await handle_tracked(deciding, envelopes)
+    for i in range(3):
+        assert len(await decisions(store, f"g{i}")) == 1

@@ -18,6 +18,7 @@ from services.runtime import (
     StreamAppend,
     acquire_leadership,
 )
+from services.runtime.store import Inbox
 from tests.integration.support import appends_waiting, deferrals, wait_until
 
 pytestmark = pytest.mark.integration
@@ -108,6 +109,48 @@ async def test_appends_written_together_in_a_transaction_keep_their_own_outcomes
     ]
     assert [e.version for e in await store.read_stream("job-moved")] == [1]
     assert await store.head() == 4
+
+
+async def test_appends_with_an_inbox_record_in_one_statement_each_written_appends_event_only(
+    store: EventStore,
+) -> None:
+    # A consumer's batch as one statement of its own: the inbox rows of the events whose
+    # reactions were written, and none for the one whose stream moved on (it is handled again).
+    await store.append("job-moved", 0, deferrals("moved", 1))
+    answered = [uuid4() for _ in range(3)]
+    async with store.pool.acquire() as conn:
+        results = await store.append_each(
+            [
+                (StreamAppend("job-x", 0, deferrals("x", 2)), Metadata()),
+                (StreamAppend("job-moved", 0, deferrals("moved", 1, tag="late")), Metadata()),
+                (StreamAppend("job-y", 0, deferrals("y", 1)), Metadata()),
+            ],
+            conn=conn,
+            inbox=Inbox("deciding", answered),
+        )
+        recorded = await conn.fetch(
+            "SELECT consumer, event_id FROM inbox WHERE consumer = 'deciding'"
+        )
+    assert [type(r) for r in results] == [list, ConcurrencyConflict, list]
+    assert {(r["consumer"], r["event_id"]) for r in recorded} == {
+        ("deciding", answered[0]),
+        ("deciding", answered[2]),
+    }
+    assert await store.head() == 4
+
+
+async def test_appends_with_an_inbox_need_one_answered_event_each(store: EventStore) -> None:
+    async with store.pool.acquire() as conn:
+        with pytest.raises(ValueError, match="2 appends answer 1 events"):
+            await store.append_each(
+                [
+                    (StreamAppend(f"job-v{i}", 0, deferrals(f"v{i}", 1)), Metadata())
+                    for i in range(2)
+                ],
+                conn=conn,
+                inbox=Inbox("deciding", [uuid4()]),
+            )
+    assert await store.head() == 0
 
 
 async def test_appends_written_together_see_the_versions_the_earlier_ones_wrote(
