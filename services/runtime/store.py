@@ -58,8 +58,10 @@ WITH written AS (
 ), tracked AS (
     INSERT INTO inbox (consumer, event_id)
     SELECT $15, t.event_id
-    FROM written, unnest($16::uuid[], $17::integer[]) AS t(event_id, first_row)
-    WHERE written.positions[t.first_row] IS NOT NULL
+    FROM written
+    CROSS JOIN LATERAL unnest(written.positions) WITH ORDINALITY AS p(position, n)
+    JOIN unnest($16::uuid[], $17::integer[]) AS t(event_id, first_row) ON t.first_row = p.n
+    WHERE p.position IS NOT NULL
     ON CONFLICT (consumer, event_id) DO NOTHING
 )
 SELECT recorded, positions, versions, checked FROM written
