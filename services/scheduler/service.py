@@ -365,8 +365,12 @@ class SchedulerService:
                 raise Deposed(str(fenced)) from fenced
             for event in decisions:
                 self.metrics.decisions.labels(event.type).inc()
-            if not self._fold_own(envelopes):
-                await self.follow()
+            if not self._fold_own(envelopes) and await self.follow() > len(envelopes):
+                # Others' events committed before (or after) ours were folded just now, after
+                # the cycle decided without them, and `follow` cleared the wake-up their
+                # notifications had set: set it again, or the jobs they admitted would wait
+                # for the cycle timer (the last batch of a burst waited ~1 s for it).
+                self._wake.set()
             await self._maybe_snapshot()
             return envelopes
         await self._maybe_snapshot()

@@ -25,7 +25,14 @@ from schemas.jobs import (
     TopologySpec,
 )
 from schemas.teams import TeamCreated
-from services.runtime import EventStore, Leadership, Settings, StreamAppend, acquire_leadership
+from services.runtime import (
+    NOTIFY_CHANNEL,
+    EventStore,
+    Leadership,
+    Settings,
+    StreamAppend,
+    acquire_leadership,
+)
 from services.runtime.metrics import new_registry
 from services.scheduler.bootstrap import wired
 from services.scheduler.folding import Folded
@@ -219,6 +226,41 @@ async def test_a_cancel_committed_between_fold_and_append_is_folded_before_decid
         await service.cycle()
         assert await reservation(store, "racy") is None
         assert _total(service.metrics.conflicts) >= 1
+        await service.leadership.release()
+
+
+async def test_events_folded_after_a_cycle_decided_wake_the_next_cycle_at_once(
+    settings: Settings, store: EventStore
+) -> None:
+    """A job admitted while a cycle decides is folded after the cycle's append (which lands
+    after it); the next cycle must not wait for the timer (an hour here) to place it."""
+    await seed_cluster(store)
+    async with replica(settings, "a", scheduler_cycle_interval_s=3600) as leader:
+        await wait_until(lambda: _leads(leader), what="leads", patience_s=30)
+        service = leader.service
+        leader.stop.set()
+        await asyncio.wait_for(leader.task, 30)
+        # Which notifications reach the replica before the cycle's own catch-up clears the
+        # wake-up is a race; here none reaches it after (its LISTEN connection stays open but
+        # deaf), so the catch-up is all it has.
+        await service._listen()
+        assert service._listener is not None
+        await service._listener.remove_listener(NOTIFY_CHANNEL, service._on_notify)
+        await submit_admitted(store, job("first"))
+        await service.follow()
+        # Committed after the fold, before the cycle's append.
+        await submit_admitted(store, job("second"))
+        service.leadership = await _lead_again(service, settings)
+        [reserved] = await service.cycle()
+        assert reserved.stream == "job-first"
+        assert await reservation(store, "second") is None
+        stop = asyncio.Event()
+        never = asyncio.get_running_loop().create_future()
+        # Bounded patience, not a timing: without the wake-up it would wait an hour.
+        await asyncio.wait_for(service._wait(stop, never, seconds=3600), 30)
+        await service.cycle()
+        assert await reservation(store, "second") is not None
+        never.cancel()
         await service.leadership.release()
 
 
