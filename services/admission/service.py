@@ -21,6 +21,7 @@ from schemas import EventEnvelope
 from schemas.jobs import JobAdmitted, JobRejected, JobSubmitted
 from schemas.nodes import NodeRegistered
 from schemas.teams import QueueConfigured, TeamCreated, TeamPolicyConfigured
+from services.runtime.consumer import record_in_inbox
 from services.runtime.errors import ConcurrencyConflict, DomainError
 from services.runtime.records import Metadata, RawEvent, StreamAppend
 from services.runtime.store import EventStore, Inbox
@@ -34,12 +35,6 @@ CATALOG_TYPES: tuple[str, ...] = (
     NodeRegistered.type,
 )
 DECISION_TYPES: frozenset[str] = frozenset({JobAdmitted.type, JobRejected.type})
-# A decided submission's row in the consumer's inbox, beside a decision written after its
-# stream moved on (the batch's statement records the others).
-_INBOX = """
-INSERT INTO inbox (consumer, event_id) VALUES ($1, $2)
-ON CONFLICT (consumer, event_id) DO NOTHING
-"""
 
 
 class Admission:
@@ -154,8 +149,10 @@ class Admission:
                 if inbox is None:
                     await self._decide_after(append, metadata, conn)
                 else:
+                    # Its inbox row beside the decision written after the stream's news (the
+                    # batch's statement recorded the others).
                     async with conn.transaction():
-                        await conn.execute(_INBOX, inbox, answered)
+                        await record_in_inbox(conn, inbox, answered)
                         await self._decide_after(append, metadata, conn)
         finally:
             self._staged = None

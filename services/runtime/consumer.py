@@ -19,6 +19,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
+from uuid import UUID
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
@@ -378,7 +379,7 @@ class EventConsumer(ConsumerLoop):
             return await self._apply(conn, envelope)
 
     async def _apply(self, conn: asyncpg.Connection, envelope: EventEnvelope) -> Outcome:
-        if not await conn.fetchval(_INBOX, self.name, envelope.event_id):
+        if not await record_in_inbox(conn, self.name, envelope.event_id):
             return Outcome.DUPLICATE
         await self.handlers[envelope.type](envelope, conn)
         return Outcome.APPLIED
@@ -466,6 +467,12 @@ class EventConsumer(ConsumerLoop):
                         raise _RetryBatch(index) from error
                     outcomes.append(Outcome.APPLIED)
         return outcomes
+
+
+async def record_in_inbox(conn: asyncpg.Connection, consumer: str, event_id: UUID) -> bool:
+    """Record that `consumer` handled `event_id`, in the caller's transaction with the
+    handling's effects; False when it was recorded before (a redelivery)."""
+    return bool(await conn.fetchval(_INBOX, consumer, event_id))
 
 
 @contextlib.asynccontextmanager
