@@ -170,9 +170,7 @@ def preempt_for_fairness(
                     if climb in climbs:
                         rises = climbs[climb]
                     else:
-                        rises = climbs[climb] = _level_reached_at(
-                            pool[index:], needed, largest, ctx
-                        )
+                        rises = climbs[climb] = _level_reached_at(pool, index, climb, ctx)
                     if rises is not None:
                         soonest = rises if soonest is None else min(soonest, rises)
                 break
@@ -225,31 +223,70 @@ def preempt_for_fairness(
         taken.update(victim.job_id for victim in chosen)
 
 
+# The pool's gangs below a level by the moment each reaches it, for the last pool seen of each
+# (queue, class, level needed, largest victim): (that pool, the thresholds, the latest start
+# among the gangs, (moment, gang) soonest first). A kept pool is the same list while none of
+# its gangs changed (core/fairness_pools.py), and a gang's moment depends on nothing else.
+_Climbers = tuple[Pool, tuple[float, ...], float, list[tuple[float, CoreJob]]]
+_climbers: dict[tuple[str, int, int, int | None], _Climbers] = {}
+# Far above the rounding of a moment (about 1e-6 s at today's clock): each gang whose moment
+# is within this of the soonest is worked out as before, so the soonest is the same float.
+_CLIMB_SLACK_S = 1e-3
+
+
 def _level_reached_at(
-    pool: list[tuple[int, CoreJob]], needed: int, largest: int | None, ctx: CycleContext
+    pool: Pool, index: int, climb: tuple[str, int, int, int | None], ctx: CycleContext
 ) -> float | None:
-    """The first moment a running gang of the pool (of at most `largest` GPUs) reaches
-    attained-service level `needed` (None: none can); a microsecond later, so that the level
-    is reached by then whatever the rounding of the moment."""
+    """The first moment a running gang of `pool[index:]` (of at most `climb`'s largest GPUs)
+    reaches attained-service level `climb`'s needed (None: none can); a microsecond later, so
+    that the level is reached by then whatever the rounding of the moment.
+
+    Asked in nearly every cycle with a job to help, of pools that seldom change: the gangs are
+    kept by the moment each reaches the level (`started + (threshold - attained) / rate`,
+    independent of the clock), and only those within `_CLIMB_SLACK_S` of the soonest have their
+    moment worked out at `now` as before (whose rounding may order near-equal moments apart)."""
     thresholds = ctx.policy.las_thresholds_gpu_s
+    needed, largest = climb[2], climb[3]
     if needed < 1 or needed > len(thresholds):
         return None
     threshold, now = thresholds[needed - 1], ctx.now
+    kept = _climbers.get(climb)
+    if kept is None or kept[0] is not pool or kept[1] is not thresholds:
+        climbers: list[tuple[float, CoreJob]] = []
+        latest = float("-inf")
+        for _, victim in pool[index:]:
+            rate = victim.bound_gpus
+            started = victim.started_at
+            if not victim.ranks or started is None or rate <= 0:
+                continue
+            if largest is not None and rate > largest:
+                continue
+            climbers.append((started + (threshold - victim.attained_gpu_s) / rate, victim))
+            latest = max(latest, started)
+        climbers.sort(key=_first)
+        kept = _climbers[climb] = (pool, thresholds, latest, climbers)
+    climbers = kept[3]
+    if now < kept[2]:
+        bound = float("inf")  # a gang starting after `now`: its moment at `now` is another
+    else:
+        bound = climbers[0][0] + _CLIMB_SLACK_S if climbers else float("inf")
     soonest: float | None = None
-    for _, victim in pool:
+    for moment_at, victim in climbers:
+        if moment_at > bound:
+            break
         rate = victim.bound_gpus
         started = victim.started_at
-        if not victim.ranks or started is None or rate <= 0:
-            continue
-        if largest is not None and rate > largest:
-            continue
-        # attained_service(victim, now) inlined (the same sum, so the same moment): asked
-        # for the pool's running gangs in nearly every cycle.
+        assert started is not None
+        # attained_service(victim, now) inlined (the same sum, so the same moment).
         service = victim.attained_gpu_s + rate * max(0.0, now - started)
         moment = now + (threshold - service) / rate + 1e-6
         if soonest is None or moment < soonest:
             soonest = moment
     return soonest
+
+
+def _first(entry: tuple[float, CoreJob]) -> float:
+    return entry[0]
 
 
 def _others_borrow(ctx: CycleContext, quota: QuotaBook, job: CoreJob) -> bool:
