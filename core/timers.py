@@ -320,24 +320,37 @@ class GangTimers:
         team = key[0]
         group = self._by_ratio.pop(key)
         noted = (team, state.estimates.estimate_ratio(team))
-        target = self._by_ratio.setdefault(noted, {})
-        ratio_of, end_of, token, overrun = self._ratio_of, self._end_of, self._token, self._overrun
+        # The whole group is noted with the ratio now, in C rather than gang by gang.
+        self._ratio_of.update(dict.fromkeys(group, noted))
+        target = self._by_ratio.get(noted)
+        if target is None:
+            self._by_ratio[noted] = group
+        else:
+            target.update(group)
+        end_of, token, overrun = self._end_of, self._token, self._overrun
         policy, estimates = state.policy, state.estimates
         holding = state.holding_jobs
         ends = self._ends
+        # The scaled estimate of the gang before, while the next has the same given estimate
+        # and limit (a team's gangs nearly always do).
+        given: float | None = None
+        limit: float | None = None
+        estimate: float | None = None
         for job_id in group:
             job = holding[job_id]
             spec = job.spec
-            held_since = job.held_since
             # Kept in these groups only with a spec, an end and a binding time (`_push`).
-            assert spec is not None and held_since is not None
-            fields = (team, spec.estimated_runtime_s, spec.max_runtime_s)
-            estimate = scaled.get(fields)
-            if estimate is None:
-                estimate = scaled[fields] = runtime_estimate(job, policy, estimates)
+            assert spec is not None
+            if estimate is None or spec.estimated_runtime_s != given or spec.max_runtime_s != limit:
+                given, limit = spec.estimated_runtime_s, spec.max_runtime_s
+                fields = (team, given, limit)
+                estimate = scaled.get(fields)
+                if estimate is None:
+                    estimate = scaled[fields] = runtime_estimate(job, policy, estimates)
+            # job.held_since inlined (its start, else its binding).
+            held_since = job.started_at if job.started_at is not None else job.reserved_at
+            assert held_since is not None
             end = held_since + estimate
-            ratio_of[job_id] = noted
-            target[job_id] = None
             if end_of[job_id] != end:
                 # Only its estimated end moved (its deadlines did not: nothing of the gang
                 # changed): a new end entry under the same token; the old one no longer
