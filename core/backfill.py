@@ -75,8 +75,10 @@ def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: Quot
     # A queue's ceiling answer for a need, while the quota book takes no charge: (charges,
     # outcome or None, whether the job goes to the preemption phase). Nearly every job a busy
     # cycle places is held back by its queue's ceiling (7.8 million on the Philly window with
-    # strict quotas), jobs of a dozen queues and a few needs.
-    ceilings: dict[tuple[str, int, str], tuple[int, Outcome | None, bool]] = {}
+    # strict quotas), jobs of a dozen queues and a few needs. The need (worded from the job's
+    # shape) is known by its shape's identity: jobs of one shape share it (core/state.py
+    # `_one_shape`), and every waiting job, so its shape, lives through the cycle.
+    ceilings: dict[tuple[str, int, int], tuple[int, Outcome | None, bool]] = {}
     placed = Placed()
     blocked = placed.blocked
     head: CoreJob | None = None
@@ -134,7 +136,7 @@ def place(ctx: CycleContext, snap: Snapshot, waiting: list[CoreJob], quota: Quot
                 charge_tasks(quota, job, shape, shape.units * shape.tasks_per_unit)
             continue
         if enforce:
-            ceiling_key = (job.queue, shape.min_gpus, job.need)
+            ceiling_key = (job.queue, shape.min_gpus, id(job.shape))
             known = ceilings.get(ceiling_key)
             if known is None or known[0] != quota.charges:
                 known = ceilings[ceiling_key] = _ceiling(quota, job, shape.min_gpus)
