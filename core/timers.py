@@ -282,10 +282,11 @@ class GangTimers:
             return
         self._learned = estimates.learned
         # A gang whose estimate is its given one times its team's ratio can have moved only
-        # if that ratio did: the groups noted with a ratio no longer their team's. Each gang is
-        # looked at alone (the order of the end entries pushed decides nothing: the heap
-        # yields them by moment and token whatever the order of pushing); one that needs new
-        # tokens is pushed again in the order of `_token`, as when every gang was walked.
+        # if that ratio did: the groups noted with a ratio no longer their team's, renewed
+        # group by group (`_renew_group`). The order of the end entries pushed decides
+        # nothing: the heap yields them by moment and token whatever the order of pushing.
+        # Other gangs are looked at alone; one that needs new tokens is pushed again in the
+        # order of `_token`, as when every gang was walked.
         moved = [key for key in self._by_ratio if estimates.estimate_ratio(key[0]) != key[1]]
         again: set[str] = set()
         # Such a gang's estimate is its given estimate times the team's ratio, capped by its
