@@ -246,7 +246,7 @@ def _level_reached_at(
 
     Asked in nearly every cycle with a job to help, of pools that change less often: the
     gangs that may reach the level first are kept with the pool, and only their moments are
-    worked out at `now` (on the `philly_noest.csv` week, 32,159 of 41,378 asks found the pool
+    worked out at `now` (on the `philly_noest.csv` week, 32,159 of 41,393 asks found the pool
     unchanged)."""
     thresholds = ctx.policy.las_thresholds_gpu_s
     needed, largest = climb[2], climb[3]
