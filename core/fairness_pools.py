@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import heapq
 import weakref
-from bisect import bisect_left, bisect_right, insort
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
 from core.context import CycleContext
@@ -61,7 +61,8 @@ class _Live:
     due: dict[str, float]
     # Gangs changed since the pool was last read.
     dirty: set[str]
-    # The pool as a list, while nothing of it changed.
+    # The pool as a list, entry for entry with `order` (None until first asked); a new list
+    # whenever a gang's entry changes, never one handed out changed in place.
     pool: Pool | None
 
 
@@ -173,6 +174,11 @@ def pool_of(ctx: CycleContext, queue: str, rank: int) -> Pool:
             looked.append(job_id)
     if looked:
         policy = ctx.policy
+        if live.pool is not None:
+            # A copy of its own to bring up to date entry by entry, in step with `order`
+            # (cheaper than wording the pool again from `order`); the list handed out before
+            # stays as it was (core/fairness.py keeps what it found in one by identity).
+            live.pool = list(live.pool)
         for job_id in looked:
             _look(live, holding.get(job_id), job_id, queue, rank, now, policy)
         if len(recheck) > 4 * len(due) + 64:
@@ -205,10 +211,12 @@ def _look(
 ) -> None:
     """The gang's entry, wake-up and next look at `now`, as `build_pool` finds them."""
     old = live.member.pop(job_id, None)
+    order, pool = live.order, live.pool
     if old is not None:
-        order = live.order
-        del order[bisect_left(order, old[0])]
-        live.pool = None
+        position = bisect_left(order, old[0])
+        del order[position]
+        if pool is not None:
+            del pool[position]
     live.wake.pop(job_id, None)
     live.due.pop(job_id, None)
     if victim is None or victim.queue != queue or not victim.ranks:
@@ -233,6 +241,8 @@ def _look(
         heapq.heappush(live.recheck, (moment, job_id))
     held_since = victim.held_since
     key = (-level, -(now if held_since is None else held_since), victim.seq, job_id)
-    insort(live.order, key)
+    position = bisect_left(order, key)
+    order.insert(position, key)
+    if pool is not None:
+        pool.insert(position, (level, victim))
     live.member[job_id] = (key, victim)
-    live.pool = None

@@ -21,7 +21,7 @@ from bisect import bisect_right
 from datetime import UTC, datetime
 from operator import itemgetter
 
-from core.attained import attained_service, service_level
+from core.attained import service_level
 from core.context import CycleContext, Outcome
 from core.drf import dominant_usage
 from core.live_sharing import GpuAmount
@@ -154,9 +154,12 @@ def order(ctx: CycleContext, quota: QuotaBook) -> list[CoreJob]:
         rank = ranks.get(job.priority)
         if rank is None:
             rank = ranks[job.priority] = policy.priority_class(job.priority).rank
-        aged = is_aged(job, now, policy)
-        if not aged and job.queued_at is not None:
-            wakeups.append(job.queued_at + aging)
+        # is_aged, attained_service and victims_released inlined (the same tests, the same
+        # sum): asked of every waiting job in every cycle (7.8 million on the Philly window).
+        queued_at = job.queued_at
+        aged = queued_at is not None and now - queued_at >= aging
+        if not aged and queued_at is not None:
+            wakeups.append(queued_at + aging)
         shape = job.shape
         if shape is None:
             within = False
@@ -168,14 +171,16 @@ def order(ctx: CycleContext, quota: QuotaBook) -> list[CoreJob]:
             within = within_known
         if not within and guaranteed:
             share = 0.0  # borrowing beyond a guarantee: no penalty for having borrowed
-        service = attained_service(job, now)
+        service = job.attained_gpu_s
+        if job.ranks and job.started_at is not None:
+            service += job.bound_gpus * max(0.0, now - job.started_at)
         level = levels.get(service)
         if level is None:
             level = levels[service] = service_level(service, policy)
         # Predicted-short first only within the guarantee: a borrower keeps arrival order, so
         # a guess about its length never decides who takes capacity lent by another team.
         length = length_level(job, ctx) if within and not aged else 0
-        released = ctx.victims_released(job)
+        released = bool(job.awaiting_victims) and not ctx.victims_pending(job)
         key = gangway_key(job, rank, share, aged, released, within, level, length)
         keyed.append((key, job))
     # Keys are unique (they end in the job's sequence number): the jobs are never compared.

@@ -29,6 +29,10 @@ class QuotaBook:
         self._queues = queues
         self._chains: dict[str, tuple[str, ...]] = {}
         self.usage: dict[str, GpuAmount] = {}
+        # How many charges the book has taken: its GPU answers (`ceiling_hit`, `excess`,
+        # `within_guarantee`, `borrowing`) stand while this does not move (`usage` is written by
+        # `charge` alone, and the queues' records do not change within the cycle owning it).
+        self.charges = 0
         # CPUs (thousandths) and memory (MB) held per subtree, for the host ceilings.
         self.host_usage: dict[str, tuple[int, int]] = {}
         for name, queue in queues.items():
@@ -53,6 +57,7 @@ class QuotaBook:
         return result
 
     def charge(self, name: str, gpus: GpuAmount) -> None:
+        self.charges += 1
         for queue in self.chain(name):
             self.usage[queue] = self.usage.get(queue, 0) + gpus
 

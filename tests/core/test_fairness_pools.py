@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from core import SchedulingPolicy
 from core.context import CycleContext
 from core.cycle import Planner
+from core.fairness import _level_reached_at
 from core.fairness_pools import build_pool, forget, pool_of
+from core.state import CoreJob
 from tests.core.builders import History
 from tests.core.test_properties import (
     Exit,
@@ -139,5 +141,68 @@ def test_a_pool_kept_up_to_date_is_the_pool_built_afresh(
                         (level, gang.job_id) for level, gang in built
                     ]
                     assert sorted(kept.wakeups) == sorted(fresh.wakeups)
+            if not result.decisions:
+                break
+
+
+def climbs_walked(
+    pool: list[tuple[int, CoreJob]], needed: int, largest: int | None, ctx: CycleContext
+) -> float | None:
+    """The first moment a running gang of the pool reaches level `needed`, every gang walked
+    (core/fairness.py `_level_reached_at` before it kept the gangs by that moment)."""
+    thresholds = ctx.policy.las_thresholds_gpu_s
+    if needed < 1 or needed > len(thresholds):
+        return None
+    threshold, now = thresholds[needed - 1], ctx.now
+    soonest: float | None = None
+    for _, victim in pool:
+        rate = victim.bound_gpus
+        started = victim.started_at
+        if not victim.ranks or started is None or rate <= 0:
+            continue
+        if largest is not None and rate > largest:
+            continue
+        service = victim.attained_gpu_s + rate * max(0.0, now - started)
+        moment = now + (threshold - service) / rate + 1e-6
+        if soonest is None or moment < soonest:
+            soonest = moment
+    return soonest
+
+
+@settings(max_examples=60, deadline=None)
+@given(policy=fair_policies, ops=crowded)
+def test_the_moment_a_kept_pools_gang_climbs_is_that_of_every_gang_walked(
+    policy: SchedulingPolicy, ops: list[object]
+) -> None:
+    """Read after every cycle and every passing of time (a kept pool is the same list from
+    cycle to cycle while none of its gangs changed), the first moment a gang of each queue's
+    pool below each level reaches it is the moment found by walking every such gang at `now`,
+    to the float."""
+    history, planner = History("3x8:1:3", policy=policy), Planner()
+    configure(history, crowded_tree)
+    nodes = [view.node_id for view in history.state.nodes()]
+    ranks = sorted({pc.rank for pc in policy.priority_classes})
+    levels = range(len(policy.las_thresholds_gpu_s) + 2)
+    for number, op in enumerate(ops):
+        if not perform(history, op, f"p{number:03d}", nodes) and isinstance(op, Wait):
+            history.advance(op.seconds)
+        for _ in range(6):
+            result = planner.schedule(history.state, history.now)
+            for decision in result.decisions:
+                history.record(decision)
+            history.start_all()
+            for queue in history.state.queue_records:
+                for rank in ranks:
+                    ctx = CycleContext.start(history.state, history.now)
+                    pool = pool_of(ctx, queue, rank)
+                    for needed in levels:
+                        index = next(
+                            (i for i, (level, _) in enumerate(pool) if level < needed), len(pool)
+                        )
+                        for largest in (None, policy.fairness_protected_gang_gpus, 1):
+                            climb = (queue, rank, needed, largest)
+                            assert _level_reached_at(pool, index, climb, ctx) == climbs_walked(
+                                pool[index:], needed, largest, ctx
+                            )
             if not result.decisions:
                 break
