@@ -114,6 +114,57 @@ class Snapshot:
                 self.host_taken[index] = taken
             self.reserved = reserved
 
+    @contextmanager
+    def wide_trial(self) -> Iterator[Snapshot]:
+        """A trial expected to touch far more nodes than the index holds: the index is copied
+        on entering and put back whole on leaving, instead of undone node by node.
+
+        The head's reservation plan releases thousands of running ranks (a 4,096-GPU head:
+        ~8,400 in one cycle), each entering the index and leaving it again on undo, while a
+        busy cluster's index holds a few hundred free nodes: copying those (in C) costs less
+        than the undo alone. Whatever is asked inside is answered as in `trial`; nothing
+        changed inside is journaled for an enclosing trial, since everything is put back.
+        """
+        saved = (
+            dict(self.free),
+            dict(self.count),
+            {pool: [set(nodes) for nodes in levels] for pool, levels in self.levels.items()},
+            {rack: set(nodes) for rack, nodes in self.rack_nodes.items()},
+            dict(self.rack_free),
+            {block: set(racks) for block, racks in self.block_racks.items()},
+            dict(self.block_free),
+            {pool: set(blocks) for pool, blocks in self.pool_blocks.items()},
+            dict(self.pool_free),
+            self.total_free,
+            dict(self.host_taken),
+            self.reserved,
+        )
+        journals, host_journals = self._journals, self._host_journals
+        # Trials opened inside journal into these; the enclosing ones see no change at all.
+        self._journals, self._host_journals = [], []
+        changes = self.changes
+        try:
+            yield self
+        finally:
+            self._journals, self._host_journals = journals, host_journals
+            (
+                self.free,
+                self.count,
+                self.levels,
+                self.rack_nodes,
+                self.rack_free,
+                self.block_racks,
+                self.block_free,
+                self.pool_blocks,
+                self.pool_free,
+                self.total_free,
+                self.host_taken,
+                self.reserved,
+            ) = saved
+            if self.changes != changes:
+                # Putting it back is a change too: an answer computed inside no longer holds.
+                self.changes += 1
+
     def _add(self, index: int, mask: int) -> None:
         if not mask:
             return

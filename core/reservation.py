@@ -136,7 +136,9 @@ def plan_reservation(
     now, policy, released = ctx.now, ctx.policy, ctx.released
     estimates = ctx.state.estimates
     # The plan ignores reservations (its placements pass avoid_reserved=False): it is the head's.
-    with snap.trial() as planning:
+    # A wide trial: a wide head's plan releases thousands of running ranks, far more nodes
+    # than a busy cluster has free, and the index is put back whole rather than node by node.
+    with snap.wide_trial() as planning:
         nodes = ctx.state.node_records
         ends = [
             (estimated_end(job, now, policy, estimates), job.ranks, rank_host(job.spec))
