@@ -145,3 +145,30 @@ def test_a_wide_trial_puts_back_what_a_trial_would(
     assert aggregates(snap) == aggregates(Snapshot(records, free))
     change(after, free)
     assert aggregates(snap) == aggregates(Snapshot(records, free))
+
+
+@given(
+    steps=changes,
+    reserve=st.frozensets(st.integers(min_value=0, max_value=5)),
+    unit_gpus=st.sampled_from([1, 2, 4, 8]),
+    avoid=st.booleans(),
+    unit_host=st.sampled_from([(0, 0), (1_000, 0), (0, 4_096)]),
+)
+def test_a_racks_units_are_its_nodes_units(
+    steps: list[tuple[int, int]],
+    reserve: frozenset[int],
+    unit_gpus: int,
+    avoid: bool,
+    unit_host: tuple[int, int],
+) -> None:
+    """`rack_units` reads free counts inline when no host ask is set: the same sum as asking
+    each node (reserved nodes left out when avoided)."""
+    state = nodes()
+    snap = Snapshot(state.node_records, state.free_masks)
+    for index, mask in steps:
+        snap.set_free(index, mask)
+    snap.reserved = reserve
+    snap.unit_host = unit_host
+    for rack, members in snap.rack_nodes.items():
+        expected = sum(snap.node_units(i, unit_gpus, avoid) for i in members)
+        assert snap.rack_units(rack, unit_gpus, avoid) == expected
