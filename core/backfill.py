@@ -17,7 +17,7 @@ from core.host_quota import charge_tasks, within_host_ceilings
 from core.placement import Allocation, Shape, Snapshot, find_placement
 from core.quota import QuotaBook
 from core.reservation import plan_reservation, runtime_estimate
-from core.shape import describe_need
+from core.shape import FailureKey, describe_need
 from core.slo import headroom_blocks
 from core.state import CoreJob, bits
 from core.surface import PlanningSurface
@@ -38,7 +38,6 @@ _STILL_TRUE_WHEN_FULL: frozenset[DeferCode] = frozenset(
     {"no_capacity", "backfill_blocked", "preempting"}
 )
 
-FailureKey = tuple[str | None, int, str, bool, int, int]
 # Jobs in line whose reservation cannot be planned at all, passed over for the head in one
 # cycle before the next such job stays the head without one (each costs a plan).
 MAX_UNPLANNED_HEADS = 4
