@@ -232,7 +232,7 @@ def _hold_for_reclaim(
     are given back to the snapshot before the preemption phase (`Placed.give_back_holds`).
     """
     jobs = ctx.state.job_records
-    with snap.trial():
+    with snap.trial_releasing(sum(len(jobs[victim].ranks) for victim in victims)):
         for victim in victims:
             for index, mask in jobs[victim].ranks:
                 snap.release(index, mask)

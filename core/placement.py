@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 from core.host import place_on_hosts
 from core.shape import Shape, shape_of
@@ -164,6 +164,12 @@ class Snapshot:
             if self.changes != changes:
                 # Putting it back is a change too: an answer computed inside no longer holds.
                 self.changes += 1
+
+    def trial_releasing(self, ranks: int) -> AbstractContextManager[Snapshot]:
+        """The cheaper trial for releasing `ranks` ranks into: undone node by node, each
+        released node costs leaving the index again; a wide trial costs a copy of the nodes
+        indexed, a few times cheaper per node. The answers are the same either way."""
+        return self.wide_trial() if ranks > len(self.free) else self.trial()
 
     def _add(self, index: int, mask: int) -> None:
         if not mask:

@@ -172,3 +172,25 @@ def test_a_racks_units_are_its_nodes_units(
     for rack, members in snap.rack_nodes.items():
         expected = sum(snap.node_units(i, unit_gpus, avoid) for i in members)
         assert snap.rack_units(rack, unit_gpus, avoid) == expected
+
+
+@given(before=changes, inside=changes, ranks=st.integers(min_value=0, max_value=12))
+def test_a_trial_for_releasing_ranks_puts_back_what_it_changed_whichever_it_is(
+    before: list[tuple[int, int]], inside: list[tuple[int, int]], ranks: int
+) -> None:
+    """`trial_releasing` picks the wide trial when the ranks outnumber the nodes indexed, the
+    node-by-node one otherwise: inside, the changes hold; after, nothing of them does."""
+    state = nodes()
+    records = state.node_records
+    snap = Snapshot(records, state.free_masks)
+    free = dict(state.free_masks)
+    for index, mask in before:
+        snap.set_free(index, mask)
+        free[index] = mask
+    with snap.trial_releasing(ranks):
+        tried = dict(free)
+        for index, mask in inside:
+            snap.set_free(index, mask)
+            tried[index] = mask
+        assert aggregates(snap) == aggregates(Snapshot(records, tried))
+    assert aggregates(snap) == aggregates(Snapshot(records, free))
