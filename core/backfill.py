@@ -16,7 +16,7 @@ from core.host import host_blocker, host_infeasible
 from core.host_quota import charge_tasks, within_host_ceilings
 from core.placement import Allocation, Shape, Snapshot, find_placement
 from core.quota import QuotaBook
-from core.reservation import plan_reservation, runtime_estimate
+from core.reservation import plan_reservation, runtime_estimate, runtime_estimator
 from core.shape import FailureKey, describe_need
 from core.slo import headroom_blocks
 from core.state import CoreJob, bits
@@ -78,7 +78,7 @@ def place(
     outcomes, slower (the reference the memo is tested against).
     """
     policy, now, outcomes = ctx.policy, ctx.now, ctx.outcomes
-    estimates = ctx.state.estimates
+    estimate = runtime_estimator(policy, ctx.state.estimates)
     fifo = policy.is_fifo
     enforce = policy.enforce_quotas and not fifo
     failed: dict[FailureKey, int] = {}
@@ -171,7 +171,7 @@ def place(
             )
             continue
         avoid = head is not None and not (
-            head_start is not None and now + runtime_estimate(job, policy, estimates) <= head_start
+            head_start is not None and now + estimate(job) <= head_start
         )
         if head is not None and behind_memo:
             seen = behind.get((shape, avoid))
