@@ -97,7 +97,7 @@ def test_an_estimator_for_one_pass_answers_as_runtime_estimate_asked_job_by_job(
     records = history.state.job_records
     estimates, policy = history.state.estimates, history.policy
 
-    def agree(estimates: RuntimeEstimates, policy: SchedulingPolicy) -> list[float]:
+    def agree(estimates: RuntimeEstimates | None, policy: SchedulingPolicy) -> list[float]:
         estimate = runtime_estimator(policy, estimates)
         answers = [estimate(records[job_id]) for job_id in jobs]
         assert answers == [runtime_estimate(records[j], policy, estimates) for j in jobs]
@@ -106,6 +106,7 @@ def test_an_estimator_for_one_pass_answers_as_runtime_estimate_asked_job_by_job(
 
     before = agree(estimates, policy)
     agree(RuntimeEstimates(), policy)
+    agree(None, policy)
     agree(estimates, replace(policy, default_runtime_estimate_s=HOUR / 2))
     agree(estimates, replace(policy, learned_runtimes=False))
     for _ in range(3):
@@ -116,3 +117,17 @@ def test_an_estimator_for_one_pass_answers_as_runtime_estimate_asked_job_by_job(
         history.run()
     after = agree(estimates, policy)
     assert after[0] > before[0]  # learned: the kept answers did not stand
+
+
+def test_estimators_for_two_policies_made_in_one_pass_keep_their_own_answers() -> None:
+    """Each estimator answers for its own policy, even when another was made in between (the
+    kept estimates of one policy are no other's): a job with nothing learned to go by takes
+    each policy's default."""
+    history = History("1x8")
+    job_id = history.submit(a_job().gpus(1))[0]
+    job = history.state.job_records[job_id]
+    nothing_learned = RuntimeEstimates()
+    policies = [replace(history.policy, default_runtime_estimate_s=s) for s in (HOUR, 2 * HOUR)]
+    estimators = [runtime_estimator(policy, nothing_learned) for policy in policies]
+    assert [estimate(job) for estimate in estimators] == [HOUR, 2 * HOUR]
+    assert [estimate(job) for estimate in reversed(estimators)] == [2 * HOUR, HOUR]
