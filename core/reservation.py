@@ -44,7 +44,7 @@ def runtime_estimate(
     Whatever the source, it is at most MAX_PLANNED_RUNTIME_S.
     """
     if estimates is None or not policy.learned_runtimes:
-        return min(_runtime_estimate(job, policy, estimates), MAX_PLANNED_RUNTIME_S)
+        return _unlearned(policy, job)
     return _kept(policy, estimates, _kept_estimates(policy, estimates), job)
 
 
@@ -56,7 +56,7 @@ def runtime_estimator(
     checked once, not at each job: backfill asks for every job behind the head (~9,500 in a
     busy cycle). Not to be kept past the pass."""
     if estimates is None or not policy.learned_runtimes:
-        return partial(_unkept, policy, estimates)
+        return partial(_unlearned, policy)
     return partial(_kept, policy, estimates, _kept_estimates(policy, estimates))
 
 
@@ -80,8 +80,9 @@ def _kept_estimates(
     return memo[3]
 
 
-def _unkept(policy: SchedulingPolicy, estimates: RuntimeEstimates | None, job: CoreJob) -> float:
-    return runtime_estimate(job, policy, estimates)
+def _unlearned(policy: SchedulingPolicy, job: CoreJob) -> float:
+    """The estimate when nothing learned is asked: the job's own words, else the policy's."""
+    return min(_runtime_estimate(job, policy, None), MAX_PLANNED_RUNTIME_S)
 
 
 def _kept(
