@@ -361,7 +361,7 @@ class Snapshot:
         if self.unit_host != (0, 0):
             return sum(self.node_units(i, unit_gpus, avoid_reserved) for i in nodes)
         # No host ask: a node's units are its free count's; read inline, since a multi-node
-        # gang's search sums every rack with room (~180,000 nodes read in a busy cycle that
+        # gang's search sums every rack with room (~58,000 nodes read in a busy cycle that
         # binds hundreds of gangs), and a call per node was most of that search.
         count = self.count
         reserved = self.reserved
