@@ -72,10 +72,13 @@ class Planner:
     order of two queues may turn at any instant, and a fresh planner would decide on it.
     """
 
-    __slots__ = ("_free_index", "_quiet", "_timers")
+    __slots__ = ("_behind_memo", "_free_index", "_quiet", "_timers")
 
-    def __init__(self, *, timers: bool = True) -> None:
+    def __init__(self, *, timers: bool = True, behind_memo: bool = True) -> None:
         self._free_index = FreeIndex()
+        # Outcomes of jobs behind the head answered per shape (core/backfill.py `place`);
+        # without, each job's is worked out on its own (the reference it is tested against).
+        self._behind_memo = behind_memo
         # The holding gangs' deadlines and estimated ends: reactions visit only those due.
         # Without them every holding gang is visited in every cycle: the same decisions and
         # wake-ups, slower (the reference the timers are tested against).
@@ -94,7 +97,9 @@ class Planner:
             and now == quiet[2]
         ):
             return CycleResult(skipped=True, next_wakeup=quiet[3])
-        result = _run(CycleContext.start(state, now), self._free_index, self._timers)
+        result = _run(
+            CycleContext.start(state, now), self._free_index, self._timers, self._behind_memo
+        )
         if result.decisions:
             self._quiet = None
         else:
@@ -118,7 +123,9 @@ def schedule(state: PlanningSurface, now: float, planner: Planner | None = None)
     return planner.schedule(state, now)
 
 
-def _run(ctx: CycleContext, free_index: FreeIndex, timers: GangTimers | None) -> CycleResult:
+def _run(
+    ctx: CycleContext, free_index: FreeIndex, timers: GangTimers | None, behind_memo: bool
+) -> CycleResult:
     react(ctx, timers)
     state = ctx.state
     with free_index.snapshot(state) as snap, sharing_trial(ctx, snap):
@@ -129,7 +136,9 @@ def _run(ctx: CycleContext, free_index: FreeIndex, timers: GangTimers | None) ->
             job = jobs[job_id]
             quota.charge(job.queue, -job.bound_gpus)
         waiting = order(ctx, quota)
-        placed = place(ctx, snap, gate(ctx, past_backoff(ctx, waiting)), quota)
+        placed = place(
+            ctx, snap, gate(ctx, past_backoff(ctx, waiting)), quota, behind_memo=behind_memo
+        )
         # MIG geometries for waiting slices, a whole GPU back for gangs (core/fractional.py).
         plan_repartitions(ctx, snap, placed.blocked)
         placed.give_back_holds(snap)

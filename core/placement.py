@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 from core.host import place_on_hosts
 from core.shape import Shape, shape_of
@@ -113,6 +113,63 @@ class Snapshot:
             for index, taken in host_undo.items():
                 self.host_taken[index] = taken
             self.reserved = reserved
+
+    @contextmanager
+    def wide_trial(self) -> Iterator[Snapshot]:
+        """A trial expected to touch far more nodes than the index holds: the index is copied
+        on entering and put back whole on leaving, instead of undone node by node.
+
+        The head's reservation plan releases thousands of running ranks (a 4,096-GPU head:
+        ~8,400 in one cycle), each entering the index and leaving it again on undo, while a
+        busy cluster's index holds a few hundred free nodes: copying those (in C) costs less
+        than the undo alone. Whatever is asked inside is answered as in `trial`; nothing
+        changed inside is journaled for an enclosing trial, since everything is put back.
+        """
+        saved = (
+            dict(self.free),
+            dict(self.count),
+            {pool: [set(nodes) for nodes in levels] for pool, levels in self.levels.items()},
+            {rack: set(nodes) for rack, nodes in self.rack_nodes.items()},
+            dict(self.rack_free),
+            {block: set(racks) for block, racks in self.block_racks.items()},
+            dict(self.block_free),
+            {pool: set(blocks) for pool, blocks in self.pool_blocks.items()},
+            dict(self.pool_free),
+            self.total_free,
+            dict(self.host_taken),
+            self.reserved,
+        )
+        journals, host_journals = self._journals, self._host_journals
+        # Trials opened inside journal into these; the enclosing ones see no change at all.
+        self._journals, self._host_journals = [], []
+        changes = self.changes
+        try:
+            yield self
+        finally:
+            self._journals, self._host_journals = journals, host_journals
+            (
+                self.free,
+                self.count,
+                self.levels,
+                self.rack_nodes,
+                self.rack_free,
+                self.block_racks,
+                self.block_free,
+                self.pool_blocks,
+                self.pool_free,
+                self.total_free,
+                self.host_taken,
+                self.reserved,
+            ) = saved
+            if self.changes != changes:
+                # Putting it back is a change too: an answer computed inside no longer holds.
+                self.changes += 1
+
+    def trial_releasing(self, ranks: int) -> AbstractContextManager[Snapshot]:
+        """The cheaper trial for releasing `ranks` ranks into: undone node by node, each
+        released node costs leaving the index again; a wide trial costs a copy of the nodes
+        indexed, a few times cheaper per node. The answers are the same either way."""
+        return self.wide_trial() if ranks > len(self.free) else self.trial()
 
     def _add(self, index: int, mask: int) -> None:
         if not mask:
@@ -299,7 +356,18 @@ class Snapshot:
         self.host_taken[index] = (before[0] + cpus_milli, before[1] + memory_mb)
 
     def rack_units(self, rack: int, unit_gpus: int, avoid_reserved: bool) -> int:
-        return sum(self.node_units(i, unit_gpus, avoid_reserved) for i in self.rack_nodes[rack])
+        """`node_units` summed over the rack's free nodes."""
+        nodes = self.rack_nodes[rack]
+        if self.unit_host != (0, 0):
+            return sum(self.node_units(i, unit_gpus, avoid_reserved) for i in nodes)
+        # No host ask: a node's units are its free count's; read inline, since a multi-node
+        # gang's search sums every rack with room (~58,000 nodes read in a busy cycle that
+        # binds hundreds of gangs), and a call per node was most of that search.
+        count = self.count
+        reserved = self.reserved
+        if avoid_reserved and reserved:
+            return sum(count[i] // unit_gpus for i in nodes if i not in reserved)
+        return sum(count[i] // unit_gpus for i in nodes)
 
 
 class FreeIndex:

@@ -380,7 +380,8 @@ def _quota_room(
 
 def _fits(planning: Snapshot, shape: Shape, victims: list[CoreJob]) -> Allocation | None:
     """Where the preemptor would land were the victims gone (their GPUs, CPUs and memory)."""
-    with planning.trial():
+    # (Victims chosen node by node may hold thousands of ranks.)
+    with planning.trial_releasing(sum(len(victim.ranks) for victim in victims)):
         for victim in victims:
             release_gang(planning, victim)
         if planning.total_free < shape.min_gpus:

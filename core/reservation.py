@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
+from functools import partial
 from itertools import groupby
 from operator import itemgetter
 
@@ -42,10 +44,30 @@ def runtime_estimate(
     Whatever the source, it is at most MAX_PLANNED_RUNTIME_S.
     """
     if estimates is None or not policy.learned_runtimes:
-        return min(_runtime_estimate(job, policy, estimates), MAX_PLANNED_RUNTIME_S)
-    # What the estimator says changes only when it learns (a job ended): until then each
-    # job's estimate is kept, by its spec (an update replaces the spec). A cycle asks it for
-    # every running gang (timers, the head's plan) and every job behind the head (backfill).
+        return _unlearned(policy, job)
+    return _kept(policy, estimates, _kept_estimates(policy, estimates), job)
+
+
+def runtime_estimator(
+    policy: SchedulingPolicy, estimates: RuntimeEstimates | None
+) -> Callable[[CoreJob], float]:
+    """`runtime_estimate` for many jobs asked in one pass while the estimator learns nothing
+    (within one cycle: a cycle folds no event). Whether the kept estimates still hold is
+    checked once, not at each job: backfill asks for every job behind the head (~9,500 in a
+    busy cycle). Not to be kept past the pass."""
+    if estimates is None or not policy.learned_runtimes:
+        return partial(_unlearned, policy)
+    return partial(_kept, policy, estimates, _kept_estimates(policy, estimates))
+
+
+def _kept_estimates(
+    policy: SchedulingPolicy, estimates: RuntimeEstimates
+) -> dict[str, tuple[object, float]]:
+    """The estimates kept for this estimator, what it has learned and this policy.
+
+    What the estimator says changes only when it learns (a job ended): until then each job's
+    estimate is kept, by its spec (an update replaces the spec). A cycle asks it for every
+    running gang (timers, the head's plan) and every job behind the head (backfill)."""
     global _memo
     memo = _memo
     if (
@@ -55,11 +77,25 @@ def runtime_estimate(
         or memo[2] is not policy
     ):
         memo = _memo = (weakref.ref(estimates), estimates.learned, policy, {})
-    known = memo[3].get(job.job_id)
-    if known is not None and known[0] is job.spec:
-        return known[1]
+    return memo[3]
+
+
+def _unlearned(policy: SchedulingPolicy, job: CoreJob) -> float:
+    """The estimate when nothing learned is asked: the job's own words, else the policy's."""
+    return min(_runtime_estimate(job, policy, None), MAX_PLANNED_RUNTIME_S)
+
+
+def _kept(
+    policy: SchedulingPolicy,
+    estimates: RuntimeEstimates,
+    known: dict[str, tuple[object, float]],
+    job: CoreJob,
+) -> float:
+    seen = known.get(job.job_id)
+    if seen is not None and seen[0] is job.spec:
+        return seen[1]
     estimate = min(_runtime_estimate(job, policy, estimates), MAX_PLANNED_RUNTIME_S)
-    memo[3][job.job_id] = (job.spec, estimate)
+    known[job.job_id] = (job.spec, estimate)
     return estimate
 
 
@@ -136,7 +172,9 @@ def plan_reservation(
     now, policy, released = ctx.now, ctx.policy, ctx.released
     estimates = ctx.state.estimates
     # The plan ignores reservations (its placements pass avoid_reserved=False): it is the head's.
-    with snap.trial() as planning:
+    # A wide trial: a wide head's plan releases thousands of running ranks, far more nodes
+    # than a busy cluster has free, and the index is put back whole rather than node by node.
+    with snap.wide_trial() as planning:
         nodes = ctx.state.node_records
         ends = [
             (estimated_end(job, now, policy, estimates), job.ranks, rank_host(job.spec))

@@ -6,6 +6,10 @@ from dataclasses import dataclass, field
 
 from schemas.jobs import JobSpec
 
+# (gpu type, unit GPUs, require, avoid reserved, CPUs per task, memory per task)
+FailureKey = tuple[str | None, int, str, bool, int, int]
+_Compared = tuple[str | None, int, int, int, int, int, str, int, int]
+
 
 @dataclass(frozen=True, slots=True)
 class Shape:
@@ -26,10 +30,54 @@ class Shape:
     # Left out of equality, as what they derive from is in it.
     min_gpus: int = field(init=False, repr=False, compare=False)
     asks_host: bool = field(init=False, repr=False, compare=False)
+    # The hash of the compared fields, and the two failure keys (`failure_key`): a busy cycle
+    # looks ~9,500 waiting jobs' shapes up in its per-shape answers, and hashing nine fields
+    # and building a key tuple at each lookup were a visible share of placing them.
+    _hash: int = field(init=False, repr=False, compare=False)
+    _failure_keys: tuple[FailureKey, FailureKey] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "min_gpus", self.min_units * self.unit_gpus)
         object.__setattr__(self, "asks_host", bool(self.cpus_milli or self.memory_mb))
+        object.__setattr__(self, "_hash", hash(self._compared()))
+        # A gang that asks more of the host fails where one that asks less may fit: the host
+        # ask is part of the key (after `avoid_reserved`, which callers read as key[3]).
+        gpu_type, unit, require, cpus, memory = (
+            self.gpu_type,
+            self.unit_gpus,
+            self.require,
+            self.cpus_milli,
+            self.memory_mb,
+        )
+        keys = (
+            (gpu_type, unit, require, False, cpus, memory),
+            (gpu_type, unit, require, True, cpus, memory),
+        )
+        object.__setattr__(self, "_failure_keys", keys)
+
+    def _compared(self) -> _Compared:
+        """The fields equality compares, in field order (the constructor's arguments)."""
+        return (
+            self.gpu_type,
+            self.unit_gpus,
+            self.tasks_per_unit,
+            self.gpus_per_task,
+            self.units,
+            self.min_units,
+            self.require,
+            self.cpus_milli,
+            self.memory_mb,
+        )
+
+    def __hash__(self) -> int:
+        # Equal shapes hash alike: the fields equality compares (an explicit __hash__ of a
+        # frozen dataclass is kept as written).
+        return self._hash
+
+    def __reduce__(self) -> tuple[type[Shape], _Compared]:
+        # Built again when unpickled: a string's hash differs from process to process (the
+        # scheduler loads snapshots another process pickled), so the kept hash is not stored.
+        return (Shape, self._compared())
 
     @property
     def cpu_only(self) -> bool:
@@ -40,17 +88,8 @@ class Shape:
     def gpus(self) -> int:
         return self.units * self.unit_gpus
 
-    def failure_key(self, avoid_reserved: bool) -> tuple[str | None, int, str, bool, int, int]:
-        # A gang that asks more of the host fails where one that asks less may fit: the host
-        # ask is part of the key (after `avoid_reserved`, which callers read as key[3]).
-        return (
-            self.gpu_type,
-            self.unit_gpus,
-            self.require,
-            avoid_reserved,
-            self.cpus_milli,
-            self.memory_mb,
-        )
+    def failure_key(self, avoid_reserved: bool) -> FailureKey:
+        return self._failure_keys[avoid_reserved]
 
 
 def ranks_per_unit(spec: JobSpec) -> int:

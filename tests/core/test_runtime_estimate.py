@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from core.estimates import RuntimeEstimates
-from core.reservation import runtime_estimate
+from core.policy import SchedulingPolicy
+from core.reservation import runtime_estimate, runtime_estimator
 from tests.core.builders import History, a_job
 
 HOUR = 3600.0
@@ -72,3 +73,61 @@ def test_a_kept_estimate_moves_with_the_learning_the_estimator_the_policy_and_th
         history.exit(job_id, 0)
         history.run()
     assert runtime_estimate(job, policy, estimates) > learned
+
+
+def test_an_estimator_for_one_pass_answers_as_runtime_estimate_asked_job_by_job() -> None:
+    """`runtime_estimator` checks once whether the kept estimates hold (backfill asks for
+    thousands of jobs in one cycle): each answer is `runtime_estimate`'s, one made after the
+    estimator learned gives the new answers, and so does one for another estimator, another
+    policy, or a policy that learns nothing."""
+    history = History("2x8:2:1")
+    jobs: list[str] = []
+    for ran in (HOUR, 2 * HOUR):
+        job_id = history.submit(a_job().named("train").gpus(1))[0]
+        history.run()
+        history.advance(ran)
+        history.exit(job_id, 0)
+        history.run()
+    jobs = history.submit(
+        a_job().named("train").gpus(1),
+        a_job().named("train").gpus(2).estimate(600),
+        a_job().named("eval").gpus(1).max_runtime(HOUR),
+        a_job().gpus(1),
+    )
+    records = history.state.job_records
+    estimates, policy = history.state.estimates, history.policy
+
+    def agree(estimates: RuntimeEstimates | None, policy: SchedulingPolicy) -> list[float]:
+        estimate = runtime_estimator(policy, estimates)
+        answers = [estimate(records[job_id]) for job_id in jobs]
+        assert answers == [runtime_estimate(records[j], policy, estimates) for j in jobs]
+        assert answers == [estimate(records[job_id]) for job_id in jobs]  # kept, the same
+        return answers
+
+    before = agree(estimates, policy)
+    agree(RuntimeEstimates(), policy)
+    agree(None, policy)
+    agree(estimates, replace(policy, default_runtime_estimate_s=HOUR / 2))
+    agree(estimates, replace(policy, learned_runtimes=False))
+    for _ in range(3):
+        job_id = history.submit(a_job().named("train").gpus(1))[0]
+        history.run()
+        history.advance(5 * HOUR)
+        history.exit(job_id, 0)
+        history.run()
+    after = agree(estimates, policy)
+    assert after[0] > before[0]  # learned: the kept answers did not stand
+
+
+def test_estimators_for_two_policies_made_in_one_pass_keep_their_own_answers() -> None:
+    """Each estimator answers for its own policy, even when another was made in between (the
+    kept estimates of one policy are no other's): a job with nothing learned to go by takes
+    each policy's default."""
+    history = History("1x8")
+    job_id = history.submit(a_job().gpus(1))[0]
+    job = history.state.job_records[job_id]
+    nothing_learned = RuntimeEstimates()
+    policies = [replace(history.policy, default_runtime_estimate_s=s) for s in (HOUR, 2 * HOUR)]
+    estimators = [runtime_estimator(policy, nothing_learned) for policy in policies]
+    assert [estimate(job) for estimate in estimators] == [HOUR, 2 * HOUR]
+    assert [estimate(job) for estimate in reversed(estimators)] == [2 * HOUR, HOUR]

@@ -181,3 +181,83 @@ def test_a_shapes_kept_least_gpus_and_host_ask_are_those_of_its_fields_after_any
         assert seen.min_gpus == seen.min_units * seen.unit_gpus
         assert seen.asks_host == bool(seen.cpus_milli or seen.memory_mb)
         assert seen == replace(seen)
+
+
+def _compared(shape: Shape) -> tuple[object, ...]:
+    return tuple(getattr(shape, name) for name in _COMPARED)
+
+
+_COMPARED = (
+    "gpu_type",
+    "unit_gpus",
+    "tasks_per_unit",
+    "gpus_per_task",
+    "units",
+    "min_units",
+    "require",
+    "cpus_milli",
+    "memory_mb",
+)
+
+
+@given(
+    shape=_shapes,
+    other=_shapes,
+    units=st.integers(1, 64),
+    memory_mb=st.sampled_from([0, 1_024]),
+    gpu_type=st.sampled_from([None, "h100", "a100"]),
+)
+def test_a_shapes_kept_hash_and_failure_keys_are_those_of_its_fields_after_any_change(
+    shape: Shape, other: Shape, units: int, memory_mb: int, gpu_type: str | None
+) -> None:
+    # The hash and the two failure keys are worked out once when a shape is made (a cycle
+    # looks thousands of jobs' shapes up): equal shapes hash alike and unequal ones are
+    # told apart as by their fields, whatever was changed to make them.
+    changed = [
+        replace(shape, units=max(units, shape.min_units)),
+        replace(shape, memory_mb=memory_mb),
+        replace(shape, gpu_type=gpu_type),
+        other,
+    ]
+    for seen in [shape, *changed]:
+        assert hash(seen) == hash(_compared(seen))
+        for avoid in (False, True):
+            key = seen.failure_key(avoid)
+            assert key == (
+                seen.gpu_type,
+                seen.unit_gpus,
+                seen.require,
+                avoid,
+                seen.cpus_milli,
+                seen.memory_mb,
+            )
+        for against in [shape, *changed]:
+            assert (seen == against) == (_compared(seen) == _compared(against))
+            assert ({seen: 1}.get(against) == 1) == (seen == against)
+
+
+def test_a_shape_pickled_by_another_process_hashes_as_one_made_here() -> None:
+    # Scheduler snapshots are pickled by one process and loaded by another, whose string
+    # hashes differ: a hash kept from the other process would miss every per-shape answer.
+    import pickle
+    import subprocess
+    import sys
+
+    made = (
+        "import pickle, sys\n"
+        "from core.shape import Shape\n"
+        "sys.stdout.buffer.write(pickle.dumps(Shape('h100', 8, 1, 8, 4, 2, 'rack', 250, 1024)))\n"
+    )
+    blob = subprocess.run(
+        [sys.executable, "-c", made],
+        check=True,
+        capture_output=True,
+        env={"PYTHONHASHSEED": "12345", "PATH": ""},
+    ).stdout
+    loaded = pickle.loads(blob)
+    here = Shape("h100", 8, 1, 8, 4, 2, "rack", 250, 1024)
+    assert loaded == here
+    assert hash(loaded) == hash(here)
+    assert {here: "fits"}.get(loaded) == "fits"
+    assert loaded.failure_key(True) == here.failure_key(True)
+    assert loaded.min_gpus == here.min_gpus
