@@ -137,7 +137,7 @@ class Commands:
             )
             return self.feed.models.jobs[planned.events[0].job_id]
         _require_storable(spec)
-        check_submission(spec, self.feed.models)
+        await self._check([spec])
         await self._within_limits(spec.team)
         for _ in range(ATTEMPTS):
             job_id = new_job_id()
@@ -211,9 +211,16 @@ class Commands:
                 ]
             else:
                 ids = [new_job_id() for _ in specs]
-            planned = plan_submissions(
-                principal, specs, models, ids, batch=batch, storable=_require_storable
-            )
+            try:
+                planned = plan_submissions(
+                    principal, specs, models, ids, batch=batch, storable=_require_storable
+                )
+            except ProblemError:
+                # Refused by what this worker knows: asked again of the log's head (`_check`).
+                await self.feed.reach_head()
+                planned = plan_submissions(
+                    principal, specs, models, ids, batch=batch, storable=_require_storable
+                )
             appends = [
                 StreamAppend(event.stream, 0, [event]) for job in planned for event in job.events
             ]
@@ -233,6 +240,20 @@ class Commands:
             await self.feed.deliver_all(envelopes)
             return planned
         raise RuntimeError("could not draw unused job ids")
+
+    async def _check(self, specs: Sequence[JobSpec]) -> None:
+        """Raise the 4xx problem for the first spec refused (`check_submission`). A refusal by
+        what this worker knows is asked again once its fold reaches the log's head: the team,
+        its queue or its policy may have been written through another worker a moment ago
+        (read-your-writes across workers); an accepted spec costs no look-up."""
+        models = self.feed.models
+        try:
+            for spec in specs:
+                check_submission(spec, models)
+        except ProblemError:
+            await self.feed.reach_head()
+            for spec in specs:
+                check_submission(spec, models)
 
     async def _require_retry(
         self, planned: Sequence[PlannedJob], claims: Sequence[str], fingerprint: UUID | None
@@ -501,12 +522,16 @@ class Commands:
 
     # ------------------------------------------------------------------ teams
 
-    def _known_team(self, team: str) -> None:
+    async def _known_team(self, team: str) -> None:
+        """404 unless the team exists; a team this worker has not seen yet may have been
+        created through another worker a moment ago: its fold reaches the log's head first."""
         if team not in self.feed.models.teams:
-            raise not_found(f"team {team}")
+            await self.feed.reach_head()
+            if team not in self.feed.models.teams:
+                raise not_found(f"team {team}")
 
     async def configure_policy(self, team: str, body: TeamPolicyBody) -> None:
-        self._known_team(team)
+        await self._known_team(team)
         unknown = sorted(set(body.allowed_priority_classes or ()) - PRIORITY_CLASSES)
         if unknown:
             raise invalid("unknown-priority", f"unknown priority classes: {', '.join(unknown)}")
@@ -524,7 +549,7 @@ class Commands:
     async def issue_token(self, principal: Principal, team: str, name: str) -> tuple[str, str]:
         """A further named token of the team: (its id, the token, shown only now)."""
         principal.require_team(team)
-        self._known_team(team)
+        await self._known_team(team)
         token = new_token()
         digest = token_sha256(token)
         event = TeamTokenIssued(
@@ -549,7 +574,8 @@ class Commands:
 
     def tokens(self, principal: Principal, team: str) -> list[TokenRecord]:
         principal.require_team(team)
-        self._known_team(team)
+        if team not in self.feed.models.teams:  # a read: its barrier has caught up already
+            raise not_found(f"team {team}")
         return [t for t in self.feed.models.tenancy.tokens.values() if t.team == team]
 
     async def revoke_token(self, principal: Principal, team: str, token_id: str) -> None:
@@ -566,7 +592,7 @@ class Commands:
     async def set_secret(self, principal: Principal, team: str, name: str, value: str) -> None:
         """Seal the value with the team's key and record only the ciphertext."""
         principal.require_team(team)
-        self._known_team(team)
+        await self._known_team(team)
         async with self.store.pool.acquire() as conn, conn.transaction():
             # The key stays locked until the sealed value is recorded: a deletion of the key
             # comes wholly before (a new key seals it) or after (it is forgotten with the rest).
@@ -579,7 +605,8 @@ class Commands:
 
     def secrets(self, principal: Principal, team: str) -> list[str]:
         principal.require_team(team)
-        self._known_team(team)
+        if team not in self.feed.models.teams:  # a read: its barrier has caught up already
+            raise not_found(f"team {team}")
         return sorted(self.feed.models.tenancy.secrets.get(team, ()))
 
     async def delete_secret(self, principal: Principal, team: str, name: str) -> None:
@@ -592,7 +619,7 @@ class Commands:
 
     async def delete_team_key(self, team: str) -> None:
         """Destroy the team's key, forgetting every secret it ever set, in old events too."""
-        self._known_team(team)
+        await self._known_team(team)
         async with self.store.pool.acquire() as conn, conn.transaction():
             key_id = await vault.delete_team_key(conn, team)
             event = TeamKeyDeleted(team=team, key_id=key_id)

@@ -47,6 +47,16 @@ class ReadModelFeed:
         self.head = max(self.head, self.models.watermark.position)
         return applied
 
+    async def reach_head(self) -> int:
+        """Apply everything committed to the log up to now (one query when nothing is missing):
+        after it, the models hold every write acknowledged before the call, whichever API
+        worker made it. Returns how many events were applied."""
+        head = await self.store.head()
+        self.head = max(self.head, head)
+        if head <= self.models.watermark.position:
+            return 0
+        return await self.catch_up()
+
     async def refresh_head(self) -> int:
         self.head = await self.store.head()
         return self.head
