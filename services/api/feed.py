@@ -8,6 +8,7 @@ never stay behind when the relay or the bus lags.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable
 
@@ -25,6 +26,9 @@ class ReadModelFeed:
         self.store = store
         self.models = models
         self.head = 0
+        # One `reach_head` reads the log at a time: the reads that arrive while a worker lags
+        # wait for it instead of each reading the same thousands of events.
+        self._reaching = asyncio.Lock()
 
     @property
     def lag(self) -> int:
@@ -55,7 +59,10 @@ class ReadModelFeed:
         self.head = max(self.head, head)
         if head <= self.models.watermark.position:
             return 0
-        return await self.catch_up()
+        async with self._reaching:
+            if head <= self.models.watermark.position:
+                return 0  # the read before this one brought it
+            return await self.catch_up()
 
     async def refresh_head(self) -> int:
         self.head = await self.store.head()
