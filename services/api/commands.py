@@ -60,6 +60,11 @@ from services.runtime.records import Metadata, StreamAppend
 from services.runtime.store import EventStore
 
 ATTEMPTS: Final = 5
+# What one team may hold (each API process keeps all of it in memory): tokens not revoked,
+# tokens ever issued (a revoked token's name stays taken), secrets.
+MAX_LIVE_TOKENS_PER_TEAM = 100
+MAX_TOKENS_PER_TEAM = 10_000
+MAX_SECRETS_PER_TEAM = 1_000
 JOB_ID_HEX: Final = 12
 # A team's queue is created with it; an existing queue (an organisation's) is never taken over.
 _QUEUE_TAKEN: Final = (
@@ -555,15 +560,34 @@ class Commands:
         event = TeamTokenIssued(
             team=team, token_id=token_id_of(digest), name=name, token_sha256=digest
         )
+        tenancy = self.feed.models.tenancy
         models = self.feed.models
         for _ in range(ATTEMPTS):
             await self.feed.sync_stream(event.stream)
+            held = tenancy.team_tokens.get(team, {})
             # The name is who acted in every event the token causes (`team:<team>/<name>`):
             # two tokens of one name, ever, and the log could not tell which one did it.
-            if any(t.team == team and t.name == name for t in models.tenancy.tokens.values()):
+            if name in held:
                 raise conflict(
                     f"team {team!r} already has a token named {name!r} (names are never reused: "
                     "events name the token that acted)"
+                )
+            # Every token is kept by every API process (and every name, revoked or not, since
+            # names are never reused): a team minting them at its command rate would grow
+            # each process's memory without end.
+            if tenancy.live_tokens(team) >= MAX_LIVE_TOKENS_PER_TEAM:
+                raise ProblemError(
+                    409,
+                    "too-many-tokens",
+                    f"team {team!r} holds {MAX_LIVE_TOKENS_PER_TEAM} tokens that are not "
+                    "revoked, its most: revoke one first",
+                )
+            if len(held) >= MAX_TOKENS_PER_TEAM:
+                raise ProblemError(
+                    409,
+                    "too-many-tokens",
+                    f"team {team!r} was issued {MAX_TOKENS_PER_TEAM} tokens, its most "
+                    "(revoked ones count: their names stay taken); ask the administrator",
                 )
             try:
                 await self._append(event.stream, models.version_of(event.stream), [event])
@@ -576,7 +600,7 @@ class Commands:
         principal.require_team(team)
         if team not in self.feed.models.teams:  # a read: its barrier has caught up already
             raise not_found(f"team {team}")
-        return [t for t in self.feed.models.tenancy.tokens.values() if t.team == team]
+        return list(self.feed.models.tenancy.team_tokens.get(team, {}).values())
 
     async def revoke_token(self, principal: Principal, team: str, token_id: str) -> None:
         principal.require_team(team)
@@ -593,6 +617,15 @@ class Commands:
         """Seal the value with the team's key and record only the ciphertext."""
         principal.require_team(team)
         await self._known_team(team)
+        await self.feed.sync_stream(f"secrets-{team}")
+        held = self.feed.models.tenancy.secrets.get(team, set())
+        if name not in held and len(held) >= MAX_SECRETS_PER_TEAM:
+            # Each API process keeps every team's secret names, and each agent may resolve them.
+            raise ProblemError(
+                409,
+                "too-many-secrets",
+                f"team {team!r} holds {MAX_SECRETS_PER_TEAM} secrets, its most: delete one first",
+            )
         async with self.store.pool.acquire() as conn, conn.transaction():
             # The key stays locked until the sealed value is recorded: a deletion of the key
             # comes wholly before (a new key seals it) or after (it is forgotten with the rest).
