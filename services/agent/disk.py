@@ -96,9 +96,10 @@ def over_limit_reason(use: DiskUse, limit: DiskLimit) -> str:
             f"{DISK_LIMIT_REASON}: its working directory held more than {limit.entries} files "
             "and directories"
         )
+    # The walk stopped once past the limit: how far past it is not known.
     return (
-        f"{DISK_LIMIT_REASON}: its working directory held {use.bytes // MIB} MB, more than "
-        f"its {limit.mb} MB (disk_mb_per_task)"
+        f"{DISK_LIMIT_REASON}: its working directory held more than its {limit.mb} MB "
+        "(disk_mb_per_task)"
     )
 
 

@@ -247,7 +247,7 @@ def test_a_rank_killed_for_its_disk_fails_the_job_at_once_with_the_reason() -> N
         history.record(TaskStarted(job_id=job, attempt=1, rank=rank.rank, node_id=rank.node_id))
     history.cycle()
     node = history.gang(job).ranks[1].node_id
-    reason = "disk limit exceeded: its working directory held 30 MB, more than its 20 MB"
+    reason = "disk limit exceeded: its working directory held more than its 20 MB"
     history.record(
         TaskExited(
             job_id=job,
