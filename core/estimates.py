@@ -281,10 +281,14 @@ class RuntimeEstimates:
         how long the job is), and a long run cut by its owner counts as it ran."""
         keys = _raising(self._samples, tuple(reversed(live.keys)), live.held_s, None, _predicted)
         self._add_samples(live, keys)
+        ratios: tuple[Key, ...] = ()
         if live.user_estimate_s is not None:
             ratio = live.held_s / live.user_estimate_s
-            self._add_ratios(ratio, self._ratios_raised(live.team, ratio))
-        if keys:
+            ratios = self._ratios_raised(live.team, ratio)
+            self._add_ratios(ratio, ratios)
+        if keys or ratios:
+            # The team's predictions may have moved (`teams_learned_since`), by a ratio alone
+            # too: a job that gives an estimate reads only its team's ratio.
             self._learned_from(live.team)
 
     def _ratios_raised(self, team: str, ratio: float) -> tuple[Key, ...]:

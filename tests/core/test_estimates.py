@@ -158,6 +158,23 @@ def test_a_team_that_under_estimates_and_cancels_or_fails_is_corrected() -> None
         assert predicted is not None and predicted >= 2 * HOUR, end
 
 
+def test_a_cancel_that_moves_only_its_teams_ratio_is_seen_as_learned_from_that_team() -> None:
+    """The scheduler re-plans a team's jobs only when `teams_learned_since` names the team; a
+    cancel that raised nothing but the team's ratio (no key of its runtime predicts yet) must
+    name it too, or a waiting job of the team that gives an estimate keeps its old plan."""
+    history = History("1x8")
+    for _ in range(2):
+        job = history.submit(a_job().named("liar").team("team-b").gpus(1).estimate(60))[0]
+        cancel_after(history, job, 2 * HOUR)
+    estimates = history.state.estimates
+    before = estimates.learned
+    job = history.submit(a_job().named("liar").team("team-b").gpus(1).estimate(60))[0]
+    cancel_after(history, job, 2 * HOUR)
+
+    assert predicted_runtime_s(estimates, spec("liar")) is None  # no runtime key speaks
+    assert estimates.teams_learned_since(before) == {"team-b"}
+
+
 def test_a_team_that_under_estimates_and_cancels_no_longer_backfills_before_the_head() -> None:
     """The liar's job says a minute; its earlier ones said so too and were cancelled after two
     hours. It no longer starts on the GPUs reserved for another team's head, which is planned
