@@ -74,9 +74,7 @@ def _wait(condition: object, what: str, patience_s: float = 60.0, log: Path | No
         time.sleep(0.1)
 
 
-def _start(
-    settings: Settings, tmp_path: Path, url: str, **extra: str
-) -> subprocess.Popen[bytes]:
+def _start(settings: Settings, tmp_path: Path, url: str, **extra: str) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "GANGWAY_PG_DSN": settings.pg_dsn,
