@@ -17,6 +17,9 @@ from tests.api.test_logs_api import started_job
 
 pytestmark = pytest.mark.integration
 
+# One followed log or dashboard stream per team: a HEAD that kept its stream would use it up.
+API_OVERRIDES = {"streams_per_team": 1}
+
 
 async def test_head_answers_like_get_without_a_body(api: Api) -> None:
     team = await api.create_team("nlp")
@@ -55,16 +58,28 @@ async def test_head_keeps_the_refusals_of_get(api: Api) -> None:
 async def test_head_on_a_followed_log_does_not_hold_it_open(
     api_url: str, store: EventStore, tmp_path: Path
 ) -> None:
-    # A real server: the followed GET streams until the job ends, which this one never does.
+    """The followed GET streams until the job ends, which this one never does; a team may hold
+    one stream here (`API_OVERRIDES`). Each HEAD gets the stream's head and no body, and gives
+    its slot back at once: the HEADs after it, and a GET that follows the log, are not refused
+    as too many streams (429)."""
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     async with httpx.AsyncClient(base_url=api_url, headers=admin) as client:
-        job_id = await started_job(
-            Api(client, FastAPI(), api_settings(Settings(), tmp_path)), store
-        )
+        api = Api(client, FastAPI(), api_settings(Settings(), tmp_path))
+        job_id = await started_job(api, store)
+        team = api.teams["nlp"]
         path = logs.rank_log(tmp_path / "agent", job_id, 1, 0).path
         path.parent.mkdir(parents=True)
         path.write_text("a line\n")
+        url = f"/v1/jobs/{job_id}/logs"
         async with asyncio.timeout(30):
-            head = await client.head(f"/v1/jobs/{job_id}/logs", params={"follow": "true"})
-        assert head.status_code == 200
-        assert head.content == b""
+            for _ in range(3):
+                head = await client.head(url, params={"follow": "true"}, headers=team)
+                assert head.status_code == 200, head.status_code
+                assert head.content == b""
+            async with client.stream(
+                "GET", url, params={"follow": "true"}, headers=team
+            ) as followed:
+                assert followed.status_code == 200
+                async for text in followed.aiter_text():
+                    assert text == "a line\n"
+                    break
