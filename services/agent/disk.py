@@ -57,16 +57,21 @@ def disk_limit(spec: JobSpec, default_mb: int, cap_mb: int, entries: int) -> Dis
 class DiskUse:
     bytes: int
     entries: int
+    # A directory the walk could not read (nested past the longest path the kernel takes, or
+    # made unreadable): what is under it is unknown, so it is no use to the rank's bound.
+    unreadable: str | None = None
 
     def over(self, limit: DiskLimit) -> bool:
-        return self.bytes > limit.bytes or self.entries > limit.entries
+        return (
+            self.bytes > limit.bytes or self.entries > limit.entries or self.unreadable is not None
+        )
 
 
 def disk_use(root: Path, limit: DiskLimit | None = None) -> DiskUse:
     """The blocks allocated under `root` (bytes) and the files and directories there. Links
-    are counted, never followed; a directory that vanishes or cannot be read meanwhile is
-    passed over. With `limit`, the walk stops once past it: a rank that made a million files
-    costs the agent no more than its limit's worth of them."""
+    are counted, never followed; a directory that vanishes meanwhile is passed over, one that
+    cannot be read ends the walk as `unreadable`. With `limit`, the walk stops once past it:
+    a rank that made a million files costs the agent no more than its limit's worth of them."""
     used = 0
     entries = 0
     pending = [str(root)]
@@ -76,21 +81,32 @@ def disk_use(root: Path, limit: DiskLimit | None = None) -> DiskUse:
                 for entry in listing:
                     try:
                         info = entry.stat(follow_symlinks=False)
-                    except OSError:
+                    except FileNotFoundError:
                         continue
+                    except OSError as error:
+                        return DiskUse(used, entries, error.strerror or type(error).__name__)
                     used += info.st_blocks * 512
                     entries += 1
                     if stat.S_ISDIR(info.st_mode):
                         pending.append(entry.path)
                     if limit is not None and (used > limit.bytes or entries > limit.entries):
                         return DiskUse(used, entries)
-        except OSError:
-            continue
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # removed or replaced meanwhile: the next round counts what is there
+        except OSError as error:
+            # Files under a directory the agent cannot list would escape the bound (a rank
+            # nesting directories past PATH_MAX, then writing there): it counts as past it.
+            return DiskUse(used, entries, error.strerror or type(error).__name__)
     return DiskUse(used, entries)
 
 
 def over_limit_reason(use: DiskUse, limit: DiskLimit) -> str:
     """The TaskExited reason of a rank stopped for its disk, for a person."""
+    if use.unreadable is not None:
+        return (
+            f"{DISK_LIMIT_REASON}: its working directory could not be measured "
+            f"({use.unreadable}: nested too deep, or unreadable)"
+        )
     if use.entries > limit.entries:
         return (
             f"{DISK_LIMIT_REASON}: its working directory held more than {limit.entries} files "

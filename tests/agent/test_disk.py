@@ -45,3 +45,26 @@ def test_a_walk_stops_once_past_the_limit(tmp_path: Path) -> None:
 
 def test_a_missing_directory_holds_nothing(tmp_path: Path) -> None:
     assert disk_use(tmp_path / "gone").bytes == 0
+
+
+def test_a_directory_nested_past_the_longest_path_counts_as_past_the_limit(
+    tmp_path: Path,
+) -> None:
+    """A rank could nest directories past PATH_MAX (4,096 bytes) and write there: a walk by
+    path cannot list them, and what they held escaped the bound. It now counts as past it."""
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        for _ in range(20):  # 20 levels of 250 characters: 5,000 bytes of path
+            os.mkdir("d" * 250, dir_fd=fd)
+            inner = os.open("d" * 250, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        with open(os.open("hidden", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=fd), "wb") as out:
+            out.write(os.urandom(MIB))
+    finally:
+        os.close(fd)
+    limit = DiskLimit(100 * MIB, 1000)
+    use = disk_use(tmp_path, limit)
+    assert use.over(limit)
+    assert "could not be measured" in over_limit_reason(use, limit)
+    assert not disk_use(tmp_path / "absent", limit).over(limit)
