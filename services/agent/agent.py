@@ -50,6 +50,7 @@ from services.agent import isolation, logs
 from services.agent.disk import (
     DISK_LIMIT_REASON,
     SIGXFSZ_EXIT_CODES,
+    DiskLimit,
     disk_limit,
     disk_use,
     file_size_reason,
@@ -696,20 +697,42 @@ class Agent:
                 await asyncio.wait_for(stop.wait(), self.settings.disk_check_s)
 
     async def check_disks(self) -> list[RankKey]:
-        """One round: the ranks found over their disk limit, each killed with the reason."""
+        """One round: the ranks found over their disk limit, each killed with the reason. A
+        rank's working directory is its own; the job's checkpoint directory, which each of
+        its ranks may write too, may hold the limits of the job's ranks here together."""
         stopped = []
+        by_job: dict[str, list[RankProcess]] = {}
         for rank in list(self.ranks.values()):
             limit = rank.disk_limit
             if limit is None or not rank.running or rank.stop_reason is not None:
                 continue
+            by_job.setdefault(rank.key.job_id, []).append(rank)
             use = await asyncio.to_thread(disk_use, rank.workdir, limit)
-            if use.over(limit) and rank.running and rank.stop_reason is None:
-                reason = over_limit_reason(use, limit)
+            if use.over(limit):
+                stopped += self._kill_for_disk([rank], over_limit_reason(use, limit))
+        for job_id, ranks in by_job.items():
+            ranks = [rank for rank in ranks if rank.stop_reason is None]
+            limits = [rank.disk_limit for rank in ranks if rank.disk_limit is not None]
+            if not limits:
+                continue
+            shared = DiskLimit(
+                sum(limit.bytes for limit in limits), sum(limit.entries for limit in limits)
+            )
+            use = await asyncio.to_thread(disk_use, self.root_dir / job_id, shared)
+            if use.over(shared):
+                reason = over_limit_reason(use, shared, where="its checkpoint directory")
+                stopped += self._kill_for_disk(ranks, reason)
+        return stopped
+
+    def _kill_for_disk(self, ranks: list[RankProcess], reason: str) -> list[RankKey]:
+        killed = []
+        for rank in ranks:
+            if rank.running and rank.stop_reason is None:
                 log.warning("stopping %s: %s", rank.key, reason)
                 rank.stop_reason = reason  # at once: the next round must not stop it again
                 self._spawn(rank.kill(reason))
-                stopped.append(rank.key)
-        return stopped
+                killed.append(rank.key)
+        return killed
 
     def _running(self, job_id: str, attempt: int | None) -> list[RankProcess]:
         return [

@@ -100,23 +100,17 @@ def disk_use(root: Path, limit: DiskLimit | None = None) -> DiskUse:
     return DiskUse(used, entries)
 
 
-def over_limit_reason(use: DiskUse, limit: DiskLimit) -> str:
+def over_limit_reason(use: DiskUse, limit: DiskLimit, where: str = "its working directory") -> str:
     """The TaskExited reason of a rank stopped for its disk, for a person."""
     if use.unreadable is not None:
         return (
-            f"{DISK_LIMIT_REASON}: its working directory could not be measured "
+            f"{DISK_LIMIT_REASON}: {where} could not be measured "
             f"({use.unreadable}: nested too deep, or unreadable)"
         )
     if use.entries > limit.entries:
-        return (
-            f"{DISK_LIMIT_REASON}: its working directory held more than {limit.entries} files "
-            "and directories"
-        )
+        return f"{DISK_LIMIT_REASON}: {where} held more than {limit.entries} files and directories"
     # The walk stopped once past the limit: how far past it is not known.
-    return (
-        f"{DISK_LIMIT_REASON}: its working directory held more than its {limit.mb} MB "
-        "(disk_mb_per_task)"
-    )
+    return f"{DISK_LIMIT_REASON}: {where} held more than its {limit.mb} MB (disk_mb_per_task)"
 
 
 def file_size_reason(limit: DiskLimit) -> str:

@@ -123,3 +123,31 @@ async def test_a_rank_within_its_limit_runs_on(agent: Agent, store: EventStore) 
     assert await agent.check_disks() == []
     await asyncio.sleep(0.2)
     assert rank.running
+
+
+async def test_a_rank_filling_its_jobs_checkpoint_directory_is_killed_with_the_reason(
+    agent: Agent, store: EventStore
+) -> None:
+    """The job's checkpoint directory is the rank's to write too (its shards): it may hold the
+    limits of the job's ranks on the node together (one rank's 2 MB here), not without end."""
+    checkpoints = agent.root_dir / JOB
+    await start(
+        agent,
+        store,
+        f"mkdir -p {checkpoints}; "
+        f"for i in 1 2 3; do head -c 1000000 /dev/urandom > {checkpoints}/f$i; done; "
+        "echo written; sleep 600",
+        disk_mb_per_task=2,
+    )
+    [rank] = agent.ranks.values()
+
+    async def written() -> bool:
+        log = rank.workdir / "rank.log"
+        return log.exists() and "written" in log.read_text()
+
+    await until(written, "the rank wrote its files")
+    assert await agent.check_disks() == [rank.key]
+    event = await the_exit(store)
+    assert event.reason is not None and event.reason.startswith(DISK_LIMIT_REASON), event.reason
+    assert "checkpoint directory" in event.reason
+    assert event.permanent
