@@ -511,6 +511,13 @@ class Commands:
         policy = models.tenancy.policy_of(team)
         pending = models.waiting_by_team[team]
         if policy.max_pending_jobs is not None and pending + count > policy.max_pending_jobs:
+            # Jobs that left the queue may be in the log and not yet in this worker's fold (a
+            # cancel through another worker, the scheduler's placements): refuse only by the
+            # log's head, never by a stale count.
+            await self.feed.reach_head()
+            policy = models.tenancy.policy_of(team)
+            pending = models.waiting_by_team[team]
+        if policy.max_pending_jobs is not None and pending + count > policy.max_pending_jobs:
             more = f" and this request adds {count}" if count > 1 else ""
             raise ProblemError(
                 429,
