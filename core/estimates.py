@@ -7,8 +7,12 @@ state, so a restarted scheduler (or the auditor) replaying the log predicts exac
 
 What a job "ran" is the time its gangs held GPUs, summed over its attempts (from each
 GangReserved to the release of that attempt): what a reservation needs to know. Jobs that
-succeeded or failed teach it (a failure holds GPUs as long as it ran); a cancelled job does not
-(its length was a person's decision, not the job's).
+succeeded or failed teach it (a failure holds GPUs as long as it ran). A cancelled job's run is
+a lower bound (its length was a person's decision: the job would have run at least that long),
+and so is a failed job's for the ratio to its user's estimate: such a bound is learned only
+where it raises what is predicted (`_learn_bound`), so that cancelling, or failing, after a long
+run corrects a team that under-estimates, and cancelling early teaches nothing that shortens a
+prediction (no team gains a place in short-work-first order, or a backfill, by cancelling).
 
 Samples are kept per key, from the most specific to the most general:
 
@@ -36,6 +40,7 @@ import bisect
 import math
 import re
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from schemas.base import Event
@@ -234,9 +239,13 @@ class RuntimeEstimates:
             return
         if kind is JobCancelled or kind is JobRejected:
             job_id = str(getattr(event, "job_id", ""))
-            self._live.pop(job_id, None)
+            live = self._live.pop(job_id, None)
             self._resolved.pop(job_id, None)
             self._longer.pop(job_id, None)
+            if live is not None and kind is JobCancelled:
+                self._unbind(live, at)
+                if live.held_s > 0:
+                    self._learn_bound(live)
             return
         if kind is JobUpdated:
             assert isinstance(event, JobUpdated)
@@ -252,20 +261,59 @@ class RuntimeEstimates:
             live.bound_at = None
 
     def _learn(self, live: _Live, succeeded: bool) -> None:
-        for key in live.keys:
+        self._add_samples(live, live.keys)
+        if live.user_estimate_s is not None:
+            ratio = live.held_s / live.user_estimate_s
+            if succeeded:
+                self._add_ratios(ratio, (("team", live.team), ("all",)))
+            else:
+                # A failure cut the run short: it would have run at least this much longer
+                # than its user said.
+                self._add_ratios(ratio, self._ratios_raised(live.team, ratio))
+        self._learned_from(live.team)
+
+    def _learn_bound(self, live: _Live) -> None:
+        """A cancelled run: the job would have held its GPUs at least `held_s`, and its user's
+        estimate was off by at least that ratio. Each is added only to the keys (and ratios)
+        it raises, or to one that does not predict yet when it is at least what the more
+        general ones predict: a sample at or above a key's quantile never lowers it, so no
+        prediction is shorter for the cancel than without it (a run cut early says nothing of
+        how long the job is), and a long run cut by its owner counts as it ran."""
+        keys = _raising(self._samples, tuple(reversed(live.keys)), live.held_s, None, _predicted)
+        self._add_samples(live, keys)
+        ratios: tuple[Key, ...] = ()
+        if live.user_estimate_s is not None:
+            ratio = live.held_s / live.user_estimate_s
+            ratios = self._ratios_raised(live.team, ratio)
+            self._add_ratios(ratio, ratios)
+        if keys or ratios:
+            # The team's predictions may have moved (`teams_learned_since`), by a ratio alone
+            # too: a job that gives an estimate reads only its team's ratio.
+            self._learned_from(live.team)
+
+    def _ratios_raised(self, team: str, ratio: float) -> tuple[Key, ...]:
+        """The ratios (everyone's, the team's) a lower bound on a ratio raises; with none
+        learned, an estimate is taken as given (a ratio of 1)."""
+        return _raising(self._ratios, (("all",), ("team", team)), ratio, 1.0, _median)
+
+    def _add_samples(self, live: _Live, keys: tuple[Key, ...]) -> None:
+        for key in keys:
             samples = self._samples.get(key)
             if samples is None:
                 samples = self._samples[key] = Samples(shared=key[0] in ("gpus", "all"))
             samples.add(live.held_s)
             if len(samples) == MIN_SAMPLES:
                 self._generation += 1
-        if succeeded and live.user_estimate_s is not None:
-            ratio = live.held_s / live.user_estimate_s
-            for key in (("team", live.team), ("all",)):
-                self._ratios.setdefault(key, Samples()).add(ratio)
+
+    def _add_ratios(self, ratio: float, keys: tuple[Key, ...]) -> None:
+        for key in keys:
+            self._ratios.setdefault(key, Samples()).add(ratio)
+        if keys:
             self._ratio_changes += 1
+
+    def _learned_from(self, team: str) -> None:
         self.learned += 1
-        self._team_learned[live.team] = self.learned
+        self._team_learned[team] = self.learned
 
     def teams_learned_since(self, learned: int) -> frozenset[str]:
         """The teams of the jobs learned from since the estimator had learned from `learned`:
@@ -372,6 +420,41 @@ class RuntimeEstimates:
             if job_id in self._live:
                 self._longer[job_id] = (samples, samples.changes, low, high, longer)
         return None if longer is None else max(MIN_REMAINING_S, longer - ran_s)
+
+
+def _predicted(samples: Samples) -> float:
+    return samples.predicted
+
+
+def _median(samples: Samples) -> float:
+    return samples.median
+
+
+def _raising(
+    known: dict[Key, Samples],
+    general_first: tuple[Key, ...],
+    bound: float,
+    prior: float | None,
+    speaks_of: Callable[[Samples], float],
+) -> tuple[Key, ...]:
+    """The keys of `general_first` (from the most general to the most specific) that a lower
+    bound `bound` raises: a key that predicts (`MIN_SAMPLES`), where the bound is at least what
+    it says (`speaks_of`: a runtime's quantile, a ratio's median); one that does not predict
+    yet, where the bound is at least what the nearest more general key that does says (`prior`
+    where none does; None: nothing to compare with, not learned). All decided on what was
+    known before the bound is added."""
+    raised: list[Key] = []
+    applies = prior
+    for key in general_first:
+        samples = known.get(key)
+        if samples is not None and len(samples) >= MIN_SAMPLES:
+            speaks = speaks_of(samples)
+            if bound >= speaks:
+                raised.append(key)
+            applies = speaks
+        elif applies is not None and bound >= applies:
+            raised.append(key)
+    return tuple(raised)
 
 
 def _combine(estimates: RuntimeEstimates, spec: JobSpec, samples: Samples | None) -> float | None:

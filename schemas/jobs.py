@@ -115,6 +115,10 @@ class JobSpec(Message):
     gpu_memory_mb: int | None = Field(default=None, ge=1, le=1_048_576)
     cpus_per_task: float | None = Field(default=None, gt=0, le=MAX_CPUS_PER_TASK)
     memory_mb_per_task: int | None = Field(default=None, ge=1, le=16_777_216)
+    # What each task may hold in its working directory on its node (its output included):
+    # the agent stops a rank past it and the job fails (services/agent/disk.py). None: the
+    # agent's default; never more than the operator's cap.
+    disk_mb_per_task: int | None = Field(default=None, ge=1, le=16_777_216)
     min_tasks: int | None = Field(default=None, ge=1, le=MAX_GANG_TASKS)
     topology: TopologySpec = TopologySpec()
     command: list[str] = Field(default_factory=lambda: ["true"], min_length=1, max_length=256)
@@ -367,8 +371,9 @@ class TaskExited(JobEvent):
     node_id: str
     exit_code: int
     reason: str | None = None
-    # The rank never started, and trying again would fail the same way (a bad spec, a missing
-    # program): the retry policy fails the job at once instead of crash-looping it.
+    # Trying again would fail the same way: the rank never started (a bad spec, a missing
+    # program), or it broke a limit of its spec that the next attempt would break again (its
+    # disk): the retry policy fails the job at once instead of crash-looping it.
     permanent: bool = False
     # The kernel's OOM killer ended the rank (its agent saw the OOM-kill count of the rank's
     # memory cgroup, or of the host without one, rise as it died of SIGKILL): the retry policy

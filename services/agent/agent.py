@@ -47,6 +47,15 @@ from schemas.jobs import (
 from schemas.nodes import NodeRegistered
 from schemas.telemetry import StepTimeSample
 from services.agent import isolation, logs
+from services.agent.disk import (
+    DISK_LIMIT_REASON,
+    SIGXFSZ_EXIT_CODES,
+    DiskLimit,
+    disk_limit,
+    disk_use,
+    file_size_reason,
+    over_limit_reason,
+)
 from services.agent.exits import OOM_REASON, killed_for_memory, oom_kill_count
 from services.agent.faults import HEALTHY, Fault, FaultReader
 from services.agent.heartbeats import NvmlSampler, synthetic_heartbeat
@@ -446,8 +455,15 @@ class Agent:
             cgroup = cgroup_name if sandbox is not None and sandbox.cgroup_procs else None
             # Counted before the start, so an OOM kill at the very start is seen too.
             oom_kills = await asyncio.to_thread(oom_kill_count, cgroup)
+            settings = self.settings
+            limit = disk_limit(
+                spec,
+                settings.rank_disk_mb,
+                settings.rank_disk_max_mb,
+                settings.rank_disk_max_entries,
+            )
             rank = await launch(
-                key, placement, world_size, list(spec.command), env, workdir, sandbox
+                key, placement, world_size, list(spec.command), env, workdir, sandbox, limit
             )
         except _Released:
             raise
@@ -602,13 +618,18 @@ class Agent:
         if cgroup is not None:
             isolation.remove_cgroup(cgroup)
         self.ranks_running.dec()
+        reason = OOM_REASON if out_of_memory else rank.stop_reason
+        if reason is None and rank.disk_limit is not None and code in SIGXFSZ_EXIT_CODES:
+            reason = file_size_reason(rank.disk_limit)
         event = TaskExited(
             job_id=rank.key.job_id,
             attempt=rank.key.attempt,
             rank=rank.key.rank,
             node_id=rank.placement.node_id,
             exit_code=code,
-            reason=OOM_REASON if out_of_memory else rank.stop_reason,
+            reason=reason,
+            # Past its disk, the next attempt would write as much again: the job fails now.
+            permanent=reason is not None and reason.startswith(DISK_LIMIT_REASON),
             out_of_memory=out_of_memory,
         )
         log.info("%s exited with %d (%s)", rank.key, code, rank.stop_reason or "on its own")
@@ -663,6 +684,55 @@ class Agent:
                 log.exception("log retention round failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), self.settings.log_retention_check_s)
+
+    async def disk_loop(self, stop: asyncio.Event) -> None:
+        """Every `disk_check_s`, kill the ranks whose working directory holds more than their
+        limit (services/agent/disk.py)."""
+        while not stop.is_set():
+            try:
+                await self.check_disks()
+            except Exception:
+                log.exception("disk round failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.disk_check_s)
+
+    async def check_disks(self) -> list[RankKey]:
+        """One round: the ranks found over their disk limit, each killed with the reason. A
+        rank's working directory is its own; the job's checkpoint directory, which each of
+        its ranks may write too, may hold the limits of the job's ranks here together."""
+        stopped = []
+        by_job: dict[str, list[RankProcess]] = {}
+        for rank in list(self.ranks.values()):
+            limit = rank.disk_limit
+            if limit is None or not rank.running or rank.stop_reason is not None:
+                continue
+            by_job.setdefault(rank.key.job_id, []).append(rank)
+            use = await asyncio.to_thread(disk_use, rank.workdir, limit)
+            if use.over(limit):
+                stopped += self._kill_for_disk([rank], over_limit_reason(use, limit))
+        for job_id, ranks in by_job.items():
+            ranks = [rank for rank in ranks if rank.stop_reason is None]
+            limits = [rank.disk_limit for rank in ranks if rank.disk_limit is not None]
+            if not limits:
+                continue
+            shared = DiskLimit(
+                sum(limit.bytes for limit in limits), sum(limit.entries for limit in limits)
+            )
+            use = await asyncio.to_thread(disk_use, self.root_dir / job_id, shared)
+            if use.over(shared):
+                reason = over_limit_reason(use, shared, where="its checkpoint directory")
+                stopped += self._kill_for_disk(ranks, reason)
+        return stopped
+
+    def _kill_for_disk(self, ranks: list[RankProcess], reason: str) -> list[RankKey]:
+        killed = []
+        for rank in ranks:
+            if rank.running and rank.stop_reason is None:
+                log.warning("stopping %s: %s", rank.key, reason)
+                rank.stop_reason = reason  # at once: the next round must not stop it again
+                self._spawn(rank.kill(reason))
+                killed.append(rank.key)
+        return killed
 
     def _running(self, job_id: str, attempt: int | None) -> list[RankProcess]:
         return [

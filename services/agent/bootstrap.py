@@ -49,7 +49,8 @@ async def run(settings: AgentSettings, stop: asyncio.Event) -> None:
         await wait_started(consumer, consume)
         log.info("%d nodes (%s); agent ready", len(nodes), settings.cluster)
         retire = asyncio.create_task(agent.retention_loop(stop))
-        await asyncio.gather(consume, beat, retire)
+        disks = asyncio.create_task(agent.disk_loop(stop))
+        await asyncio.gather(consume, beat, retire, disks)
     finally:
         await server.stop()
         await agent.shutdown()

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from schemas.jobs import RankPlacement
 from schemas.nodes import NodeRegistered
+from services.agent.disk import DiskLimit, limit_file_size
 from services.agent.isolation import Sandbox
 
 # 20000-31999: clear of the well-known ports and of Linux's ephemeral range (32768-60999),
@@ -61,6 +62,8 @@ class RankProcess:
     step_offset: int = 0
     # Started inside bubblewrap: the group's leader is bwrap itself, not the job.
     sandboxed: bool = False
+    # What its working directory may hold (services/agent/disk.py); None: unbounded (tests).
+    disk_limit: DiskLimit | None = None
 
     @property
     def pid(self) -> int:
@@ -86,6 +89,14 @@ class RankProcess:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, sig)
 
+    async def kill(self, reason: str) -> int:
+        """SIGKILL at once (no grace: a rank past its disk limit writes on meanwhile, and one
+        that exits 0 on SIGTERM would pass for done); returns the exit code."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        self.signal(signal.SIGKILL)
+        return await self.process.wait()
+
     async def stop(self, reason: str, timeout_s: float) -> int:
         """SIGTERM, then SIGKILL after `timeout_s`; returns the exit code."""
         if self.stop_reason is None:
@@ -106,10 +117,20 @@ async def launch(
     env: dict[str, str],
     workdir: Path,
     sandbox: Sandbox | None = None,
+    disk_limit: DiskLimit | None = None,
 ) -> RankProcess:
     """Start the rank in `workdir`, its output in `workdir/rank.log`, as `sandbox` says (its
-    user, cgroups, bubblewrap). Raises OSError when the program cannot be started."""
+    user, cgroups, bubblewrap), no file of it larger than `disk_limit`. Raises OSError when
+    the program cannot be started."""
     await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+    isolate = sandbox.preexec() if sandbox is not None else None
+
+    def in_child() -> None:
+        if disk_limit is not None:
+            limit_file_size(disk_limit)
+        if isolate is not None:
+            isolate()
+
     with (workdir / "rank.log").open("ab") as log:
         process = await asyncio.create_subprocess_exec(
             *(sandbox.argv if sandbox is not None else argv),
@@ -119,11 +140,11 @@ async def launch(
             stdout=log,
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=sandbox.preexec() if sandbox is not None else None,
+            preexec_fn=in_child if disk_limit is not None or isolate is not None else None,
         )
     # Lets an agent restarted after a crash find the ranks its predecessor left behind.
     await asyncio.to_thread((workdir / PID_FILE).write_text, f"{process.pid}\n")
-    rank = RankProcess(key, placement, world_size, process, workdir)
+    rank = RankProcess(key, placement, world_size, process, workdir, disk_limit=disk_limit)
     rank.sandboxed = sandbox is not None and sandbox.sandboxed
     return rank
 

@@ -40,3 +40,10 @@ class AgentSettings(Settings):
     # An attempt's working directory and logs are deleted this long after it ended.
     log_retention_s: float = Field(default=7 * 24 * 3600.0, ge=0)
     log_retention_check_s: float = Field(default=300.0, gt=0)
+    # A rank's disk (services/agent/disk.py): what its working directory may hold when its job
+    # gives no `disk_mb_per_task`, the most any job may ask, the files and directories it may
+    # make, and how often it is measured.
+    rank_disk_mb: int = Field(default=20_480, ge=1)
+    rank_disk_max_mb: int = Field(default=204_800, ge=1)
+    rank_disk_max_entries: int = Field(default=100_000, ge=1)
+    disk_check_s: float = Field(default=5.0, gt=0)

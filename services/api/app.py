@@ -10,6 +10,7 @@ from starlette.types import Receive, Scope, Send
 
 from services.api.bootstrap import ApiBootstrap
 from services.api.fast_submit import FastSubmit, is_submission
+from services.api.head import head_as_get
 from services.api.limits import BodySizeLimit
 from services.api.metrics import ApiMetrics, RequestMetrics
 from services.api.problems import install_problem_handlers
@@ -36,13 +37,16 @@ Every error is an RFC 9457 problem (`application/problem+json`).
 
 
 class GangwayApi(FastAPI):
-    """FastAPI, with ordinary submissions served before its middleware (fast_submit.py)."""
+    """FastAPI, with ordinary submissions served before its middleware (fast_submit.py), and
+    `HEAD` served as `GET` without the body (head.py)."""
 
     fast_submit: FastSubmit | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.fast_submit is not None and is_submission(scope):
             await self.fast_submit(scope, receive, send)
+        elif scope["type"] == "http" and scope["method"] == "HEAD":
+            await head_as_get(super().__call__, scope, receive, send)
         else:
             await super().__call__(scope, receive, send)
 

@@ -69,6 +69,23 @@ class ApiContext:
                 await self.feed.catch_up()
         return self.feed.models
 
+    async def read_barrier(self) -> None:
+        """Read-your-writes across API workers: before a read is answered, this worker's fold
+        reaches the log's head as it is now, so that whatever was committed before the read
+        arrived (a submission or a cancel through another worker, answered a moment ago) is in
+        the answer. One indexed query when the fold is there already (the bus usually brought
+        it); otherwise the rest is read from the log, as the log poll would a moment later.
+        Kubernetes' consistent reads from its watch cache do the same against etcd's revision.
+
+        While the log is unreachable the read is answered from what this worker has (as
+        before): a read that needs the log itself answers 503 on its own."""
+        if not self.live:
+            return  # `fresh` has caught up already
+        try:
+            await self.feed.reach_head()
+        except DATABASE_UNAVAILABLE as error:
+            log.debug("read served without the log's head: %r", error)
+
 
 class ApiBootstrap:
     def __init__(self, settings: ApiSettings, metrics: ApiMetrics) -> None:

@@ -60,6 +60,11 @@ from services.runtime.records import Metadata, StreamAppend
 from services.runtime.store import EventStore
 
 ATTEMPTS: Final = 5
+# What one team may hold (each API process keeps all of it in memory): tokens not revoked,
+# tokens ever issued (a revoked token's name stays taken), secrets.
+MAX_LIVE_TOKENS_PER_TEAM = 100
+MAX_TOKENS_PER_TEAM = 10_000
+MAX_SECRETS_PER_TEAM = 1_000
 JOB_ID_HEX: Final = 12
 # A team's queue is created with it; an existing queue (an organisation's) is never taken over.
 _QUEUE_TAKEN: Final = (
@@ -137,7 +142,7 @@ class Commands:
             )
             return self.feed.models.jobs[planned.events[0].job_id]
         _require_storable(spec)
-        check_submission(spec, self.feed.models)
+        await self._check([spec])
         await self._within_limits(spec.team)
         for _ in range(ATTEMPTS):
             job_id = new_job_id()
@@ -211,9 +216,16 @@ class Commands:
                 ]
             else:
                 ids = [new_job_id() for _ in specs]
-            planned = plan_submissions(
-                principal, specs, models, ids, batch=batch, storable=_require_storable
-            )
+            try:
+                planned = plan_submissions(
+                    principal, specs, models, ids, batch=batch, storable=_require_storable
+                )
+            except ProblemError:
+                # Refused by what this worker knows: asked again of the log's head (`_check`).
+                await self.feed.reach_head()
+                planned = plan_submissions(
+                    principal, specs, models, ids, batch=batch, storable=_require_storable
+                )
             appends = [
                 StreamAppend(event.stream, 0, [event]) for job in planned for event in job.events
             ]
@@ -233,6 +245,20 @@ class Commands:
             await self.feed.deliver_all(envelopes)
             return planned
         raise RuntimeError("could not draw unused job ids")
+
+    async def _check(self, specs: Sequence[JobSpec]) -> None:
+        """Raise the 4xx problem for the first spec refused (`check_submission`). A refusal by
+        what this worker knows is asked again once its fold reaches the log's head: the team,
+        its queue or its policy may have been written through another worker a moment ago
+        (read-your-writes across workers); an accepted spec costs no look-up."""
+        models = self.feed.models
+        try:
+            for spec in specs:
+                check_submission(spec, models)
+        except ProblemError:
+            await self.feed.reach_head()
+            for spec in specs:
+                check_submission(spec, models)
 
     async def _require_retry(
         self, planned: Sequence[PlannedJob], claims: Sequence[str], fingerprint: UUID | None
@@ -485,6 +511,13 @@ class Commands:
         policy = models.tenancy.policy_of(team)
         pending = models.waiting_by_team[team]
         if policy.max_pending_jobs is not None and pending + count > policy.max_pending_jobs:
+            # Jobs that left the queue may be in the log and not yet in this worker's fold (a
+            # cancel through another worker, the scheduler's placements): refuse only by the
+            # log's head, never by a stale count.
+            await self.feed.reach_head()
+            policy = models.tenancy.policy_of(team)
+            pending = models.waiting_by_team[team]
+        if policy.max_pending_jobs is not None and pending + count > policy.max_pending_jobs:
             more = f" and this request adds {count}" if count > 1 else ""
             raise ProblemError(
                 429,
@@ -501,12 +534,16 @@ class Commands:
 
     # ------------------------------------------------------------------ teams
 
-    def _known_team(self, team: str) -> None:
+    async def _known_team(self, team: str) -> None:
+        """404 unless the team exists; a team this worker has not seen yet may have been
+        created through another worker a moment ago: its fold reaches the log's head first."""
         if team not in self.feed.models.teams:
-            raise not_found(f"team {team}")
+            await self.feed.reach_head()
+            if team not in self.feed.models.teams:
+                raise not_found(f"team {team}")
 
     async def configure_policy(self, team: str, body: TeamPolicyBody) -> None:
-        self._known_team(team)
+        await self._known_team(team)
         unknown = sorted(set(body.allowed_priority_classes or ()) - PRIORITY_CLASSES)
         if unknown:
             raise invalid("unknown-priority", f"unknown priority classes: {', '.join(unknown)}")
@@ -524,21 +561,40 @@ class Commands:
     async def issue_token(self, principal: Principal, team: str, name: str) -> tuple[str, str]:
         """A further named token of the team: (its id, the token, shown only now)."""
         principal.require_team(team)
-        self._known_team(team)
+        await self._known_team(team)
         token = new_token()
         digest = token_sha256(token)
         event = TeamTokenIssued(
             team=team, token_id=token_id_of(digest), name=name, token_sha256=digest
         )
+        tenancy = self.feed.models.tenancy
         models = self.feed.models
         for _ in range(ATTEMPTS):
             await self.feed.sync_stream(event.stream)
+            held = tenancy.team_tokens.get(team, {})
             # The name is who acted in every event the token causes (`team:<team>/<name>`):
             # two tokens of one name, ever, and the log could not tell which one did it.
-            if any(t.team == team and t.name == name for t in models.tenancy.tokens.values()):
+            if name in held:
                 raise conflict(
                     f"team {team!r} already has a token named {name!r} (names are never reused: "
                     "events name the token that acted)"
+                )
+            # Every token is kept by every API process (and every name, revoked or not, since
+            # names are never reused): a team minting them at its command rate would grow
+            # each process's memory without end.
+            if tenancy.live_tokens(team) >= MAX_LIVE_TOKENS_PER_TEAM:
+                raise ProblemError(
+                    409,
+                    "too-many-tokens",
+                    f"team {team!r} holds {MAX_LIVE_TOKENS_PER_TEAM} tokens that are not "
+                    "revoked, its most: revoke one first",
+                )
+            if len(held) >= MAX_TOKENS_PER_TEAM:
+                raise ProblemError(
+                    409,
+                    "too-many-tokens",
+                    f"team {team!r} was issued {MAX_TOKENS_PER_TEAM} tokens, its most "
+                    "(revoked ones count: their names stay taken); ask the administrator",
                 )
             try:
                 await self._append(event.stream, models.version_of(event.stream), [event])
@@ -549,8 +605,9 @@ class Commands:
 
     def tokens(self, principal: Principal, team: str) -> list[TokenRecord]:
         principal.require_team(team)
-        self._known_team(team)
-        return [t for t in self.feed.models.tenancy.tokens.values() if t.team == team]
+        if team not in self.feed.models.teams:  # a read: its barrier has caught up already
+            raise not_found(f"team {team}")
+        return list(self.feed.models.tenancy.team_tokens.get(team, {}).values())
 
     async def revoke_token(self, principal: Principal, team: str, token_id: str) -> None:
         principal.require_team(team)
@@ -566,7 +623,16 @@ class Commands:
     async def set_secret(self, principal: Principal, team: str, name: str, value: str) -> None:
         """Seal the value with the team's key and record only the ciphertext."""
         principal.require_team(team)
-        self._known_team(team)
+        await self._known_team(team)
+        await self.feed.sync_stream(f"secrets-{team}")
+        held = self.feed.models.tenancy.secrets.get(team, set())
+        if name not in held and len(held) >= MAX_SECRETS_PER_TEAM:
+            # Each API process keeps every team's secret names, and each agent may resolve them.
+            raise ProblemError(
+                409,
+                "too-many-secrets",
+                f"team {team!r} holds {MAX_SECRETS_PER_TEAM} secrets, its most: delete one first",
+            )
         async with self.store.pool.acquire() as conn, conn.transaction():
             # The key stays locked until the sealed value is recorded: a deletion of the key
             # comes wholly before (a new key seals it) or after (it is forgotten with the rest).
@@ -579,7 +645,8 @@ class Commands:
 
     def secrets(self, principal: Principal, team: str) -> list[str]:
         principal.require_team(team)
-        self._known_team(team)
+        if team not in self.feed.models.teams:  # a read: its barrier has caught up already
+            raise not_found(f"team {team}")
         return sorted(self.feed.models.tenancy.secrets.get(team, ()))
 
     async def delete_secret(self, principal: Principal, team: str, name: str) -> None:
@@ -592,7 +659,7 @@ class Commands:
 
     async def delete_team_key(self, team: str) -> None:
         """Destroy the team's key, forgetting every secret it ever set, in old events too."""
-        self._known_team(team)
+        await self._known_team(team)
         async with self.store.pool.acquire() as conn, conn.transaction():
             key_id = await vault.delete_team_key(conn, team)
             event = TeamKeyDeleted(team=team, key_id=key_id)

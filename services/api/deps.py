@@ -75,6 +75,9 @@ async def get_principal(
         wait = context.reads.take(principal.team, rate)
         if wait is not None:
             raise rate_limited(f"team {principal.team!r} may read {rate:g} times per second", wait)
+    if request.method in _READS:
+        # After the caller is known: a refused or rate-limited read asks nothing of the log.
+        await context.read_barrier()
     return principal
 
 

@@ -8,6 +8,7 @@ never stay behind when the relay or the bus lags.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Iterable
 
@@ -25,6 +26,9 @@ class ReadModelFeed:
         self.store = store
         self.models = models
         self.head = 0
+        # One `reach_head` reads the log at a time: the reads that arrive while a worker lags
+        # wait for it instead of each reading the same thousands of events.
+        self._reaching = asyncio.Lock()
 
     @property
     def lag(self) -> int:
@@ -46,6 +50,19 @@ class ReadModelFeed:
                 break
         self.head = max(self.head, self.models.watermark.position)
         return applied
+
+    async def reach_head(self) -> int:
+        """Apply everything committed to the log up to now (one query when nothing is missing):
+        after it, the models hold every write acknowledged before the call, whichever API
+        worker made it. Returns how many events were applied."""
+        head = await self.store.head()
+        self.head = max(self.head, head)
+        if head <= self.models.watermark.position:
+            return 0
+        async with self._reaching:
+            if head <= self.models.watermark.position:
+                return 0  # the read before this one brought it
+            return await self.catch_up()
 
     async def refresh_head(self) -> int:
         self.head = await self.store.head()

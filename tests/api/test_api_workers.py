@@ -74,7 +74,7 @@ def _wait(condition: object, what: str, patience_s: float = 60.0, log: Path | No
         time.sleep(0.1)
 
 
-def _start(settings: Settings, tmp_path: Path, url: str) -> subprocess.Popen[bytes]:
+def _start(settings: Settings, tmp_path: Path, url: str, **extra: str) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "GANGWAY_PG_DSN": settings.pg_dsn,
@@ -84,6 +84,7 @@ def _start(settings: Settings, tmp_path: Path, url: str) -> subprocess.Popen[byt
         "GANGWAY_API_URL": url,
         "GANGWAY_ADMIN_TOKEN": ADMIN_TOKEN,
         "GANGWAY_ADMIN_TOKEN_FILE": str(tmp_path / "admin.token"),
+        **extra,
     }
     with (tmp_path / "api.log").open("w") as log:
         return subprocess.Popen(
@@ -157,3 +158,57 @@ def test_workers_stop_with_their_parent_even_when_it_is_killed(
         if api.poll() is None:
             api.kill()
             api.wait(60)
+
+
+def test_a_write_through_one_worker_is_read_through_every_other(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """Read-your-writes across workers: a client that submits (or cancels) through one worker
+    and reads through another got 404 for its new job's events, a list without it, or the job
+    as it was before its cancel, until that worker's fold caught up (the bus, or the log poll
+    every `catch_up_interval_s`). A read now waits for its worker's fold to reach the log's
+    head as it was when the read arrived. Here no relay feeds the bus and the log poll is an
+    hour apart: only that wait can make the other worker see the write."""
+    url = f"http://127.0.0.1:{free_port()}"
+    api = _start(settings, tmp_path, url, GANGWAY_CATCH_UP_INTERVAL_S="3600")
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    try:
+        _both_answer(api, url, tmp_path)
+        # Each request on a connection of its own: the kernel spreads them over both workers,
+        # so that each step reads or builds on the step before through either worker.
+        for index in range(8):
+            name = f"team{index}"
+            created = httpx.post(
+                f"{url}/v1/teams",
+                json={"name": name, "guaranteed_gpus": 0, "max_gpus": None},
+                headers=admin,
+                timeout=30,
+            )
+            assert created.status_code == 201, created.text
+            team = {"Authorization": f"Bearer {created.json()['token']}"}
+            issued = httpx.post(
+                f"{url}/v1/teams/{name}/tokens", json={"name": "ci"}, headers=team, timeout=30
+            )
+            assert issued.status_code == 201, issued.text
+            submitted = httpx.post(
+                f"{url}/v1/jobs",
+                json={"name": "train", "team": name, "tasks": 1, "gpus_per_task": 1},
+                headers=team,
+                timeout=30,
+            )
+            assert submitted.status_code == 201, submitted.text
+            job_id = submitted.json()["id"]
+            events = httpx.get(f"{url}/v1/jobs/{job_id}/events", headers=team, timeout=30)
+            assert events.status_code == 200, events.text
+            listed = httpx.get(f"{url}/v1/jobs", headers=team, timeout=30)
+            assert job_id in [job["id"] for job in listed.json()["items"]], listed.text
+            cancelled = httpx.post(f"{url}/v1/jobs/{job_id}/cancel", headers=team, timeout=30)
+            assert cancelled.status_code == 202, cancelled.text
+            read = httpx.get(f"{url}/v1/jobs/{job_id}", headers=team, timeout=30)
+            assert read.status_code == 200, read.text
+            assert "cancel" in read.json()["requested"], read.text
+            tokens = httpx.get(f"{url}/v1/teams/{name}/tokens", headers=team, timeout=30)
+            assert "ci" in [token["name"] for token in tokens.json()["items"]], tokens.text
+    finally:
+        api.send_signal(signal.SIGTERM)
+        api.wait(60)

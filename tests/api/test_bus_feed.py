@@ -16,6 +16,7 @@ from services.api.feed import ReadModelFeed
 from services.api.projections.model import ReadModels
 from services.runtime import EventStore, OutboxRelay, Settings
 from services.runtime.consumer import Outcome, Unprocessable
+from services.runtime.records import RawEvent, StreamAppend
 from tests.api.conftest import ADMIN_TOKEN, api_settings
 from tests.integration.support import running
 
@@ -43,10 +44,12 @@ async def test_events_of_other_services_reach_the_read_models_through_the_bus(
         await store.append(
             f"job-{job_id}", 1, [JobAdmitted(job_id=job_id, queue="nlp", priority="research")]
         )
+        # Read from the models, not through a GET: a read catches up with the log's head
+        # itself (read-your-writes across workers), which would prove nothing of the bus.
+        models = (await app.state.bootstrap.context()).models
         async with asyncio.timeout(60):
             while True:
-                job = (await client.get(f"/v1/jobs/{job_id}", headers=headers)).json()
-                if job["state"] == "queued":
+                if models.jobs[job_id].state == "queued":
                     break
                 await asyncio.sleep(0.1)
 
@@ -80,3 +83,34 @@ async def test_the_bus_leaves_events_the_models_hold_undecoded(
     # Not applied yet: parsed, and this one is refused as undecodable (a dead letter).
     with pytest.raises(Unprocessable):
         await consumer.process(record(3, b"not json"))
+
+
+async def test_reads_that_arrive_while_a_worker_lags_read_the_log_once(
+    store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each read waits for its worker's fold to reach the log's head; twenty reads arriving
+    while it lags a thousand events behind must not each read those thousand events."""
+    feed = ReadModelFeed(store, ReadModels())
+    await store.append_many(
+        [
+            StreamAppend(
+                f"job-j{index}",
+                0,
+                [JobAdmitted(job_id=f"j{index}", queue="q", priority="research")],
+            )
+            for index in range(1000)
+        ]
+    )
+    reads = 0
+    read_all_raw = store.read_all_raw
+
+    async def counted(after: int, limit: int) -> list[RawEvent]:
+        nonlocal reads
+        reads += 1
+        return await read_all_raw(after, limit)
+
+    monkeypatch.setattr(store, "read_all_raw", counted)
+    applied = await asyncio.gather(*(feed.reach_head() for _ in range(20)))
+    assert sum(applied) == 1000
+    assert reads == 1
+    assert feed.models.watermark.position == await store.head()

@@ -128,3 +128,22 @@ async def test_a_database_gone_silent_answers_503_within_the_command_timeout(
             proxy.heal()
         recovered = await api.client.post("/v1/jobs", json=BODY, headers=team)
         assert recovered.status_code == 201, recovered.text
+
+
+async def test_an_admin_read_is_answered_from_what_the_worker_has_while_the_log_is_away(
+    cut_off: tuple[Api, TcpProxy],
+) -> None:
+    """A read first waits for its worker's fold to reach the log's head (read-your-writes
+    across workers); with the log away there is no head to reach, and the read is answered
+    from what the worker has, as before, rather than 503. (A team's read needs the log for
+    its token anyway.)"""
+    api, proxy = cut_off
+    team = await api.create_team("nlp")
+    job_id = await api.submit(team)
+    await proxy.cut()
+    read = await api.client.get(f"/v1/jobs/{job_id}", headers=api.as_admin())
+    assert read.status_code == 200, read.text
+    assert read.json()["id"] == job_id
+    listed = await api.client.get("/v1/jobs", headers=api.as_admin())
+    assert job_id in [job["id"] for job in listed.json()["items"]]
+    assert_unavailable(await api.client.get(f"/v1/jobs/{job_id}", headers=team))

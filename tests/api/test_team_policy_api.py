@@ -6,14 +6,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
 
+from schemas.jobs import JobCancelled
 from schemas.teams import TeamPolicyConfigured
 from services.api.app import create_app
-from services.runtime import EventStore
-from tests.api.conftest import Api, serving
+from services.runtime import EventStore, Settings
+from tests.api.conftest import Api, api_settings, serving
 
 pytestmark = pytest.mark.integration
 
@@ -186,3 +188,27 @@ async def test_a_team_reads_its_own_policy_but_not_anothers(api: Api) -> None:
     await api.create_team("vision")
     assert (await api.client.get("/v1/teams/nlp/policy", headers=nlp)).status_code == 200
     assert (await api.client.get("/v1/teams/vision/policy", headers=nlp)).status_code == 403
+
+
+async def test_a_team_under_its_pending_cap_in_the_log_is_not_refused_by_a_stale_count(
+    settings: Settings, store: EventStore, tmp_path: Path
+) -> None:
+    """Found by the hardening run (2026-11-23 evening): a worker counted a team's pending jobs
+    from its own fold, so a job that left the queue (cancelled through another worker, placed
+    or ended by the scheduler) a moment ago still counted, and the team was refused (429) under
+    its cap. A refusal is now decided at the log's head. This worker's log poll is an hour
+    apart and it reads no bus: only the submission itself can see the cancel."""
+    app = create_app(api_settings(settings, tmp_path, catch_up_interval_s=3600), use_bus=False)
+    async with serving(app) as client:
+        api = Api(client, app, api_settings(settings, tmp_path))
+        nlp = await api.create_team("nlp")
+        await set_policy(api, max_pending_jobs=1)
+        first = await client.post("/v1/jobs", json=JOB, headers=nlp)
+        assert first.status_code == 201, first.text
+        job_id = first.json()["id"]
+        # The scheduler (another process) records the cancel a client asked another worker for.
+        await store.append(f"job-{job_id}", 1, [JobCancelled(job_id=job_id, reason="by test")])
+        second = await client.post("/v1/jobs", json=JOB, headers=nlp)
+        assert second.status_code == 201, second.text
+        third = await client.post("/v1/jobs", json=JOB, headers=nlp)
+        assert third.status_code == 429, third.text  # the cap still holds

@@ -12,6 +12,7 @@ import pytest
 from schemas.jobs import JobSpec, JobSubmitted
 from schemas.teams import TeamKeyDeleted, TeamSecretSet
 from services.agent.secrets import SecretUnavailable, resolve_secret_env
+from services.api import commands
 from services.api.app import create_app
 from services.runtime import EventStore, Settings
 from services.runtime.vault import SecretForgotten, seal, unseal
@@ -209,3 +210,54 @@ def test_a_sealed_value_opens_only_for_its_team_and_name() -> None:
             unseal(key, team, name, sealed)
     with pytest.raises(SecretForgotten):
         unseal(bytes(32), "nlp", "hf", sealed)
+
+
+async def test_a_team_holds_a_bounded_number_of_tokens_and_secrets(
+    api: Api, store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the hardening run (2026-11-23 evening): a team could mint tokens (and set
+    secrets of new names) at its command rate without end, and every API process keeps every
+    team's tokens, and every name a revoked one took, in memory. Bounded: tokens not revoked,
+    tokens ever issued, secrets; each past its bound is 409 `too-many-…`, and the log unchanged.
+    The bounds are lowered here (100, 10,000, 1,000 in production)."""
+    monkeypatch.setattr(commands, "MAX_LIVE_TOKENS_PER_TEAM", 3)
+    monkeypatch.setattr(commands, "MAX_TOKENS_PER_TEAM", 5)
+    monkeypatch.setattr(commands, "MAX_SECRETS_PER_TEAM", 2)
+    nlp = await api.create_team("nlp")
+    first = await issue(api, "nlp", "a", nlp)
+    second = await issue(api, "nlp", "b", nlp)  # with `default`: three not revoked
+
+    async def refused(path: str, method: str, body: dict[str, str]) -> str:
+        before = await store.head()
+        response = await api.client.request(method, path, json=body, headers=nlp)
+        assert response.status_code == 409, response.text
+        assert response.headers["content-type"] == "application/problem+json"
+        assert await store.head() == before
+        return str(response.json()["detail"])
+
+    async def revoke(token: dict[str, str]) -> None:
+        response = await api.client.delete(f"/v1/teams/nlp/tokens/{token['id']}", headers=nlp)
+        assert response.status_code == 204, response.text
+
+    assert "not revoked" in await refused("/v1/teams/nlp/tokens", "POST", {"name": "c"})
+    await revoke(first)
+    third = await issue(api, "nlp", "c", nlp)  # a revoked one makes room
+    await revoke(second)
+    await revoke(third)
+    await issue(api, "nlp", "d", nlp)
+    # Five issued (default, a, b, c, d), three revoked: their names are spent all the same.
+    assert "was issued 5" in await refused("/v1/teams/nlp/tokens", "POST", {"name": "e"})
+    # Another team is not held by nlp's bound.
+    vision = await api.create_team("vision")
+    assert (await issue(api, "vision", "a", vision))["name"] == "a"
+
+    for name in ("one", "two"):
+        put = await api.client.put(
+            f"/v1/teams/nlp/secrets/{name}", json={"value": SECRET}, headers=nlp
+        )
+        assert put.status_code in (200, 201, 204), put.text
+    again = await api.client.put(
+        "/v1/teams/nlp/secrets/one", json={"value": "rotated"}, headers=nlp
+    )
+    assert again.status_code in (200, 201, 204), again.text  # a new value of a held name
+    assert "2 secrets" in await refused("/v1/teams/nlp/secrets/three", "PUT", {"value": SECRET})

@@ -109,6 +109,104 @@ def test_a_cancelled_job_teaches_nothing_a_failed_one_does() -> None:
     assert predicted is not None and predicted < HOUR
 
 
+def cancel_after(history: History, job_id: str, after_s: float) -> None:
+    """The job's gang runs `after_s` seconds, then its owner cancels it."""
+    history.run()
+    history.advance(after_s)
+    history.cancel(job_id)
+    history.run(cycles=2)
+    assert history.job(job_id).state == "cancelled"
+
+
+def test_a_long_run_cancelled_counts_as_it_ran_an_early_cancel_shortens_nothing() -> None:
+    """A cancelled run is a lower bound: the job would have run at least that long. It is
+    learned where it raises a prediction, never where it would lower one."""
+    history = History("1x8")
+    run_jobs(history, [("train", HOUR)] * 3)
+    before = predicted_runtime_s(history.state.estimates, spec("train"))
+    assert before is not None
+
+    for _ in range(5):  # cancelled a minute in: a typo, or a team angling for a short estimate
+        cancel_after(history, history.submit(a_job().named("train").gpus(1))[0], 60.0)
+    assert predicted_runtime_s(history.state.estimates, spec("train")) == before
+    assert predicted_runtime_s(history.state.estimates, spec("new")) == before  # the team's too
+
+    for _ in range(3):  # cancelled after three hours: they do run that long
+        cancel_after(history, history.submit(a_job().named("train").gpus(1))[0], 3 * HOUR)
+    after = predicted_runtime_s(history.state.estimates, spec("train"))
+    assert after is not None and after >= 3 * HOUR
+
+
+def test_a_team_that_under_estimates_and_cancels_or_fails_is_corrected() -> None:
+    """Found by the hostile-tenant run (2026-11-23): only succeeded jobs scaled a team's
+    estimates, so a team that said a minute and cancelled (or failed) after two hours was
+    planned at a minute forever. A run it cut short (or that failed) ran at least that long:
+    its ratio to the estimate scales the team's estimates as a success's would."""
+    for end in ("cancelled", "failed"):
+        history = History("1x8")
+        for _ in range(3):
+            job = history.submit(
+                a_job().named("liar").team("team-b").gpus(1).estimate(60).retries(0)
+            )[0]
+            if end == "cancelled":
+                cancel_after(history, job, 2 * HOUR)
+            else:
+                finish_code(history, job, 2 * HOUR, code=1)
+                assert history.job(job).state == "failed"
+        says_a_minute = spec("other", team="team-b", estimated_runtime_s=60)
+        predicted = predicted_runtime_s(history.state.estimates, says_a_minute)
+        assert predicted is not None and predicted >= 2 * HOUR, end
+
+
+def test_a_cancel_that_moves_only_its_teams_ratio_is_seen_as_learned_from_that_team() -> None:
+    """The scheduler re-plans a team's jobs only when `teams_learned_since` names the team; a
+    cancel that raised nothing but the team's ratio (no key of its runtime predicts yet) must
+    name it too, or a waiting job of the team that gives an estimate keeps its old plan."""
+    history = History("1x8")
+    for _ in range(2):
+        job = history.submit(a_job().named("liar").team("team-b").gpus(1).estimate(60))[0]
+        cancel_after(history, job, 2 * HOUR)
+    estimates = history.state.estimates
+    before = estimates.learned
+    job = history.submit(a_job().named("liar").team("team-b").gpus(1).estimate(60))[0]
+    cancel_after(history, job, 2 * HOUR)
+
+    assert predicted_runtime_s(estimates, spec("liar")) is None  # no runtime key speaks
+    assert estimates.teams_learned_since(before) == {"team-b"}
+
+
+def test_a_team_that_under_estimates_and_cancels_no_longer_backfills_before_the_head() -> None:
+    """The liar's job says a minute; its earlier ones said so too and were cancelled after two
+    hours. It no longer starts on the GPUs reserved for another team's head, which is planned
+    to start in an hour; an honest job of a minute still does. A replayed scheduler agrees."""
+    history = History("2x8:2:1")
+    history.team("team-b")
+    run_jobs(history, [("train", HOUR)] * 3 + [("probe", 60.0)] * 3)
+    for _ in range(3):
+        job = history.submit(a_job().named("sweep").team("team-b").gpus(1).estimate(60))[0]
+        cancel_after(history, job, 2 * HOUR)
+    history.submit(a_job().named("train").gpus(4))
+    history.run()
+    head = history.submit(a_job().named("big").gpus(8).tasks(2))[0]
+    history.run()
+    assert history.job(head).reason_code == "reserved_head"
+
+    liar = history.submit(a_job().named("sweep-2").team("team-b").gpus(4).estimate(60))[0]
+    honest = history.submit(a_job().named("probe").gpus(4))[0]
+    history.run()
+
+    assert history.job(liar).state == "queued"
+    assert history.job(liar).reason_code == "backfill_blocked"
+    assert history.job(honest).state == "running"
+    replayed = history.replayed()
+    for job_id in (liar, head):
+        assert runtime_estimate(
+            replayed.job_records[job_id], history.policy, replayed.estimates
+        ) == runtime_estimate(
+            history.state.job_records[job_id], history.policy, history.state.estimates
+        )
+
+
 def finish_code(history: History, job_id: str, after_s: float, code: int) -> None:
     history.run()
     history.advance(after_s)

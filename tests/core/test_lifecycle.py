@@ -237,6 +237,36 @@ def test_a_rank_that_can_never_launch_fails_the_job_at_once_with_the_agents_reas
     assert history.state.allocated_gpus == 0
 
 
+def test_a_rank_killed_for_its_disk_fails_the_job_at_once_with_the_reason() -> None:
+    """The agent kills a rank past its disk limit (services/agent/disk.py) and says so as
+    permanent: a retry would fill the disk again, so the job fails, retries left or not."""
+    history = History()
+    job = history.submit(a_job().gpus(8).tasks(2).retries(3))[0]
+    history.cycle()
+    for rank in history.gang(job).ranks:
+        history.record(TaskStarted(job_id=job, attempt=1, rank=rank.rank, node_id=rank.node_id))
+    history.cycle()
+    node = history.gang(job).ranks[1].node_id
+    reason = "disk limit exceeded: its working directory held more than its 20 MB"
+    history.record(
+        TaskExited(
+            job_id=job,
+            attempt=1,
+            rank=1,
+            node_id=node,
+            exit_code=-9,
+            reason=reason,
+            permanent=True,
+        )
+    )
+    history.cycle()
+
+    assert history.events(JobRequeued, job) == []
+    [failed] = history.events(JobFailed, job)
+    assert reason in failed.reason
+    assert history.job(job).state == "failed"
+
+
 def test_a_transient_launch_failure_is_retried_with_its_reason() -> None:
     history = History()
     job = history.submit(a_job().gpus(8).retries(2))[0]

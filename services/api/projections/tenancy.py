@@ -40,6 +40,9 @@ class TokenRecord:
 class Tenancy:
     policies: dict[str, TeamPolicy] = field(default_factory=dict)
     tokens: dict[str, TokenRecord] = field(default_factory=dict)
+    # Each team's tokens by name (names are never reused within a team): what a team's
+    # commands look up, without a walk over every team's tokens.
+    team_tokens: dict[str, dict[str, TokenRecord]] = field(default_factory=dict)
     secrets: dict[str, set[str]] = field(default_factory=dict)
     # What a team without a policy of its own gets: the installation's default limits
     # (ApiSettings.team_max_pending_jobs, team_submissions_per_second).
@@ -53,22 +56,28 @@ class Tenancy:
         if handler is not None:
             handler(self, event)
 
+    def live_tokens(self, team: str) -> int:
+        """How many of the team's tokens are not revoked."""
+        return sum(not token.revoked for token in self.team_tokens.get(team, {}).values())
+
+    def _keep(self, token: TokenRecord) -> None:
+        self.tokens[token.id] = token
+        self.team_tokens.setdefault(token.team, {})[token.name] = token
+
     def _on_team_created(self, event: TeamCreated) -> None:
         token_id = token_id_of(event.token_sha256)
-        self.tokens[token_id] = TokenRecord(token_id, event.name, "default")
+        self._keep(TokenRecord(token_id, event.name, "default"))
 
     def _on_policy_configured(self, event: TeamPolicyConfigured) -> None:
         self.policies[event.team] = TeamPolicy.of(event)
 
     def _on_token_issued(self, event: TeamTokenIssued) -> None:
-        self.tokens[event.token_id] = TokenRecord(event.token_id, event.team, event.name)
+        self._keep(TokenRecord(event.token_id, event.team, event.name))
 
     def _on_token_revoked(self, event: TeamTokenRevoked) -> None:
         token = self.tokens.get(event.token_id)
         if token is not None and token.team == event.team:
-            self.tokens[event.token_id] = TokenRecord(
-                token.id, token.team, token.name, revoked=True
-            )
+            self._keep(TokenRecord(token.id, token.team, token.name, revoked=True))
 
     def _on_secret_set(self, event: TeamSecretSet) -> None:
         self.secrets.setdefault(event.team, set()).add(event.name)
