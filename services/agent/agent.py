@@ -51,10 +51,13 @@ from services.agent.disk import (
     DISK_LIMIT_REASON,
     SIGXFSZ_EXIT_CODES,
     DiskLimit,
+    DiskUse,
     disk_limit,
     disk_use,
     file_size_reason,
+    held_deleted,
     over_limit_reason,
+    processes_of,
 )
 from services.agent.exits import OOM_REASON, killed_for_memory, oom_kill_count
 from services.agent.faults import HEALTHY, Fault, FaultReader
@@ -702,14 +705,30 @@ class Agent:
         its ranks may write too, may hold the limits of the job's ranks here together."""
         stopped = []
         by_job: dict[str, list[RankProcess]] = {}
-        for rank in list(self.ranks.values()):
+        bounded = [
+            rank
+            for rank in list(self.ranks.values())
+            if rank.disk_limit is not None and rank.running and rank.stop_reason is None
+        ]
+        processes = await asyncio.to_thread(processes_of, [rank.pid for rank in bounded])
+        for rank in bounded:
             limit = rank.disk_limit
-            if limit is None or not rank.running or rank.stop_reason is not None:
-                continue
+            assert limit is not None
             by_job.setdefault(rank.key.job_id, []).append(rank)
             use = await asyncio.to_thread(disk_use, rank.workdir, limit)
+            where = "its working directory"
+            if not use.over(limit):
+                # Files it deleted but holds open, on the filesystems of its directories.
+                devices = {
+                    device
+                    for device in (_device(rank.workdir), _device(self.root_dir))
+                    if device is not None
+                }
+                held = await asyncio.to_thread(held_deleted, processes[rank.pid], devices)
+                use = DiskUse(use.bytes + held, use.entries)
+                where += " with the files it deleted but holds open" if held else ""
             if use.over(limit):
-                stopped += self._kill_for_disk([rank], over_limit_reason(use, limit))
+                stopped += self._kill_for_disk([rank], over_limit_reason(use, limit, where))
         for job_id, ranks in by_job.items():
             ranks = [rank for rank in ranks if rank.stop_reason is None]
             limits = [rank.disk_limit for rank in ranks if rank.disk_limit is not None]
@@ -980,3 +999,10 @@ def _log_failure(task: asyncio.Task[Any]) -> None:
 
 def _megabytes(value: int | None) -> int | None:
     return None if value is None else int(value) * 1024 * 1024
+
+
+def _device(path: Path) -> int | None:
+    try:
+        return path.stat().st_dev
+    except OSError:
+        return None  # not made yet, or gone

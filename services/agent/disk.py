@@ -10,6 +10,9 @@ tenant's appends. Two mechanisms, neither needing a filesystem quota:
   directories counted too, since inodes run out as well) and stops a rank over its limit with a
   typed reason (`DISK_LIMIT_REASON`), recorded in its TaskExited as permanent: the job fails
   at once, since a next attempt would write as much again;
+- a file the rank deleted but holds open keeps its blocks where no walk sees them: the files
+  its processes hold open with no name left, on the working directory's filesystem, count
+  towards its limit too (`held_deleted`);
 - the rank starts with `RLIMIT_FSIZE` at the same limit, so that no single file (its
   `rank.log` first of all) outgrows it between two measurements: a write past it fails and the
   rank dies of SIGXFSZ, which the agent reads as the same reason.
@@ -24,6 +27,7 @@ import os
 import resource
 import signal
 import stat
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,6 +102,61 @@ def disk_use(root: Path, limit: DiskLimit | None = None) -> DiskUse:
             # nesting directories past PATH_MAX, then writing there): it counts as past it.
             return DiskUse(used, entries, error.strerror or type(error).__name__)
     return DiskUse(used, entries)
+
+
+def processes_of(leaders: Collection[int]) -> dict[int, set[int]]:
+    """Per rank's leader pid, the processes that are the rank's: its process group's members
+    and its descendants (under bubblewrap the job runs in a session of its own below the
+    leader), from one scan of /proc."""
+    parents: dict[int, list[int]] = {}
+    groups: dict[int, set[int]] = {leader: set() for leader in leaders}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat", "rb") as file:
+                fields = file.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        pid = int(entry.name)
+        parents.setdefault(int(fields[1]), []).append(pid)
+        if int(fields[2]) in groups:
+            groups[int(fields[2])].add(pid)
+    for leader, members in groups.items():
+        members.add(leader)
+        pending = [leader]
+        while pending:
+            for child in parents.get(pending.pop(), ()):
+                if child not in members:
+                    members.add(child)
+                    pending.append(child)
+    return groups
+
+
+def held_deleted(pids: Iterable[int], devices: Collection[int]) -> int:
+    """The blocks (bytes) of the regular files on `devices` that `pids` hold open with no name
+    left: deleted, they are in no directory a walk reads, yet hold their blocks until closed.
+    Each file counted once. Files in memory (/dev/shm, a private /tmp, memfd) are on other
+    devices: charged to the rank's memory, not its disk. A process the agent may not inspect
+    is passed over."""
+    seen: set[tuple[int, int]] = set()
+    held = 0
+    for pid in pids:
+        try:
+            descriptors = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in descriptors:
+            try:
+                info = os.stat(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if info.st_nlink or not stat.S_ISREG(info.st_mode) or info.st_dev not in devices:
+                continue
+            if (info.st_dev, info.st_ino) not in seen:
+                seen.add((info.st_dev, info.st_ino))
+                held += info.st_blocks * 512
+    return held
 
 
 def over_limit_reason(use: DiskUse, limit: DiskLimit, where: str = "its working directory") -> str:

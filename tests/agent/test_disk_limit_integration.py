@@ -151,3 +151,33 @@ async def test_a_rank_filling_its_jobs_checkpoint_directory_is_killed_with_the_r
     assert event.reason is not None and event.reason.startswith(DISK_LIMIT_REASON), event.reason
     assert "checkpoint directory" in event.reason
     assert event.permanent
+
+
+async def test_a_rank_holding_deleted_files_open_is_killed_with_the_reason(
+    agent: Agent, store: EventStore
+) -> None:
+    """Found by the attack round (2026-11-23): a file the rank deleted but holds open keeps its
+    blocks, which no walk of its working directory sees. Three such files of 1 MB (none past
+    `RLIMIT_FSIZE` by itself) held 3 MB of a 2 MB limit, and with as many descriptors as it
+    may open, a rank held its limit's worth a thousand times over, unseen."""
+    await start(
+        agent,
+        store,
+        "exec 3>f1 4>f2 5>f3; rm f1 f2 f3; "
+        "for fd in 3 4 5; do head -c 1000000 /dev/urandom >&$fd; done; "
+        "echo written; sleep 600",
+        disk_mb_per_task=2,
+    )
+    [rank] = agent.ranks.values()
+
+    async def written() -> bool:
+        log = rank.workdir / "rank.log"
+        return log.exists() and "written" in log.read_text()
+
+    await until(written, "the rank wrote its files")
+    assert sorted(p.name for p in rank.workdir.iterdir()) == ["rank.log", "rank.pid"]
+    assert await agent.check_disks() == [rank.key]
+    event = await the_exit(store)
+    assert event.reason is not None and event.reason.startswith(DISK_LIMIT_REASON), event.reason
+    assert "deleted but holds open" in event.reason
+    assert event.permanent
