@@ -23,7 +23,7 @@ from uuid import UUID
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, ConsumerRecord, TopicPartition
-from aiokafka.errors import CommitFailedError, KafkaError
+from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from pydantic import ValidationError
 
 from schemas import REGISTRY, EventDecodeError, EventEnvelope, EventRegistry
@@ -298,11 +298,19 @@ class ConsumerLoop(ABC):
         await self._commit(consumer, due)
 
     async def _commit(self, consumer: AIOKafkaConsumer, offsets: dict[TopicPartition, int]) -> None:
+        # Offsets kept since the last commit (`commit_interval_s`) may name a partition that a
+        # rebalance has given to another member meanwhile: aiokafka refuses the whole commit
+        # with IllegalStateError (not CommitFailedError), which ended the service. The new
+        # owner re-reads from the last commit, and the inbox turns the repeats into no-ops.
+        assigned = consumer.assignment()
+        offsets = {tp: offset for tp, offset in offsets.items() if tp in assigned}
+        if not offsets:
+            return
         try:
             await consumer.commit(offsets)
-        except CommitFailedError as error:
-            # A partition moved to another member during a rebalance; it will re-read from
-            # the last commit and the inbox turns the repeats into no-ops.
+        except (CommitFailedError, IllegalStateError) as error:
+            # A partition moved to another member during a rebalance (or one is under way);
+            # it will re-read from the last commit and the inbox turns the repeats into no-ops.
             log.warning("%s: commit of %s failed: %r", self.name, offsets, error)
 
 
