@@ -724,9 +724,14 @@ class Agent:
                     for device in (_device(rank.workdir), _device(self.root_dir))
                     if device is not None
                 }
-                held = await asyncio.to_thread(held_deleted, processes[rank.pid], devices)
-                use = DiskUse(use.bytes + held, use.entries)
-                where += " with the files it deleted but holds open" if held else ""
+                held = await asyncio.to_thread(
+                    held_deleted, processes[rank.pid], devices, limit.entries
+                )
+                if held is None:
+                    use = DiskUse(use.bytes, use.entries, "more open files than files allowed")
+                else:
+                    use = DiskUse(use.bytes + held, use.entries)
+                    where += " with the files it deleted but holds open" if held else ""
             if use.over(limit):
                 stopped += self._kill_for_disk([rank], over_limit_reason(use, limit, where))
         for job_id, ranks in by_job.items():

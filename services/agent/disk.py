@@ -133,19 +133,26 @@ def processes_of(leaders: Collection[int]) -> dict[int, set[int]]:
     return groups
 
 
-def held_deleted(pids: Iterable[int], devices: Collection[int]) -> int:
+def held_deleted(pids: Iterable[int], devices: Collection[int], most: int) -> int | None:
     """The blocks (bytes) of the regular files on `devices` that `pids` hold open with no name
     left: deleted, they are in no directory a walk reads, yet hold their blocks until closed.
     Each file counted once. Files in memory (/dev/shm, a private /tmp, memfd) are on other
     devices: charged to the rank's memory, not its disk. A process the agent may not inspect
-    is passed over."""
+    is passed over. None: the processes hold more than `most` descriptors together (the
+    limit's count of entries), past which the agent stops looking, as the walk does: a rank
+    could otherwise make each round stat millions of copies of one descriptor, or hide a
+    deleted file behind them, so it counts as past its limit."""
     seen: set[tuple[int, int]] = set()
     held = 0
+    looked = 0
     for pid in pids:
         try:
             descriptors = os.listdir(f"/proc/{pid}/fd")
         except OSError:
             continue
+        looked += len(descriptors)
+        if looked > most:
+            return None
         for fd in descriptors:
             try:
                 info = os.stat(f"/proc/{pid}/fd/{fd}")

@@ -181,3 +181,29 @@ async def test_a_rank_holding_deleted_files_open_is_killed_with_the_reason(
     assert event.reason is not None and event.reason.startswith(DISK_LIMIT_REASON), event.reason
     assert "deleted but holds open" in event.reason
     assert event.permanent
+
+
+async def test_a_rank_holding_more_descriptors_than_files_allowed_is_killed(
+    agent: Agent, store: EventStore
+) -> None:
+    """Looking through the rank's descriptors is bounded like the walk (1,000 entries here):
+    a rank holding more cannot make the agent stat each of them every round, nor hide a
+    deleted file behind them; it counts as past its limit."""
+    await start(
+        agent,
+        store,
+        "python3 -c \"import os, time; fd = os.open('f', os.O_CREAT | os.O_WRONLY); "
+        "[os.dup(fd) for _ in range(1100)]; print('written', flush=True); time.sleep(600)\"",
+        disk_mb_per_task=2,
+    )
+    [rank] = agent.ranks.values()
+
+    async def written() -> bool:
+        log = rank.workdir / "rank.log"
+        return log.exists() and "written" in log.read_text()
+
+    await until(written, "the rank opened its descriptors")
+    assert await agent.check_disks() == [rank.key]
+    event = await the_exit(store)
+    assert event.reason is not None and event.reason.startswith(DISK_LIMIT_REASON), event.reason
+    assert "could not be measured" in event.reason
