@@ -276,10 +276,11 @@ class RuntimeEstimates:
         """A cancelled run: the job would have held its GPUs at least `held_s`, and its user's
         estimate was off by at least that ratio. Each is added only to the keys (and ratios)
         it raises, or to one that does not predict yet when it is at least what the more
-        general ones predict: a sample at or above a key's quantile never lowers it, so no
+        general ones predict: a sample at or past a key's longest run lowers none of its
+        quantiles (`beyond_s`'s, of the runs longer than a gang has run, included), so no
         prediction is shorter for the cancel than without it (a run cut early says nothing of
         how long the job is), and a long run cut by its owner counts as it ran."""
-        keys = _raising(self._samples, tuple(reversed(live.keys)), live.held_s, None, _predicted)
+        keys = _raising(self._samples, tuple(reversed(live.keys)), live.held_s, None, _longest)
         self._add_samples(live, keys)
         ratios: tuple[Key, ...] = ()
         if live.user_estimate_s is not None:
@@ -422,8 +423,11 @@ class RuntimeEstimates:
         return None if longer is None else max(MIN_REMAINING_S, longer - ran_s)
 
 
-def _predicted(samples: Samples) -> float:
-    return samples.predicted
+def _longest(samples: Samples) -> float:
+    # A bound is learned only at or past every run a key knows: one below the longest would
+    # lower what a gang that ran past it is said to run on (`beyond_s`, the quantile of the
+    # runs longer than it has run), though the cancelled job would have run at least as long.
+    return samples.ordered[-1]
 
 
 def _median(samples: Samples) -> float:
@@ -439,7 +443,7 @@ def _raising(
 ) -> tuple[Key, ...]:
     """The keys of `general_first` (from the most general to the most specific) that a lower
     bound `bound` raises: a key that predicts (`MIN_SAMPLES`), where the bound is at least what
-    it says (`speaks_of`: a runtime's quantile, a ratio's median); one that does not predict
+    it says (`speaks_of`: a runtime's longest, a ratio's median); one that does not predict
     yet, where the bound is at least what the nearest more general key that does says (`prior`
     where none does; None: nothing to compare with, not learned). All decided on what was
     known before the bound is added."""

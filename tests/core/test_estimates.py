@@ -351,3 +351,17 @@ def test_a_gang_overruns_only_past_its_learned_runtime_not_its_users_estimate() 
     assert not has_overrun(job, started + 1.5 * HOUR, policy, estimates)
     assert has_overrun(job, started + 1.5 * HOUR, policy)  # by the user's word alone
     assert has_overrun(job, started + 2.1 * HOUR, policy, estimates)
+
+
+def test_a_long_run_cancelled_shortens_no_overrunning_gangs_prediction() -> None:
+    """Found by the attack round (2026-11-23): a cancel at 160 minutes, past the prediction
+    (100) but short of the longest runs (200, 300), was learned as a run; a gang that had run
+    150 minutes was then said to run 50 more instead of 150 (the runs longer than 150 were
+    160, 200, 300, not 200, 300), though the cancelled job would have run at least 160."""
+    history = History("1x8")
+    minute = 60.0
+    run_jobs(history, [("train", s * minute) for s in (10, 20, 30, 100, 200, 300)])
+    estimates = history.state.estimates
+    before = estimates.beyond_s("probe", spec("train"), 150 * minute)
+    cancel_after(history, history.submit(a_job().named("train").gpus(1))[0], 160 * minute)
+    assert estimates.beyond_s("probe", spec("train"), 150 * minute) == before
