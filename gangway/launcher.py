@@ -258,6 +258,7 @@ class Launcher:
         existing = self.pid(spec.name)
         if existing is not None:
             return Started(spec.name, existing, already_running=True)
+        self._stop_orphan(spec)
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         self.pids_dir.mkdir(parents=True, exist_ok=True)
         with self.log_path(spec.name).open("ab") as log:
@@ -289,6 +290,32 @@ class Launcher:
         self._children[spec.name] = process
         _write_atomic(self.pid_path(spec.name), f"{process.pid}\n{spec.module}\n")
         return Started(spec.name, process.pid, already_running=False)
+
+    def _stop_orphan(self, spec: ServiceSpec, timeout_s: float = 15.0) -> None:
+        """A supervised service whose supervisor was killed (`kill -9` of its pid) runs on,
+        unsupervised: started again beside it, there would be two (two admissions in one
+        group; two agents launching the same ranks), and the first forgotten by `down`. It is
+        stopped first, as `stop` would (SIGTERM, then SIGKILL)."""
+        try:
+            orphan = int(self.child_pid_path(spec.name).read_text().split()[0])
+        except (FileNotFoundError, ValueError, IndexError):
+            return
+        if not (_alive(orphan) and _runs_module(orphan, spec.module)):
+            return
+        print(
+            f"[launcher] {spec.name}: its supervisor is gone but it runs (pid {orphan}); "
+            "stopping it before starting it again",
+            file=sys.stderr,
+        )
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(orphan, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while _alive(orphan) and _runs_module(orphan, spec.module):
+            if time.monotonic() >= deadline:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(orphan, signal.SIGKILL)
+                break
+            time.sleep(0.1)
 
     def wait_ready(self, spec: ServiceSpec, *, timeout_s: float = 60.0, since: int = 0) -> None:
         """Block until `spec` is ready; raise LauncherError if it dies or the time runs out.

@@ -152,3 +152,37 @@ def test_a_token_given_in_the_environment_is_the_one_written(tmp_path: Path) -> 
     assert ensure_admin_token(path, "chosen-by-the-operator") == "chosen-by-the-operator"
     assert path.read_text().strip() == "chosen-by-the-operator"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_a_service_whose_supervisor_was_killed_is_not_started_twice(tmp_path: Path) -> None:
+    """Found by the attack round (2026-11-23): `kill -9` of a service's supervisor (the pid in
+    its pid file) left the service running; the next `up` started a second one beside it and
+    forgot the first, which `down` then never stopped (two admissions in one group; for an
+    agent, two fleets launching the same ranks). `up` now stops the orphan first."""
+    launcher = Launcher(state_dir=tmp_path / "state", env={"PYTHONUNBUFFERED": "1"}, supervise=True)
+    try:
+        launcher.up([SERVER], timeout_s=30)
+        deadline = time.monotonic() + 30
+        while not launcher.child_pid_path("web").exists():
+            assert time.monotonic() < deadline, "no child pid file"
+            time.sleep(0.05)
+        orphan = int(launcher.child_pid_path("web").read_text().split()[0])
+        supervisor = launcher.pid("web")
+        assert supervisor is not None and supervisor != orphan
+        os.kill(supervisor, signal.SIGKILL)
+        while launcher.pid("web") is not None:
+            assert time.monotonic() < deadline, "the killed supervisor still looks alive"
+            time.sleep(0.05)
+        launcher.up([SERVER], timeout_s=30)
+        while True:
+            try:
+                os.kill(orphan, 0)
+            except ProcessLookupError:
+                break
+            with open(f"/proc/{orphan}/stat") as stat_file:
+                if stat_file.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break  # dead, not yet reaped by init
+            assert time.monotonic() < deadline + 30, "the orphan still runs beside the new one"
+            time.sleep(0.05)
+    finally:
+        launcher.down()
