@@ -29,6 +29,12 @@ class ReadModelFeed:
         # One `reach_head` reads the log at a time: the reads that arrive while a worker lags
         # wait for it instead of each reading the same thousands of events.
         self._reaching = asyncio.Lock()
+        # One look at the log's head at a time, shared by every read that arrived before it
+        # began (`_head_now`): a flood of one team's reads costs a query per round trip, not a
+        # pooled connection each, which starved every other team's reads and writes.
+        self._looking = asyncio.Lock()
+        self._looks_begun = 0
+        self._looked = (0, 0)  # (the number of the last look that answered, its head)
 
     @property
     def lag(self) -> int:
@@ -55,7 +61,7 @@ class ReadModelFeed:
         """Apply everything committed to the log up to now (one query when nothing is missing):
         after it, the models hold every write acknowledged before the call, whichever API
         worker made it. Returns how many events were applied."""
-        head = await self.store.head()
+        head = await self._head_now()
         self.head = max(self.head, head)
         if head <= self.models.watermark.position:
             return 0
@@ -63,6 +69,22 @@ class ReadModelFeed:
             if head <= self.models.watermark.position:
                 return 0  # the read before this one brought it
             return await self.catch_up()
+
+    async def _head_now(self) -> int:
+        """The log's head as of a look begun after this call: what it answers holds every
+        event committed before the call. A look already under way may have begun before a
+        write the caller was told of, so the calls that arrive during it wait and share the
+        next one (a look that failed answers nobody else: the next waiter looks again)."""
+        arrived = self._looks_begun
+        async with self._looking:
+            number, head = self._looked
+            if number > arrived:
+                return head
+            self._looks_begun += 1
+            number = self._looks_begun
+            head = await self.store.head()
+            self._looked = (number, head)
+            return head
 
     async def refresh_head(self) -> int:
         self.head = await self.store.head()

@@ -114,3 +114,58 @@ async def test_reads_that_arrive_while_a_worker_lags_read_the_log_once(
     assert sum(applied) == 1000
     assert reads == 1
     assert feed.models.watermark.position == await store.head()
+
+
+async def test_reads_that_arrive_together_share_one_look_at_the_log_head(
+    store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flood of reads on one worker asks the log for its head once per round trip, not once
+    per read: fifty reads arriving together cost the look under way and one after it."""
+    feed = ReadModelFeed(store, ReadModels())
+    looks = 0
+    head = store.head
+
+    async def counted() -> int:
+        nonlocal looks
+        looks += 1
+        return await head()
+
+    monkeypatch.setattr(store, "head", counted)
+    await asyncio.gather(*(feed.reach_head() for _ in range(50)))
+    assert looks == 2
+
+
+async def test_a_read_arriving_during_a_look_at_the_head_waits_for_a_look_after_it(
+    store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A look begun before a write cannot answer a read made after the write was acknowledged:
+    the read waits for the next look, and sees the write."""
+    feed = ReadModelFeed(store, ReadModels())
+    head = store.head
+    stale_asked = asyncio.Event()
+    release_stale = asyncio.Event()
+    looks = 0
+
+    async def slow_first_look() -> int:
+        nonlocal looks
+        looks += 1
+        answer = await head()
+        if looks == 1:  # read before the write below; answered after it
+            stale_asked.set()
+            await release_stale.wait()
+        return answer
+
+    monkeypatch.setattr(store, "head", slow_first_look)
+    early = asyncio.create_task(feed.reach_head())
+    await stale_asked.wait()
+    written = await store.append(
+        "job-late", 0, [JobAdmitted(job_id="late", queue="q", priority="research")]
+    )
+    late = asyncio.create_task(feed.reach_head())
+    await asyncio.sleep(0)
+    release_stale.set()
+    await asyncio.gather(early, late)
+    position = written[-1].position
+    assert position is not None
+    assert feed.models.watermark.covers(position)
+    assert looks == 2
