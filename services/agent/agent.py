@@ -711,6 +711,7 @@ class Agent:
             if rank.disk_limit is not None and rank.running and rank.stop_reason is None
         ]
         processes = await asyncio.to_thread(processes_of, [rank.pid for rank in bounded])
+        root_device = _device(self.root_dir)
         for rank in bounded:
             limit = rank.disk_limit
             assert limit is not None
@@ -720,9 +721,7 @@ class Agent:
             if not use.over(limit):
                 # Files it deleted but holds open, on the filesystems of its directories.
                 devices = {
-                    device
-                    for device in (_device(rank.workdir), _device(self.root_dir))
-                    if device is not None
+                    device for device in (_device(rank.workdir), root_device) if device is not None
                 }
                 held = await asyncio.to_thread(
                     held_deleted, processes[rank.pid], devices, limit.entries

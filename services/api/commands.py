@@ -10,7 +10,8 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Sequence
-from typing import Final, Literal
+from functools import partial
+from typing import Final, Literal, TypeVar
 from uuid import UUID, uuid4, uuid5
 
 from pydantic import ValidationError
@@ -65,6 +66,9 @@ ATTEMPTS: Final = 5
 MAX_LIVE_TOKENS_PER_TEAM = 100
 MAX_TOKENS_PER_TEAM = 10_000
 MAX_SECRETS_PER_TEAM = 1_000
+
+# What a decision taken by `_at_head_if_refused` returns.
+_Decided = TypeVar("_Decided")
 JOB_ID_HEX: Final = 12
 # A team's queue is created with it; an existing queue (an organisation's) is never taken over.
 _QUEUE_TAKEN: Final = (
@@ -216,16 +220,17 @@ class Commands:
                 ]
             else:
                 ids = [new_job_id() for _ in specs]
-            try:
-                planned = plan_submissions(
-                    principal, specs, models, ids, batch=batch, storable=_require_storable
+            planned = await self._at_head_if_refused(
+                partial(
+                    plan_submissions,
+                    principal,
+                    specs,
+                    models,
+                    ids,
+                    batch=batch,
+                    storable=_require_storable,
                 )
-            except ProblemError:
-                # Refused by what this worker knows: asked again of the log's head (`_check`).
-                await self.feed.reach_head()
-                planned = plan_submissions(
-                    principal, specs, models, ids, batch=batch, storable=_require_storable
-                )
+            )
             appends = [
                 StreamAppend(event.stream, 0, [event]) for job in planned for event in job.events
             ]
@@ -247,18 +252,25 @@ class Commands:
         raise RuntimeError("could not draw unused job ids")
 
     async def _check(self, specs: Sequence[JobSpec]) -> None:
-        """Raise the 4xx problem for the first spec refused (`check_submission`). A refusal by
-        what this worker knows is asked again once its fold reaches the log's head: the team,
-        its queue or its policy may have been written through another worker a moment ago
-        (read-your-writes across workers); an accepted spec costs no look-up."""
+        """Raise the 4xx problem for the first spec refused (`check_submission`)."""
         models = self.feed.models
-        try:
+
+        def check() -> None:
             for spec in specs:
                 check_submission(spec, models)
+
+        await self._at_head_if_refused(check)
+
+    async def _at_head_if_refused(self, decide: Callable[[], _Decided]) -> _Decided:
+        """`decide` by what this worker knows; a refusal (a 4xx problem) is asked again once
+        its fold reaches the log's head: the team, its queue or its policy may have been
+        written through another worker a moment ago (read-your-writes across workers). What
+        is accepted costs no look-up."""
+        try:
+            return decide()
         except ProblemError:
             await self.feed.reach_head()
-            for spec in specs:
-                check_submission(spec, models)
+            return decide()
 
     async def _require_retry(
         self, planned: Sequence[PlannedJob], claims: Sequence[str], fingerprint: UUID | None
@@ -539,8 +551,12 @@ class Commands:
         created through another worker a moment ago: its fold reaches the log's head first."""
         if team not in self.feed.models.teams:
             await self.feed.reach_head()
-            if team not in self.feed.models.teams:
-                raise not_found(f"team {team}")
+        self._require_team(team)
+
+    def _require_team(self, team: str) -> None:
+        """404 unless this worker knows the team (a read: its barrier has caught up already)."""
+        if team not in self.feed.models.teams:
+            raise not_found(f"team {team}")
 
     async def configure_policy(self, team: str, body: TeamPolicyBody) -> None:
         await self._known_team(team)
@@ -605,8 +621,7 @@ class Commands:
 
     def tokens(self, principal: Principal, team: str) -> list[TokenRecord]:
         principal.require_team(team)
-        if team not in self.feed.models.teams:  # a read: its barrier has caught up already
-            raise not_found(f"team {team}")
+        self._require_team(team)
         return list(self.feed.models.tenancy.team_tokens.get(team, {}).values())
 
     async def revoke_token(self, principal: Principal, team: str, token_id: str) -> None:
@@ -645,8 +660,7 @@ class Commands:
 
     def secrets(self, principal: Principal, team: str) -> list[str]:
         principal.require_team(team)
-        if team not in self.feed.models.teams:  # a read: its barrier has caught up already
-            raise not_found(f"team {team}")
+        self._require_team(team)
         return sorted(self.feed.models.tenancy.secrets.get(team, ()))
 
     async def delete_secret(self, principal: Principal, team: str, name: str) -> None:
