@@ -140,7 +140,7 @@ class FastSubmit:
                 context.admin_sha256,
                 context.store.pool,
                 context.auth_guard,
-                client_of(Request(scope)),
+                client_of(scope),
             )
         except Exception:
             raise _Ordinary from None  # nothing written yet: the app answers as its routes do

@@ -81,17 +81,21 @@ def _finite(text: str) -> float:
     return value
 
 
+# Built once: json.loads with hooks builds a JSONDecoder per call (its scanner included).
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_no_duplicates, parse_constant=_no_constants, parse_float=_finite
+)
+
+
 def parse_strict_json(body: bytes) -> Any:
     """The body's JSON, rejecting duplicate keys, NaN and Infinity (which Python's reader
     takes and JSON does not: they would be recorded as null) and numbers that overflow to
     infinity, NUL and unpaired surrogates."""
     try:
-        data = json.loads(
-            body.decode("utf-8"),
-            object_pairs_hook=_no_duplicates,
-            parse_constant=_no_constants,
-            parse_float=_finite,
-        )
+        text = body.decode("utf-8")
+        if text.startswith("\ufeff"):  # as json.loads refuses a str that starts with a BOM
+            raise json.JSONDecodeError("Unexpected UTF-8 BOM (decode using utf-8-sig)", text, 0)
+        data = _DECODER.decode(text)
     except _Duplicate as duplicate:
         raise ProblemError(400, "duplicate-key", f"the key {duplicate} appears twice") from None
     except _NotFinite as constant:

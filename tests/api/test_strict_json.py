@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from services.api.problems import ProblemError
 from services.api.strict import parse_strict_json
@@ -38,3 +43,58 @@ def test_large_finite_numbers_are_read() -> None:
         123456789012345678901234567890,
         1e-320,
     ]
+
+
+def _old_reader(body: bytes) -> object:
+    """parse_strict_json as it was when it called json.loads with its hooks on every body."""
+    from services.api import strict
+
+    try:
+        data = json.loads(
+            body.decode("utf-8"),
+            object_pairs_hook=strict._no_duplicates,
+            parse_constant=strict._no_constants,
+            parse_float=strict._finite,
+        )
+    except strict._Duplicate as duplicate:
+        raise ProblemError(400, "duplicate-key", f"the key {duplicate} appears twice") from None
+    except strict._NotFinite as constant:
+        raise ProblemError(
+            400, "malformed-json", f"{constant} is not a JSON number (numbers must be finite)"
+        ) from None
+    except UnicodeDecodeError:
+        raise ProblemError(400, "malformed-json", "the request body is not UTF-8") from None
+    strict._check_strings(data)
+    return data
+
+
+def _outcome(read: Callable[[bytes], object], body: bytes) -> object:
+    try:
+        return ("read", read(body))
+    except ProblemError as problem:
+        return ("problem", problem.status_code, problem.detail)
+    except Exception as error:
+        return ("raised", type(error), str(error))
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+BODIES = st.one_of(
+    JSON_VALUES.map(lambda value: json.dumps(value).encode()),
+    JSON_VALUES.map(lambda value: ("\ufeff" + json.dumps(value)).encode()),
+    st.binary(max_size=12),
+    st.sampled_from([b'{"a": 1, "a": 2}', b"[NaN]", b'"\\u0000"', b"\xef\xbb\xbf{}", b"", b" 1 "]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(BODIES)
+def test_the_reader_built_once_reads_every_body_as_json_loads_with_the_hooks_did(
+    body: bytes,
+) -> None:
+    assert _outcome(parse_strict_json, body) == _outcome(_old_reader, body)

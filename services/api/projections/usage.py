@@ -20,6 +20,7 @@ Monday) over a window; an interval still open counts up to `now`, which the call
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -111,7 +112,8 @@ class WaitHistogram:
     total_s: float = 0.0
 
     def observe(self, seconds: float) -> None:
-        index = next((i for i, b in enumerate(WAIT_BUCKETS) if seconds <= b), len(WAIT_BUCKETS))
+        # The first bound at or above `seconds` (the bounds ascend); past the last, +Inf's.
+        index = bisect_left(WAIT_BUCKETS, seconds)
         self.counts[index] += 1
         self.total_s += seconds
 
@@ -203,7 +205,10 @@ class UsageBook:
         since = self._waiting_since.pop(after.id, None)
         if since is not None and _holds(after):
             key = (after.priority, after.spec.team)
-            self.waits.setdefault(key, WaitHistogram()).observe((at - since).total_seconds())
+            waits = self.waits.get(key)
+            if waits is None:  # not setdefault: it built a histogram for every reservation
+                waits = self.waits[key] = WaitHistogram()
+            waits.observe((at - since).total_seconds())
 
     def _account_evictions(self, before: JobReadModel | None, after: JobReadModel) -> None:
         if before is None:
