@@ -535,6 +535,7 @@ async def _unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> T | None:
 
 async def main(settings: Settings | None = None) -> None:
     """`python -m services.runtime.relay`: migrate, then relay until SIGTERM."""
+    from services.runtime.collector import settle_started_service
     from services.runtime.metrics import start_metrics_server
     from services.runtime.migrate import migrate_settings
     from services.runtime.signals import stop_on_signals
@@ -545,6 +546,7 @@ async def main(settings: Settings | None = None) -> None:
     store = await EventStore.connect(settings, producer=f"{settings.service_name}-relay")
     try:
         relay = OutboxRelay(store, settings)
+        settle_started_service()
         port = os.environ.get("GANGWAY_METRICS_PORT")
         if port:
             start_metrics_server(int(port), relay.registry, ready=relay.readiness)
