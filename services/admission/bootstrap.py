@@ -13,6 +13,7 @@ from schemas import EventEnvelope
 from schemas.jobs import JobSubmitted
 from services.admission.service import Admission
 from services.admission.settings import AdmissionSettings
+from services.runtime.collector import settle_started_service
 from services.runtime.consumer import EventConsumer, wait_started
 from services.runtime.metrics import ConsumerLag, new_registry, start_metrics_server
 from services.runtime.migrate import migrate_settings
@@ -40,6 +41,7 @@ async def serve(settings: AdmissionSettings) -> int:
             always_preemptible=(policy.idle_only_priority,),
         )
         await admission.catch_up()
+        settle_started_service()
 
         async def handle(envelope: EventEnvelope, conn: asyncpg.Connection) -> None:
             await admission.on_submitted(envelope, conn)

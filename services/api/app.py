@@ -27,6 +27,7 @@ from services.api.routers import (
 )
 from services.api.settings import ApiSettings
 from services.api.timeouts import BodyReadTimeout
+from services.runtime.collector import settle_started_service
 
 DESCRIPTION = """\
 Gangway's REST API: submit and control jobs, read the cluster, audit the log.
@@ -51,10 +52,14 @@ class GangwayApi(FastAPI):
             await super().__call__(scope, receive, send)
 
 
-def create_app(settings: ApiSettings | None = None, *, use_bus: bool = True) -> GangwayApi:
+def create_app(
+    settings: ApiSettings | None = None, *, use_bus: bool = True, settle: bool = False
+) -> GangwayApi:
     """The app for `settings`; its lifespan rebuilds the read models and keeps them fed.
 
-    Without a lifespan (an ASGI transport in tests) the first request wires it lazily.
+    Without a lifespan (an ASGI transport in tests) the first request wires it lazily. With
+    `settle` (a server process of its own), what the rebuild made is kept out of the garbage
+    collector's scans once it is done (runtime/collector.py).
     """
     resolved = settings or ApiSettings()
     metrics = ApiMetrics()
@@ -63,6 +68,8 @@ def create_app(settings: ApiSettings | None = None, *, use_bus: bool = True) -> 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await bootstrap.start(use_bus=use_bus)
+        if settle:
+            settle_started_service()
         try:
             yield
         finally:

@@ -53,7 +53,7 @@ def listening_socket(host: str, port: int, *, shared: bool) -> socket.socket:
 
 def serve(settings: ApiSettings, *, shared: bool = False) -> None:
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, settle=True),
         log_level="info",
         # Every change is already an event in the log; a line per request would cost a tenth of
         # the API's throughput for no new information.

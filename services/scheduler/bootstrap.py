@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from core.policy import SchedulingPolicy
+from services.runtime.collector import settle_started_service
 from services.runtime.errors import DATABASE_UNAVAILABLE
 from services.runtime.metrics import new_registry, start_metrics_server
 from services.runtime.migrate import migrate_settings
@@ -73,6 +74,7 @@ async def serve(settings: SchedulerSettings) -> int:
             service = SchedulerService(
                 settings, wiring.store, wiring.policy, wiring.snapshots, metrics
             )
+            settle_started_service()
             return await service.run(stop)
     finally:
         server.stop()

@@ -9,7 +9,7 @@ live state, a replay and snapshot + tail all fold the same events in the same or
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from core.policy import SchedulingPolicy
@@ -51,10 +51,18 @@ class Folded:
     def empty(cls, policy: SchedulingPolicy) -> Folded:
         return cls(SchedulerState(policy))
 
-    def fold_raw(self, batch: Sequence[RawEvent], registry: EventRegistry = REGISTRY) -> int:
+    def fold_raw(
+        self,
+        batch: Sequence[RawEvent],
+        registry: EventRegistry = REGISTRY,
+        decoded: Mapping[int, EventEnvelope] | None = None,
+    ) -> int:
         """Fold stored events (payload still JSON), the hot path of replay; returns the count.
 
         Only the payload is validated (`model_validate_json`); the envelope is never built.
+        An event found in `decoded` (by position, with the same event id: the scheduler's own
+        decisions, just appended) is folded as the event it holds, not decoded again, as
+        `fold_envelopes` folds it when nothing came between.
         """
         apply = self.state.apply
         versions = self.versions
@@ -64,15 +72,19 @@ class Folded:
             for raw in batch:
                 if raw.position != position + 1:
                     raise LogGap(f"expected position {position + 1}, got {raw.position}")
-                decoder = decoders.get((raw.type, raw.schema_version))
-                try:
-                    if decoder is None:
-                        raise LookupError(raw.type)
-                    event = decoder(raw.payload)
-                except (LookupError, ValueError):
-                    # Old schema versions (upcast first), unknown types, invalid payloads:
-                    # the registry's own path, which raises the precise EventDecodeError.
-                    event = registry.decode(raw.type, raw.schema_version, raw.payload)
+                known = None if decoded is None else decoded.get(raw.position)
+                if known is not None and known.event_id == raw.event_id:
+                    event = known.payload
+                else:
+                    decoder = decoders.get((raw.type, raw.schema_version))
+                    try:
+                        if decoder is None:
+                            raise LookupError(raw.type)
+                        event = decoder(raw.payload)
+                    except (LookupError, ValueError):
+                        # Old schema versions (upcast first), unknown types, invalid payloads:
+                        # the registry's own path, which raises the precise EventDecodeError.
+                        event = registry.decode(raw.type, raw.schema_version, raw.payload)
                 apply(event, raw.recorded_at.timestamp())
                 versions[raw.stream] = raw.version
                 position = raw.position

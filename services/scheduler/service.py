@@ -303,17 +303,19 @@ class SchedulerService:
 
     # ------------------------------------------------------------------ following
 
-    async def follow(self) -> int:
-        """Fold every committed event after our position, in position order."""
+    async def follow(self, own: Sequence[EventEnvelope] = ()) -> int:
+        """Fold every committed event after our position, in position order; `own`, events
+        this scheduler has just appended, are folded as they are, not decoded again."""
         # Cleared before reading: an append notified from now on wakes the next wait at once.
         self._wake.clear()
         folded_now = 0
         limit = self.settings.scheduler_read_batch
+        decoded = {envelope.position or 0: envelope for envelope in own} if own else None
         try:
             while True:
                 # One query per wake-up: the next events by position (no head lookup first).
                 batch = await self.store.read_all_raw(self.folded.position, limit)
-                folded_now += self.folded.fold_raw(batch, self.store.registry)
+                folded_now += self.folded.fold_raw(batch, self.store.registry, decoded)
                 if len(batch) < limit:
                     break
         except LogGap as gap:
@@ -365,7 +367,7 @@ class SchedulerService:
                 raise Deposed(str(fenced)) from fenced
             for event in decisions:
                 self.metrics.decisions.labels(event.type).inc()
-            if not self._fold_own(envelopes) and await self.follow() > len(envelopes):
+            if not self._fold_own(envelopes) and await self.follow(envelopes) > len(envelopes):
                 # Others' events committed before (or after) ours were folded just now, after
                 # the cycle decided without them, and `follow` cleared the wake-up their
                 # notifications had set: set it again, or the jobs they admitted would wait

@@ -10,9 +10,19 @@ from collections import defaultdict
 
 import asyncpg
 import pytest
+from aiokafka.partitioner import DefaultPartitioner
 
 from schemas import EventEnvelope
-from services.runtime import EventConsumer, EventStore, OutboxRelay, Outcome, Settings, Topics
+from schemas.jobs import JobDeferred
+from services.runtime import (
+    EventConsumer,
+    EventStore,
+    OutboxRelay,
+    Outcome,
+    Settings,
+    StreamAppend,
+    Topics,
+)
 from services.runtime.kafka import client_environment
 from tests.integration.conftest import ROOT
 from tests.integration.support import (
@@ -59,6 +69,39 @@ async def test_the_relay_publishes_each_stream_in_order_to_its_category_keyed_by
     for envelopes in by_key.values():
         assert [e.version for e in envelopes] == list(range(1, 21))
     assert sorted(e.position or 0 for es in by_key.values() for e in es) == list(range(1, 61))
+
+
+async def test_a_round_larger_than_a_record_batch_lands_in_send_s_partitions_in_log_order(
+    settings: Settings, store: EventStore, topics: Topics
+) -> None:
+    """The relay writes a round's records into per-partition record batches itself: each must
+    land where the producer's `send` would put it (aiokafka's default partitioner), and a
+    partition's records, spread over several record batches (256 KiB each), in log order."""
+    streams = [f"job-big{i}" for i in range(5)]
+    per_stream = 80
+    for _ in range(per_stream):
+        await store.append_many(
+            [
+                StreamAppend(s, None, [JobDeferred(job_id=s[4:], code="t", message="x" * 2000)])
+                for s in streams
+            ]
+        )
+    total = per_stream * len(streams)
+    async with running(OutboxRelay(store, settings)):
+        records = await read_topics(settings, [topics.jobs], total)
+    assert len(records) == total
+    partitions = sorted({r.partition for r in records})
+    default = DefaultPartitioner()
+    by_partition: dict[int, list[int]] = defaultdict(list)
+    for record in records:
+        assert record.key is not None
+        assert record.partition == default(record.key, partitions, partitions)
+        by_partition[record.partition].append(int(header(record, "position") or 0))
+    for positions in by_partition.values():
+        assert positions == sorted(positions)
+    assert sorted(p for ps in by_partition.values() for p in ps) == list(range(1, total + 1))
+    # More than one record batch of a partition in one round: 400 records of ~2.6 KB.
+    assert max(len(ps) for ps in by_partition.values()) * 2600 > 256 * 1024
 
 
 async def test_the_relay_does_not_skip_an_event_whose_transaction_commits_late(
