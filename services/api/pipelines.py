@@ -6,9 +6,9 @@ checked together before anything is written, so that the append is all or nothin
 - every spec is checked as a single submission would be (`check_submission`);
 - an array of `count` becomes `count` jobs `ID_0 … ID_{count-1}` sharing the spec;
 - a dependency names an existing job of the same team, an array of it (all its elements), or,
-  inside a batch, another job of the batch by its `name`; it is recorded by job id; a name
-  that is both (a job of the batch named like an existing job's id) is refused as ambiguous,
-  never resolved silently either way;
+  inside a batch, another job of the batch and of the same team by its `name`; it is recorded
+  by job id; a name that is both (a job of the batch named like an existing job's id) is
+  refused as ambiguous, never resolved silently either way;
 - a dependency graph inside a batch must be acyclic (jobs already in the log can only name
   older jobs, so a cycle can only be written by one batch);
 - at most `MAX_SUBMIT_JOBS` jobs per request, counting every array element, and at most
@@ -82,10 +82,12 @@ def plan_submissions(
         )
     for spec in specs:
         principal.require_team(spec.team)
-    by_name: dict[str, list[int]] = {}
+    # A batch's names are the team's own: a job of another team of the batch (an admin's
+    # batch may hold several teams) is as unknown to it as any other team's job.
+    by_name: dict[tuple[str, str], list[int]] = {}
     if batch:
         for index, spec in enumerate(specs):
-            by_name.setdefault(spec.name, []).append(index)
+            by_name.setdefault((spec.team, spec.name), []).append(index)
     errors: list[tuple[int, ProblemError]] = []
     edges: dict[str, list[str]] = {}
     resolved: list[JobSpec] = []
@@ -131,7 +133,7 @@ def _resolve(
     index: int,
     specs: Sequence[JobSpec],
     ids: Sequence[str],
-    by_name: dict[str, list[int]],
+    by_name: dict[tuple[str, str], list[int]],
     models: ReadModels,
 ) -> tuple[list[Dependency], list[int]]:
     """The spec's dependencies by job id, and the other items of the batch it names."""
@@ -139,7 +141,7 @@ def _resolve(
     refs: list[int] = []
     for position, dependency in enumerate(spec.depends_on):
         where = f"depends_on[{position}]"
-        named = by_name.get(dependency.job)
+        named = by_name.get((spec.team, dependency.job))
         if named is not None:
             if _owned(dependency.job, spec.team, models) is not None:
                 raise ProblemError(
