@@ -346,6 +346,16 @@ class Commands:
         one job or each element of an array (elements it refuses are left as they are,
         unless it refuses them all)."""
         ids = await self.targets(principal, job_id)
+        if len(ids) > 1:
+            # An element refused for anything but its state (a PATCH invalid for its spec)
+            # refuses the whole request before any element changes: a 4xx writes nothing.
+            for target in ids:
+                await self.feed.sync_stream(f"job-{target}")
+                try:
+                    decide(self.feed.models.jobs[target])
+                except ProblemError as problem:
+                    if problem.status != 409:
+                        raise
         applied = 0
         refused: ProblemError | None = None
         for target in ids:

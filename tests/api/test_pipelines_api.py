@@ -407,6 +407,31 @@ async def test_suspend_hold_and_patch_act_on_every_element_of_an_array(
         ]
 
 
+async def test_a_patch_of_an_array_invalid_for_one_element_changes_no_element(
+    api: Api, store: EventStore
+) -> None:
+    """Element 2 was given a longer estimate alone: a max_runtime_s below it is invalid for
+    that element, and the 422 must leave every element as it was (it changed elements 0 and 1
+    before refusing)."""
+    nlp = await api.create_team("nlp")
+    sweep = (
+        await api.client.post("/v1/jobs", json=spec("sweep", array={"count": 3}), headers=nlp)
+    ).json()
+    longer = await api.client.patch(
+        f"/v1/jobs/{sweep['array'][2]}", json={"estimated_runtime_s": 1000}, headers=nlp
+    )
+    assert longer.status_code == 200, longer.text
+    head = await store.head()
+    patched = await api.client.patch(
+        f"/v1/jobs/{sweep['id']}", json={"max_runtime_s": 500}, headers=nlp
+    )
+    assert patched.status_code == 422, patched.text
+    assert patched.headers["content-type"] == "application/problem+json"
+    assert await store.head() == head
+    view = (await api.client.get(f"/v1/jobs/{sweep['id']}", headers=nlp)).json()
+    assert [e["spec"].get("max_runtime_s") for e in view["elements"]] == [None, None, None]
+
+
 async def test_a_batch_retried_with_its_idempotency_key_creates_nothing_new(
     api: Api, store: EventStore
 ) -> None:
