@@ -72,7 +72,7 @@ def plan_submissions(
 ) -> list[PlannedJob]:
     """The events of every spec, or a ProblemError naming each invalid one (a batch), or the
     first problem as a single submission reports it (not a batch)."""
-    total = sum(spec.array.count if spec.array is not None else 1 for spec in specs)
+    total = sum(map(_width, specs))
     if total > MAX_SUBMIT_JOBS:
         raise ProblemError(
             422,
@@ -137,7 +137,8 @@ def _resolve(
     models: ReadModels,
 ) -> tuple[list[Dependency], list[int]]:
     """The spec's dependencies by job id, and the other items of the batch it names."""
-    depends: list[Dependency] = []
+    # Each dependency's jobs: another item of the batch (its index) or existing ids.
+    chosen: list[tuple[Dependency, int | list[str]]] = []
     refs: list[int] = []
     for position, dependency in enumerate(spec.depends_on):
         where = f"depends_on[{position}]"
@@ -162,18 +163,30 @@ def _resolve(
                     422, "dependency-cycle", f"{where}: job {spec.name!r} depends on itself"
                 )
             refs.append(other)
-            targets = _ids_of(specs[other], ids[other])
+            chosen.append((dependency, other))
         else:
-            targets = _existing(dependency.job, spec.team, models, where)
-        depends.extend(Dependency(job=job, condition=dependency.condition) for job in targets)
-    if len(depends) > MAX_DEPENDENCIES:
+            chosen.append((dependency, _existing(dependency.job, spec.team, models, where)))
+    # Counted before any is built: 64 names of an array of 1,000 are 64,000 dependencies, and
+    # a batch of such specs held the worker (every team's requests) for minutes to refuse it.
+    count = sum(len(jobs) if isinstance(jobs, list) else _width(specs[jobs]) for _, jobs in chosen)
+    if count > MAX_DEPENDENCIES:
         raise ProblemError(
             422,
             "too-many-dependencies",
-            f"depends_on names {len(depends)} jobs (array elements count one each); "
+            f"depends_on names {count} jobs (array elements count one each); "
             f"at most {MAX_DEPENDENCIES}",
         )
+    depends = [
+        Dependency(job=job, condition=dependency.condition)
+        for dependency, jobs in chosen
+        for job in (jobs if isinstance(jobs, list) else _ids_of(specs[jobs], ids[jobs]))
+    ]
     return depends, refs
+
+
+def _width(spec: JobSpec) -> int:
+    """How many jobs the spec becomes (an array's count)."""
+    return 1 if spec.array is None else spec.array.count
 
 
 def _ids_of(spec: JobSpec, job_id: str) -> list[str]:

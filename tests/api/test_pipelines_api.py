@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from schemas.jobs import (
+    Dependency,
     JobAdmitted,
     JobHeld,
     JobHoldReleased,
@@ -18,6 +19,7 @@ from schemas.jobs import (
     JobUpdated,
     TaskStarted,
 )
+from services.api import pipelines
 from services.runtime import EventStore
 from tests.api.builders import reserved
 from tests.api.conftest import Api
@@ -94,6 +96,43 @@ async def test_a_request_naming_more_unseen_jobs_than_one_job_may_depend_on_is_r
     problem = response.json()
     assert problem["type"].endswith("/too-many-dependencies")
     assert "80 jobs" in problem["detail"]
+    assert await store.head() == before
+
+
+@pytest.mark.parametrize("where", ["existing", "batch"])
+async def test_naming_a_large_array_again_and_again_is_refused_before_any_dependency_is_built(
+    api: Api, store: EventStore, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """64 names of an array of 500 are 32,000 dependencies: they were all built before the
+    count was checked, so a batch of such specs held the worker (every team's requests) for
+    minutes only to refuse it (8 s for ten specs on the attack round's stack)."""
+    nlp = await api.create_team("nlp")
+    built: list[object] = []
+
+    class Counted(Dependency):
+        def __init__(self, **fields: Any) -> None:
+            built.append(fields)
+            super().__init__(**fields)
+
+    monkeypatch.setattr(pipelines, "Dependency", Counted)
+    if where == "existing":
+        array = await api.client.post(
+            "/v1/jobs", json=spec("sweep", array={"count": 500}, hold=True), headers=nlp
+        )
+        assert array.status_code == 201, array.text
+        sweep, jobs = array.json()["id"], []
+    else:
+        sweep, jobs = "sweep", [spec("sweep", array={"count": 500}, hold=True)]
+    before = await store.head()
+    jobs += [spec(f"eval{n}", depends_on=[{"job": sweep}] * 64) for n in range(3)]
+    response = await api.client.post("/v1/jobs:batch", json={"jobs": jobs}, headers=nlp)
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    problem = response.json()
+    assert problem["type"].endswith("/invalid-batch")
+    assert {error["type"] for error in problem["errors"]} == {"too-many-dependencies"}
+    assert "32000 jobs" in problem["detail"]
+    assert built == []
     assert await store.head() == before
 
 
