@@ -138,7 +138,7 @@ def _resolve(
 ) -> tuple[list[Dependency], list[int]]:
     """The spec's dependencies by job id, and the other items of the batch it names."""
     # Each dependency's jobs: another item of the batch (its index) or existing ids.
-    chosen: list[tuple[Dependency, int | list[str]]] = []
+    chosen: list[tuple[Dependency, int | Sequence[str]]] = []
     refs: list[int] = []
     for position, dependency in enumerate(spec.depends_on):
         where = f"depends_on[{position}]"
@@ -168,7 +168,7 @@ def _resolve(
             chosen.append((dependency, _existing(dependency.job, spec.team, models, where)))
     # Counted before any is built: 64 names of an array of 1,000 are 64,000 dependencies, and
     # a batch of such specs held the worker (every team's requests) for minutes to refuse it.
-    count = sum(len(jobs) if isinstance(jobs, list) else _width(specs[jobs]) for _, jobs in chosen)
+    count = sum(_width(specs[jobs]) if isinstance(jobs, int) else len(jobs) for _, jobs in chosen)
     if count > MAX_DEPENDENCIES:
         raise ProblemError(
             422,
@@ -179,7 +179,7 @@ def _resolve(
     depends = [
         Dependency(job=job, condition=dependency.condition)
         for dependency, jobs in chosen
-        for job in (jobs if isinstance(jobs, list) else _ids_of(specs[jobs], ids[jobs]))
+        for job in (_ids_of(specs[jobs], ids[jobs]) if isinstance(jobs, int) else jobs)
     ]
     return depends, refs
 
@@ -195,20 +195,21 @@ def _ids_of(spec: JobSpec, job_id: str) -> list[str]:
     return [array_element_id(job_id, index) for index in range(spec.array.count)]
 
 
-def _owned(job_id: str, team: str, models: ReadModels) -> list[str] | None:
+def _owned(job_id: str, team: str, models: ReadModels) -> Sequence[str] | None:
     """The ids of an existing job (or every element of an array) of `team`, else None; another
     team's is as unknown as a missing one, so that a team learns nothing of other teams' jobs
-    by naming them."""
+    by naming them. An array's are the read model's own list (not copied: a spec may name an
+    array of 1,000 elements 64 times), to be read, never changed."""
     job = models.jobs.get(job_id)
     if job is not None and job.spec.team == team:
         return [job_id]
     elements = models.arrays.get(job_id)
     if elements and models.jobs[elements[0]].spec.team == team:
-        return list(elements)
+        return elements
     return None
 
 
-def _existing(job_id: str, team: str, models: ReadModels, where: str) -> list[str]:
+def _existing(job_id: str, team: str, models: ReadModels, where: str) -> Sequence[str]:
     owned = _owned(job_id, team, models)
     if owned is not None:
         return owned
