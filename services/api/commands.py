@@ -349,8 +349,9 @@ class Commands:
         if len(ids) > 1:
             # An element refused for anything but its state (a PATCH invalid for its spec)
             # refuses the whole request before any element changes: a 4xx writes nothing.
+            # Judged on every element as of the log's head (one look, not a read per element).
+            await self.feed.reach_head()
             for target in ids:
-                await self.feed.sync_stream(f"job-{target}")
                 try:
                     decide(self.feed.models.jobs[target])
                 except ProblemError as problem:
