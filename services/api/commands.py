@@ -47,7 +47,7 @@ from schemas.teams import (
 from services.api.auth import Principal, new_token, token_sha256
 from services.api.feed import ReadModelFeed
 from services.api.models import DrainBody, QueueConfig, QueuePatch, TeamCreate, TeamPolicyBody
-from services.api.pipelines import DRAWN_JOB_ID, PlannedJob, plan_submissions
+from services.api.pipelines import DRAWN_JOB_ID, PlannedJob, owned, plan_submissions
 from services.api.problems import ProblemError, conflict, not_found
 from services.api.projections.jobs import JobReadModel, Request, request_allowed
 from services.api.projections.nodes import NodeRecord
@@ -186,6 +186,8 @@ class Commands:
             count = sum(s.array.count if s.array else 1 for s in specs if s.team == team)
             if not retry:
                 await self._within_limits(team, count)
+        # Not known here as the team's own: another team's job this API has seen counts as
+        # one it has not, or the limit below would tell a team which of other teams' ids exist.
         unseen = {
             dependency.job
             for spec in specs
@@ -193,15 +195,14 @@ class Commands:
             # A batch's name shaped like a drawn id may also be an existing job: learn it too,
             # or another process's job of that id would be missed, not found ambiguous.
             if (dependency.job not in names or DRAWN_JOB_ID.fullmatch(dependency.job))
-            and dependency.job not in models.jobs
-            and dependency.job not in models.arrays
+            and owned(dependency.job, spec.team, models) is None
         }
         if len(unseen) > MAX_DEPENDENCIES:
             raise ProblemError(
                 422,
                 "too-many-dependencies",
-                f"this request depends on {len(unseen)} jobs this API has not seen; "
-                f"at most {MAX_DEPENDENCIES} per request",
+                f"this request depends on {len(unseen)} jobs this API does not know as the "
+                f"team's; at most {MAX_DEPENDENCIES} per request",
             )
         for job_id in sorted(unseen):
             await self._learn(job_id)

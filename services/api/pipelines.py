@@ -144,7 +144,7 @@ def _resolve(
         where = f"depends_on[{position}]"
         named = by_name.get((spec.team, dependency.job))
         if named is not None:
-            if _owned(dependency.job, spec.team, models) is not None:
+            if owned(dependency.job, spec.team, models) is not None:
                 raise ProblemError(
                     422,
                     "ambiguous-dependency",
@@ -195,7 +195,7 @@ def _ids_of(spec: JobSpec, job_id: str) -> list[str]:
     return [array_element_id(job_id, index) for index in range(spec.array.count)]
 
 
-def _owned(job_id: str, team: str, models: ReadModels) -> Sequence[str] | None:
+def owned(job_id: str, team: str, models: ReadModels) -> Sequence[str] | None:
     """The ids of an existing job (or every element of an array) of `team`, else None; another
     team's is as unknown as a missing one, so that a team learns nothing of other teams' jobs
     by naming them. An array's are the read model's own list (not copied: a spec may name an
@@ -210,9 +210,9 @@ def _owned(job_id: str, team: str, models: ReadModels) -> Sequence[str] | None:
 
 
 def _existing(job_id: str, team: str, models: ReadModels, where: str) -> Sequence[str]:
-    owned = _owned(job_id, team, models)
-    if owned is not None:
-        return owned
+    jobs = owned(job_id, team, models)
+    if jobs is not None:
+        return jobs
     raise ProblemError(
         422, "unknown-dependency", f"{where}: there is no job {job_id!r} of team {team!r}"
     )

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from schemas.jobs import (
+    MAX_DEPENDENCIES,
     Dependency,
     JobAdmitted,
     JobHeld,
@@ -97,6 +98,28 @@ async def test_a_request_naming_more_unseen_jobs_than_one_job_may_depend_on_is_r
     assert problem["type"].endswith("/too-many-dependencies")
     assert "80 jobs" in problem["detail"]
     assert await store.head() == before
+
+
+async def test_the_unseen_jobs_limit_tells_nothing_of_another_teams_job(
+    api: Api, store: EventStore
+) -> None:
+    """The limit on jobs this API has not seen counted another team's job it had seen as
+    known: 64 made-up ids and one more answered `too-many-dependencies` when the one more was
+    made up too, and `unknown-dependency` when it was another team's job, an oracle for
+    whether another team's job id exists."""
+    nlp = await api.create_team("nlp")
+    vision = await api.create_team("vision")
+    theirs = await api.submit(vision, team="vision")
+    answers = []
+    for other in ("feedfeedfeed", theirs):
+        ghosts = [{"job": f"{n:012x}"} for n in range(MAX_DEPENDENCIES)]
+        batch = {"jobs": [spec("a", depends_on=ghosts), spec("b", depends_on=[{"job": other}])]}
+        response = await api.client.post("/v1/jobs:batch", json=batch, headers=nlp)
+        assert response.status_code == 422, response.text
+        problem = response.json()
+        answers.append((problem["type"], problem["detail"].replace(other, "X")))
+    assert answers[0] == answers[1]
+    assert answers[0][0].endswith("/too-many-dependencies")
 
 
 @pytest.mark.parametrize("where", ["existing", "batch"])
