@@ -252,6 +252,16 @@ def test_an_array_of_twenty_never_runs_more_than_four_elements_at_once() -> None
     assert "array_limit" in waiting_reasons
 
 
+def test_a_reserved_element_whose_ranks_have_not_started_counts_against_max_parallel() -> None:
+    history = History("4x8:2:2")
+    first, second = submit_array(history, "arr", 2, max_parallel=1)
+    history.run(agents=False)  # reserved; its agent has not started it yet
+    assert history.job(first).state == "reserved"
+    history.run(agents=False)
+    assert history.job(second).state == "queued"
+    assert history.deferrals(second)[-1].code == "array_limit"
+
+
 def test_a_cancelled_element_whose_rank_still_runs_still_counts_against_max_parallel() -> None:
     """A cancelled element's rank may take its stop timeout to die (SIGTERM ignored until the
     SIGKILL): it still holds its GPUs on the hardware, so the next element waits for its
