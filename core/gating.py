@@ -3,9 +3,10 @@
 - a held job waits until released (reason `held`);
 - a job whose dependencies have not ended as its conditions need waits (reason `dependency`),
   and one whose conditions can no longer hold is cancelled, with the reason (core/dependencies);
-- an array element waits while its array already holds `max_parallel` gangs (reason
-  `array_limit`). Elements go to placement only as many as the array has room for, first in
-  order first, so that one cycle cannot start more than the limit either.
+- an array element waits while `max_parallel` elements of its array hold GPUs (reason
+  `array_limit`), a released element whose rank has not exited yet included. Elements go to
+  placement only as many as the array has room for, first in order first, so that one cycle
+  cannot start more than the limit either.
 """
 
 from __future__ import annotations
@@ -92,13 +93,30 @@ def _ended_this_cycle(ctx: CycleContext) -> dict[str, JobState]:
 
 
 def _array_room(ctx: CycleContext) -> dict[str, int]:
-    """Per array with a parallelism limit: how many more of its elements may hold a gang."""
-    room: dict[str, int] = {}
-    for job in ctx.state.holding_jobs.values():
-        if job.array_id is None or job.job_id in ctx.released or job.spec is None:
-            continue
+    """Per array with a parallelism limit: how many more of its elements may hold GPUs. An
+    element released while a rank of it still runs (a rank may take its stop timeout to die)
+    holds its GPUs on the hardware until that rank exits: it counts until then."""
+    state = ctx.state
+    jobs = state.job_records
+    elements: dict[str, set[str]] = {}
+    limits: dict[str, int] = {}
+
+    def count(job: CoreJob) -> None:
+        if job.array_id is None or job.spec is None:
+            return
         array = job.spec.array
         if array is None or array.max_parallel is None:
-            continue
-        room[job.array_id] = room.get(job.array_id, array.max_parallel) - 1
-    return room
+            return
+        limits[job.array_id] = array.max_parallel
+        elements.setdefault(job.array_id, set()).add(job.job_id)
+
+    for job in state.holding_jobs.values():
+        if job.job_id not in ctx.released or any(map(job.still_runs, range(len(job.ranks)))):
+            count(job)
+    nodes = state.node_records
+    for index in state.lingering_nodes:
+        for job_id, _, _ in nodes[index].lingering:
+            lingering = jobs.get(job_id)
+            if lingering is not None:
+                count(lingering)
+    return {array: limits[array] - len(ids) for array, ids in elements.items()}

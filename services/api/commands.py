@@ -48,7 +48,7 @@ from schemas.teams import (
 from services.api.auth import Principal, new_token, token_sha256
 from services.api.feed import ReadModelFeed
 from services.api.models import DrainBody, QueueConfig, QueuePatch, TeamCreate, TeamPolicyBody
-from services.api.pipelines import DRAWN_JOB_ID, PlannedJob, plan_submissions
+from services.api.pipelines import DRAWN_JOB_ID, PlannedJob, owned, plan_submissions
 from services.api.problems import ProblemError, conflict, not_found
 from services.api.projections.jobs import JobReadModel, Request, request_allowed
 from services.api.projections.nodes import NodeRecord
@@ -189,6 +189,8 @@ class Commands:
             count = sum(s.array.count if s.array else 1 for s in specs if s.team == team)
             if not retry:
                 await self._within_limits(team, count)
+        # Not known here as the team's own: another team's job this API has seen counts as
+        # one it has not, or the limit below would tell a team which of other teams' ids exist.
         unseen = {
             dependency.job
             for spec in specs
@@ -196,15 +198,14 @@ class Commands:
             # A batch's name shaped like a drawn id may also be an existing job: learn it too,
             # or another process's job of that id would be missed, not found ambiguous.
             if (dependency.job not in names or DRAWN_JOB_ID.fullmatch(dependency.job))
-            and dependency.job not in models.jobs
-            and dependency.job not in models.arrays
+            and owned(dependency.job, spec.team, models) is None
         }
         if len(unseen) > MAX_DEPENDENCIES:
             raise ProblemError(
                 422,
                 "too-many-dependencies",
-                f"this request depends on {len(unseen)} jobs this API has not seen; "
-                f"at most {MAX_DEPENDENCIES} per request",
+                f"this request depends on {len(unseen)} jobs this API does not know as the "
+                f"team's; at most {MAX_DEPENDENCIES} per request",
             )
         for job_id in sorted(unseen):
             await self._learn(job_id)
@@ -349,6 +350,17 @@ class Commands:
         one job or each element of an array (elements it refuses are left as they are,
         unless it refuses them all)."""
         ids = await self.targets(principal, job_id)
+        if len(ids) > 1:
+            # An element refused for anything but its state (a PATCH invalid for its spec)
+            # refuses the whole request before any element changes: a 4xx writes nothing.
+            # Judged on every element as of the log's head (one look, not a read per element).
+            await self.feed.reach_head()
+            for target in ids:
+                try:
+                    decide(self.feed.models.jobs[target])
+                except ProblemError as problem:
+                    if problem.status != 409:
+                        raise
         applied = 0
         refused: ProblemError | None = None
         for target in ids:

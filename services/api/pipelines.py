@@ -6,9 +6,9 @@ checked together before anything is written, so that the append is all or nothin
 - every spec is checked as a single submission would be (`check_submission`);
 - an array of `count` becomes `count` jobs `ID_0 … ID_{count-1}` sharing the spec;
 - a dependency names an existing job of the same team, an array of it (all its elements), or,
-  inside a batch, another job of the batch by its `name`; it is recorded by job id; a name
-  that is both (a job of the batch named like an existing job's id) is refused as ambiguous,
-  never resolved silently either way;
+  inside a batch, another job of the batch and of the same team by its `name`; it is recorded
+  by job id; a name that is both (a job of the batch named like an existing job's id) is
+  refused as ambiguous, never resolved silently either way;
 - a dependency graph inside a batch must be acyclic (jobs already in the log can only name
   older jobs, so a cycle can only be written by one batch);
 - at most `MAX_SUBMIT_JOBS` jobs per request, counting every array element, and at most
@@ -72,7 +72,7 @@ def plan_submissions(
 ) -> list[PlannedJob]:
     """The events of every spec, or a ProblemError naming each invalid one (a batch), or the
     first problem as a single submission reports it (not a batch)."""
-    total = sum(spec.array.count if spec.array is not None else 1 for spec in specs)
+    total = sum(map(_width, specs))
     if total > MAX_SUBMIT_JOBS:
         raise ProblemError(
             422,
@@ -82,10 +82,12 @@ def plan_submissions(
         )
     for spec in specs:
         principal.require_team(spec.team)
-    by_name: dict[str, list[int]] = {}
+    # A batch's names are the team's own: a job of another team of the batch (an admin's
+    # batch may hold several teams) is as unknown to it as any other team's job.
+    by_name: dict[tuple[str, str], list[int]] = {}
     if batch:
         for index, spec in enumerate(specs):
-            by_name.setdefault(spec.name, []).append(index)
+            by_name.setdefault((spec.team, spec.name), []).append(index)
     errors: list[tuple[int, ProblemError]] = []
     edges: dict[str, list[str]] = {}
     resolved: list[JobSpec] = []
@@ -131,17 +133,18 @@ def _resolve(
     index: int,
     specs: Sequence[JobSpec],
     ids: Sequence[str],
-    by_name: dict[str, list[int]],
+    by_name: dict[tuple[str, str], list[int]],
     models: ReadModels,
 ) -> tuple[list[Dependency], list[int]]:
     """The spec's dependencies by job id, and the other items of the batch it names."""
-    depends: list[Dependency] = []
+    # Each dependency's jobs: another item of the batch (its index) or existing ids.
+    chosen: list[tuple[Dependency, int | Sequence[str]]] = []
     refs: list[int] = []
     for position, dependency in enumerate(spec.depends_on):
         where = f"depends_on[{position}]"
-        named = by_name.get(dependency.job)
+        named = by_name.get((spec.team, dependency.job))
         if named is not None:
-            if _owned(dependency.job, spec.team, models) is not None:
+            if owned(dependency.job, spec.team, models) is not None:
                 raise ProblemError(
                     422,
                     "ambiguous-dependency",
@@ -160,18 +163,30 @@ def _resolve(
                     422, "dependency-cycle", f"{where}: job {spec.name!r} depends on itself"
                 )
             refs.append(other)
-            targets = _ids_of(specs[other], ids[other])
+            chosen.append((dependency, other))
         else:
-            targets = _existing(dependency.job, spec.team, models, where)
-        depends.extend(Dependency(job=job, condition=dependency.condition) for job in targets)
-    if len(depends) > MAX_DEPENDENCIES:
+            chosen.append((dependency, _existing(dependency.job, spec.team, models, where)))
+    # Counted before any is built: 64 names of an array of 1,000 are 64,000 dependencies, and
+    # a batch of such specs held the worker (every team's requests) for minutes to refuse it.
+    count = sum(_width(specs[jobs]) if isinstance(jobs, int) else len(jobs) for _, jobs in chosen)
+    if count > MAX_DEPENDENCIES:
         raise ProblemError(
             422,
             "too-many-dependencies",
-            f"depends_on names {len(depends)} jobs (array elements count one each); "
+            f"depends_on names {count} jobs (array elements count one each); "
             f"at most {MAX_DEPENDENCIES}",
         )
+    depends = [
+        Dependency(job=job, condition=dependency.condition)
+        for dependency, jobs in chosen
+        for job in (_ids_of(specs[jobs], ids[jobs]) if isinstance(jobs, int) else jobs)
+    ]
     return depends, refs
+
+
+def _width(spec: JobSpec) -> int:
+    """How many jobs the spec becomes (an array's count)."""
+    return 1 if spec.array is None else spec.array.count
 
 
 def _ids_of(spec: JobSpec, job_id: str) -> list[str]:
@@ -180,23 +195,24 @@ def _ids_of(spec: JobSpec, job_id: str) -> list[str]:
     return [array_element_id(job_id, index) for index in range(spec.array.count)]
 
 
-def _owned(job_id: str, team: str, models: ReadModels) -> list[str] | None:
+def owned(job_id: str, team: str, models: ReadModels) -> Sequence[str] | None:
     """The ids of an existing job (or every element of an array) of `team`, else None; another
     team's is as unknown as a missing one, so that a team learns nothing of other teams' jobs
-    by naming them."""
+    by naming them. An array's are the read model's own list (not copied: a spec may name an
+    array of 1,000 elements 64 times), to be read, never changed."""
     job = models.jobs.get(job_id)
     if job is not None and job.spec.team == team:
         return [job_id]
     elements = models.arrays.get(job_id)
     if elements and models.jobs[elements[0]].spec.team == team:
-        return list(elements)
+        return elements
     return None
 
 
-def _existing(job_id: str, team: str, models: ReadModels, where: str) -> list[str]:
-    owned = _owned(job_id, team, models)
-    if owned is not None:
-        return owned
+def _existing(job_id: str, team: str, models: ReadModels, where: str) -> Sequence[str]:
+    jobs = owned(job_id, team, models)
+    if jobs is not None:
+        return jobs
     raise ProblemError(
         422, "unknown-dependency", f"{where}: there is no job {job_id!r} of team {team!r}"
     )

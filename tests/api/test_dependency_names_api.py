@@ -97,3 +97,41 @@ async def test_a_job_another_api_process_wrote_is_found_ambiguous_too(
     assert response.status_code == 422, response.text
     assert response.json()["type"].endswith("/ambiguous-dependency")
     assert await store.head() == head
+
+
+async def test_a_batch_name_of_another_teams_job_of_the_batch_is_unknown(
+    api: Api, store: EventStore
+) -> None:
+    """An admin's batch may hold jobs of several teams; a job may still depend only on jobs of
+    its own team, so a name of the batch that only another team's job bears is unknown."""
+    await api.create_team("nlp")
+    await api.create_team("vision")
+    head = await store.head()
+    batch = {"jobs": [spec("prep", "vision"), spec("train", depends_on=[{"job": "prep"}])]}
+    response = await api.client.post("/v1/jobs:batch", json=batch, headers=api.as_admin())
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    problem = response.json()
+    assert problem["type"].endswith("/unknown-dependency")
+    assert problem["errors"][0]["loc"] == ["body", "jobs", 1]
+    assert await store.head() == head
+
+
+async def test_two_teams_of_one_batch_may_each_name_a_job_alike(
+    api: Api, store: EventStore
+) -> None:
+    await api.create_team("nlp")
+    await api.create_team("vision")
+    batch = {
+        "jobs": [
+            spec("prep", "vision"),
+            spec("prep"),
+            spec("train", depends_on=[{"job": "prep"}]),
+        ]
+    }
+    response = await api.client.post("/v1/jobs:batch", json=batch, headers=api.as_admin())
+    assert response.status_code == 201, response.text
+    _, ours, train = (job["id"] for job in response.json()["jobs"])
+    [envelope] = await store.read_stream(f"job-{train}")
+    assert isinstance(envelope.payload, JobSubmitted)
+    assert [d.job for d in envelope.payload.spec.depends_on] == [ours]

@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 
 from schemas.jobs import (
+    MAX_DEPENDENCIES,
+    Dependency,
     JobAdmitted,
     JobHeld,
     JobHoldReleased,
@@ -18,6 +20,7 @@ from schemas.jobs import (
     JobUpdated,
     TaskStarted,
 )
+from services.api import pipelines
 from services.runtime import EventStore
 from tests.api.builders import reserved
 from tests.api.conftest import Api
@@ -94,6 +97,65 @@ async def test_a_request_naming_more_unseen_jobs_than_one_job_may_depend_on_is_r
     problem = response.json()
     assert problem["type"].endswith("/too-many-dependencies")
     assert "80 jobs" in problem["detail"]
+    assert await store.head() == before
+
+
+async def test_the_unseen_jobs_limit_tells_nothing_of_another_teams_job(
+    api: Api, store: EventStore
+) -> None:
+    """The limit on jobs this API has not seen counted another team's job it had seen as
+    known: 64 made-up ids and one more answered `too-many-dependencies` when the one more was
+    made up too, and `unknown-dependency` when it was another team's job, an oracle for
+    whether another team's job id exists."""
+    nlp = await api.create_team("nlp")
+    vision = await api.create_team("vision")
+    theirs = await api.submit(vision, team="vision")
+    answers = []
+    for other in ("feedfeedfeed", theirs):
+        ghosts = [{"job": f"{n:012x}"} for n in range(MAX_DEPENDENCIES)]
+        batch = {"jobs": [spec("a", depends_on=ghosts), spec("b", depends_on=[{"job": other}])]}
+        response = await api.client.post("/v1/jobs:batch", json=batch, headers=nlp)
+        assert response.status_code == 422, response.text
+        problem = response.json()
+        answers.append((problem["type"], problem["detail"].replace(other, "X")))
+    assert answers[0] == answers[1]
+    assert answers[0][0].endswith("/too-many-dependencies")
+
+
+@pytest.mark.parametrize("where", ["existing", "batch"])
+async def test_naming_a_large_array_again_and_again_is_refused_before_any_dependency_is_built(
+    api: Api, store: EventStore, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """64 names of an array of 500 are 32,000 dependencies: they were all built before the
+    count was checked, so a batch of such specs held the worker (every team's requests) for
+    minutes only to refuse it (8 s for ten specs on the attack round's stack)."""
+    nlp = await api.create_team("nlp")
+    built: list[object] = []
+
+    class Counted(Dependency):
+        def __init__(self, **fields: Any) -> None:
+            built.append(fields)
+            super().__init__(**fields)
+
+    monkeypatch.setattr(pipelines, "Dependency", Counted)
+    if where == "existing":
+        array = await api.client.post(
+            "/v1/jobs", json=spec("sweep", array={"count": 500}, hold=True), headers=nlp
+        )
+        assert array.status_code == 201, array.text
+        sweep, jobs = array.json()["id"], []
+    else:
+        sweep, jobs = "sweep", [spec("sweep", array={"count": 500}, hold=True)]
+    before = await store.head()
+    jobs += [spec(f"eval{n}", depends_on=[{"job": sweep}] * 64) for n in range(3)]
+    response = await api.client.post("/v1/jobs:batch", json={"jobs": jobs}, headers=nlp)
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    problem = response.json()
+    assert problem["type"].endswith("/invalid-batch")
+    assert {error["type"] for error in problem["errors"]} == {"too-many-dependencies"}
+    assert "32000 jobs" in problem["detail"]
+    assert built == []
     assert await store.head() == before
 
 
@@ -405,6 +467,31 @@ async def test_suspend_hold_and_patch_act_on_every_element_of_an_array(
             "JobHoldReleased",
             "JobSuspendRequested",
         ]
+
+
+async def test_a_patch_of_an_array_invalid_for_one_element_changes_no_element(
+    api: Api, store: EventStore
+) -> None:
+    """Element 2 was given a longer estimate alone: a max_runtime_s below it is invalid for
+    that element, and the 422 must leave every element as it was (it changed elements 0 and 1
+    before refusing)."""
+    nlp = await api.create_team("nlp")
+    sweep = (
+        await api.client.post("/v1/jobs", json=spec("sweep", array={"count": 3}), headers=nlp)
+    ).json()
+    longer = await api.client.patch(
+        f"/v1/jobs/{sweep['array'][2]}", json={"estimated_runtime_s": 1000}, headers=nlp
+    )
+    assert longer.status_code == 200, longer.text
+    head = await store.head()
+    patched = await api.client.patch(
+        f"/v1/jobs/{sweep['id']}", json={"max_runtime_s": 500}, headers=nlp
+    )
+    assert patched.status_code == 422, patched.text
+    assert patched.headers["content-type"] == "application/problem+json"
+    assert await store.head() == head
+    view = (await api.client.get(f"/v1/jobs/{sweep['id']}", headers=nlp)).json()
+    assert [e["spec"].get("max_runtime_s") for e in view["elements"]] == [None, None, None]
 
 
 async def test_a_batch_retried_with_its_idempotency_key_creates_nothing_new(

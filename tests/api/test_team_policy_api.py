@@ -212,3 +212,30 @@ async def test_a_team_under_its_pending_cap_in_the_log_is_not_refused_by_a_stale
         assert second.status_code == 201, second.text
         third = await client.post("/v1/jobs", json=JOB, headers=nlp)
         assert third.status_code == 429, third.text  # the cap still holds
+
+
+async def test_a_patch_cannot_raise_a_class_the_policy_took_away_through_another_worker(
+    settings: Settings, store: EventStore, tmp_path: Path
+) -> None:
+    """A class changed by PATCH is judged by the API alone (admission judged the submitted
+    spec): a worker that had not folded the admin's new policy, written through another
+    worker, let a team raise its waiting job to a class it may no longer use (200). This
+    worker polls the log an hour apart and reads no bus: only the PATCH itself can see it."""
+    app = create_app(api_settings(settings, tmp_path, catch_up_interval_s=3600), use_bus=False)
+    async with serving(app) as client:
+        api = Api(client, app, api_settings(settings, tmp_path))
+        nlp = await api.create_team("nlp")
+        submitted = await client.post(
+            "/v1/jobs", json={**JOB, "priority": "research", "hold": True}, headers=nlp
+        )
+        assert submitted.status_code == 201, submitted.text
+        job_id = submitted.json()["id"]
+        restricted = TeamPolicyConfigured(team="nlp", allowed_priority_classes=["research"])
+        await store.append(restricted.stream, None, [restricted])
+        head = await store.head()
+        raised = await client.patch(
+            f"/v1/jobs/{job_id}", json={"priority": "production"}, headers=nlp
+        )
+        assert raised.status_code == 403, raised.text
+        assert raised.json()["type"] == "https://gangway.dev/problems/priority-not-allowed"
+        assert await store.head() == head

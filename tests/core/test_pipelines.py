@@ -252,6 +252,37 @@ def test_an_array_of_twenty_never_runs_more_than_four_elements_at_once() -> None
     assert "array_limit" in waiting_reasons
 
 
+def test_a_reserved_element_whose_ranks_have_not_started_counts_against_max_parallel() -> None:
+    history = History("4x8:2:2")
+    first, second = submit_array(history, "arr", 2, max_parallel=1)
+    history.run(agents=False)  # reserved; its agent has not started it yet
+    assert history.job(first).state == "reserved"
+    history.run(agents=False)
+    assert history.job(second).state == "queued"
+    assert history.deferrals(second)[-1].code == "array_limit"
+
+
+def test_a_cancelled_element_whose_rank_still_runs_still_counts_against_max_parallel() -> None:
+    """A cancelled element's rank may take its stop timeout to die (SIGTERM ignored until the
+    SIGKILL): it still holds its GPUs on the hardware, so the next element waits for its
+    TaskExited. Seen on a live stack: a max_parallel 1 array ran two elements for 5 s."""
+    history = History("4x8:2:2")
+    first, second, _ = submit_array(history, "arr", 3, max_parallel=1)
+    history.run(agents=True)
+    assert history.job(first).state == "running"
+    history.cancel(first)
+    history.run(agents=False)  # the agent has not stopped the rank yet
+    assert history.job(first).state == "cancelled"
+    assert history.job(second).state == "queued"
+    assert history.deferrals(second)[-1].code == "array_limit"
+    history.run(agents=False)  # nor in the next cycle
+    assert history.job(second).state == "queued"
+    history.exit(first, -9, reason="stopped")
+    history.run(agents=False)
+    assert history.job(second).state == "reserved"
+    assert history.replayed().job(second) == history.state.job(second)
+
+
 def test_an_array_without_a_limit_starts_every_element_that_fits() -> None:
     history = History("4x8:4:1")
     elements = submit_array(history, "wide", 4, max_parallel=None)

@@ -180,6 +180,11 @@ async def update_job(
     )
     await command_turn(caller, context)
     commands = context.commands
+    if changes.priority is not None:
+        # Nothing after this check judges a class changed here (admission judged the submitted
+        # spec): the team's policy is read at the log's head, not from this worker's fold,
+        # which may not hold yet a restriction written through another worker.
+        await commands.feed.reach_head()
     jobs = await commands.change(
         caller, job_id, commands.update_decision(caller, changes, body.hold)
     )
