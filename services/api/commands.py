@@ -345,36 +345,75 @@ class Commands:
         principal: Principal,
         job_id: str,
         decide: Callable[[JobReadModel], list[Event]],
+        *,
+        none_can: str | None = None,
     ) -> list[JobReadModel]:
         """Record what `decide` makes of the job's latest state (409 when it refuses), for
         one job or each element of an array (elements it refuses are left as they are,
-        unless it refuses them all)."""
+        unless it refuses them all: then `none_can`, if given, is the 409's detail)."""
         ids = await self.targets(principal, job_id)
-        if len(ids) > 1:
-            # An element refused for anything but its state (a PATCH invalid for its spec)
-            # refuses the whole request before any element changes: a 4xx writes nothing.
-            # Judged on every element as of the log's head (one look, not a read per element).
-            await self.feed.reach_head()
-            for target in ids:
-                try:
-                    decide(self.feed.models.jobs[target])
-                except ProblemError as problem:
-                    if problem.status != 409:
-                        raise
+        if len(ids) == 1:
+            await self._change_one(principal, ids[0], decide)
+            return [self.feed.models.jobs[ids[0]]]
+        if not await self._change_all_at_head(ids, decide, none_can):
+            # An element moved between the look and the write: each is decided again.
+            await self._change_each(principal, ids, decide, none_can)
+        return [self.feed.models.jobs[target] for target in ids]
+
+    async def _change_all_at_head(
+        self,
+        ids: Sequence[str],
+        decide: Callable[[JobReadModel], list[Event]],
+        none_can: str | None,
+    ) -> bool:
+        """Every element decided as of the log's head (one look, not a read per element) and
+        written in one append, each stream at the version judged; False, with nothing
+        written, when one moved meanwhile. An element refused for anything but its state (a
+        PATCH invalid for its spec) refuses the whole request: a 4xx writes nothing."""
+        await self.feed.reach_head()
+        models = self.feed.models
+        appends: list[StreamAppend] = []
+        refusals: list[ProblemError] = []
+        for target in ids:
+            try:
+                events = decide(models.jobs[target])
+            except ProblemError as problem:
+                if problem.status != 409:
+                    raise
+                refusals.append(problem)  # this element cannot (an ended one): others do
+                continue
+            if events:
+                stream = f"job-{target}"
+                appends.append(StreamAppend(stream, models.version_of(stream), events))
+        if len(refusals) == len(ids):
+            raise conflict(none_can) if none_can is not None else refusals[-1]
+        try:
+            envelopes = await self.store.append_many(appends, _metadata())
+        except ConcurrencyConflict:
+            return False
+        await self.feed.deliver_all(envelopes)
+        return True
+
+    async def _change_each(
+        self,
+        principal: Principal,
+        ids: Sequence[str],
+        decide: Callable[[JobReadModel], list[Event]],
+        none_can: str | None,
+    ) -> None:
         applied = 0
         refused: ProblemError | None = None
         for target in ids:
             try:
                 await self._change_one(principal, target, decide)
             except ProblemError as problem:
-                if len(ids) == 1 or problem.status != 409:
+                if problem.status != 409:
                     raise
-                refused = problem  # this element cannot (an ended one): the others still do
+                refused = problem
                 continue
             applied += 1
         if applied == 0 and refused is not None:
-            raise refused
-        return [self.feed.models.jobs[target] for target in ids]
+            raise conflict(none_can) if none_can is not None else refused
 
     async def _change_one(
         self, principal: Principal, job_id: str, decide: Callable[[JobReadModel], list[Event]]
@@ -438,46 +477,29 @@ class Commands:
 
         return decide
 
-    async def request(self, principal: Principal, job_id: str, kind: Request) -> JobReadModel:
-        """Record the user's request to cancel, suspend or resume; 409 when the state forbids it."""
-        stream = f"job-{job_id}"
-        for _ in range(ATTEMPTS):
-            await self.feed.sync_stream(stream)
-            job = principal.visible(self.feed.models.jobs.get(job_id), job_id)
+    def request_decision(
+        self, principal: Principal, kind: Request
+    ) -> Callable[[JobReadModel], list[Event]]:
+        """The user's request to cancel, suspend or resume; 409 when the state forbids it."""
+
+        def decide(job: JobReadModel) -> list[Event]:
             if not request_allowed(job, kind):
-                raise conflict(f"job {job_id} is {job.state}; it cannot be {_past(kind)}")
+                raise conflict(f"job {job.id} is {job.state}; it cannot be {_past(kind)}")
             if kind in job.requests:
-                return job  # already requested: asking twice records nothing new
-            event = _REQUEST_EVENTS[kind](job_id=job_id, by=principal.name)
-            try:
-                await self._append(stream, self.feed.models.version_of(stream), [event])
-            except ConcurrencyConflict:
-                continue
-            return self.feed.models.jobs[job_id]
-        raise conflict(f"job {job_id} is changing too fast; try again")
+                return []  # already requested: asking twice records nothing new
+            return [_REQUEST_EVENTS[kind](job_id=job.id, by=principal.name)]
+
+        return decide
 
     async def request_each(
         self, principal: Principal, job_id: str, kind: Request
     ) -> list[JobReadModel]:
-        """`request` for a job, or for each element of an array (an element whose state
+        """A request for a job, or for each element of an array (an element whose state
         forbids it is left alone, unless every one does)."""
-        ids = await self.targets(principal, job_id)
-        if ids == [job_id]:
-            return [await self.request(principal, job_id, kind)]
-        done = 0
-        refused: ProblemError | None = None
-        for target in ids:
-            try:
-                await self.request(principal, target, kind)
-            except ProblemError as problem:
-                if problem.status != 409:
-                    raise
-                refused = problem
-                continue
-            done += 1
-        if done == 0 and refused is not None:
-            raise conflict(f"no element of array {job_id} can be {_past(kind)}")
-        return [self.feed.models.jobs[target] for target in ids]
+        none_can = f"no element of array {job_id} can be {_past(kind)}"
+        return await self.change(
+            principal, job_id, self.request_decision(principal, kind), none_can=none_can
+        )
 
     async def create_team(self, body: TeamCreate) -> str:
         """Record the team and its queue; return the token, which only its creator ever sees."""

@@ -326,6 +326,75 @@ async def test_cancelling_an_array_cancels_every_element_and_one_element_alone(
     )
 
 
+async def test_a_request_on_a_whole_array_is_one_append_of_every_element(
+    api: Api, store: EventStore
+) -> None:
+    """A thousand elements asked one by one were a thousand writes (tens of seconds on a
+    busy machine): the elements that can be cancelled are written together, the others left
+    as they are."""
+    nlp = await api.create_team("nlp")
+    body = (
+        await api.client.post("/v1/jobs", json=spec("sweep", array={"count": 4}), headers=nlp)
+    ).json()
+    array_id, elements = body["id"], body["array"]
+    first = await api.client.post(f"/v1/jobs/{elements[0]}/cancel", headers=nlp)
+    assert first.status_code == 202, first.text
+    head = await store.head()
+    whole = await api.client.post(f"/v1/jobs/{array_id}/cancel", headers=nlp)
+    assert whole.status_code == 202, whole.text
+    written = await store.read_all(after_position=head)
+    assert sorted(e.stream for e in written) == [f"job-{e}" for e in elements[1:]]
+    assert {e.payload.type for e in written} == {"JobCancelRequested"}
+    assert len({e.correlation_id for e in written}) == 1
+    assert [e.position for e in written] == list(range(head + 1, head + 4))
+
+
+async def test_an_element_that_moved_between_the_look_and_the_write_is_decided_again(
+    api: Api, store: EventStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another worker holds element 1 after this one judged the array at the log's head: the
+    one append conflicts and writes nothing, and each element is then decided on its own, so
+    element 1 is not held twice."""
+    nlp = await api.create_team("nlp")
+    sweep = (
+        await api.client.post("/v1/jobs", json=spec("sweep", array={"count": 3}), headers=nlp)
+    ).json()
+    feed = (await api.app.state.bootstrap.context()).commands.feed
+    reach_head = feed.reach_head
+    moved: list[int] = []
+
+    async def then_another_worker_holds_element_1() -> None:
+        await reach_head()
+        if not moved:
+            stream = f"job-{sweep['array'][1]}"
+            version = len(await store.read_stream(stream))
+            await store.append(stream, version, [JobHeld(job_id=sweep["array"][1], by="other")])
+            moved.append(version)
+
+    monkeypatch.setattr(feed, "reach_head", then_another_worker_holds_element_1)
+    held = await api.client.post(f"/v1/jobs/{sweep['id']}/hold", headers=nlp)
+    assert held.status_code == 200, held.text
+    assert moved and [e["held"] for e in held.json()["elements"]] == [True, True, True]
+    for element in sweep["array"]:
+        kinds = [e.payload.type for e in await store.read_stream(f"job-{element}")]
+        assert kinds == ["JobSubmitted", "JobHeld"], element
+
+
+async def test_an_array_none_of_whose_elements_can_be_asked_is_a_409_that_writes_nothing(
+    api: Api, store: EventStore
+) -> None:
+    nlp = await api.create_team("nlp")
+    sweep = (
+        await api.client.post("/v1/jobs", json=spec("sweep", array={"count": 2}), headers=nlp)
+    ).json()
+    resumed = await api.client.post(f"/v1/jobs/{sweep['id']}/resume", headers=nlp)
+    assert resumed.status_code == 409, resumed.text
+    assert resumed.headers["content-type"] == "application/problem+json"
+    assert resumed.json()["detail"] == f"no element of array {sweep['id']} can be resumed"
+    kinds = [e.payload.type for e in await store.read_all(after_position=0)]
+    assert "JobResumeRequested" not in kinds
+
+
 # ---------------------------------------------------------------- holds
 
 
