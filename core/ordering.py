@@ -257,9 +257,10 @@ class OrderBook:
         self._policy = SchedulingPolicy()
         self._latest_now = -math.inf
         self._aging = 0.0
-        # (queue, class) → its kept jobs in order; a kept job's group and the rest of its key.
+        # (queue, class) → its kept jobs in order.
         self._groups: dict[tuple[str, str], list[_Entry]] = {}
-        self._where: dict[str, tuple[tuple[str, str], tuple[float, ...]]] = {}
+        # A kept job's group, the rest of its key and the moment it began waiting.
+        self._where: dict[str, tuple[tuple[str, str], tuple[float, ...], float]] = {}
         # (queued_at, seq, job id) of every kept job, earliest first; stale entries (the job
         # gone, aged or queued again since) are dropped when they reach the top.
         self._heap: list[tuple[float, int, str]] = []
@@ -388,7 +389,7 @@ class OrderBook:
                 level = levels[service] = service_level(service, policy)
             rest = (level, 0, job.submitted_at or 0.0, job.seq)
             name = (job.queue, job.priority)
-            where[job.job_id] = (name, rest)
+            where[job.job_id] = (name, rest, queued_at)
             entries = fresh.get(name)
             if entries is None:
                 fresh[name] = [(rest, job)]
@@ -420,15 +421,12 @@ class OrderBook:
         kept = self._where.pop(job_id, None)
         if kept is not None:
             group = self._groups[kept[0]]
-            del group[bisect_left(group, kept[1:])]
+            del group[bisect_left(group, kept[1:2])]
 
     def _kept(self, job_id: str, queued_at: float) -> bool:
         """Whether a heap entry is the job's as it waits now, in its group."""
         kept = self._where.get(job_id)
-        if kept is None:
-            return False
-        group = self._groups[kept[0]]
-        return group[bisect_left(group, kept[1:])][1].queued_at == queued_at
+        return kept is not None and kept[2] == queued_at
 
     def _age(self, now: float) -> None:
         """Move the jobs aged by `now` out of their groups (the same test as `is_aged`)."""
@@ -441,7 +439,7 @@ class OrderBook:
             if not now - queued_at >= aging:
                 return
             heapq.heappop(heap)
-            name, rest = self._where.pop(job_id)
+            name, rest, _ = self._where.pop(job_id)
             group = self._groups[name]
             at = bisect_left(group, (rest,))
             self._aged[job_id] = ((1, queued_at, seq), group[at][1])
