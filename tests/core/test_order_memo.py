@@ -257,3 +257,47 @@ def test_a_preemptor_whose_victims_are_released_goes_first_in_the_kept_order() -
     react(ctx, None)
     ordered = order(ctx, QuotaBook(history.state.queue_records), book)
     assert [job.job_id for job in ordered] == [preemptor, aged]
+
+
+def _both(history: History, book: OrderBook) -> list[str]:
+    """The kept order, checked against the order computed afresh."""
+    state = history.state
+    kept = order(CycleContext.start(state, history.now), QuotaBook(state.queue_records), book)
+    fresh = order(CycleContext.start(state, history.now), QuotaBook(state.queue_records))
+    assert [job.job_id for job in kept] == [job.job_id for job in fresh]
+    return [job.job_id for job in kept]
+
+
+def test_the_kept_order_ages_a_job_at_the_exact_moment_past_a_stale_moment() -> None:
+    """A job ages when it has waited exactly the policy's maximum, even when the earliest
+    moment the book noted is stale (that job was held and released: its clock restarted)."""
+    history = History("1x8:1:1", policy=SchedulingPolicy(aging_max_wait_s=3600.0))
+    history.team("alpha")
+    [restarted] = history.submit(a_job().team("alpha").gpus(8).tasks(2))
+    history.advance(10.0)
+    [oldest] = history.submit(a_job().team("alpha").gpus(8).tasks(2))
+    history.advance(1.0)
+    [urgent] = history.submit(a_job().team("alpha").priority("production").gpus(8).tasks(2))
+    book = OrderBook()
+    assert _both(history, book) == [urgent, restarted, oldest]
+    history.record(JobHeld(job_id=restarted, by="test"))
+    history.record(JobHoldReleased(job_id=restarted, by="test"))
+    history.advance(3_600.0 - 1.0)  # `oldest` has waited exactly 3,600 s
+    assert _both(history, book) == [oldest, urgent, restarted]
+
+
+def test_the_kept_order_merges_only_the_groups_that_tie() -> None:
+    """Two idle queues tie (share 0): their jobs are merged by arrival; a queue that has run
+    comes after both, although its jobs arrived first."""
+    history = History("1x8:1:1")
+    for team in ("alpha", "beta", "gamma"):
+        history.team(team)
+    [running] = history.submit(a_job().team("gamma").gpus(8))
+    history.run()
+    assert history.state.job_records[running].state in ("reserved", "running")
+    history.advance(600.0)
+    early = history.submit(*(a_job().team("gamma").gpus(8).tasks(2) for _ in range(2)))
+    late = history.submit(
+        *(a_job().team(team).gpus(8).tasks(2) for team in ("alpha", "beta", "alpha", "beta"))
+    )
+    assert _both(history, OrderBook()) == late + early
