@@ -46,7 +46,7 @@ from core.context import CycleContext, CycleResult
 from core.fairness import preempt_for_fairness
 from core.fractional import plan_repartitions, sharing_trial
 from core.gating import gate
-from core.ordering import order, past_backoff
+from core.ordering import OrderBook, order, past_backoff
 from core.placement import FreeIndex, Snapshot
 from core.preemption import preempt
 from core.quota import QuotaBook
@@ -72,10 +72,15 @@ class Planner:
     order of two queues may turn at any instant, and a fresh planner would decide on it.
     """
 
-    __slots__ = ("_behind_memo", "_free_index", "_quiet", "_timers")
+    __slots__ = ("_behind_memo", "_free_index", "_order_book", "_quiet", "_timers")
 
-    def __init__(self, *, timers: bool = True, behind_memo: bool = True) -> None:
+    def __init__(
+        self, *, timers: bool = True, behind_memo: bool = True, kept_order: bool = True
+    ) -> None:
         self._free_index = FreeIndex()
+        # The waiting jobs kept in order between cycles (core/ordering.py `OrderBook`);
+        # without, every cycle keys and sorts them all (the reference it is tested against).
+        self._order_book = OrderBook() if kept_order else None
         # Outcomes of jobs behind the head answered per shape (core/backfill.py `place`);
         # without, each job's is worked out on its own (the reference it is tested against).
         self._behind_memo = behind_memo
@@ -98,7 +103,11 @@ class Planner:
         ):
             return CycleResult(skipped=True, next_wakeup=quiet[3])
         result = _run(
-            CycleContext.start(state, now), self._free_index, self._timers, self._behind_memo
+            CycleContext.start(state, now),
+            self._free_index,
+            self._timers,
+            self._behind_memo,
+            self._order_book,
         )
         if result.decisions:
             self._quiet = None
@@ -124,7 +133,11 @@ def schedule(state: PlanningSurface, now: float, planner: Planner | None = None)
 
 
 def _run(
-    ctx: CycleContext, free_index: FreeIndex, timers: GangTimers | None, behind_memo: bool
+    ctx: CycleContext,
+    free_index: FreeIndex,
+    timers: GangTimers | None,
+    behind_memo: bool,
+    order_book: OrderBook | None,
 ) -> CycleResult:
     react(ctx, timers)
     state = ctx.state
@@ -135,7 +148,7 @@ def _run(
         for job_id in ctx.released:
             job = jobs[job_id]
             quota.charge(job.queue, -job.bound_gpus)
-        waiting = order(ctx, quota)
+        waiting = order(ctx, quota, order_book)
         placed = place(
             ctx, snap, gate(ctx, past_backoff(ctx, waiting)), quota, behind_memo=behind_memo
         )

@@ -16,8 +16,11 @@ A job still in its retry backoff (core/retry.py) is held out of placement and sa
 
 from __future__ import annotations
 
+import heapq
 import math
-from bisect import bisect_right
+import weakref
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from operator import itemgetter
 
@@ -28,7 +31,8 @@ from core.live_sharing import GpuAmount
 from core.policy import SchedulingPolicy
 from core.quota import QuotaBook
 from core.reservation import runtime_estimate
-from core.state import CoreJob, HostCapacity, QueueRecord
+from core.state import CoreJob, HostCapacity, QueueRecord, WaitingWatch
+from core.surface import PlanningSurface
 from schemas.reasons import RETRY_BACKOFF
 
 # Smaller sorts first. The first element is the tier; keys of one tier have one shape, and
@@ -116,23 +120,43 @@ def length_level(job: CoreJob, ctx: CycleContext) -> int:
     return bisect_right(thresholds, runtime_estimate(job, ctx.policy, ctx.state.estimates))
 
 
-def order(ctx: CycleContext, quota: QuotaBook) -> list[CoreJob]:
-    """Phase 3 of the cycle: the waiting jobs not yet handled, first to be placed first."""
-    state, policy, now = ctx.state, ctx.policy, ctx.now
-    candidates = [job for job in state.waiting_jobs.values() if job.job_id not in ctx.handled]
-    ctx.result.considered = len(candidates)
+def order(ctx: CycleContext, quota: QuotaBook, kept: OrderBook | None = None) -> list[CoreJob]:
+    """Phase 3 of the cycle: the waiting jobs not yet handled, first to be placed first.
+
+    With `kept` (a planner's), the order kept between cycles (`OrderBook`); without, every
+    job keyed and sorted afresh (the reference the book is tested against)."""
+    state, policy = ctx.state, ctx.policy
     if policy.order_key is not None:
+        candidates = [job for job in state.waiting_jobs.values() if job.job_id not in ctx.handled]
+        ctx.result.considered = len(candidates)
         order_key = policy.order_key
         candidates.sort(key=lambda job: (order_key(job.job_id), job.seq))
         return candidates
     if policy.is_fifo:
+        candidates = [job for job in state.waiting_jobs.values() if job.job_id not in ctx.handled]
+        ctx.result.considered = len(candidates)
         candidates.sort(key=lambda job: job.seq)  # strict arrival order
         return candidates
+    if kept is not None:
+        return kept.order(ctx, quota)
+    candidates = [job for job in state.waiting_jobs.values() if job.job_id not in ctx.handled]
+    ctx.result.considered = len(candidates)
+    keyed = _keyed(ctx, quota, candidates)
+    # Keys are unique (they end in the job's sequence number): the jobs are never compared.
+    keyed.sort(key=_first)
+    return [job for _, job in keyed]
+
+
+def _keyed(
+    ctx: CycleContext, quota: QuotaBook, jobs: Iterable[CoreJob]
+) -> list[tuple[OrderKey, CoreJob]]:
+    """Each job's key (`gangway_key`), each job not yet aged noting its aging wake-up."""
+    state, policy, now = ctx.state, ctx.policy, ctx.now
     queues = state.queue_records
     capacity = state.host_capacity()
     aging = policy.aging_max_wait_s
     wakeups = ctx.wakeups
-    # What many jobs share is asked once per cycle: a queue's share and guarantee, a class's
+    # What many jobs share is asked once per call: a queue's share and guarantee, a class's
     # rank, whether a queue stays within its guarantee with a job's GPUs (the book does not
     # change while ordering), the level of an amount of service. A busy cycle orders 10,000
     # jobs of 20 queues, 4 classes and a few sizes.
@@ -141,7 +165,7 @@ def order(ctx: CycleContext, quota: QuotaBook) -> list[CoreJob]:
     within_of: dict[tuple[str, GpuAmount], bool] = {}
     levels: dict[float, int] = {}
     keyed: list[tuple[OrderKey, CoreJob]] = []
-    for job in candidates:
+    for job in jobs:
         queue = job.queue
         known = shares.get(queue)
         if known is None:
@@ -181,9 +205,264 @@ def order(ctx: CycleContext, quota: QuotaBook) -> list[CoreJob]:
         released = bool(job.awaiting_victims) and not ctx.victims_pending(job)
         key = gangway_key(job, rank, share, aged, released, within, level, length)
         keyed.append((key, job))
-    # Keys are unique (they end in the job's sequence number): the jobs are never compared.
-    keyed.sort(key=_first)
-    return [job for _, job in keyed]
+    return keyed
+
+
+# A group's jobs in order, each beside the rest of its key: (level, 0, submitted, seq).
+_Entry = tuple[tuple[float, ...], CoreJob]
+_second = itemgetter(1)
+
+
+def _unwatch(state_ref: weakref.ref[PlanningSurface], watch: WaitingWatch) -> None:
+    state = state_ref()
+    if state is not None:
+        state.unwatch_waiting(watch)
+
+
+class OrderBook:
+    """The waiting jobs of one state kept in order between cycles, by its planner.
+
+    In a queue without a guarantee a job that waits, not aged, awaiting no victims and holding
+    no ranks, has the key (2, 1, -rank, share, level, 0, submitted, seq): its class and queue
+    give the first four, the same for all their jobs, and the rest is fixed while it waits. The
+    book keeps such jobs per (queue, class) sorted by the rest, as the state says which jobs
+    entered, left or changed (`watch_waiting`); a cycle orders the groups by their first four
+    (a queue's share moves with the clock), merges groups that tie, and keys one by one only
+    the others: aged jobs (a heap of the moments they age), jobs awaiting victims or holding
+    ranks, and the jobs of queues with a guarantee (within it, a job's predicted length
+    orders it). The aging wake-up noted is the earliest one, not one per job.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_aged",
+        "_aging",
+        "_finalizer",
+        "_groups",
+        "_heap",
+        "_latest_now",
+        "_loose",
+        "_policy",
+        "_state",
+        "_watch",
+        "_where",
+    )
+
+    def __init__(self) -> None:
+        self._state: weakref.ref[PlanningSurface] | None = None
+        self._watch: WaitingWatch | None = None
+        self._finalizer: (
+            weakref.finalize[[weakref.ref[PlanningSurface], WaitingWatch], OrderBook] | None
+        ) = None
+        self._policy = SchedulingPolicy()
+        self._latest_now = -math.inf
+        self._aging = 0.0
+        # (queue, class) → its kept jobs in order.
+        self._groups: dict[tuple[str, str], list[_Entry]] = {}
+        # A kept job's group, the rest of its key and the moment it began waiting.
+        self._where: dict[str, tuple[tuple[str, str], tuple[float, ...], float]] = {}
+        # (queued_at, seq, job id) of every kept job, earliest first; stale entries (the job
+        # gone, aged or queued again since) are dropped when they reach the top.
+        self._heap: list[tuple[float, int, str]] = []
+        # Jobs moved out of their group once aged: job id → (its key (1, queued_at, seq), job).
+        self._aged: dict[str, tuple[OrderKey, CoreJob]] = {}
+        # Waiting jobs keyed in every cycle: awaiting victims, holding ranks, or never queued.
+        self._loose: dict[str, CoreJob] = {}
+
+    def order(self, ctx: CycleContext, quota: QuotaBook) -> list[CoreJob]:
+        """What `order` gives without a book, from the kept groups."""
+        state, policy, now = ctx.state, ctx.policy, ctx.now
+        self._sync(state, now)
+        waiting = state.waiting_jobs
+        skipped = {job_id for job_id in ctx.handled if job_id in waiting}
+        ctx.result.considered = len(waiting) - len(skipped)
+        self._age(now)
+        self._note_wakeup(ctx, skipped)
+        queues = state.queue_records
+        capacity = state.host_capacity()
+        # Keyed one by one: the loose jobs and the jobs of queues with a guarantee.
+        single = [job for job_id, job in self._loose.items() if job_id not in skipped]
+        segments: list[tuple[OrderKey, list[_Entry]]] = []
+        for (queue, priority), entries in self._groups.items():
+            if not entries:
+                continue
+            if quota.guarantee(queue) > 0:
+                single.extend(job for _, job in entries if job.job_id not in skipped)
+                continue
+            share = fair_share(queues.get(queue), now, policy, capacity)
+            rank = policy.priority_class(priority).rank
+            segments.append(((2, 1, -rank, share), entries))
+        keyed = _keyed(ctx, quota, single)
+        keyed.extend(entry for job_id, entry in self._aged.items() if job_id not in skipped)
+        keyed.sort(key=_first)
+        ordered: list[CoreJob] = []
+        at = 0
+        while at < len(keyed) and keyed[at][0][0] < 2:
+            ordered.append(keyed[at][1])
+            at += 1
+        # The rest of those keyed one by one are of tier 2: a segment per prefix, as a group.
+        while at < len(keyed):
+            prefix = keyed[at][0][:4]
+            segment: list[_Entry] = []
+            while at < len(keyed) and keyed[at][0][:4] == prefix:
+                segment.append((keyed[at][0][4:], keyed[at][1]))
+                at += 1
+            segments.append((prefix, segment))
+        segments.sort(key=_first)
+        start = 0
+        while start < len(segments):
+            prefix = segments[start][0]
+            end = start + 1
+            while end < len(segments) and segments[end][0] == prefix:
+                end += 1
+            if end == start + 1:
+                ordered.extend(map(_second, segments[start][1]))
+            else:
+                # Groups whose prefixes tie (queues of one share and class): merged by the rest
+                # of the key, unique as it ends in the job's sequence number.
+                merged = heapq.merge(*(entries for _, entries in segments[start:end]))
+                ordered.extend(map(_second, merged))
+            start = end
+        if skipped:
+            ordered = [job for job in ordered if job.job_id not in skipped]
+        return ordered
+
+    # ------------------------------------------------------------ upkeep
+
+    def _sync(self, state: PlanningSurface, now: float) -> None:
+        indexed = self._state() if self._state is not None else None
+        watch = self._watch
+        if (
+            indexed is not state
+            or watch is None
+            or state.policy is not self._policy
+            or now < self._latest_now
+        ):
+            # Another state, a new policy, or the clock went back (aged jobs may not be any
+            # more): build again from the state.
+            self._rebuild(state)
+        elif watch.changed:
+            changed = watch.changed
+            watch.changed = set()
+            waiting = state.waiting_jobs
+            added = []
+            for job_id in changed:
+                self._remove(job_id)
+                job = waiting.get(job_id)
+                if job is not None:
+                    added.append(job)
+            self._add(added)
+        self._latest_now = now
+        if len(self._heap) > 2 * len(self._where) + 32:
+            self._heap = [entry for entry in self._heap if self._kept(entry[2], entry[0])]
+            heapq.heapify(self._heap)
+
+    def _rebuild(self, state: PlanningSurface) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+        self._state = weakref.ref(state)
+        self._watch = watch = state.watch_waiting()
+        self._finalizer = weakref.finalize(self, _unwatch, self._state, watch)
+        self._policy = state.policy
+        self._aging = state.policy.aging_max_wait_s
+        self._groups = {}
+        self._where = {}
+        self._heap = []
+        self._aged = {}
+        self._loose = {}
+        self._add(list(state.waiting_jobs.values()))
+
+    def _add(self, jobs: list[CoreJob]) -> None:
+        """Keep these waiting jobs (none of them kept now)."""
+        policy, where, loose = self._policy, self._where, self._loose
+        levels: dict[float, int] = {}
+        fresh: dict[tuple[str, str], list[_Entry]] = {}
+        moments: list[tuple[float, int, str]] = []
+        for job in jobs:
+            queued_at = job.queued_at
+            if job.awaiting_victims or job.ranks or queued_at is None:
+                loose[job.job_id] = job
+                continue
+            service = job.attained_gpu_s
+            level = levels.get(service)
+            if level is None:
+                level = levels[service] = service_level(service, policy)
+            rest = (level, 0, job.submitted_at or 0.0, job.seq)
+            name = (job.queue, job.priority)
+            where[job.job_id] = (name, rest, queued_at)
+            entries = fresh.get(name)
+            if entries is None:
+                fresh[name] = [(rest, job)]
+            else:
+                entries.append((rest, job))
+            moments.append((queued_at, job.seq, job.job_id))
+        groups = self._groups
+        for name, entries in fresh.items():
+            group = groups.get(name)
+            if group is None:
+                group = groups[name] = []
+            if len(entries) < 8:
+                for entry in entries:
+                    group.insert(bisect_left(group, entry[:1]), entry)
+            else:
+                group.extend(entries)
+                group.sort(key=_first)  # two sorted runs, merged
+        heap = self._heap
+        if 8 * len(moments) > len(heap):
+            heap.extend(moments)
+            heapq.heapify(heap)
+        else:
+            for moment in moments:
+                heapq.heappush(heap, moment)
+
+    def _remove(self, job_id: str) -> None:
+        if self._loose.pop(job_id, None) is not None or self._aged.pop(job_id, None) is not None:
+            return
+        kept = self._where.pop(job_id, None)
+        if kept is not None:
+            group = self._groups[kept[0]]
+            del group[bisect_left(group, kept[1:2])]
+
+    def _kept(self, job_id: str, queued_at: float) -> bool:
+        """Whether a heap entry is the job's as it waits now, in its group."""
+        kept = self._where.get(job_id)
+        return kept is not None and kept[2] == queued_at
+
+    def _age(self, now: float) -> None:
+        """Move the jobs aged by `now` out of their groups (the same test as `is_aged`)."""
+        heap, aging = self._heap, self._aging
+        while heap:
+            queued_at, seq, job_id = heap[0]
+            if not self._kept(job_id, queued_at):
+                heapq.heappop(heap)
+                continue
+            if not now - queued_at >= aging:
+                return
+            heapq.heappop(heap)
+            name, rest, _ = self._where.pop(job_id)
+            group = self._groups[name]
+            at = bisect_left(group, (rest,))
+            self._aged[job_id] = ((1, queued_at, seq), group[at][1])
+            del group[at]
+
+    def _note_wakeup(self, ctx: CycleContext, skipped: set[str]) -> None:
+        """The earliest moment a kept job not handled this cycle ages (the heap's top is
+        current after `_age`)."""
+        heap = self._heap
+        if not heap:
+            return
+        if not skipped:
+            ctx.wakeups.append(heap[0][0] + self._aging)
+            return
+        wanted = len(skipped) + 1
+        while True:
+            for queued_at, _, job_id in heapq.nsmallest(wanted, heap):
+                if job_id not in skipped and self._kept(job_id, queued_at):
+                    ctx.wakeups.append(queued_at + self._aging)
+                    return
+            if wanted >= len(heap):
+                return
+            wanted *= 2
 
 
 def past_backoff(ctx: CycleContext, waiting: list[CoreJob]) -> list[CoreJob]:

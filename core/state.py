@@ -344,6 +344,19 @@ class HoldingWatch:
     changes: list[tuple[str, bool]] = field(default_factory=list)
 
 
+@dataclass(slots=True, eq=False)
+class WaitingWatch:
+    """The jobs that entered or left the waiting jobs, or whose fields that order them may
+    have changed while waiting, since the watcher last looked (it empties the set)."""
+
+    changed: set[str] = field(default_factory=set)
+
+
+# Events that change nothing of a waiting job but its reason, estimated start and reserved
+# nodes: no watcher of the waiting jobs hears of them (a burst's first reasons are ~10,000).
+_ORDER_BLIND: frozenset[type[Event]] = frozenset((JobDeferred, ReservationPlanned))
+
+
 @dataclass(slots=True)
 class QueueRecord:
     name: str
@@ -398,6 +411,8 @@ class SchedulerState:
         self._free_watches: list[FreeCapacityWatch] = []
         # Who keeps timers of the holding gangs between cycles (a planner's reactions phase).
         self._holding_watches: list[HoldingWatch] = []
+        # Who keeps the waiting jobs ordered between cycles (a planner's ordering phase).
+        self._waiting_watches: list[WaitingWatch] = []
         self._draining: set[int] = set()
         # Indices of nodes where ranks of released gangs still run (`NodeRecord.lingering`):
         # the head's reservation plans their end without a walk over every node.
@@ -470,6 +485,12 @@ class SchedulerState:
             return
         handler(event, at)
         self._version += 1
+        if self._waiting_watches and type(event) not in _ORDER_BLIND:
+            # Whatever an event does to a waiting job, it is that job's event (but for the
+            # victims a preemptor awaits: `_on_preemption_requested`).
+            job_id = getattr(event, "job_id", None)
+            if job_id is not None and job_id in self._waiting:
+                self._touch_waiting(job_id)
 
     def apply_all(self, events: Iterable[tuple[Event, float]]) -> None:
         for event, at in events:
@@ -664,9 +685,28 @@ class SchedulerState:
         if watch in self._holding_watches:
             self._holding_watches.remove(watch)
 
+    def watch_waiting(self) -> WaitingWatch:
+        """Be told which jobs enter, leave or change within the waiting jobs from now on."""
+        watch = WaitingWatch()
+        self._waiting_watches.append(watch)
+        return watch
+
+    def unwatch_waiting(self, watch: WaitingWatch) -> None:
+        if watch in self._waiting_watches:
+            self._waiting_watches.remove(watch)
+
+    def _touch_waiting(self, job_id: str) -> None:
+        for watch in self._waiting_watches:
+            watch.changed.add(job_id)
+
     def __getstate__(self) -> dict[str, Any]:
         # Watchers belong to the live process's planners; a thawed state starts with none.
-        return {**self.__dict__, "_free_watches": [], "_holding_watches": []}
+        return {
+            **self.__dict__,
+            "_free_watches": [],
+            "_holding_watches": [],
+            "_waiting_watches": [],
+        }
 
     def _job_view(self, job: CoreJob) -> JobStatus:
         placement: dict[str, list[int]] = {}
@@ -715,6 +755,8 @@ class SchedulerState:
             self._waiting.pop(job.job_id, None)
         if new == "queued":
             self._waiting[job.job_id] = job
+        if self._waiting_watches and (old == "queued" or new == "queued"):
+            self._touch_waiting(job.job_id)
         if old in HOLDING_STATES and new not in HOLDING_STATES:
             self._holding.pop(job.job_id, None)
             self._holding_by_queue.get(job.queue, {}).pop(job.job_id, None)
@@ -990,6 +1032,8 @@ class SchedulerState:
             preemptor.last_preempting_at = at
             if job.job_id not in preemptor.awaiting_victims:
                 preemptor.awaiting_victims = (*preemptor.awaiting_victims, job.job_id)
+                if self._waiting_watches:
+                    self._touch_waiting(preemptor.job_id)
 
     def _release(self, job: CoreJob, at: float) -> None:
         """Free the gang's GPUs; idempotent (a second release finds nothing bound)."""

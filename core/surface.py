@@ -23,6 +23,7 @@ from core.state import (
     HostCapacity,
     NodeRecord,
     QueueRecord,
+    WaitingWatch,
 )
 
 
@@ -101,3 +102,7 @@ class PlanningSurface(Protocol):
     def watch_holding(self) -> HoldingWatch: ...
 
     def unwatch_holding(self, watch: HoldingWatch) -> None: ...
+
+    def watch_waiting(self) -> WaitingWatch: ...
+
+    def unwatch_waiting(self, watch: WaitingWatch) -> None: ...
