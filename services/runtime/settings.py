@@ -66,17 +66,21 @@ class Settings(BaseSettings):
     ready_max_lag_events: int = Field(default=10_000, ge=1)
 
     consumer_max_batch: int = Field(default=500, ge=1)
-    # After a round (the relay's read of the log, a consumer's fetch, the scheduler's catch-up)
-    # of at least gather_busy_records records, the next one waits up to gather_max_wait_s to
-    # carry more (runtime/gather.py); after a smaller one it starts at once. 0 s: never waits.
+    # After a round (the relay's read of the log, the scheduler's catch-up) of at least
+    # gather_busy_records records and fewer than gather_enough_records, the next one waits up
+    # to gather_max_wait_s to carry more (runtime/gather.py); after a smaller or a larger one
+    # it starts at once. 0 s: never waits.
     gather_busy_records: int = Field(default=8, ge=1)
-    gather_max_wait_s: float = Field(default=0.010, ge=0, le=0.1)
+    gather_enough_records: int = Field(default=500, ge=2)
+    gather_max_wait_s: float = Field(default=0.020, ge=0, le=0.1)
     consumer_max_attempts: int = Field(default=3, ge=1)
 
     @property
     def gather_policy(self) -> GatherPolicy:
         return GatherPolicy(
-            busy_records=self.gather_busy_records, max_wait_s=self.gather_max_wait_s
+            busy_records=self.gather_busy_records,
+            enough_records=self.gather_enough_records,
+            max_wait_s=self.gather_max_wait_s,
         )
 
     @property
