@@ -23,7 +23,7 @@ class GatherPolicy:
     from a quarter of `max_wait_s` at `busy_records` to all of it at four times that."""
 
     busy_records: int = 8
-    enough_records: int = 500
+    enough_records: int = 128
     max_wait_s: float = 0.020
 
     def __post_init__(self) -> None:

@@ -71,7 +71,7 @@ class Settings(BaseSettings):
     # to gather_max_wait_s to carry more (runtime/gather.py); after a smaller or a larger one
     # it starts at once. 0 s: never waits.
     gather_busy_records: int = Field(default=8, ge=1)
-    gather_enough_records: int = Field(default=500, ge=2)
+    gather_enough_records: int = Field(default=128, ge=2)
     gather_max_wait_s: float = Field(default=0.020, ge=0, le=0.1)
     consumer_max_attempts: int = Field(default=3, ge=1)
 
