@@ -34,7 +34,6 @@ from services.runtime.errors import DATABASE_UNAVAILABLE, ConcurrencyConflict, S
 from services.runtime.leadership import Leadership, acquire_leadership
 from services.runtime.records import Metadata, StreamAppend
 from services.runtime.retry import Outage, until_available
-from services.runtime.signals import sleep_unless
 from services.runtime.store import NOTIFY_CHANNEL, EventStore
 from services.scheduler.folding import Folded, LogGap
 from services.scheduler.metrics import SchedulerMetrics
@@ -266,9 +265,6 @@ class SchedulerService:
                 await self.follow()
             # Our own LeaderElected is folded by now; any later one means a newer leader.
             elections = self.folded.stream_version(SCHEDULER_STREAM)
-            # Others' events folded by the last catch-up: after a busy one, the next waits a
-            # few milliseconds for more appends, so that one read and one cycle take them all.
-            folded = 0
             while not stop.is_set():
                 try:
                     await self.cycle()
@@ -278,15 +274,11 @@ class SchedulerService:
                     # The database is unreachable for a moment: nothing was appended, so the
                     # next cycle decides again from the same folded state.
                     await self._database.sleep(error, stop)
-                gather = self.settings.gather_policy.wait_after(folded)
-                if gather and await sleep_unless(stop, gather):
-                    break
                 await self._wait(stop, keep_alive, seconds=self._until_next_cycle())
                 if keep_alive.done():
                     raise Deposed("the leader lock's session is gone")
-                folded = 0
                 with contextlib.suppress(*TRANSIENT_DB_ERRORS):
-                    folded = await self.follow()
+                    await self.follow()
                 if self.folded.stream_version(SCHEDULER_STREAM) > elections:
                     raise Deposed("a newer leader was elected")
         finally:
