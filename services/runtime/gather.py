@@ -1,13 +1,14 @@
 """How long a stage gathers work before its next round: nothing when idle, a little when busy.
 
-A stage woken per append (the relay, the scheduler) pays for each round: a query, a Kafka
-request (and so a fetch and a batch for every consumer behind it), a cycle, a wake-up of its
-process. Under a stream of single submissions every round carries a few events, and those
-per-round costs, not the events, are most of the pipeline's CPU. After a round that carried
-many records the next one waits a few milliseconds before it starts, so that it carries more;
-after a quiet round it starts at once, so an idle cluster's submit-to-reserved latency is
-untouched; after a round large enough to spread its costs (a burst of batches, a stage that fell
-behind) it starts at once too: the backlog gathers by itself.
+A stage woken per append (the relay) pays for each round: a query, a Kafka request (and so a
+fetch and a batch for every consumer behind it), a wake-up of its process. Under a stream of
+single submissions every round carries a few events, and those per-round costs, not the
+events, are most of the pipeline's CPU. After a round that carried many records the next one
+waits a few milliseconds before it starts, so that it carries more; after a quiet round it
+starts at once, so an idle cluster's submit-to-reserved latency is untouched; after a round
+large enough to spread its costs (a burst of batches, a stage that fell behind) it starts at
+once too: the backlog gathers by itself. (The scheduler does not use it: it is the stage
+behind in a burst of batches, where a wait of its own was lost throughput.)
 """
 
 from __future__ import annotations

@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     ready_max_lag_events: int = Field(default=10_000, ge=1)
 
     consumer_max_batch: int = Field(default=500, ge=1)
-    # After a round (the relay's read of the log, the scheduler's catch-up) of at least
+    # After a round (the relay's read of the log) of at least
     # gather_busy_records records and fewer than gather_enough_records, the next one waits up
     # to gather_max_wait_s to carry more (runtime/gather.py); after a smaller or a larger one
     # it starts at once. 0 s: never waits.
