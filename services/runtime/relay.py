@@ -224,7 +224,7 @@ class OutboxRelay:
                 if not topics_ready:
                     await _unless_stopped(ensure_topics(self.settings, self.topics), stop)
                     topics_ready = True
-                await _unless_stopped(self.publish_pending(), stop)
+                sent = await _unless_stopped(self.publish_pending(), stop)
                 # A read that ended short of a batch reached the head: no query to learn the
                 # lag is 0 (what was committed since has notified, and is published next).
                 if not self._read_to_head:
@@ -243,6 +243,11 @@ class OutboxRelay:
                 self.position = await self.load_position()
                 await sleep_unless(stop, delay)
                 continue
+            # After a busy round, let the appends of the next few milliseconds gather: one
+            # read and one Kafka request then carry them all (none after a quiet round).
+            gather = self.settings.gather_policy.wait_after(sent or 0)
+            if gather and await sleep_unless(stop, gather):
+                return
             woken = await self._sleep_until_woken(stop, self._store_due())
             if self._store_due() == 0.0:
                 await self.store_position(self.position)

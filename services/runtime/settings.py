@@ -7,6 +7,8 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.runtime.gather import GatherPolicy
+
 
 class Settings(BaseSettings):
     """Connection settings and runtime knobs; `.gangway/env` (written by `make up`) fills gaps.
@@ -64,7 +66,22 @@ class Settings(BaseSettings):
     ready_max_lag_events: int = Field(default=10_000, ge=1)
 
     consumer_max_batch: int = Field(default=500, ge=1)
+    # After a round (the relay's read of the log) of at least
+    # gather_busy_records records and fewer than gather_enough_records, the next one waits up
+    # to gather_max_wait_s to carry more (runtime/gather.py); after a smaller or a larger one
+    # it starts at once. 0 s: never waits.
+    gather_busy_records: int = Field(default=8, ge=1)
+    gather_enough_records: int = Field(default=128, ge=2)
+    gather_max_wait_s: float = Field(default=0.020, ge=0, le=0.1)
     consumer_max_attempts: int = Field(default=3, ge=1)
+
+    @property
+    def gather_policy(self) -> GatherPolicy:
+        return GatherPolicy(
+            busy_records=self.gather_busy_records,
+            enough_records=self.gather_enough_records,
+            max_wait_s=self.gather_max_wait_s,
+        )
 
     @property
     def migration_dsn(self) -> str:
