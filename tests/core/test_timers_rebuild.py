@@ -74,6 +74,8 @@ def test_the_ends_built_again_in_one_pass_are_those_reckoned_gang_by_gang(
         assert kept._end_of == fresh._end_of
         assert _ends(kept) == fresh._end_of
         assert len(kept._ends) == len(kept._end_of)
+        heap = kept._ends  # a heap: the reactions pop the earliest end first
+        assert all(heap[(i - 1) // 2] <= heap[i] for i in range(1, len(heap)))
         assert kept._ratio_of == fresh._ratio_of
         assert {key: set(group) for key, group in kept._by_ratio.items()} == {
             key: set(group) for key, group in fresh._by_ratio.items()
