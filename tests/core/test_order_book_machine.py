@@ -135,6 +135,21 @@ class KeptAgainstFresh(RuleBasedStateMachine):
         assert kept.result.considered == fresh.result.considered
         assert _next_wakeup(kept) == _next_wakeup(fresh)
 
+    @rule(seconds=st.sampled_from([1.0, 600.0, 3600.0]))
+    def look_back(self, seconds: float) -> None:
+        """Both planners asked at an earlier moment (a scheduler's clock behind the log's
+        times, or stepped back): jobs aged later are not aged then. Nothing is recorded."""
+        history = self.history
+        now = history.now
+        history.now = now - seconds
+        try:
+            self._orders_agree()
+            kept = self.kept.schedule(history.state, history.now)
+            fresh = self.fresh.schedule(history.state, history.now)
+            assert _seen(kept) == _seen(fresh)
+        finally:
+            history.now = now
+
     @rule(seconds=st.sampled_from([1.0, 30.0, 599.0, 600.0, 3600.0, 20_000.0]))
     def advance_and_cycle(self, seconds: float) -> None:
         self.history.advance(seconds)
@@ -161,6 +176,7 @@ class KeptAgainstFresh(RuleBasedStateMachine):
         held=st.booleans(),
         preemptible=st.sampled_from([None, False]),
         copies=st.integers(1, 3),
+        fraction=st.sampled_from([None, None, None, 0.25, 0.5]),
         depends=st.one_of(
             st.none(),
             st.tuples(st.integers(0, 50), st.sampled_from(["succeeded", "finished", "failed"])),
@@ -176,10 +192,11 @@ class KeptAgainstFresh(RuleBasedStateMachine):
         held: bool,
         preemptible: bool | None,
         copies: int,
+        fraction: float | None,
         depends: tuple[int, str] | None,
     ) -> None:
         for _ in range(copies):
-            self._submit(team, klass, gpus, tasks, estimate, held, preemptible, depends)
+            self._submit(team, klass, gpus, tasks, estimate, held, preemptible, fraction, depends)
 
     def _submit(
         self,
@@ -190,10 +207,14 @@ class KeptAgainstFresh(RuleBasedStateMachine):
         estimate: float,
         held: bool,
         preemptible: bool | None,
+        fraction: float | None,
         depends: tuple[int, str] | None,
     ) -> None:
+        """A job of whole GPUs, or of a slice of one GPU per task (`fraction`, shared)."""
         job = a_job().team(team).priority(klass).gpus(gpus).tasks(tasks).estimate(estimate)
         job = job.retries(2)._set(preemptible=preemptible)
+        if fraction is not None:
+            job = job._set(gpus_per_task=0, gpu_fraction=fraction, sharing="mps")
         if held:
             job = job._set(hold=True)
         if depends is not None:
