@@ -69,7 +69,9 @@ class EventRegistry:
             if schema_version == model.schema_version:
                 if isinstance(payload, str | bytes):
                     return model.model_validate_json(payload)
-                return model.model_validate(payload)
+                # model_validate's own call, without its wrapper (every consumed event).
+                event: Event = model.__pydantic_validator__.validate_python(payload)
+                return event
             data = json.loads(payload) if isinstance(payload, str | bytes) else payload
             if not isinstance(data, dict):
                 raise EventDecodeError(f"{type_name} payload is not an object")
