@@ -50,6 +50,7 @@ def test_the_payload_is_the_event_s_json_and_only_the_spec_is_held_to_the_rule()
     assert _submitted_payload(named) == named.model_dump_json()
 
 
+@pytest.mark.integration
 async def test_a_submission_dumps_its_spec_once_and_the_log_holds_that_json(
     api: Api, store: EventStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
