@@ -6,9 +6,9 @@ transport sends each at once (a `send` system call each, and with TCP_NODELAY a 
 each), so a client that reads the head first wakes twice per answer. Here the server's
 protocol gets a transport that holds what is written during one turn of the event loop and
 hands it on in one `write` at the next turn (asyncio's `call_soon`): the head and body of an
-answer sent in one go leave together. The bytes on the wire and their order are unchanged;
-closing or aborting the connection hands on what is held first (an abort drops it, as the
-socket transport's abort drops its buffer).
+answer sent in one go leave together, and what reaches 64 KiB goes on at once. The bytes on
+the wire and their order are unchanged; closing the connection hands on what is held first
+(an abort drops it, as the socket transport's abort drops its buffer).
 """
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ import asyncio
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+# What is held is handed on at once from this size: asyncio's default high-water mark of a
+# socket transport's buffer (64 KiB), so a streamed answer still meets its flow control.
+HAND_ON_BYTES = 64 * 1024
 
 
 class CoalescingTransport(asyncio.Transport):
@@ -27,13 +31,20 @@ class CoalescingTransport(asyncio.Transport):
         self._transport = transport
         self._loop = loop
         self._held: list[bytes] = []
+        self._held_bytes = 0
 
     def write(self, data: bytes | bytearray | memoryview[Any]) -> None:
         if not data:
             return
         if not self._held:
             self._loop.call_soon(self.flush)
-        self._held.append(bytes(data))
+        data = bytes(data)
+        self._held.append(data)
+        self._held_bytes += len(data)
+        if self._held_bytes >= HAND_ON_BYTES:
+            # A large answer goes on at once, so that the socket transport's flow control
+            # (pause_writing past its high-water mark) acts on it as before.
+            self.flush()
 
     def writelines(self, list_of_data: Any) -> None:
         for data in list_of_data:
@@ -43,7 +54,7 @@ class CoalescingTransport(asyncio.Transport):
         """Hand on what is held (nothing when it was handed on already)."""
         if not self._held:
             return
-        held, self._held = self._held, []
+        held, self._held, self._held_bytes = self._held, [], 0
         self._transport.write(held[0] if len(held) == 1 else b"".join(held))
 
     def write_eof(self) -> None:
@@ -58,7 +69,7 @@ class CoalescingTransport(asyncio.Transport):
         self._transport.close()
 
     def abort(self) -> None:
-        self._held = []
+        self._held, self._held_bytes = [], 0
         self._transport.abort()
 
     def is_closing(self) -> bool:
@@ -83,7 +94,7 @@ class CoalescingTransport(asyncio.Transport):
         return self._transport.is_reading()
 
     def get_write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size() + sum(map(len, self._held))
+        return self._transport.get_write_buffer_size() + self._held_bytes
 
     def get_write_buffer_limits(self) -> tuple[int, int]:
         return self._transport.get_write_buffer_limits()

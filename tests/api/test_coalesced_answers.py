@@ -9,7 +9,7 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
-from services.api.coalesce import CoalescingTransport
+from services.api.coalesce import HAND_ON_BYTES, CoalescingTransport
 from services.api.workers import server_config
 
 REQUEST = b"POST /v1/jobs HTTP/1.1\r\nHost: api\r\nContent-Length: 2\r\n\r\n{}"
@@ -128,3 +128,14 @@ async def test_closing_hands_on_what_is_held_first_and_aborting_drops_it() -> No
     transport.abort()
     await asyncio.sleep(0)
     assert socket.writes == [] and socket.aborted
+
+
+async def test_a_large_answer_goes_on_at_once_to_meet_the_socket_s_flow_control() -> None:
+    socket = Socket()
+    transport = CoalescingTransport(socket, asyncio.get_running_loop())
+    transport.write(b"head ")
+    transport.write(b"x" * HAND_ON_BYTES)
+    assert socket.writes == [b"head " + b"x" * HAND_ON_BYTES]  # before the turn ends
+    transport.write(b"tail")
+    await asyncio.sleep(0)
+    assert socket.writes[1:] == [b"tail"]
