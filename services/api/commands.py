@@ -148,17 +148,24 @@ class Commands:
                 principal, [spec], batch=False, idempotency_key=idempotency_key
             )
             return self.feed.models.jobs[planned.events[0].job_id]
-        _require_storable(spec)
+        # The event is dumped once, here, before the checks: its JSON is what the log stores,
+        # and what `_require_storable` refuses is refused first, as always.
+        event = JobSubmitted(job_id=new_job_id(), spec=spec, submitted_by=principal.name)
+        payload = _submitted_payload(event)
         await self._check([spec])
         await self._within_limits(spec.team)
-        for _ in range(ATTEMPTS):
-            job_id = new_job_id()
-            event = JobSubmitted(job_id=job_id, spec=spec, submitted_by=principal.name)
+        for attempt in range(ATTEMPTS):
+            if attempt:  # an id collision: draw another
+                event = JobSubmitted(job_id=new_job_id(), spec=spec, submitted_by=principal.name)
+                payload = event.model_dump_json()
             try:
-                await self._append(event.stream, 0, [event])
+                envelopes = await self.store.append_many(
+                    [StreamAppend(event.stream, 0, [event], (payload,))], _metadata()
+                )
             except ConcurrencyConflict:
-                continue  # an id collision: draw another
-            return self.feed.models.jobs[job_id]
+                continue
+            await self.feed.deliver_all(envelopes)
+            return self.feed.models.jobs[event.job_id]
         raise RuntimeError("could not draw an unused job id")
 
     async def submit_many(
@@ -795,6 +802,21 @@ def _require_storable(spec: JobSpec) -> int:
             422, "validation-error", "the job spec must not contain NUL or unpaired surrogates"
         )
     return len(encoded.encode())
+
+
+def _submitted_payload(event: JobSubmitted) -> str:
+    """The event's JSON as the log stores it; refuses what `_require_storable` refuses for
+    its spec, in the same words. The spec's JSON is part of the event's, written by the same
+    serializer, so a NUL or a lone surrogate there is found in the event's dump; only then is
+    the spec dumped alone, so that a `\\u0000` elsewhere in the event refuses nothing."""
+    try:
+        payload = event.model_dump_json()
+    except ValueError:
+        _require_storable(event.spec)
+        raise
+    if "\\u0000" in payload:
+        _require_storable(event.spec)
+    return payload
 
 
 def _first_error(error: ValidationError) -> str:

@@ -20,8 +20,10 @@ from collections.abc import Sequence
 from types import FrameType
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from services.api.app import create_app
+from services.api.coalesce import CoalescingHttpToolsProtocol
 from services.api.settings import ApiSettings
 
 log = logging.getLogger("services.api")
@@ -51,15 +53,22 @@ def listening_socket(host: str, port: int, *, shared: bool) -> socket.socket:
     return sock
 
 
-def serve(settings: ApiSettings, *, shared: bool = False) -> None:
-    config = uvicorn.Config(
-        create_app(settings, settle=True),
+def server_config(app: ASGIApp) -> uvicorn.Config:
+    """How each API process serves `app`."""
+    return uvicorn.Config(
+        app,
         log_level="info",
         # Every change is already an event in the log; a line per request would cost a tenth of
         # the API's throughput for no new information.
         access_log=False,
         proxy_headers=False,
+        # An answer's head and body in one send (services/api/coalesce.py).
+        http=CoalescingHttpToolsProtocol,
     )
+
+
+def serve(settings: ApiSettings, *, shared: bool = False) -> None:
+    config = server_config(create_app(settings, settle=True))
     server = uvicorn.Server(config)
     sock = listening_socket(settings.listen_host, settings.listen_port, shared=shared)
     server.run(sockets=[sock])

@@ -39,6 +39,10 @@ class StreamAppend:
     stream: str
     expected_version: int | None
     events: Sequence[Event] = field(default_factory=tuple)
+    # Each event's `model_dump_json()`, when the caller has it already (a submission dumps its
+    # JobSubmitted before its checks, to refuse what the log cannot hold): the store writes
+    # these instead of dumping the events again. None: the store dumps them.
+    payloads: Sequence[str] | None = None
 
 
 class RawEvent(NamedTuple):

@@ -396,14 +396,19 @@ def _check_appends(appends: Sequence[StreamAppend], registry: EventRegistry) -> 
         seen.add(append.stream)
         if append.expected_version is not None and append.expected_version < 0:
             raise ValueError(f"expected version of {append.stream!r} is negative")
-        for event in append.events:
+        dumped = append.payloads
+        if dumped is not None and len(dumped) != len(append.events):
+            raise ValueError(
+                f"{len(append.events)} events to {append.stream!r} with {len(dumped)} payloads"
+            )
+        for index, event in enumerate(append.events):
             if event.stream != append.stream:
                 raise ValueError(
                     f"{event.type} belongs to stream {event.stream!r}, not {append.stream!r}"
                 )
             if registry.model(event.type) is not type(event):
                 raise ValueError(f"{type(event).__name__} is not the registered {event.type}")
-            payload = event.model_dump_json()
+            payload = event.model_dump_json() if dumped is None else dumped[index]
             # len() counts characters, each at most 4 bytes in UTF-8: encode only near the bound.
             if len(payload) * 4 > MAX_EVENT_BYTES and len(payload.encode()) > MAX_EVENT_BYTES:
                 raise EventTooLarge(event.type, len(payload.encode()), MAX_EVENT_BYTES)

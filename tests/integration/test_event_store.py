@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from uuid import uuid4
 
 import asyncpg
@@ -18,6 +19,8 @@ from services.runtime import (
     StreamAppend,
     acquire_leadership,
 )
+from services.runtime.errors import EventTooLarge
+from services.runtime.limits import MAX_EVENT_BYTES
 from services.runtime.store import Inbox
 from tests.integration.support import appends_waiting, deferrals, wait_until
 
@@ -414,3 +417,24 @@ async def test_replay_reads_the_whole_log_in_commit_order(store: EventStore) -> 
     assert [len(b) for b in batches] == [16, 16, 16, 16, 6]
     assert [r.position for b in batches for r in b] == list(range(1, 71))
     assert [e.position for e in replayed] == list(range(1, 71))
+
+
+async def test_payloads_given_with_an_append_are_what_the_log_stores(store: EventStore) -> None:
+    event = JobDeferred(job_id="dumped", code="c", message="m")
+    payload = event.model_dump_json()
+    [written] = await store.append_many([StreamAppend(event.stream, 0, [event], (payload,))])
+    [recorded] = await store.read_all_raw(0, 1)
+    assert json.loads(recorded.payload) == json.loads(payload)
+    assert written.payload == event
+
+
+async def test_payloads_given_are_held_to_the_event_bound_and_must_match_the_events(
+    store: EventStore,
+) -> None:
+    event = JobDeferred(job_id="dumped", code="c", message="m")
+    big = '{"message": "' + "x" * MAX_EVENT_BYTES + '"}'
+    with pytest.raises(EventTooLarge):
+        await store.append_many([StreamAppend(event.stream, 0, [event], (big,))])
+    with pytest.raises(ValueError, match="2 payloads"):
+        await store.append_many([StreamAppend(event.stream, 0, [event], ("{}", "{}"))])
+    assert await store.head() == 0
