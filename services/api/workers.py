@@ -24,8 +24,8 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from services.api.app import create_app
-from services.api.request_head import BoundedHeadProtocol
 from services.api.settings import ApiSettings
+from services.runtime.request_head import BoundedHeadProtocol
 
 log = logging.getLogger("services.api")
 
@@ -55,7 +55,7 @@ def listening_socket(host: str, port: int, *, shared: bool) -> socket.socket:
 
 
 def server_config(app: ASGIApp, **options: Any) -> uvicorn.Config:
-    """How every API worker serves `app`: request heads bounded (request_head.py)."""
+    """How every API worker serves `app`: request heads bounded (runtime/request_head.py)."""
     return uvicorn.Config(
         app,
         http=BoundedHeadProtocol,

@@ -14,8 +14,8 @@ import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
 
-from services.api.request_head import MAX_HEAD_BYTES
 from services.api.workers import server_config
+from services.runtime.request_head import MAX_HEAD_BYTES
 
 
 async def hello(scope: Scope, receive: Receive, send: Send) -> None:

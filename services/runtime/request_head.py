@@ -1,10 +1,12 @@
 """A request's head (its request line and headers) is bounded, or answered 431 problem+json
-and the connection closed.
+and the connection closed: the protocol of every HTTP server of the services (the API's
+workers, the agent's log endpoint).
 
 uvicorn's httptools protocol buffers a head of any size, and the parser grows a header value by
 concatenation: one unauthenticated request with a 100 MB header line held 180 MB of an API
-worker and its event loop for 15 s, every team's requests on that worker waiting behind it.
-Counted here, at the connection, before authentication and before any route.
+worker and 16 s of its CPU, other requests waiting up to 21 s behind it; a rank reaches its
+agent's loopback log endpoint the same way. Counted here, at the connection, before
+authentication and before any route.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from typing import Any, Final
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from services.api.problems import PROBLEM_BASE, PROBLEM_MEDIA_TYPE
-
+# The API's problem type base and media type (services/api/problems.py): the runtime does not
+# import the API.
+PROBLEM_BASE: Final = "https://gangway.dev/problems/"
+PROBLEM_MEDIA_TYPE: Final = "application/problem+json"
 # nginx's default (large_client_header_buffers 4 8k) is 32 KiB; Node's 16 KiB. What a client
 # of this API sends (a token, a few headers, a URL of query parameters) is well under 8 KiB.
 MAX_HEAD_BYTES: Final = 64 * 1024
