@@ -15,6 +15,7 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 
 from services.api.workers import server_config
+from services.runtime import request_head
 from services.runtime.request_head import MAX_HEAD_BYTES
 
 
@@ -110,3 +111,55 @@ def test_a_large_body_is_not_counted_as_head(address: tuple[str, int]) -> None:
     head = b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
     answer = exchange(address, head % len(body) + body)
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+
+
+@pytest.fixture
+def short_head_deadline(monkeypatch: pytest.MonkeyPatch) -> float:
+    """A head deadline short enough for a test (the protocol reads it per connection)."""
+    monkeypatch.setattr(request_head, "HEAD_TIMEOUT_S", 0.5)
+    return 0.5
+
+
+def trickle(address: tuple[str, int], opening: bytes, seconds: float) -> bytes:
+    """Open a request with `opening`, then send one more byte of header every tenth of a second
+    for `seconds` (never ending the head); what the server answered, if it did."""
+    with socket.create_connection(address, timeout=30) as conn:
+        conn.sendall(opening)
+        deadline = time.monotonic() + seconds
+        try:
+            while time.monotonic() < deadline:
+                time.sleep(0.1)
+                conn.sendall(b"a")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # closed by the server: its answer may still be readable
+        conn.settimeout(1)
+        try:
+            return conn.recv(65536)
+        except (TimeoutError, ConnectionResetError):
+            return b""
+
+
+@pytest.mark.usefixtures("short_head_deadline")
+def test_a_head_still_arriving_at_its_deadline_gets_408(address: tuple[str, int]) -> None:
+    """One byte at a time, a header never ends: the connection was held for as long as the
+    client liked (a few thousand of them reach a worker's open-file limit)."""
+    answer = trickle(address, b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nX-Slow: ", 5.0)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+    assert b"request-head-timeout" in answer
+
+
+@pytest.mark.usefixtures("short_head_deadline")
+def test_a_connection_that_never_starts_a_request_is_closed(address: tuple[str, int]) -> None:
+    with socket.create_connection(address, timeout=30) as conn:
+        conn.settimeout(10)
+        assert conn.recv(65536).startswith(b"HTTP/1.1 408 ")
+
+
+@pytest.mark.usefixtures("short_head_deadline")
+def test_a_head_in_time_is_served_on_a_kept_alive_connection(address: tuple[str, int]) -> None:
+    """The deadline runs from each request's first byte, not from the connection's start."""
+    with socket.create_connection(address, timeout=30) as conn:
+        for _ in range(3):
+            conn.sendall(b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert conn.recv(65536).startswith(b"HTTP/1.1 200 ")
+            time.sleep(0.3)
