@@ -11,7 +11,8 @@ authentication and before any route.
 A head that never ends (a byte of header now and then), or a connection that never starts a
 request, was held as long as the client liked: uvicorn has no head deadline, and its keep-alive
 timer runs only between requests. A few thousand such connections reach a worker's open-file
-limit. A head now has HEAD_TIMEOUT_S from its first byte (or from the connection's start).
+limit. A head now has HEAD_TIMEOUT_S from the first read that did not hold it whole (or from
+the connection's start).
 """
 
 from __future__ import annotations
@@ -85,7 +86,6 @@ class BoundedHeadProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_open = True
-        self._start_deadline()
 
     def on_headers_complete(self) -> None:
         self._head_open = False
@@ -97,6 +97,10 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         super().data_received(data)
         if not self._head_open or self.transport.is_closing():
             return
+        # A head that did not arrive whole in one read: armed here, not at each request's
+        # start, so that the usual request (its head in one read) costs no timer.
+        if self._head_deadline is None:
+            self._start_deadline()
         self._head_bytes += len(data)
         if self._head_bytes > MAX_HEAD_BYTES:
             self._refuse(_TOO_LARGE)

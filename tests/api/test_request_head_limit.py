@@ -157,7 +157,7 @@ def test_a_connection_that_never_starts_a_request_is_closed(address: tuple[str, 
 
 @pytest.mark.usefixtures("short_head_deadline")
 def test_a_head_in_time_is_served_on_a_kept_alive_connection(address: tuple[str, int]) -> None:
-    """The deadline runs from each request's first byte, not from the connection's start."""
+    """The deadline armed at the connection's start ends with its first head, not later ones."""
     with socket.create_connection(address, timeout=30) as conn:
         for _ in range(3):
             conn.sendall(b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n")
