@@ -109,6 +109,10 @@ log = logging.getLogger(__name__)
 LAUNCH_FAILED_EXIT_CODE = 127
 
 T = TypeVar("T")
+# How long a fresh heartbeat producer may take to reach the broker, and a broken one to stop
+# (with the broker away, a stop would wait on its batches).
+_PRODUCER_START_TIMEOUT_S = 5.0
+_PRODUCER_STOP_TIMEOUT_S = 2.0
 
 
 @dataclass(eq=False)
@@ -280,17 +284,26 @@ class Agent:
         return samples
 
     async def heartbeat_loop(self, stop: asyncio.Event) -> None:
-        producer = make_producer(self.settings, client_id=f"{self.settings.service_name}-hb")
-        await producer.start()
+        first = make_producer(self.settings, client_id=f"{self.settings.service_name}-hb")
+        await first.start()
+        producer: AIOKafkaProducer | None = first
         try:
             interval = self.settings.heartbeat_interval_s
             next_round = time.monotonic()
             while not stop.is_set():
                 try:
+                    if producer is None:
+                        producer = await self._heartbeat_producer()
                     await self.send_heartbeats(producer)
                 except Exception:
                     # A broker hiccup costs a round, not the agent; inventory tolerates gaps.
                     log.exception("heartbeat round failed")
+                    # An idempotent producer whose batch failed may hold a broken sequence:
+                    # after a broker restart that lost its log's tail, the broker refused every
+                    # later batch of some partitions (OutOfOrderSequenceNumber), and those
+                    # nodes were declared lost for good. The next round starts afresh.
+                    await _stop_producer(producer)
+                    producer = None
                 next_round += interval
                 delay = max(0.0, next_round - time.monotonic())
                 if delay == 0.0:
@@ -298,7 +311,19 @@ class Agent:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), delay)
         finally:
-            await producer.stop()
+            if producer is not None:
+                await producer.stop()
+
+    async def _heartbeat_producer(self) -> AIOKafkaProducer:
+        """A fresh heartbeat producer; while the broker is away its start fails, bounded, and
+        the round with it."""
+        producer = make_producer(self.settings, client_id=f"{self.settings.service_name}-hb")
+        try:
+            await asyncio.wait_for(producer.start(), _PRODUCER_START_TIMEOUT_S)
+        except BaseException:
+            await _stop_producer(producer)
+            raise
+        return producer
 
     # ------------------------------------------------------------------ gangs
 
@@ -993,6 +1018,15 @@ class Agent:
         )
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self.settings.stop_timeout_s + 5)
+
+
+async def _stop_producer(producer: AIOKafkaProducer | None) -> None:
+    if producer is None:
+        return
+    try:
+        await asyncio.wait_for(producer.stop(), _PRODUCER_STOP_TIMEOUT_S)
+    except Exception as error:
+        log.debug("heartbeat producer did not stop cleanly: %r", error)
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:

@@ -27,6 +27,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from services.agent import logs
+from services.runtime.request_head import BoundedHeadProtocol
 
 AUTH_HEADER = "X-Gangway-Agent-Auth"
 # How long a signed request stays valid.
@@ -148,7 +149,15 @@ class LogServer:
 
     async def start(self, app: Starlette) -> None:
         self.server = _QuietServer(
-            uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+            uvicorn.Config(
+                app,
+                # A rank reaches this loopback port: its request head is bounded before the
+                # signature is checked (services/runtime/request_head.py).
+                http=BoundedHeadProtocol,
+                log_level="warning",
+                access_log=False,
+                lifespan="off",
+            )
         )
         self._task = asyncio.create_task(self.server.serve(sockets=[self.socket]))
         while not self.server.started:

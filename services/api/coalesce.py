@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from services.runtime.request_head import BoundedHeadProtocol
 
 # What is held is handed on at once from this size: asyncio's default high-water mark of a
 # socket transport's buffer (64 KiB), so a streamed answer still meets its flow control.
@@ -103,8 +103,8 @@ class CoalescingTransport(asyncio.Transport):
         self._transport.set_write_buffer_limits(high, low)
 
 
-class CoalescingHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol on a `CoalescingTransport`."""
+class CoalescingHttpToolsProtocol(BoundedHeadProtocol):
+    """The services' bounded-head httptools protocol on a `CoalescingTransport`."""
 
     def connection_made(  # type: ignore[override]
         self, transport: asyncio.Transport

@@ -24,6 +24,10 @@ IDLE_ONLY_PRIORITY: Final = "best-effort"
 # JobSpec, so that the recorded event schemas stay as they are.
 MAX_RUNTIME_S: Final = 10 * 366 * 86_400
 _RUNTIME_FIELDS: Final = ("estimated_runtime_s", "max_runtime_s", "min_runtime_s")
+# The scheduler counts CPUs in thousandths (core/shape.py): less than half of one rounded to
+# none, and a CPU-only task that asks nothing packs without bound past every CPU ceiling.
+# Checked here, not in JobSpec, so that the recorded event schemas stay as they are.
+MIN_CPUS_PER_TASK: Final = 0.001
 
 
 def invalid(slug: str, detail: str) -> ProblemError:
@@ -88,6 +92,11 @@ def check_submission(spec: JobSpec, models: ReadModels) -> None:
             "runtime-out-of-range",
             f"min_runtime_s ({spec.min_runtime_s:g} s) must not exceed "
             f"max_runtime_s ({spec.max_runtime_s:g} s)",
+        )
+    if spec.cpus_per_task is not None and spec.cpus_per_task < MIN_CPUS_PER_TASK:
+        raise invalid(
+            "invalid-cpus",
+            f"cpus_per_task: at least {MIN_CPUS_PER_TASK:g} (CPUs are counted in thousandths)",
         )
     for name in illegal_env_names(spec.env):
         raise invalid(

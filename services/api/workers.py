@@ -18,6 +18,7 @@ import sys
 import time
 from collections.abc import Sequence
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from starlette.types import ASGIApp
@@ -53,22 +54,22 @@ def listening_socket(host: str, port: int, *, shared: bool) -> socket.socket:
     return sock
 
 
-def server_config(app: ASGIApp) -> uvicorn.Config:
-    """How each API process serves `app`."""
+def server_config(app: ASGIApp, **options: Any) -> uvicorn.Config:
+    """How every API worker serves `app`: request heads bounded (runtime/request_head.py) and
+    an answer's head and body in one send (services/api/coalesce.py)."""
     return uvicorn.Config(
         app,
-        log_level="info",
+        http=CoalescingHttpToolsProtocol,
         # Every change is already an event in the log; a line per request would cost a tenth of
         # the API's throughput for no new information.
         access_log=False,
         proxy_headers=False,
-        # An answer's head and body in one send (services/api/coalesce.py).
-        http=CoalescingHttpToolsProtocol,
+        **options,
     )
 
 
 def serve(settings: ApiSettings, *, shared: bool = False) -> None:
-    config = server_config(create_app(settings, settle=True))
+    config = server_config(create_app(settings, settle=True), log_level="info")
     server = uvicorn.Server(config)
     sock = listening_socket(settings.listen_host, settings.listen_port, shared=shared)
     server.run(sockets=[sock])

@@ -4,6 +4,7 @@ attempt still runs; the logs of attempts ended longer ago than the retention go.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from collections.abc import AsyncIterator
@@ -15,6 +16,7 @@ import pytest
 
 from services.agent import logs
 from services.agent.log_server import AUTH_HEADER, LogServer, auth_header, create_app
+from tests.api.test_request_head_limit import exchange
 
 KEY = b"the services' shared key, for this test"
 
@@ -126,3 +128,15 @@ def test_retention_deletes_attempts_ended_longer_ago_than_it_keeps(tmp_path: Pat
     left = logs.retire(root, now, keep_s=0, running=lambda job, attempt: False)
     assert sorted(left) == [("busy", 1), ("done", 2)]
     assert not (root / "done").exists()
+
+
+async def test_a_head_past_the_bound_is_refused_before_the_signature_is_checked(
+    served: Served,
+) -> None:
+    """A rank reaches the agent's loopback port. Its unsigned request with a 4 MB header line
+    was read whole before the 403 (one of 100 MB cost a server 16 s of CPU and 195 MB), in the
+    agent that heartbeats and launches for the whole node."""
+    host, port = served.url.removeprefix("http://").rsplit(":", 1)
+    request = b"GET /v1/logs/j1/1/0 HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 4_000_000
+    answer = await asyncio.to_thread(exchange, (host, int(port)), request)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]

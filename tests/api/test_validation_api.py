@@ -165,6 +165,25 @@ async def test_a_runtime_past_any_clock_is_refused(api: Api, store: EventStore, 
 
 
 @pytest.mark.usefixtures("teams")
+@pytest.mark.parametrize("cpus", [0.0004, 1e-9])
+async def test_under_a_thousandth_of_a_cpu_is_refused(
+    api: Api, store: EventStore, cpus: float
+) -> None:
+    """CPUs are counted in thousandths: 0.0004 CPUs rounded to none, so a CPU-only task asked
+    nothing of any node or queue and packed without bound past every CPU ceiling."""
+    body = {**VALID, "gpus_per_task": 0, "cpus_per_task": cpus}
+    problem = await rejected(api, store, body, 422, "invalid-cpus")
+    assert "cpus_per_task" in str(problem["detail"])
+
+
+@pytest.mark.usefixtures("teams")
+async def test_a_thousandth_of_a_cpu_is_accepted(api: Api) -> None:
+    body = {**VALID, "gpus_per_task": 0, "cpus_per_task": 0.001}
+    response = await api.client.post("/v1/jobs", json=body, headers=api.teams["nlp"])
+    assert response.status_code == 201, response.text
+
+
+@pytest.mark.usefixtures("teams")
 async def test_an_unpaired_surrogate_in_an_env_key_is_refused(api: Api, store: EventStore) -> None:
     body = b'{"name": "train", "team": "nlp", "env": {"A\\ud800": "x"}}'
     await rejected(api, store, body, 422, "invalid-string")

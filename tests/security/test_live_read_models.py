@@ -14,7 +14,7 @@ from gangway.cli import main
 from gangway.commands.replay import fold_read_models
 from services.api.projections.verify import compare_live
 from services.runtime import EventStore, Settings
-from tests.api.builders import node
+from tests.api.builders import node, submitted
 from tests.api.conftest import ADMIN_TOKEN, api_url
 from tests.cli.test_log_commands import record, running_job, waiting_job
 
@@ -72,3 +72,30 @@ def test_a_job_shown_live_but_absent_from_the_log_is_a_mismatch(
     ]
     [difference] = _rebuilt_differences(settings, [changed])
     assert difference.startswith("job a: state 'succeeded' live, 'running' in the log")
+
+
+def test_replay_verify_with_a_team_token_compares_that_teams_jobs(
+    api_url: str,
+    settings: Settings,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With GANGWAY_TOKEN set to a team's token, as the README's quick start leaves it, every
+    other team's job was 'in the log, not shown by the API': a MISMATCH and exit 1 on a sound
+    installation."""
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    for team in ("vision", "nlp"):
+        created = httpx.post(f"{api_url}/v1/teams", json={"name": team}, headers=admin)
+        assert created.status_code == 201, created.text
+    record(settings, node("n1"), *running_job("a", [0, 1, 2, 3]))
+    other = [submitted("v", team="vision", tasks=1, gpus_per_task=1)]
+    record(settings, *other)
+    _live_jobs(api_url, {"a": "running", "v": "pending"})
+    monkeypatch.setenv("GANGWAY_TOKEN", created.json()["token"])
+    assert main(["replay", "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "OK live read models vs the log" in out, out
+    # The admin still compares every team's jobs.
+    monkeypatch.setenv("GANGWAY_TOKEN", ADMIN_TOKEN)
+    assert main(["replay", "--verify"]) == 0
+    assert "OK live read models vs the log" in capsys.readouterr().out

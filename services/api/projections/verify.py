@@ -6,7 +6,7 @@ placement, and the GPUs allocated. A disagreement is a bug in one of them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from core.state import SchedulerState
@@ -39,17 +39,29 @@ def compare_with_core(models: ReadModels, state: SchedulerState, *, limit: int =
 
 
 def compare_live(
-    models: ReadModels, live_jobs: Sequence[Mapping[str, Any]], *, limit: int = 20
+    models: ReadModels,
+    live_jobs: Sequence[Mapping[str, Any]],
+    *,
+    limit: int = 20,
+    teams: Collection[str] | None = None,
 ) -> list[str]:
     """Differences between the jobs a running API shows (`live_jobs`, as GET /v1/jobs gives
     them) and `models`, a rebuild from the log up to the position the API had applied. A job
-    shown but absent from the log is what a record forged onto the bus would have left."""
+    shown but absent from the log is what a record forged onto the bus would have left.
+
+    `teams`: the teams whose jobs the caller may see (a team's token sees its own), when not
+    every team; the log's jobs of other teams are then not expected from the API."""
     from services.api.auth import Principal
     from services.api.views import job_view
 
     found: list[str] = []
     live = {str(job["id"]): job for job in live_jobs}
-    for job_id in sorted(set(live) | set(models.jobs)):
+    in_log = {
+        job_id
+        for job_id, record in models.jobs.items()
+        if teams is None or record.spec.team in teams
+    }
+    for job_id in sorted(set(live) | in_log):
         theirs = live.get(job_id)
         record = models.jobs.get(job_id)
         if record is None:

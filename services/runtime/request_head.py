@@ -1,0 +1,122 @@
+"""A request's head (its request line and headers) is bounded in size and in time, or answered
+431 or 408 problem+json and the connection closed: the protocol of every HTTP server of the
+services (the API's workers, the agent's log endpoint).
+
+uvicorn's httptools protocol buffers a head of any size, and the parser grows a header value by
+concatenation: one unauthenticated request with a 100 MB header line held 180 MB of an API
+worker and 16 s of its CPU, other requests waiting up to 21 s behind it; a rank reaches its
+agent's loopback log endpoint the same way. Counted here, at the connection, before
+authentication and before any route.
+
+A head that never ends (a byte of header now and then), or a connection that never starts a
+request, was held as long as the client liked: uvicorn has no head deadline, and its keep-alive
+timer runs only between requests. A few thousand such connections reach a worker's open-file
+limit. A head now has HEAD_TIMEOUT_S from the first read that did not hold it whole (or from
+the connection's start).
+"""
+
+from __future__ import annotations
+
+import json
+from asyncio import TimerHandle
+from typing import Any, Final
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+# The API's problem type base and media type (services/api/problems.py): the runtime does not
+# import the API.
+PROBLEM_BASE: Final = "https://gangway.dev/problems/"
+PROBLEM_MEDIA_TYPE: Final = "application/problem+json"
+# nginx's default (large_client_header_buffers 4 8k) is 32 KiB; Node's 16 KiB. What a client
+# of this API sends (a token, a few headers, a URL of query parameters) is well under 8 KiB.
+MAX_HEAD_BYTES: Final = 64 * 1024
+# nginx's client_header_timeout is 60 s; the API gives a body 10 s (services/api/timeouts.py).
+HEAD_TIMEOUT_S = 10.0
+
+
+def _refusal(status: int, reason: str, slug: str, detail: str) -> bytes:
+    body = json.dumps(
+        {"type": f"{PROBLEM_BASE}{slug}", "title": reason, "status": status, "detail": detail}
+    ).encode()
+    head = (
+        f"HTTP/1.1 {status} {reason}\r\n"
+        f"content-type: {PROBLEM_MEDIA_TYPE}\r\n"
+        f"content-length: {len(body)}\r\n"
+        "connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+_TOO_LARGE: Final = _refusal(
+    431,
+    "Request Header Fields Too Large",
+    "request-head-too-large",
+    f"the request line and headers exceed {MAX_HEAD_BYTES} bytes",
+)
+_TOO_SLOW: Final = _refusal(
+    408,
+    "Request Timeout",
+    "request-head-timeout",
+    "the request line and headers did not arrive in time",
+)
+
+
+class BoundedHeadProtocol(HttpToolsProtocol):
+    """httptools' protocol, counting the bytes a request's head arrives in.
+
+    What is counted is every chunk read while a head is incomplete once the parser has seen
+    it: a chunk that ends one request's body and starts the next one's head counts whole, so
+    the bound may be reached up to one read (asyncio's 256 KiB) early for a pipelining client,
+    never late by more than one read."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_open = False
+        self._head_bytes = 0
+        self._head_deadline: TimerHandle | None = None
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._start_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_deadline()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_open = True
+
+    def on_headers_complete(self) -> None:
+        self._head_open = False
+        self._head_bytes = 0
+        self._cancel_deadline()
+        super().on_headers_complete()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if not self._head_open or self.transport.is_closing():
+            return
+        # A head that did not arrive whole in one read: armed here, not at each request's
+        # start, so that the usual request (its head in one read) costs no timer.
+        if self._head_deadline is None:
+            self._start_deadline()
+        self._head_bytes += len(data)
+        if self._head_bytes > MAX_HEAD_BYTES:
+            self._refuse(_TOO_LARGE)
+
+    def _start_deadline(self) -> None:
+        self._cancel_deadline()
+        self._head_deadline = self.loop.call_later(HEAD_TIMEOUT_S, self._refuse, _TOO_SLOW)
+
+    def _cancel_deadline(self) -> None:
+        if self._head_deadline is not None:
+            self._head_deadline.cancel()
+            self._head_deadline = None
+
+    def _refuse(self, answer: bytes) -> None:
+        self._head_open = False
+        self._cancel_deadline()
+        if not self.transport.is_closing():
+            self.transport.write(answer)
+            self.transport.close()

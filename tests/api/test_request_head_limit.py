@@ -1,0 +1,165 @@
+"""A request's head (its request line and headers) is bounded: past the bound the server answers
+431 problem+json and closes the connection, before authentication and before any route."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import uvicorn
+from starlette.types import Receive, Scope, Send
+
+from services.api.workers import server_config
+from services.runtime import request_head
+from services.runtime.request_head import MAX_HEAD_BYTES
+
+
+async def hello(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"hello"})
+
+
+@pytest.fixture
+def address() -> Iterator[tuple[str, int]]:
+    """The API's own server configuration (`server_config`) around a trivial app."""
+    server = uvicorn.Server(server_config(hello, log_level="warning", lifespan="off"))
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    try:
+        yield sock.getsockname()
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
+
+
+def exchange(address: tuple[str, int], request: bytes) -> bytes:
+    """Send `request` (as much of it as the server takes) and read the answer to its end."""
+    with socket.create_connection(address, timeout=30) as conn:
+        # Closed on us mid-send: the answer was written before the close.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            conn.sendall(request)
+        chunks = []
+        while True:
+            try:
+                chunk = conn.recv(65536)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def request(*headers: bytes) -> bytes:
+    head = b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nConnection: close\r\n" + b"".join(headers)
+    return head + b"\r\n"
+
+
+def test_an_ordinary_head_is_served(address: tuple[str, int]) -> None:
+    answer = exchange(address, request(b"X-Note: " + b"a" * 8000 + b"\r\n"))
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        # One header line of 4 MB: before the bound, a 100 MB one from an unauthenticated
+        # client held 180 MB of a worker and its event loop for 15 s, every team's requests
+        # on that worker waiting behind it.
+        [b"X-Big: " + b"a" * 4_000_000 + b"\r\n"],
+        # Many ordinary ones past the bound together.
+        [b"X-H%d: %s\r\n" % (i, b"a" * 100) for i in range(2 * MAX_HEAD_BYTES // 100)],
+    ],
+    ids=["one-long-line", "many-lines"],
+)
+def test_a_head_past_the_bound_gets_431_problem_json(
+    address: tuple[str, int], headers: list[bytes]
+) -> None:
+    answer = exchange(address, request(*headers))
+    status, _, rest = answer.partition(b"\r\n")
+    assert status == b"HTTP/1.1 431 Request Header Fields Too Large", answer[:200]
+    head, _, body = rest.partition(b"\r\n\r\n")
+    assert b"content-type: application/problem+json" in head.lower()
+    problem = json.loads(body)
+    assert problem["status"] == 431
+    assert problem["type"] == "https://gangway.dev/problems/request-head-too-large"
+
+
+def test_a_long_url_counts_too(address: tuple[str, int]) -> None:
+    line = b"GET /v1/jobs?x=" + b"a" * (2 * MAX_HEAD_BYTES) + b" HTTP/1.1\r\nHost: x\r\n\r\n"
+    answer = exchange(address, line)
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+
+
+def test_a_large_body_is_not_counted_as_head(address: tuple[str, int]) -> None:
+    body = b"x" * (4 * MAX_HEAD_BYTES)
+    head = b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: %d\r\n\r\n"
+    answer = exchange(address, head % len(body) + body)
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+
+
+@pytest.fixture
+def short_head_deadline(monkeypatch: pytest.MonkeyPatch) -> float:
+    """A head deadline short enough for a test (the protocol reads it per connection)."""
+    monkeypatch.setattr(request_head, "HEAD_TIMEOUT_S", 0.5)
+    return 0.5
+
+
+def trickle(address: tuple[str, int], opening: bytes, seconds: float) -> bytes:
+    """Open a request with `opening`, then send one more byte of header every tenth of a second
+    for `seconds` (never ending the head); what the server answered, if it did."""
+    with socket.create_connection(address, timeout=30) as conn:
+        conn.sendall(opening)
+        deadline = time.monotonic() + seconds
+        try:
+            while time.monotonic() < deadline:
+                time.sleep(0.1)
+                conn.sendall(b"a")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # closed by the server: its answer may still be readable
+        conn.settimeout(1)
+        try:
+            return conn.recv(65536)
+        except (TimeoutError, ConnectionResetError):
+            return b""
+
+
+@pytest.mark.usefixtures("short_head_deadline")
+def test_a_head_still_arriving_at_its_deadline_gets_408(address: tuple[str, int]) -> None:
+    """One byte at a time, a header never ends: the connection was held for as long as the
+    client liked (a few thousand of them reach a worker's open-file limit)."""
+    answer = trickle(address, b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nX-Slow: ", 5.0)
+    assert answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+    assert b"request-head-timeout" in answer
+
+
+@pytest.mark.usefixtures("short_head_deadline")
+def test_a_connection_that_never_starts_a_request_is_closed(address: tuple[str, int]) -> None:
+    with socket.create_connection(address, timeout=30) as conn:
+        conn.settimeout(10)
+        assert conn.recv(65536).startswith(b"HTTP/1.1 408 ")
+
+
+@pytest.mark.usefixtures("short_head_deadline")
+def test_a_head_in_time_is_served_on_a_kept_alive_connection(address: tuple[str, int]) -> None:
+    """The deadline armed at the connection's start ends with its first head, not later ones."""
+    with socket.create_connection(address, timeout=30) as conn:
+        for _ in range(3):
+            conn.sendall(b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert conn.recv(65536).startswith(b"HTTP/1.1 200 ")
+            time.sleep(0.3)
