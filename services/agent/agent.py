@@ -97,7 +97,7 @@ from services.runtime.checkpoint_store import (
 )
 from services.runtime.consumer import EventConsumer, EventHandler, telemetry_record
 from services.runtime.errors import DATABASE_UNAVAILABLE, DomainError
-from services.runtime.kafka import make_producer
+from services.runtime.kafka import make_producer, start_producer, stop_producer
 from services.runtime.metrics import new_registry
 from services.runtime.records import Metadata
 from services.runtime.retry import Outage, until_available
@@ -109,10 +109,6 @@ log = logging.getLogger(__name__)
 LAUNCH_FAILED_EXIT_CODE = 127
 
 T = TypeVar("T")
-# How long a fresh heartbeat producer may take to reach the broker, and a broken one to stop
-# (with the broker away, a stop would wait on its batches).
-_PRODUCER_START_TIMEOUT_S = 5.0
-_PRODUCER_STOP_TIMEOUT_S = 2.0
 
 
 @dataclass(eq=False)
@@ -302,7 +298,7 @@ class Agent:
                     # after a broker restart that lost its log's tail, the broker refused every
                     # later batch of some partitions (OutOfOrderSequenceNumber), and those
                     # nodes were declared lost for good. The next round starts afresh.
-                    await _stop_producer(producer)
+                    await stop_producer(producer)
                     producer = None
                 next_round += interval
                 delay = max(0.0, next_round - time.monotonic())
@@ -317,13 +313,9 @@ class Agent:
     async def _heartbeat_producer(self) -> AIOKafkaProducer:
         """A fresh heartbeat producer; while the broker is away its start fails, bounded, and
         the round with it."""
-        producer = make_producer(self.settings, client_id=f"{self.settings.service_name}-hb")
-        try:
-            await asyncio.wait_for(producer.start(), _PRODUCER_START_TIMEOUT_S)
-        except BaseException:
-            await _stop_producer(producer)
-            raise
-        return producer
+        return await start_producer(
+            make_producer(self.settings, client_id=f"{self.settings.service_name}-hb")
+        )
 
     # ------------------------------------------------------------------ gangs
 
@@ -1018,15 +1010,6 @@ class Agent:
         )
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self.settings.stop_timeout_s + 5)
-
-
-async def _stop_producer(producer: AIOKafkaProducer | None) -> None:
-    if producer is None:
-        return
-    try:
-        await asyncio.wait_for(producer.stop(), _PRODUCER_STOP_TIMEOUT_S)
-    except Exception as error:
-        log.debug("heartbeat producer did not stop cleanly: %r", error)
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:

@@ -29,7 +29,7 @@ from pydantic import ValidationError
 from schemas import REGISTRY, EventDecodeError, EventEnvelope, EventRegistry
 from schemas.telemetry import TELEMETRY, NodeHeartbeat, StepTimeSample
 from services.runtime.errors import DATABASE_UNAVAILABLE, ConcurrencyConflict, DomainError
-from services.runtime.kafka import make_consumer, make_producer
+from services.runtime.kafka import make_consumer, make_producer, start_producer, stop_producer
 from services.runtime.metrics import follow_readiness, unfollow_readiness
 from services.runtime.retry import Outage
 from services.runtime.settings import Settings
@@ -168,6 +168,8 @@ class ConsumerLoop(ABC):
                 self.lag = _lag(consumer, unprocessed)
         finally:
             unfollow_readiness(self)
+            # The dead letters' producer may have been replaced, or dropped, since.
+            dead_letters = self._producer
             self._consumer = self._producer = None
             if self._uncommitted:
                 # Bounded: with the broker away the next owner re-reads them, as no-ops.
@@ -175,7 +177,8 @@ class ConsumerLoop(ABC):
                     await asyncio.wait_for(self._commit(consumer, self._uncommitted), 2.0)
                 self._uncommitted = {}
             await consumer.stop()
-            await producer.stop()
+            if dead_letters is not None:
+                await dead_letters.stop()
 
     async def _connect(
         self, stop: asyncio.Event
@@ -265,6 +268,10 @@ class ConsumerLoop(ABC):
                 return Outcome.DEAD_LETTERED
             except (KafkaError, OSError) as error:
                 log.warning("%s: dead letter not sent: %r; retrying", self.name, error)
+                # With a fresh producer (kafka.start_producer says why): the one whose send
+                # failed may never be accepted again, and this partition would stall behind it.
+                await stop_producer(self._producer)
+                self._producer = None
             if await sleep_unless(stop, backoff):
                 return None
             backoff = min(backoff * 2, 5.0)
@@ -272,7 +279,10 @@ class ConsumerLoop(ABC):
     async def dead_letter(self, record: ConsumerRecord[bytes, bytes], reason: str) -> None:
         """Publish the message as received, with why and where from, before its offset is
         committed: a dead letter is never lost."""
-        assert self._producer is not None
+        if self._producer is None:
+            self._producer = await start_producer(
+                make_producer(self.settings, client_id=f"{self.settings.service_name}-dlq")
+            )
         log.error("%s: dead-lettering %s: %s", self.name, _where(record), reason.splitlines()[0])
         headers = [
             *[(k, v) for k, v in (record.headers or ()) if not k.startswith("deadletter.")],

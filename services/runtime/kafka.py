@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -10,6 +12,13 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from services.runtime.limits import MAX_FETCH_BYTES, MAX_MESSAGE_BYTES
 from services.runtime.settings import Settings
+
+log = logging.getLogger(__name__)
+
+# How long a producer may take to reach the broker, and a broken one to stop: with the broker
+# away, a start waits for it and a stop waits on the producer's unsent batches.
+PRODUCER_START_TIMEOUT_S = 5.0
+PRODUCER_STOP_TIMEOUT_S = 2.0
 
 
 def connection_options(settings: Settings) -> dict[str, Any]:
@@ -50,6 +59,31 @@ def make_producer(
         request_timeout_ms=30_000,
         **({} if partitioner is None else {"partitioner": partitioner}),
     )
+
+
+async def start_producer(producer: AIOKafkaProducer) -> AIOKafkaProducer:
+    """`producer`, started within PRODUCER_START_TIMEOUT_S, else stopped and the error raised.
+
+    A producer is replaced, not retried, after a send fails: an idempotent producer whose batch
+    failed may hold a sequence the broker no longer accepts (after a restart that lost the tail
+    of its log, every later batch of those partitions is refused, OutOfOrderSequenceNumber, and
+    aiokafka never resets it)."""
+    try:
+        await asyncio.wait_for(producer.start(), PRODUCER_START_TIMEOUT_S)
+    except BaseException:
+        await stop_producer(producer)
+        raise
+    return producer
+
+
+async def stop_producer(producer: AIOKafkaProducer | None) -> None:
+    """Stop `producer` within PRODUCER_STOP_TIMEOUT_S; one that cannot is left behind."""
+    if producer is None:
+        return
+    try:
+        await asyncio.wait_for(producer.stop(), PRODUCER_STOP_TIMEOUT_S)
+    except Exception as error:
+        log.debug("producer did not stop cleanly: %r", error)
 
 
 def make_consumer(

@@ -30,7 +30,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from prometheus_client import Counter, Gauge
 
 from services.runtime.errors import DATABASE_UNAVAILABLE
-from services.runtime.kafka import make_producer
+from services.runtime.kafka import make_producer, stop_producer
 from services.runtime.limits import MAX_MESSAGE_BYTES
 from services.runtime.metrics import new_registry
 from services.runtime.records import RawEvent
@@ -481,12 +481,7 @@ class OutboxRelay:
 
     async def _stop_producer(self) -> None:
         producer, self._producer = self._producer, None
-        if producer is not None:
-            try:
-                # Bounded: with the broker away, a producer's stop would wait on its batches.
-                await asyncio.wait_for(producer.stop(), _PING_TIMEOUT_S)
-            except Exception as error:
-                log.debug("relay %s: producer did not stop cleanly: %r", self.name, error)
+        await stop_producer(producer)
 
 
 _STATUS = """

@@ -6,11 +6,14 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
 import pytest
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import OutOfOrderSequenceNumber
 
+import services.runtime.consumer as consumer_module
 from schemas import EventEnvelope
 from schemas.telemetry import NodeHeartbeat
 from services.runtime import (
@@ -113,6 +116,64 @@ async def test_a_malformed_message_is_dead_lettered_with_its_reason_and_the_cons
     assert "unknown event type 'NoSuchEvent'" in reasons[unknown_type]
     assert {header(d, "deadletter.topic") for d in dead} == {topics.jobs}
     assert consumer.counts[Outcome.DEAD_LETTERED] == 2
+
+
+class RefusedSequence:
+    """A started producer as aiokafka leaves an idempotent one when a restarted broker lost the
+    tail of its log: every later batch of its partitions is refused (OutOfOrderSequenceNumber)
+    and the sequence is never reset, so no send of it succeeds again."""
+
+    def __init__(self, producer: AIOKafkaProducer) -> None:
+        self._producer = producer
+
+    async def start(self) -> None:
+        await self._producer.start()
+
+    async def stop(self) -> None:
+        await self._producer.stop()
+
+    async def send_and_wait(self, *args: object, **kwargs: object) -> None:
+        raise OutOfOrderSequenceNumber()
+
+
+async def test_dead_letters_reach_the_bus_again_after_a_producer_the_broker_refuses(
+    settings: Settings,
+    store: EventStore,
+    topics: Topics,
+    producer: AIOKafkaProducer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A consumer retried its dead letter on the one producer whose sequence the broker
+    refused, forever: the partition stalled behind the malformed message."""
+    made: list[object] = []
+
+    def dead_letter_producer(*args: Any, **kwargs: Any) -> AIOKafkaProducer | RefusedSequence:
+        made.append(None)
+        real = make_producer(*args, **kwargs)
+        return RefusedSequence(real) if len(made) == 1 else real
+
+    monkeypatch.setattr(consumer_module, "make_producer", dead_letter_producer)
+    await create_effects_table(settings)
+    consumer = EventConsumer(
+        settings,
+        store.pool,
+        name="effects",
+        topics=[topics.jobs],
+        handlers={"JobDeferred": count_effects},
+    )
+    good = await _recorded(store, "job-q", 1)
+    not_json = b"\xff{not json"
+
+    async with running(consumer):
+        await producer.send_and_wait(topics.jobs, not_json, key=b"job-q")
+        await _publish(producer, topics, good, settings.bus_signing_key)
+        # The batch's effects commit before its dead letters are sent: the letter is the proof.
+        [dead] = await read_topics(settings, [topics.deadletter], 1)
+
+    assert dead.value == not_json
+    assert await _effects(store) == {1: 1}
+    assert len(made) == 2
+    assert consumer.counts[Outcome.DEAD_LETTERED] == 1
 
 
 async def test_an_event_its_handler_refuses_is_dead_lettered_and_its_effects_rolled_back(
