@@ -192,9 +192,14 @@ def _release_into(ctx: CycleContext, snap: Snapshot) -> None:
 
 def explain(ctx: CycleContext, waiting: list[CoreJob]) -> None:
     """Phase 7: a JobDeferred for every waiting job whose reason changed."""
+    # Lookups bound once and `ctx.emit` inlined: a burst's first cycle gives ~9,400 waiting
+    # jobs their first reason, and a busy cycle reads every waiting job's.
+    outcome_of = ctx.outcomes.get
+    emit = ctx.result.decisions.append
     for job in waiting:
-        outcome = ctx.outcomes.get(job.job_id)
+        outcome = outcome_of(job.job_id)
         if outcome is None:
             continue
-        if job.reason_code != outcome.code or job.reason != outcome.message:
-            ctx.emit(job_deferred(job.job_id, outcome.code, outcome.message))
+        code, message = outcome.code, outcome.message
+        if job.reason_code != code or job.reason != message:
+            emit(job_deferred(job.job_id, code, message))

@@ -287,6 +287,29 @@ class Snapshot:
                 undo[index] = before
         self._set(index, before | usable, before)
 
+    def usable(self, index: int, mask: int) -> int:
+        """The GPUs of `mask` that `release` would give back: healthy ones of a schedulable
+        node (0: none)."""
+        node = self.nodes[index]
+        if not node.schedulable:
+            return 0
+        return mask & node.all_mask & ~node.unhealthy_mask
+
+    def release_gathered(self, gathered: dict[int, int]) -> None:
+        """Give back GPUs gathered per node (node index -> GPUs, `usable` ones only, OR'ed
+        into those free): the snapshot is left as by `release` of each. A reservation plan
+        releases thousands of ranks, several to a node, between two tries of the head."""
+        free, journals = self.free, self._journals
+        for index, mask in gathered.items():
+            before = free.get(index, 0)
+            after = before | mask
+            if after == before:
+                continue
+            for undo in journals:
+                if index not in undo:
+                    undo[index] = before
+            self._set(index, after, before)
+
     def commit(self, shape: Shape, allocation: Allocation) -> list[tuple[int, int]]:
         """Bind the allocation: one (node index, GPU mask) per rank, ranks in topology order.
 

@@ -134,3 +134,28 @@ def test_a_gang_cut_down_by_a_cpu_ceiling_lends_its_outcome_to_no_other_gang() -
     assert reasons[elastic].startswith("needs 4 GPUs (4 tasks x 1)")
     assert reasons[whole].startswith("needs 2 GPUs (2 tasks x 1)")
     assert decisions == Planner(behind_memo=False).schedule(history.state, history.now).decisions
+
+
+def test_a_shape_that_fails_both_ways_with_different_outcomes_keeps_each_outcome() -> None:
+    # The head (8 GPUs) is planned on n0001, where a gang holding 4 GPUs and 200 GB ends in
+    # 1 h; n0000 is full for 2 h. Behind it, jobs of one shape (1 GPU, 100 GB) fail both ways:
+    # a long one, kept off the reserved n0001, waits for GPUs ("no_capacity"); a short one, that
+    # may use n0001, waits for memory there. Jobs of that shape after both take their own
+    # `avoid`'s outcome, not the last one recorded.
+    history = History("groups:\n  - {count: 2, gpus: 8, cpus: 32, memory_mb: 262144}\n")
+    history.occupy("n0000", 8, a_job().preemptible(False).estimate(2 * 3600.0))
+    history.occupy("n0001", 4, a_job().preemptible(False).estimate(3600.0).memory(200_000))
+    head = history.submit(a_job().gpus(8))[0]
+    long_1, short, long_2 = history.submit(
+        a_job().gpus(1).memory(100_000).estimate(4 * 3600.0),
+        a_job().gpus(1).memory(100_000).estimate(600.0),
+        a_job().gpus(1).memory(100_000).estimate(4 * 3600.0),
+    )
+
+    history.cycle()
+
+    assert history.job(head).reason_code == "reserved_head"
+    assert history.job(short).reason_code == "insufficient_memory"
+    assert history.job(long_1).reason_code == "no_capacity"
+    assert history.job(long_2).reason_code == "no_capacity"
+    cycles_agree(history, Planner())
