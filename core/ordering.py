@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import heapq
 import math
-import weakref
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -32,6 +31,7 @@ from core.policy import SchedulingPolicy
 from core.quota import QuotaBook
 from core.reservation import runtime_estimate
 from core.state import CoreJob, HostCapacity, QueueRecord, WaitingWatch
+from core.state_index import StateIndex
 from core.surface import PlanningSurface
 from schemas.reasons import RETRY_BACKOFF
 
@@ -213,13 +213,7 @@ _Entry = tuple[tuple[float, ...], CoreJob]
 _second = itemgetter(1)
 
 
-def _unwatch(state_ref: weakref.ref[PlanningSurface], watch: WaitingWatch) -> None:
-    state = state_ref()
-    if state is not None:
-        state.unwatch_waiting(watch)
-
-
-class OrderBook:
+class OrderBook(StateIndex[WaitingWatch]):
     """The waiting jobs of one state kept in order between cycles, by its planner.
 
     In a queue without a guarantee a job that waits, not aged, awaiting no victims and holding
@@ -233,29 +227,10 @@ class OrderBook:
     orders it). The aging wake-up noted is the earliest one, not one per job.
     """
 
-    __slots__ = (
-        "__weakref__",
-        "_aged",
-        "_aging",
-        "_finalizer",
-        "_groups",
-        "_heap",
-        "_latest_now",
-        "_loose",
-        "_policy",
-        "_state",
-        "_watch",
-        "_where",
-    )
+    __slots__ = ("_aged", "_aging", "_groups", "_heap", "_loose", "_where")
 
     def __init__(self) -> None:
-        self._state: weakref.ref[PlanningSurface] | None = None
-        self._watch: WaitingWatch | None = None
-        self._finalizer: (
-            weakref.finalize[[weakref.ref[PlanningSurface], WaitingWatch], OrderBook] | None
-        ) = None
-        self._policy = SchedulingPolicy()
-        self._latest_now = -math.inf
+        super().__init__()
         self._aging = 0.0
         # (queue, class) → its kept jobs in order.
         self._groups: dict[tuple[str, str], list[_Entry]] = {}
@@ -330,14 +305,8 @@ class OrderBook:
     # ------------------------------------------------------------ upkeep
 
     def _sync(self, state: PlanningSurface, now: float) -> None:
-        indexed = self._state() if self._state is not None else None
-        watch = self._watch
-        if (
-            indexed is not state
-            or watch is None
-            or state.policy is not self._policy
-            or now < self._latest_now
-        ):
+        watch = self._current(state, now)
+        if watch is None:
             # Another state, a new policy, or the clock went back (aged jobs may not be any
             # more): build again from the state.
             self._rebuild(state)
@@ -352,18 +321,12 @@ class OrderBook:
                 if job is not None:
                     added.append(job)
             self._add(added)
-        self._latest_now = now
         if len(self._heap) > 2 * len(self._where) + 32:
             self._heap = [entry for entry in self._heap if self._kept(entry[2], entry[0])]
             heapq.heapify(self._heap)
 
     def _rebuild(self, state: PlanningSurface) -> None:
-        if self._finalizer is not None:
-            self._finalizer()
-        self._state = weakref.ref(state)
-        self._watch = watch = state.watch_waiting()
-        self._finalizer = weakref.finalize(self, _unwatch, self._state, watch)
-        self._policy = state.policy
+        self._bind(state, state.watch_waiting(), type(state).unwatch_waiting)
         self._aging = state.policy.aging_max_wait_s
         self._groups = {}
         self._where = {}

@@ -26,11 +26,10 @@ team feeds: core/estimates.py `reads_own_team`), or all of them when many teams 
 from __future__ import annotations
 
 import heapq
-import weakref
-from typing import TYPE_CHECKING
 
 from core.reservation import estimated_end, runtime_estimate
 from core.state import CoreJob, HoldingWatch
+from core.state_index import StateIndex
 from core.surface import PlanningSurface
 
 __all__ = ["GangTimers"]
@@ -41,46 +40,28 @@ _LIMIT = 1  # a started gang's max runtime: due once past it
 # (time, kind, token, job id) and (estimated end, token, job id)
 _Deadline = tuple[float, int, int, str]
 _End = tuple[float, int, str]
-if TYPE_CHECKING:
-    # Unwatches the state when the timers go (a planner dropped while its state lives on).
-    _Finalizer = weakref.finalize[[weakref.ref[PlanningSurface], HoldingWatch], "GangTimers"]
 
 
-def _unwatch(state_ref: weakref.ref[PlanningSurface], watch: HoldingWatch) -> None:
-    state = state_ref()
-    if state is not None:
-        state.unwatch_holding(watch)
-
-
-class GangTimers:
+class GangTimers(StateIndex[HoldingWatch]):
     """One state's holding gangs by deadline and estimated end, kept by its planner."""
 
     __slots__ = (
-        "__weakref__",
         "_always",
         "_by_ratio",
         "_deadlines",
         "_end_of",
         "_ends",
-        "_finalizer",
-        "_latest_now",
         "_learned",
         "_next",
         "_order",
         "_overrun",
-        "_policy",
         "_ratio_of",
-        "_state",
         "_token",
         "_unscaled",
-        "_watch",
     )
 
     def __init__(self) -> None:
-        self._state: weakref.ref[PlanningSurface] | None = None
-        self._watch: HoldingWatch | None = None
-        self._finalizer: _Finalizer | None = None
-        self._policy: object = None
+        super().__init__()
         # Per holding gang: its place in `holding_jobs` order, and the token of its entries.
         self._order: dict[str, int] = {}
         self._token: dict[str, int] = {}
@@ -102,7 +83,6 @@ class GangTimers:
         self._overrun: dict[str, int] = {}
         # Gangs visited in every cycle (being preempted, or with no binding time).
         self._always: set[str] = set()
-        self._latest_now = float("-inf")
         # How many jobs the estimator had learned from when the estimated ends were pushed.
         self._learned = -1
 
@@ -180,14 +160,8 @@ class GangTimers:
     # ------------------------------------------------------------ upkeep
 
     def _sync(self, state: PlanningSurface, now: float) -> None:
-        indexed = self._state() if self._state is not None else None
-        watch = self._watch
-        if (
-            indexed is not state
-            or watch is None
-            or state.policy is not self._policy
-            or now < self._latest_now
-        ):
+        watch = self._current(state, now)
+        if watch is None:
             # Another state, a new policy, or the clock went back (gangs counted as past
             # their estimate may not be any more): build again from the state.
             self._rebuild(state)
@@ -198,17 +172,11 @@ class GangTimers:
                 self._apply(state, changes)
             if state.estimates.learned != self._learned:
                 self._estimates_moved(state)
-        self._latest_now = now
         if len(self._deadlines) + len(self._ends) > 4 * len(self._token) + 1024:
             self._compact()
 
     def _rebuild(self, state: PlanningSurface) -> None:
-        if self._finalizer is not None:
-            self._finalizer()
-        self._state = weakref.ref(state)
-        self._watch = watch = state.watch_holding()
-        self._finalizer = weakref.finalize(self, _unwatch, self._state, watch)
-        self._policy = state.policy
+        self._bind(state, state.watch_holding(), type(state).unwatch_holding)
         self._order = {}
         self._token = {}
         self._deadlines = []
@@ -219,7 +187,6 @@ class GangTimers:
         self._unscaled = {}
         self._overrun = {}
         self._always = set()
-        self._latest_now = float("-inf")
         self._learned = state.estimates.learned
         self._next = 0
         for job in state.holding_jobs.values():

@@ -76,7 +76,10 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
         "test_host_resources",
         "test_live_sharing",
         "test_audit_rules",
+        "test_kept_order",
+        "test_state_index",
     ),
+    "state_index": ("test_state_index", "test_order_memo", "test_timers"),
     "quota": (
         "test_quota_book",
         "test_host_ceiling_accounting",

@@ -212,6 +212,19 @@ def _run(args: argparse.Namespace) -> int:
     if args.no_departures:
         return _fill(args, jobs, nodes)
 
+    if quotas is not None:
+        # Invariant 4 (a team can always reach its guarantee) promises every team its whole
+        # guarantee at once: guarantees beyond the cluster cannot all be honoured, and the
+        # auditor would flag as the scheduler's a violation that is the input's.
+        capacity = sum(len(node.gpus) for node in nodes)
+        guaranteed = sum(quotas[tenant].guaranteed_gpus for tenant in {job.tenant for job in jobs})
+        if guaranteed > capacity:
+            raise InputError(
+                f"--quotas {args.quotas}: the guarantees of the trace's tenants total "
+                f"{guaranteed} GPUs, more than the cluster's {capacity}; lower them or "
+                "simulate a larger cluster"
+            )
+
     # Gangway's own policy as configured by default; a baseline is the same core ordered by
     # the simulator (gangway/simulator/baselines.py).
     baseline = None if args.policy == "gangway" else args.policy

@@ -329,6 +329,25 @@ def test_dominant_resource_fair_share_orders_the_next_jobs() -> None:
     assert history.job(cpu_next).state == "queued"
 
 
+def test_dominant_resource_fair_share_orders_the_jobs_within_their_guarantees() -> None:
+    """As above, with guarantees both next jobs stay within: jobs of queues with a guarantee
+    are ordered by the same dominant share (the team that filled the CPUs goes after)."""
+    history = History("groups:\n  - {count: 1, gpus: 2, cpus: 8}")
+    history.team("cpu", guaranteed=2).team("gpu", guaranteed=2)
+    history.submit(a_job().team("cpu").cpu_only(6).estimate(3600))
+    history.submit(a_job().team("gpu").gpus(1).cpus(1).estimate(3600))
+    history.run()
+    history.advance(1800)
+    cpu_next, gpu_next = history.submit(
+        a_job().team("cpu").gpus(1).cpus(1), a_job().team("gpu").gpus(1).cpus(1)
+    )
+
+    history.run()
+
+    assert history.job(gpu_next).state == "running"
+    assert history.job(cpu_next).state == "queued"
+
+
 def test_a_gang_short_of_cpus_preempts_the_cpu_only_work_that_holds_them() -> None:
     history = History("groups:\n  - {count: 1, gpus: 8, cpus: 16}")
     prep = history.submit(a_job().cpu_only(16).priority("best-effort"))[0]

@@ -31,6 +31,10 @@ def indexes_agree(history: History) -> None:
     preempting = {job_id for job_id, job in state.holding_jobs.items() if job.state == "preempting"}
     assert set(state.preempting_jobs) == preempting
     assert all(state.preempting_jobs[job_id] is state.holding_jobs[job_id] for job_id in preempting)
+    # A gang is bound only to a job it moves to the holding states, and released before the
+    # job waits again: no waiting job holds ranks (core/ordering.py's book would key such a
+    # job one by one, its attained service growing while it ran: a case that cannot arise).
+    assert not any(job.ranks for job in state.waiting_jobs.values())
 
 
 @given(

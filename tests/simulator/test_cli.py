@@ -123,6 +123,24 @@ def test_quotas_leave_out_tenants_they_do_not_name(
     assert "left out: blue" in capsys.readouterr().err
 
 
+def test_guarantees_beyond_the_cluster_are_refused_with_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Invariant 4 promises each team its whole guarantee: guarantees the cluster cannot hold
+    all at once are bad input, refused before the run (the auditor would otherwise flag the
+    scheduler). Only the trace's tenants count: green has no job."""
+    quotas = tmp_path / "quotas.csv"
+    quotas.write_text("tenant,guaranteed_gpus,max_gpus\nred,8,\nblue,16,\ngreen,64,\n")
+    args = ["simulate", "--trace", str(small_trace(tmp_path)), "--cluster", "2x8", "--no-progress"]
+    assert main([*args, "--quotas", str(quotas)]) == 2
+    err = capsys.readouterr().err
+    assert "the guarantees of the trace's tenants total 24 GPUs, more than the cluster's 16" in err
+    assert err.count("\n") == 1
+    # As many GPUs guaranteed as the cluster has: every guarantee can be honoured at once.
+    assert main([*args, "--cluster", "3x8", "--quotas", str(quotas)]) == 0
+    capsys.readouterr()
+
+
 def test_cluster_may_be_a_yaml_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cluster = tmp_path / "cluster.yaml"
     cluster.write_text("groups:\n  - count: 2\n    gpus: 8\n")
