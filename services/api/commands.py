@@ -585,7 +585,9 @@ class Commands:
         wait = await self.limiter.take(team, policy.submissions_per_second)
         if wait is not None:
             raise rate_limited(
-                f"team {team!r} may submit {policy.submissions_per_second:g} jobs per second", wait
+                f"team {team!r} may make {policy.submissions_per_second:g} submissions per "
+                "second (a batch or an array is one; max_pending_jobs bounds the jobs)",
+                wait,
             )
 
     # ------------------------------------------------------------------ teams

@@ -135,6 +135,18 @@ async def test_a_team_past_its_submission_rate_gets_429_with_retry_after(api: Ap
     assert 1 <= int(response.headers["retry-after"]) <= 3600
 
 
+async def test_the_rate_counts_submissions_a_batch_being_one(api: Api) -> None:
+    """`submissions_per_second` limits requests; `max_pending_jobs` bounds the jobs they add."""
+    nlp = await api.create_team("nlp")
+    await set_policy(api, submissions_per_second=1 / 3600)
+    batch = await api.client.post("/v1/jobs:batch", json={"jobs": [JOB] * 3}, headers=nlp)
+    assert batch.status_code == 201, batch.text
+    assert len(batch.json()["jobs"]) == 3
+    response = await api.client.post("/v1/jobs", json=JOB, headers=nlp)
+    assert response.status_code == 429, response.text
+    assert "submissions per second (a batch or an array is one" in response.json()["detail"]
+
+
 @contextlib.asynccontextmanager
 async def another_worker(api: Api) -> AsyncIterator[httpx.AsyncClient]:
     """A second API process's app on the same database (as `--workers 2` runs it): nothing
