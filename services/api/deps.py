@@ -54,12 +54,20 @@ _bearer = HTTPBearer(
 )
 
 
+# Where a request's caller is kept once known (its ASGI scope): a route with a body asks who
+# calls before it reads the body (services/api/routing.py), and its dependencies ask again.
+_PRINCIPAL = "gangway.principal"
+
+
 async def get_principal(
     context: Context,
     models: Models,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     request: Request,
 ) -> Principal:
+    known: Principal | None = request.scope.get(_PRINCIPAL)
+    if known is not None:
+        return known
     header = request.headers.get("authorization")
     if credentials is not None:
         header = f"Bearer {credentials.credentials}"
@@ -83,7 +91,15 @@ async def get_principal(
     if request.method in _READS:
         # After the caller is known: a refused or rate-limited read asks nothing of the log.
         await context.read_barrier()
+    request.scope[_PRINCIPAL] = principal
     return principal
+
+
+async def caller_of(request: Request) -> Principal:
+    """The request's caller, resolved as the `Caller` dependency resolves it (and kept)."""
+    context = await get_context(request)
+    models = await get_models(context)
+    return await get_principal(context, models, await _bearer(request), request)
 
 
 _READS = frozenset({"GET", "HEAD"})

@@ -20,14 +20,12 @@ from services.api.models import (
 )
 from services.api.problems import PROBLEM_RESPONSES
 from services.api.routers.teams import team_view
-from services.api.strict import StrictJsonRoute
+from services.api.routing import ApiRoute
 from services.api.views import node_view, queue_view
 
 NodeId = Annotated[str, Path(pattern=r"^[A-Za-z0-9._-]{1,128}$", description="the node's id")]
 
-router = APIRouter(
-    prefix="/v1", tags=["admin"], responses=PROBLEM_RESPONSES, route_class=StrictJsonRoute
-)
+router = APIRouter(prefix="/v1", tags=["admin"], responses=PROBLEM_RESPONSES, route_class=ApiRoute)
 
 
 @router.post(

@@ -29,14 +29,14 @@ from services.api.models import (
 from services.api.pipelines import PlannedJob
 from services.api.problems import PROBLEM_RESPONSES
 from services.api.projections.jobs import JobReadModel, Request
-from services.api.strict import StrictJsonRoute
+from services.api.routing import ApiRoute
 from services.api.views import array_view, event_view, job_view
 
 # Ids are drawn by the API ([0-9a-f]); the pattern keeps odd bytes (NUL) away from the log.
 JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9._-]{1,64}$", description="the job's id")]
 
 router = APIRouter(
-    prefix="/v1/jobs", tags=["jobs"], responses=PROBLEM_RESPONSES, route_class=StrictJsonRoute
+    prefix="/v1/jobs", tags=["jobs"], responses=PROBLEM_RESPONSES, route_class=ApiRoute
 )
 
 

@@ -29,7 +29,7 @@ from services.api.models import (
 from services.api.problems import PROBLEM_RESPONSES, not_found
 from services.api.projections.model import ReadModels
 from services.api.projections.queues import TeamRecord
-from services.api.strict import StrictJsonRoute
+from services.api.routing import ApiRoute
 from services.api.validation import PRIORITY_CLASSES
 from services.api.views import queue_view
 
@@ -37,7 +37,7 @@ router = APIRouter(
     prefix="/v1/teams/{team}",
     tags=["teams"],
     responses=PROBLEM_RESPONSES,
-    route_class=StrictJsonRoute,
+    route_class=ApiRoute,
 )
 
 Team = Annotated[str, Path(pattern=NAME_PATTERN, description="the team's name")]
