@@ -72,6 +72,7 @@ class BoundedHeadProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_open = False
+        self._in_message = False
         self._head_bytes = 0
         self._head_deadline: TimerHandle | None = None
 
@@ -86,6 +87,11 @@ class BoundedHeadProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_open = True
+        self._in_message = True
+
+    def on_message_complete(self) -> None:
+        self._in_message = False
+        super().on_message_complete()
 
     def on_headers_complete(self) -> None:
         self._head_open = False
@@ -95,7 +101,15 @@ class BoundedHeadProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
-        if not self._head_open or self.transport.is_closing():
+        if self.transport.is_closing():
+            return
+        if not self._head_open:
+            # Bytes between requests that begin none (the parser skips blank lines before a
+            # request line) on an idle connection: they cancel uvicorn's keep-alive timer, so
+            # a blank line now and then held the connection for ever. The head's deadline runs
+            # from them instead, until a head arrives whole.
+            if not self._in_message and self._head_deadline is None and self._idle():
+                self._start_deadline()
             return
         # A head that did not arrive whole in one read: armed here, not at each request's
         # start, so that the usual request (its head in one read) costs no timer.
@@ -104,6 +118,10 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         self._head_bytes += len(data)
         if self._head_bytes > MAX_HEAD_BYTES:
             self._refuse(_TOO_LARGE)
+
+    def _idle(self) -> bool:
+        """No answer under way (none begun, or the last one complete)."""
+        return self.cycle is None or self.cycle.response_complete
 
     def _start_deadline(self) -> None:
         self._cancel_deadline()

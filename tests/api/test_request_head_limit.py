@@ -163,3 +163,32 @@ def test_a_head_in_time_is_served_on_a_kept_alive_connection(address: tuple[str,
             conn.sendall(b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n")
             assert conn.recv(65536).startswith(b"HTTP/1.1 200 ")
             time.sleep(0.3)
+
+
+@pytest.mark.usefixtures("short_head_deadline")
+def test_blank_lines_between_requests_do_not_hold_a_connection(address: tuple[str, int]) -> None:
+    """After a first answer on a kept-alive connection, a client sends a blank line (CRLF) now
+    and then, never a request: the parser skips blank lines before a request line, so no head
+    begins, and any byte read cancels uvicorn's keep-alive timer. The connection was held for as
+    long as the client liked; the head deadline closes it."""
+    with socket.create_connection(address, timeout=30) as conn:
+        conn.sendall(b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert conn.recv(65536).startswith(b"HTTP/1.1 200 ")
+        closed = False
+        deadline = time.monotonic() + 6.0  # past uvicorn's 5 s keep-alive, 12 head deadlines
+        try:
+            while time.monotonic() < deadline:
+                time.sleep(0.1)
+                conn.sendall(b"\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            closed = True
+        answer = b""
+        if not closed:
+            conn.settimeout(1)
+            try:
+                answer = conn.recv(65536)
+            except TimeoutError:
+                pytest.fail("the connection was still open")
+            except ConnectionResetError:
+                pass
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 408 "), answer[:200]
