@@ -73,6 +73,7 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._head_open = False
         self._in_message = False
+        self._refused = False
         self._head_bytes = 0
         self._head_deadline: TimerHandle | None = None
 
@@ -100,6 +101,11 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            # Refused behind an answer still under way: what follows is not parsed (uvicorn
+            # resumes reading when an earlier pipelined answer completes).
+            self.flow.pause_reading()
+            return
         super().data_received(data)
         if self.transport.is_closing():
             return
@@ -135,6 +141,16 @@ class BoundedHeadProtocol(HttpToolsProtocol):
     def _refuse(self, answer: bytes) -> None:
         self._head_open = False
         self._cancel_deadline()
-        if not self.transport.is_closing():
-            self.transport.write(answer)
-            self.transport.close()
+        if self.transport.is_closing():
+            return
+        if not self._idle():
+            # A head pipelined behind an answer still under way: the refusal written now
+            # would land inside that answer (between a streamed body's chunks). Nothing more
+            # is read, and the connection closes once that answer is complete (as uvicorn's
+            # graceful shutdown does), without the refusal.
+            self._refused = True
+            self.flow.pause_reading()
+            self.cycle.keep_alive = False
+            return
+        self.transport.write(answer)
+        self.transport.close()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -18,9 +19,19 @@ from services.api.workers import server_config
 from services.runtime import request_head
 from services.runtime.request_head import MAX_HEAD_BYTES
 
+STREAM_PARTS = 6
+
 
 async def hello(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] != "http":
+        return
+    if scope["path"] == "/stream":
+        # A streamed answer (as the logs' follow and the events' stream), a part at a time.
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for part in range(STREAM_PARTS):
+            await asyncio.sleep(0.25)
+            await send({"type": "http.response.body", "body": b"part%d;" % part, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
         return
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b"hello"})
@@ -192,3 +203,39 @@ def test_blank_lines_between_requests_do_not_hold_a_connection(address: tuple[st
             except ConnectionResetError:
                 pass
         assert answer == b"" or answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+
+
+def read_to_close(conn: socket.socket) -> bytes:
+    chunks = []
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := conn.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@pytest.mark.usefixtures("short_head_deadline")
+@pytest.mark.parametrize(
+    "opening",
+    [
+        b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nX-Slow: a",  # its deadline passes
+        b"GET /v1/jobs HTTP/1.1\r\nX-Big: " + b"a" * (2 * MAX_HEAD_BYTES),  # past the bound
+    ],
+    ids=["408", "431"],
+)
+def test_a_refusal_does_not_cut_into_an_answer_under_way(
+    address: tuple[str, int], opening: bytes
+) -> None:
+    """A client pipelines a request behind a streamed answer and its head is refused while the
+    answer is still streaming: the refusal was written into the middle of the streamed body,
+    whose chunks then no longer parse. The answer under way ends whole, then the connection
+    closes."""
+    with socket.create_connection(address, timeout=30) as conn:
+        conn.sendall(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            conn.sendall(opening)
+        received = read_to_close(conn)
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), received[:200]
+    assert b"transfer-encoding: chunked" in head.lower()
+    parts = b"".join(b"%x\r\npart%d;\r\n" % (len(b"part0;"), i) for i in range(STREAM_PARTS))
+    assert body.startswith(parts + b"0\r\n\r\n"), body[:300]
