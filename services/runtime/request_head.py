@@ -75,6 +75,10 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         self._in_message = False
         self._refused = False
         self._head_bytes = 0
+        # A chunked body's trailers (header fields after its last chunk) are bounded as a
+        # head is: from a chunk's header until body bytes follow it (none do the last one's).
+        self._after_chunk_header = False
+        self._trailer_bytes = 0
         self._head_deadline: TimerHandle | None = None
 
     def connection_made(self, transport: Any) -> None:
@@ -92,7 +96,17 @@ class BoundedHeadProtocol(HttpToolsProtocol):
 
     def on_message_complete(self) -> None:
         self._in_message = False
+        self._after_chunk_header = False
+        self._trailer_bytes = 0
         super().on_message_complete()
+
+    def on_chunk_header(self) -> None:
+        self._after_chunk_header = True
+
+    def on_body(self, body: bytes) -> None:
+        self._after_chunk_header = False
+        self._trailer_bytes = 0
+        super().on_body(body)
 
     def on_headers_complete(self) -> None:
         self._head_open = False
@@ -108,6 +122,13 @@ class BoundedHeadProtocol(HttpToolsProtocol):
             return
         super().data_received(data)
         if self.transport.is_closing():
+            return
+        if self._after_chunk_header:
+            # What httptools buffers of trailers (it grows a field by concatenation, as in a
+            # head, and uvicorn appends each to the request's headers) is counted here.
+            self._trailer_bytes += len(data)
+            if self._trailer_bytes > MAX_HEAD_BYTES:
+                self._refuse(_TOO_LARGE, trailers=True)
             return
         if not self._head_open:
             # Bytes between requests that begin none (the parser skips blank lines before a
@@ -138,12 +159,14 @@ class BoundedHeadProtocol(HttpToolsProtocol):
             self._head_deadline.cancel()
             self._head_deadline = None
 
-    def _refuse(self, answer: bytes) -> None:
+    def _refuse(self, answer: bytes, *, trailers: bool = False) -> None:
         self._head_open = False
         self._cancel_deadline()
         if self.transport.is_closing():
             return
-        if not self._idle():
+        # Trailers are the current request's: its answer, if not begun, is the refusal.
+        own = trailers and not self.cycle.response_started and not self.pipeline
+        if not own and not self._idle():
             # A head pipelined behind an answer still under way: the refusal written now
             # would land inside that answer (between a streamed body's chunks). Nothing more
             # is read, and the connection closes once that answer is complete (as uvicorn's

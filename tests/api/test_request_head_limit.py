@@ -33,6 +33,10 @@ async def hello(scope: Scope, receive: Receive, send: Send) -> None:
             await send({"type": "http.response.body", "body": b"part%d;" % part, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
         return
+    if scope["path"] == "/read":
+        # The whole body read first, as a route that parses it does.
+        while (await receive()).get("more_body", False):
+            pass
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b"hello"})
 
@@ -239,3 +243,39 @@ def test_a_refusal_does_not_cut_into_an_answer_under_way(
     assert b"transfer-encoding: chunked" in head.lower()
     parts = b"".join(b"%x\r\npart%d;\r\n" % (len(b"part0;"), i) for i in range(STREAM_PARTS))
     assert body.startswith(parts + b"0\r\n\r\n"), body[:300]
+
+
+@pytest.mark.parametrize(
+    "trailers",
+    [
+        [b"X-T%d: %s\r\n" % (i, b"a" * 100) for i in range(2 * MAX_HEAD_BYTES // 100)],
+        [b"X-Big: " + b"a" * 4_000_000 + b"\r\n"],
+    ],
+    ids=["many-lines", "one-long-line"],
+)
+def test_a_chunked_body_s_trailers_count_as_head(
+    address: tuple[str, int], trailers: list[bytes]
+) -> None:
+    """Header fields after a chunked body's last chunk (trailers) are parsed as a head's are,
+    after the head's bound: each was appended to the request's headers, and one 50 MB line
+    held 190 MB of the worker, before any route or authentication."""
+    answer = exchange(
+        address,
+        b"POST /read HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"5\r\nhello\r\n0\r\n"
+        + b"".join(trailers)
+        + b"\r\n",
+    )
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert b"request-head-too-large" in answer
+
+
+def test_a_chunked_body_with_a_few_trailers_is_served(address: tuple[str, int]) -> None:
+    answer = exchange(
+        address,
+        b"POST /read HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        + b"Transfer-Encoding: chunked\r\n\r\n"
+        + b"5\r\nhello\r\n" * 100
+        + b"0\r\nX-Checksum: abc\r\n\r\n",
+    )
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
