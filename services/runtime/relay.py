@@ -30,7 +30,7 @@ from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from prometheus_client import Counter, Gauge
 
 from services.runtime.errors import DATABASE_UNAVAILABLE
-from services.runtime.kafka import make_producer, stop_producer
+from services.runtime.kafka import make_producer, start_producer, stop_producer
 from services.runtime.limits import MAX_MESSAGE_BYTES
 from services.runtime.metrics import new_registry
 from services.runtime.records import RawEvent
@@ -471,8 +471,9 @@ class OutboxRelay:
                 linger_ms=0,
                 partitioner=self._partitioner,
             )
-            await producer.start()
-            self._producer = producer
+            # Bounded, and stopped if it fails (with the broker away, each round's try was
+            # left unstopped).
+            self._producer = await start_producer(producer)
         return self._producer
 
     async def _restart_producer(self) -> None:

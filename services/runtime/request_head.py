@@ -72,7 +72,13 @@ class BoundedHeadProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_open = False
+        self._in_message = False
+        self._refused = False
         self._head_bytes = 0
+        # A chunked body's trailers (header fields after its last chunk) are bounded as a
+        # head is: from a chunk's header until body bytes follow it (none do the last one's).
+        self._after_chunk_header = False
+        self._trailer_bytes = 0
         self._head_deadline: TimerHandle | None = None
 
     def connection_made(self, transport: Any) -> None:
@@ -86,6 +92,21 @@ class BoundedHeadProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_open = True
+        self._in_message = True
+
+    def on_message_complete(self) -> None:
+        self._in_message = False
+        self._after_chunk_header = False
+        self._trailer_bytes = 0
+        super().on_message_complete()
+
+    def on_chunk_header(self) -> None:
+        self._after_chunk_header = True
+
+    def on_body(self, body: bytes) -> None:
+        self._after_chunk_header = False
+        self._trailer_bytes = 0
+        super().on_body(body)
 
     def on_headers_complete(self) -> None:
         self._head_open = False
@@ -94,8 +115,28 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def data_received(self, data: bytes) -> None:
+        if self._refused:
+            # Refused behind an answer still under way: what follows is not parsed (uvicorn
+            # resumes reading when an earlier pipelined answer completes).
+            self.flow.pause_reading()
+            return
         super().data_received(data)
-        if not self._head_open or self.transport.is_closing():
+        if self.transport.is_closing():
+            return
+        if self._after_chunk_header:
+            # What httptools buffers of trailers (it grows a field by concatenation, as in a
+            # head, and uvicorn appends each to the request's headers) is counted here.
+            self._trailer_bytes += len(data)
+            if self._trailer_bytes > MAX_HEAD_BYTES:
+                self._refuse(_TOO_LARGE, trailers=True)
+            return
+        if not self._head_open:
+            # Bytes between requests that begin none (the parser skips blank lines before a
+            # request line) on an idle connection: they cancel uvicorn's keep-alive timer, so
+            # a blank line now and then held the connection for ever. The head's deadline runs
+            # from them instead, until a head arrives whole.
+            if not self._in_message and self._head_deadline is None and self._idle():
+                self._start_deadline()
             return
         # A head that did not arrive whole in one read: armed here, not at each request's
         # start, so that the usual request (its head in one read) costs no timer.
@@ -104,6 +145,10 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         self._head_bytes += len(data)
         if self._head_bytes > MAX_HEAD_BYTES:
             self._refuse(_TOO_LARGE)
+
+    def _idle(self) -> bool:
+        """No answer under way (none begun, or the last one complete)."""
+        return self.cycle is None or self.cycle.response_complete
 
     def _start_deadline(self) -> None:
         self._cancel_deadline()
@@ -114,9 +159,21 @@ class BoundedHeadProtocol(HttpToolsProtocol):
             self._head_deadline.cancel()
             self._head_deadline = None
 
-    def _refuse(self, answer: bytes) -> None:
+    def _refuse(self, answer: bytes, *, trailers: bool = False) -> None:
         self._head_open = False
         self._cancel_deadline()
-        if not self.transport.is_closing():
-            self.transport.write(answer)
-            self.transport.close()
+        if self.transport.is_closing():
+            return
+        # Trailers are the current request's: its answer, if not begun, is the refusal.
+        own = trailers and not self.cycle.response_started and not self.pipeline
+        if not own and not self._idle():
+            # A head pipelined behind an answer still under way: the refusal written now
+            # would land inside that answer (between a streamed body's chunks). Nothing more
+            # is read, and the connection closes once that answer is complete (as uvicorn's
+            # graceful shutdown does), without the refusal.
+            self._refused = True
+            self.flow.pause_reading()
+            self.cycle.keep_alive = False
+            return
+        self.transport.write(answer)
+        self.transport.close()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
@@ -18,10 +19,24 @@ from services.api.workers import server_config
 from services.runtime import request_head
 from services.runtime.request_head import MAX_HEAD_BYTES
 
+STREAM_PARTS = 6
+
 
 async def hello(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] != "http":
         return
+    if scope["path"] == "/stream":
+        # A streamed answer (as the logs' follow and the events' stream), a part at a time.
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        for part in range(STREAM_PARTS):
+            await asyncio.sleep(0.25)
+            await send({"type": "http.response.body", "body": b"part%d;" % part, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+        return
+    if scope["path"] == "/read":
+        # The whole body read first, as a route that parses it does.
+        while (await receive()).get("more_body", False):
+            pass
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": b"hello"})
 
@@ -163,3 +178,104 @@ def test_a_head_in_time_is_served_on_a_kept_alive_connection(address: tuple[str,
             conn.sendall(b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n")
             assert conn.recv(65536).startswith(b"HTTP/1.1 200 ")
             time.sleep(0.3)
+
+
+@pytest.mark.usefixtures("short_head_deadline")
+def test_blank_lines_between_requests_do_not_hold_a_connection(address: tuple[str, int]) -> None:
+    """After a first answer on a kept-alive connection, a client sends a blank line (CRLF) now
+    and then, never a request: the parser skips blank lines before a request line, so no head
+    begins, and any byte read cancels uvicorn's keep-alive timer. The connection was held for as
+    long as the client liked; the head deadline closes it."""
+    with socket.create_connection(address, timeout=30) as conn:
+        conn.sendall(b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert conn.recv(65536).startswith(b"HTTP/1.1 200 ")
+        closed = False
+        deadline = time.monotonic() + 6.0  # past uvicorn's 5 s keep-alive, 12 head deadlines
+        try:
+            while time.monotonic() < deadline:
+                time.sleep(0.1)
+                conn.sendall(b"\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            closed = True
+        answer = b""
+        if not closed:
+            conn.settimeout(1)
+            try:
+                answer = conn.recv(65536)
+            except TimeoutError:
+                pytest.fail("the connection was still open")
+            except ConnectionResetError:
+                pass
+        assert answer == b"" or answer.startswith(b"HTTP/1.1 408 "), answer[:200]
+
+
+def read_to_close(conn: socket.socket) -> bytes:
+    chunks = []
+    with contextlib.suppress(ConnectionResetError):
+        while chunk := conn.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@pytest.mark.usefixtures("short_head_deadline")
+@pytest.mark.parametrize(
+    "opening",
+    [
+        b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nX-Slow: a",  # its deadline passes
+        b"GET /v1/jobs HTTP/1.1\r\nX-Big: " + b"a" * (2 * MAX_HEAD_BYTES),  # past the bound
+    ],
+    ids=["408", "431"],
+)
+def test_a_refusal_does_not_cut_into_an_answer_under_way(
+    address: tuple[str, int], opening: bytes
+) -> None:
+    """A client pipelines a request behind a streamed answer and its head is refused while the
+    answer is still streaming: the refusal was written into the middle of the streamed body,
+    whose chunks then no longer parse. The answer under way ends whole, then the connection
+    closes."""
+    with socket.create_connection(address, timeout=30) as conn:
+        conn.sendall(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            conn.sendall(opening)
+        received = read_to_close(conn)
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 "), received[:200]
+    assert b"transfer-encoding: chunked" in head.lower()
+    parts = b"".join(b"%x\r\npart%d;\r\n" % (len(b"part0;"), i) for i in range(STREAM_PARTS))
+    assert body.startswith(parts + b"0\r\n\r\n"), body[:300]
+
+
+@pytest.mark.parametrize(
+    "trailers",
+    [
+        [b"X-T%d: %s\r\n" % (i, b"a" * 100) for i in range(2 * MAX_HEAD_BYTES // 100)],
+        [b"X-Big: " + b"a" * 4_000_000 + b"\r\n"],
+    ],
+    ids=["many-lines", "one-long-line"],
+)
+def test_a_chunked_body_s_trailers_count_as_head(
+    address: tuple[str, int], trailers: list[bytes]
+) -> None:
+    """Header fields after a chunked body's last chunk (trailers) are parsed as a head's are,
+    after the head's bound: each was appended to the request's headers, and one 50 MB line
+    held 190 MB of the worker, before any route or authentication."""
+    answer = exchange(
+        address,
+        b"POST /read HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + b"5\r\nhello\r\n0\r\n"
+        + b"".join(trailers)
+        + b"\r\n",
+    )
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert b"request-head-too-large" in answer
+
+
+def test_a_chunked_body_with_a_few_trailers_is_served(address: tuple[str, int]) -> None:
+    answer = exchange(
+        address,
+        b"POST /read HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        + b"Transfer-Encoding: chunked\r\n\r\n"
+        + b"5\r\nhello\r\n" * 100
+        + b"0\r\nX-Checksum: abc\r\n\r\n",
+    )
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
