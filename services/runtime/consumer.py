@@ -177,8 +177,7 @@ class ConsumerLoop(ABC):
                     await asyncio.wait_for(self._commit(consumer, self._uncommitted), 2.0)
                 self._uncommitted = {}
             await consumer.stop()
-            if dead_letters is not None:
-                await dead_letters.stop()
+            await stop_producer(dead_letters)
 
     async def _connect(
         self, stop: asyncio.Event

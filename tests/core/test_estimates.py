@@ -4,9 +4,11 @@ prediction; a replay predicts the same; an estimate is never a limit."""
 
 from __future__ import annotations
 
+import pytest
+
 from core.estimates import RuntimeEstimates, name_prefix, predicted_runtime_s
 from core.policy import SchedulingPolicy
-from core.reservation import has_overrun, runtime_estimate
+from core.reservation import estimated_end, has_overrun, runtime_estimate
 from schemas.jobs import JobSpec, PreemptionRequested, ReservationPlanned
 from tests.core.builders import History, a_job
 
@@ -365,3 +367,33 @@ def test_a_long_run_cancelled_shortens_no_overrunning_gangs_prediction() -> None
     before = estimates.beyond_s("probe", spec("train"), 150 * minute)
     cancel_after(history, history.submit(a_job().named("train").gpus(1))[0], 160 * minute)
     assert estimates.beyond_s("probe", spec("train"), 150 * minute) == before
+
+
+def test_the_heads_plan_waits_for_a_gang_past_its_estimate_until_its_estimated_end() -> None:
+    """The head's plan reckons a running gang's end inline (core/reservation.py): each plan
+    of the head behind a gang past its learned runtime starts exactly when `estimated_end`
+    says that gang ends then: from the runs that went as long, and past the longest of them
+    the overrun grace after now."""
+    history = History("1x8")
+    run_jobs(history, [("train", HOUR), ("train", 2 * HOUR), ("train", 3 * HOUR)] * 2)
+    running = history.submit(a_job().named("train").gpus(8).priority("best-effort"))[0]
+    history.run()
+    started = history.now - 1
+    head = history.submit(a_job().named("eval").gpus(8).priority("research"))[0]
+    policy, estimates = history.policy, history.state.estimates
+    planned: list[tuple[float, float]] = []
+    for _ in range(10):
+        decisions = history.cycle()
+        plans = [e for e in decisions if isinstance(e, ReservationPlanned) and e.job_id == head]
+        job = history.state.job_records[running]
+        end = estimated_end(job, history.now, policy, estimates)
+        for plan in plans:
+            assert plan.start_at.timestamp() == pytest.approx(end, abs=1e-3), history.now
+            planned.append((history.now - started, end - history.now))
+        history.advance(HOUR / 2)
+    assert history.job(running).state == "running"
+    # Planned within its learned two hours, past them by the three-hour runs, past those by
+    # the grace.
+    assert [ran for ran, _ in planned if ran < 2 * HOUR]
+    assert [ran for ran, later in planned if 2 * HOUR < ran < 3 * HOUR and later > 600]
+    assert [ran for ran, later in planned if ran > 3 * HOUR and later == policy.overrun_grace_s]

@@ -290,3 +290,23 @@ def test_a_head_behind_a_gang_estimated_past_any_clock_is_still_planned() -> Non
     assert why.code == "reserved_head", why
     planned = history.events(ReservationPlanned)[-1].start_at.timestamp()
     assert planned == pytest.approx(T0 + MAX_PLANNED_RUNTIME_S, abs=60)
+
+
+def test_a_head_behind_a_gang_being_preempted_is_planned_at_its_grace_deadline() -> None:
+    """The head's plan reckons each running gang's end inline (core/reservation.py): a gang
+    being preempted leaves by its grace deadline, as `estimated_end` says, not after the ten
+    hours it estimated."""
+    history = History("1x8")
+    victim = history.submit(a_job().gpus(8).priority("best-effort").estimate(10 * HOUR))[0]
+    history.run()
+    history.submit(a_job().gpus(8).priority("production"))
+    waiting = history.submit(a_job().gpus(8).priority("research"))[0]
+    history.run(every_s=5.0)
+    leaving = history.state.job_records[victim]
+    assert leaving.state == "preempting"
+
+    plans = [e for e in history.cycle() if isinstance(e, ReservationPlanned)]
+
+    deadline = estimated_end(leaving, history.now, history.policy, history.state.estimates)
+    assert history.now < deadline < history.now + HOUR
+    assert [(plan.job_id, plan.start_at.timestamp()) for plan in plans] == [(waiting, deadline)]
