@@ -83,17 +83,22 @@ async def _effects(store: EventStore) -> dict[int, int]:
         return {r["version"]: r["times"] for r in await c.fetch("SELECT * FROM effects")}
 
 
-async def test_a_malformed_message_is_dead_lettered_with_its_reason_and_the_consumer_goes_on(
-    settings: Settings, store: EventStore, topics: Topics, producer: AIOKafkaProducer
-) -> None:
+async def _effects_consumer(settings: Settings, store: EventStore, topics: Topics) -> EventConsumer:
+    """A consumer of the jobs topic that counts each JobDeferred it applies (`_effects`)."""
     await create_effects_table(settings)
-    consumer = EventConsumer(
+    return EventConsumer(
         settings,
         store.pool,
         name="effects",
         topics=[topics.jobs],
         handlers={"JobDeferred": count_effects},
     )
+
+
+async def test_a_malformed_message_is_dead_lettered_with_its_reason_and_the_consumer_goes_on(
+    settings: Settings, store: EventStore, topics: Topics, producer: AIOKafkaProducer
+) -> None:
+    consumer = await _effects_consumer(settings, store, topics)
     good = await _recorded(store, "job-a", 2)
     not_json = b"\xff{not json"
     unknown_type = json.dumps({"type": "NoSuchEvent", "schema_version": 1, "payload": {}}).encode()
@@ -153,14 +158,7 @@ async def test_dead_letters_reach_the_bus_again_after_a_producer_the_broker_refu
         return RefusedSequence(real) if len(made) == 1 else real
 
     monkeypatch.setattr(consumer_module, "make_producer", dead_letter_producer)
-    await create_effects_table(settings)
-    consumer = EventConsumer(
-        settings,
-        store.pool,
-        name="effects",
-        topics=[topics.jobs],
-        handlers={"JobDeferred": count_effects},
-    )
+    consumer = await _effects_consumer(settings, store, topics)
     good = await _recorded(store, "job-q", 1)
     not_json = b"\xff{not json"
 
