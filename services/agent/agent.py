@@ -280,9 +280,8 @@ class Agent:
         return samples
 
     async def heartbeat_loop(self, stop: asyncio.Event) -> None:
-        first = make_producer(self.settings, client_id=f"{self.settings.service_name}-hb")
-        await first.start()
-        producer: AIOKafkaProducer | None = first
+        # Started by the first round, and again by the round after one that failed.
+        producer: AIOKafkaProducer | None = None
         try:
             interval = self.settings.heartbeat_interval_s
             next_round = time.monotonic()
@@ -307,8 +306,7 @@ class Agent:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), delay)
         finally:
-            if producer is not None:
-                await producer.stop()
+            await stop_producer(producer)
 
     async def _heartbeat_producer(self) -> AIOKafkaProducer:
         """A fresh heartbeat producer; while the broker is away its start fails, bounded, and

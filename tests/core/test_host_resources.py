@@ -310,34 +310,18 @@ def test_fair_share_counts_the_dominant_resource() -> None:
     assert fair_share(queues["cpu"], history.now, policy) == 0.0
 
 
-def test_dominant_resource_fair_share_orders_the_next_jobs() -> None:
+@pytest.mark.parametrize("guaranteed", [0, 2], ids=["no guarantees", "within guarantees"])
+def test_dominant_resource_fair_share_orders_the_next_jobs(guaranteed: int) -> None:
+    """Without guarantees, quotas (in GPUs) put neither team first and fair share decides;
+    with guarantees both next jobs stay within, jobs of queues with a guarantee are ordered by
+    the same dominant share: the team that filled the CPUs goes after."""
     history = History("groups:\n  - {count: 1, gpus: 2, cpus: 8}")
-    # No guarantees: quotas (in GPUs) put neither first, fair share decides.
-    history.team("cpu").team("gpu")
+    history.team("cpu", guaranteed=guaranteed).team("gpu", guaranteed=guaranteed)
     history.submit(a_job().team("cpu").cpu_only(6).estimate(3600))
     history.submit(a_job().team("gpu").gpus(1).cpus(1).estimate(3600))
     history.run()
     history.advance(1800)
     # One GPU and 1 CPU are left: whose job gets them is fair share's call.
-    cpu_next, gpu_next = history.submit(
-        a_job().team("cpu").gpus(1).cpus(1), a_job().team("gpu").gpus(1).cpus(1)
-    )
-
-    history.run()
-
-    assert history.job(gpu_next).state == "running"
-    assert history.job(cpu_next).state == "queued"
-
-
-def test_dominant_resource_fair_share_orders_the_jobs_within_their_guarantees() -> None:
-    """As above, with guarantees both next jobs stay within: jobs of queues with a guarantee
-    are ordered by the same dominant share (the team that filled the CPUs goes after)."""
-    history = History("groups:\n  - {count: 1, gpus: 2, cpus: 8}")
-    history.team("cpu", guaranteed=2).team("gpu", guaranteed=2)
-    history.submit(a_job().team("cpu").cpu_only(6).estimate(3600))
-    history.submit(a_job().team("gpu").gpus(1).cpus(1).estimate(3600))
-    history.run()
-    history.advance(1800)
     cpu_next, gpu_next = history.submit(
         a_job().team("cpu").gpus(1).cpus(1), a_job().team("gpu").gpus(1).cpus(1)
     )
