@@ -254,7 +254,13 @@ def _ceiling(quota: QuotaBook, job: CoreJob, gpus: int) -> tuple[int, Outcome | 
 
 
 def _hold_for_reclaim(
-    ctx: CycleContext, snap: Snapshot, shape: Shape, victims: list[str], held: dict[int, int]
+    ctx: CycleContext,
+    snap: Snapshot,
+    shape: Shape,
+    victims: list[str],
+    held: dict[int, int],
+    *,
+    gather: bool = True,
 ) -> None:
     """Hold the free GPUs a preemptor will land on once its victims are gone.
 
@@ -268,20 +274,70 @@ def _hold_for_reclaim(
     are given back to the snapshot before the preemption phase (`Placed.give_back_holds`).
     """
     jobs = ctx.state.job_records
-    with snap.trial_releasing(sum(len(jobs[victim].ranks) for victim in victims)):
+    if gather:
+        # The victims' GPUs gathered per node and let in at once (`release_gathered`), as the
+        # head's plan does, and the landing read, not committed (`_landing`): a busy cycle
+        # plans again for a dozen wide preemptors whose victims hold thousands of ranks.
+        # Without, released rank by rank and committed: the reference.
+        usable = snap.usable
+        gathered: dict[int, int] = {}
         for victim in victims:
             for index, mask in jobs[victim].ranks:
-                snap.release(index, mask)
-        allocation = find_placement(snap, shape, False)
-        if allocation is None:
-            return
-        ranks = snap.commit(shape, allocation)
+                back = usable(index, mask)
+                if back:
+                    gathered[index] = gathered.get(index, 0) | back
+        with snap.trial_releasing(len(gathered)):
+            snap.release_gathered(gathered)
+            landing = _landing(snap, shape)
+    else:
+        with snap.trial_releasing(sum(len(jobs[victim].ranks) for victim in victims)):
+            for victim in victims:
+                for index, mask in jobs[victim].ranks:
+                    snap.release(index, mask)
+            allocation = find_placement(snap, shape, False)
+            landing = None if allocation is None else snap.commit(shape, allocation)
+    if landing is None:
+        return
     # Only the GPUs free now are held; the victims' own are still theirs until they leave.
-    for index, mask in ranks:
+    for index, mask in landing:
         free_now = snap.free.get(index, 0) & mask
         if free_now:
             snap.set_free(index, snap.free[index] & ~free_now)
             held[index] = held.get(index, 0) | free_now
+
+
+def _landing(snap: Snapshot, shape: Shape) -> list[tuple[int, int]] | None:
+    """The GPUs the gang would take on each node where it lands on the snapshot as it is:
+    those `Snapshot.commit` gives its ranks there, the node's lowest free GPUs, one by one.
+    Read without committing: only the hold is wanted of them, and a wide preemptor's commit
+    (hundreds of ranks, each a change of the index, undone with the trial) was most of the
+    cost of planning its landing again in every cycle while its victims checkpoint."""
+    allocation = find_placement(snap, shape, False)
+    if allocation is None:
+        return None
+    free, nodes = snap.free, snap.nodes
+    left: dict[int, int] = {}
+    per_unit = shape.tasks_per_unit * shape.gpus_per_task
+    taken: list[tuple[int, int]] = []
+    # In the order `commit` binds them (the holds then enter the snapshot in the same order).
+    for index, units in sorted(
+        allocation, key=lambda item: (nodes[item[0]].block_id, nodes[item[0]].rack_id, item[0])
+    ):
+        mask = left.get(index)
+        if mask is None:
+            mask = free.get(index, 0)
+        wanted = units * per_unit
+        if wanted >= mask.bit_count():
+            take, mask = mask, 0  # the whole of what is free there (most nodes of a wide gang)
+        else:
+            take = 0
+            for _ in range(wanted):
+                low = mask & -mask
+                take |= low
+                mask ^= low
+        left[index] = mask
+        taken.append((index, take))
+    return taken
 
 
 def _may_be_head(ctx: CycleContext, job: CoreJob) -> bool:

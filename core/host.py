@@ -122,12 +122,27 @@ def _take(
     return allocation if placed >= least and placed > 0 else None
 
 
-def release_gang(snap: Snapshot, job: CoreJob) -> None:
-    """Give a gang's GPUs and host resources back to a planning snapshot."""
+def release_gang(snap: Snapshot, job: CoreJob, *, gather: bool = True) -> None:
+    """Give a gang's GPUs and host resources back to a planning snapshot.
+
+    `gather`: its GPUs enter per node (`Snapshot.release_gathered`), as the head's plan lets
+    them in: a wide victim tried by the preemption planner holds hundreds of ranks, several
+    to a node. Without, rank by rank (`Snapshot.release`): the same snapshot, the reference.
+    """
     cpus, memory = rank_host(job.spec)
-    for index, mask in job.ranks:
-        snap.release(index, mask)
-        if cpus or memory:
+    if gather:
+        usable = snap.usable
+        gathered: dict[int, int] = {}
+        for index, mask in job.ranks:
+            back = usable(index, mask)
+            if back:
+                gathered[index] = gathered.get(index, 0) | back
+        snap.release_gathered(gathered)
+    else:
+        for index, mask in job.ranks:
+            snap.release(index, mask)
+    if cpus or memory:
+        for index, _ in job.ranks:
             snap.shift_host(index, -cpus, -memory)
 
 

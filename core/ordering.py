@@ -315,8 +315,12 @@ class OrderBook(StateIndex[WaitingWatch]):
             watch.changed = set()
             waiting = state.waiting_jobs
             added = []
+            # A job the book does not keep yet (a burst's ~9,400 new jobs) has nothing to
+            # remove: looked up here, not in a call.
+            where, loose, aged = self._where, self._loose, self._aged
             for job_id in changed:
-                self._remove(job_id)
+                if job_id in where or job_id in loose or job_id in aged:
+                    self._remove(job_id)
                 job = waiting.get(job_id)
                 if job is not None:
                     added.append(job)

@@ -33,6 +33,7 @@ __all__ = ["Allocation", "FreeIndex", "Shape", "Snapshot", "find_placement", "sh
 
 # (node index, units placed there)
 Allocation = list[tuple[int, int]]
+_NO_NODES: frozenset[int] = frozenset()
 
 
 class Snapshot:
@@ -501,16 +502,18 @@ def _place_in_pool(
     # One node, best fit: the fullest node that still has room, the lowest index among equals
     # (a choice by content: a set's iteration order depends on its history).
     if need < len(levels):
+        reserved = snap.reserved if avoid else _NO_NODES
         for count in range(need, len(levels)):
             level = levels[count]
             if not level:
                 continue
-            if avoid and snap.reserved:
-                level = level - snap.reserved
-                if not level:
-                    continue
-            best = min(level)
+            found = _lowest_outside(level, reserved)
+            if found is None:
+                continue
+            best = found
             if snap.unit_host != (0, 0) and snap.node_units(best, u, False) < units:
+                if reserved:
+                    level = level - reserved
                 # Free GPUs are not enough: the node's CPUs and memory must hold the tasks too.
                 fitting = [i for i in level if snap.node_units(i, u, False) >= units]
                 if not fitting:
@@ -562,6 +565,16 @@ def _place_in_pool(
             return None
         allocation.extend(part)
     return allocation
+
+
+def _lowest_outside(level: set[int], reserved: frozenset[int]) -> int | None:
+    """`min(level - reserved)`, None when that is empty. Without building the difference when
+    the lowest node of the level is not reserved: a level can hold a thousand nodes (a wide
+    gang's nodes freed at once), and each job placed behind the head asked for it again."""
+    best = min(level)
+    if best not in reserved:
+        return best
+    return min(level - reserved, default=None)
 
 
 def _fullest(item: tuple[int, int]) -> tuple[int, int]:

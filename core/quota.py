@@ -118,6 +118,10 @@ class QuotaBook:
         record = self._queues.get(name)
         return record.guaranteed_gpus if record is not None and record.configured else 0
 
+    def guaranteed(self) -> frozenset[str]:
+        """The queues whose `guarantee` is above 0 (every other queue's is 0)."""
+        return frozenset(name for name in self._queues if self.guarantee(name) > 0)
+
     def within_guarantee(self, name: str, gpus: GpuAmount) -> bool:
         """Would the queue stay within its guarantee with `gpus` more? (It may then reclaim.)"""
         record = self._queues.get(name)

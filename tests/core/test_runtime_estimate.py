@@ -5,9 +5,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from core.estimates import RuntimeEstimates
 from core.policy import SchedulingPolicy
-from core.reservation import runtime_estimate, runtime_estimator
+from core.reservation import (
+    MAX_PLANNED_RUNTIME_S,
+    _runtime_estimate,
+    runtime_estimate,
+    runtime_estimator,
+)
+from core.state import CoreJob
+from schemas.jobs import GangReserved, JobSpec, JobSubmitted, JobSucceeded, RankPlacement
 from tests.core.builders import History, a_job
 
 HOUR = 3600.0
@@ -131,3 +141,78 @@ def test_estimators_for_two_policies_made_in_one_pass_keep_their_own_answers() -
     estimators = [runtime_estimator(policy, nothing_learned) for policy in policies]
     assert [estimate(job) for estimate in estimators] == [HOUR, 2 * HOUR]
     assert [estimate(job) for estimate in reversed(estimators)] == [2 * HOUR, HOUR]
+
+
+# A probe's (team, given estimate, limit); the finished jobs' (team, given estimate, ran).
+_probes = st.lists(
+    st.tuples(
+        st.sampled_from(("a", "b", "c")),
+        st.sampled_from((None, 600.0, 3600.0)),
+        st.sampled_from((None, 1800.0, 7200.0)),
+    ),
+    min_size=1,
+    max_size=12,
+)
+_finished = st.lists(
+    st.tuples(
+        st.sampled_from(("a", "b")),
+        st.sampled_from((None, 600.0, 3600.0)),
+        st.floats(min_value=60.0, max_value=20_000.0),
+    ),
+    max_size=24,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(probes=_probes, finished=_finished, ask_every=st.integers(1, 4))
+def test_one_kept_estimate_per_team_estimate_and_limit_answers_as_each_job_alone(
+    probes: list[tuple[str, float | None, float | None]],
+    finished: list[tuple[str, float | None, float]],
+    ask_every: int,
+) -> None:
+    """Jobs with a given estimate share one kept answer per (team, estimate, limit): each
+    job's answer must be the one worked out for it alone, for jobs of every team, estimate and
+    limit, asked in any order, as the estimator learns between passes (teams' ratios move)."""
+    policy = SchedulingPolicy()
+    estimates = RuntimeEstimates()
+    jobs = [
+        CoreJob(
+            job_id=f"p{number}",
+            seq=number,
+            spec=JobSpec(
+                name="probe",
+                team=team,
+                gpus_per_task=1,
+                estimated_runtime_s=estimate
+                if estimate is None or limit is None
+                else min(estimate, limit),
+                max_runtime_s=limit,
+            ),
+            state="queued",
+            shape=None,
+            submitted_at=0.0,
+            team=team,
+        )
+        for number, (team, estimate, limit) in enumerate(probes)
+    ]
+    now = 0.0
+
+    def agree() -> None:
+        estimate = runtime_estimator(policy, estimates)
+        for job in [*jobs, *reversed(jobs)]:
+            alone = min(_runtime_estimate(job, policy, estimates), MAX_PLANNED_RUNTIME_S)
+            assert estimate(job) == alone
+            assert runtime_estimate(job, policy, estimates) == alone
+
+    agree()
+    for number, (team, estimate, ran_s) in enumerate(finished):
+        job_id = f"f{number}"
+        spec = JobSpec(name="train", team=team, gpus_per_task=1, estimated_runtime_s=estimate)
+        placement = RankPlacement(rank=0, node_id="n1", gpus=[0])
+        estimates.apply(JobSubmitted(job_id=job_id, spec=spec, submitted_by="test"), now)
+        estimates.apply(GangReserved(job_id=job_id, attempt=1, ranks=[placement]), now)
+        now += ran_s
+        estimates.apply(JobSucceeded(job_id=job_id, attempt=1), now)
+        if number % ask_every == 0:
+            agree()
+    agree()
