@@ -85,6 +85,8 @@ class Bench:
         # One digest of each cycle's decisions, in order (--decisions): the proof that a
         # change to the core decided exactly as before.
         self.digests: list[str] = []
+        # Waiting jobs the last cycle left for the next, past its bound on newly queued jobs.
+        self.not_considered = 0
         for node in parse_cluster_spec(spec):
             self.record(node)
 
@@ -121,6 +123,7 @@ class Bench:
             digest.update(type(decision).__name__.encode())
             digest.update(decision.model_dump_json().encode())
         self.digests.append(f"{len(result.decisions)} {result.tasks_placed} {digest.hexdigest()}")
+        self.not_considered = result.not_considered
         for decision in result.decisions:
             self.record(decision)
             if isinstance(decision, GANG_RELEASING_EVENTS):
@@ -273,12 +276,28 @@ def main() -> None:
         )
         burst.record(JobSubmitted(job_id=job_id, spec=spec, submitted_by="bench"))
         burst.record(JobAdmitted(job_id=job_id, queue=spec.team, priority="research"))
+    # The policy's bound on newly queued jobs a cycle considers spreads the burst over
+    # ceil(20,000 / bound) cycles, run one after the other as the service does: placements/s
+    # is over all of them.
     wall, tasks, _ = burst.cycle()
+    first_wall, first_tasks = wall, tasks
+    while burst.not_considered:
+        more_wall, more_tasks, _ = burst.cycle()
+        wall += more_wall
+        tasks += more_tasks
+    burst_cpu = sum(burst.cpu_times)
     bench.digests[:0] = burst.digests
+    cycles = len(burst.cpu_times)
+    spread = (
+        f"{cycles} cycles (at most {burst.state.policy.max_new_jobs_per_cycle:,} newly queued "
+        f"jobs considered a cycle; the first placed {first_tasks:,} tasks in "
+        f"{first_wall * 1000:.0f} ms) of {wall * 1000:.0f} ms in all"
+        if cycles > 1
+        else f"one cycle of {wall * 1000:.0f} ms"
+    )
     print(
-        f"peak placement: {tasks:,} tasks in one cycle of {wall * 1000:.0f} ms "
-        f"({burst.cpu_times[-1] * 1000:.0f} ms CPU) = {tasks / wall:,.0f} task placements/s "
-        f"({tasks / burst.cpu_times[-1]:,.0f} per CPU s)"
+        f"peak placement: {tasks:,} tasks in {spread} ({burst_cpu * 1000:.0f} ms CPU) = "
+        f"{tasks / wall:,.0f} task placements/s ({tasks / burst_cpu:,.0f} per CPU s)"
     )
     del burst
 

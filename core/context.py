@@ -30,6 +30,9 @@ class CycleResult:
     tasks_placed: int = 0
     preemptions: int = 0
     considered: int = 0
+    # Waiting jobs this cycle left for the next, past its bound on newly queued ones
+    # (core/ordering.py `within_depth`): a caller runs the next cycle at once.
+    not_considered: int = 0
     skipped: bool = False
     # The earliest time at which a cycle without new events could decide something new.
     next_wakeup: float | None = None

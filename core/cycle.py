@@ -6,7 +6,9 @@ The phases, in order (as in Kueue's scheduler):
    preemption deadlines, max runtime;
 2. snapshot  — free GPUs after those releases, with topology aggregates (kept between
    cycles; the cycle's changes to it are undone when it ends);
-3. order     — waiting jobs by class, fair share and age (aging first), or arrival for fifo;
+3. order     — waiting jobs by class, fair share and age (aging first), or arrival for fifo,
+               cut after the policy's bound on newly queued jobs (the rest wait for the
+               next cycle, which follows at once: core/ordering.py `within_depth`);
                a job still in its retry backoff waits (and says until when); a held job,
                one waiting for its dependencies and an array element past its array's
                max_parallel wait too, and one whose dependencies failed is cancelled
@@ -46,7 +48,7 @@ from core.context import CycleContext, CycleResult
 from core.fairness import preempt_for_fairness
 from core.fractional import plan_repartitions, sharing_trial
 from core.gating import gate
-from core.ordering import OrderBook, order, past_backoff
+from core.ordering import OrderBook, order, past_backoff, within_depth
 from core.placement import FreeIndex, Snapshot
 from core.preemption import preempt
 from core.quota import QuotaBook
@@ -149,8 +151,9 @@ def _run(
             job = jobs[job_id]
             quota.charge(job.queue, -job.bound_gpus)
         waiting = order(ctx, quota, order_book)
+        considered = within_depth(ctx, waiting)
         placed = place(
-            ctx, snap, gate(ctx, past_backoff(ctx, waiting)), quota, behind_memo=behind_memo
+            ctx, snap, gate(ctx, past_backoff(ctx, considered)), quota, behind_memo=behind_memo
         )
         # MIG geometries for waiting slices, a whole GPU back for gangs (core/fractional.py).
         plan_repartitions(ctx, snap, placed.blocked)
@@ -165,7 +168,7 @@ def _run(
             reclaim_shared_gpus(ctx, snap, placed.blocked, quota)
             preempt_for_fractions(ctx, snap, quota)
             refill_headroom(ctx, snap, quota)
-            preempt_for_fairness(ctx, snap, waiting, quota)
+            preempt_for_fairness(ctx, snap, considered, quota)
     explain(ctx, waiting)
     # A moment already reached was acted on (or needs nothing) in this very cycle.
     # (Filtered in C: a busy cycle notes a wake-up for nearly every waiting job.)

@@ -62,7 +62,7 @@ from schemas.nodes import (
     NodeRegistered,
     NodeUndrained,
 )
-from schemas.reasons import FAILURE_REQUEUE_CODES, RESERVED_HEAD
+from schemas.reasons import FAILURE_REQUEUE_CODES, NOT_CONSIDERED, RESERVED_HEAD
 from schemas.teams import QueueConfigured, TeamCreated
 
 JobStateName = JobState
@@ -235,6 +235,10 @@ class CoreJob:
     admitted: bool = False
     reason_code: str | None = None
     reason: str | None = None
+    # Whether a cycle considered it since it last began waiting (a reason of its own recorded):
+    # a cycle considers a bounded number of jobs not yet considered (core/ordering.py
+    # `within_depth`).
+    considered: bool = False
     estimated_start: float | None = None
     reserved_nodes: tuple[str, ...] = ()
     attempt: int = 0
@@ -808,6 +812,7 @@ class SchedulerState:
             job.priority = event.priority
         job.admitted = True
         job.queued_at = at
+        job.considered = False
         job.reason_code = "queued"
         job.reason = "queued; waiting for the next scheduling cycle"
         self._set_state(job, "queued")
@@ -893,6 +898,8 @@ class SchedulerState:
             return
         job.reason_code = event.code
         job.reason = event.message
+        if event.code != NOT_CONSIDERED:
+            job.considered = True
         if event.code != RESERVED_HEAD:
             # No longer the head: its reservation (and estimated start) is gone.
             job.estimated_start = None
@@ -1141,6 +1148,7 @@ class SchedulerState:
             job.retry_at = at + retry_delay_s(job.job_id, job.failures, self.policy)
         job.started_at = None
         job.queued_at = at
+        job.considered = False
         job.reason_code = event.code
         job.reason = event.reason
         self._set_state(job, "queued")
@@ -1168,6 +1176,7 @@ class SchedulerState:
             return
         job.resume_requested = False
         job.queued_at = at
+        job.considered = False
         job.reason_code = "queued"
         job.reason = "resumed; waiting for the next scheduling cycle"
         self._set_state(job, "queued" if job.admitted else "pending")

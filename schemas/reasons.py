@@ -37,6 +37,7 @@ DeferCode = Literal[
     "share_other_team",  # the GPUs with room are soft-shared by another team
     "quota_ceiling_cpus",  # a queue on its chain would exceed its max_cpus
     "quota_ceiling_memory",  # a queue on its chain would exceed its max_memory_mb
+    "not_considered",  # the cycle's bound on newly queued jobs was reached ahead of it
 ]
 
 # JobRequeued.code: why a gang was released and its job waits again.
@@ -111,6 +112,7 @@ QUOTA_CEILING: DeferCode = "quota_ceiling"
 TASK_FAILED: RequeueCode = "task_failed"
 LAUNCH_TIMEOUT: RequeueCode = "launch_timeout"
 RETRY_BACKOFF: DeferCode = "retry_backoff"
+NOT_CONSIDERED: DeferCode = "not_considered"
 HELD: DeferCode = "held"
 DEPENDENCY: DeferCode = "dependency"
 ARRAY_LIMIT: DeferCode = "array_limit"

@@ -492,6 +492,13 @@ class Simulation:
         return verdict
 
     def _cycle(self, now: float) -> None:
+        # A flood past the cycle's bound on newly queued jobs is considered over the next
+        # cycles, run at once (as the service does), at the same moment.
+        while self._one_cycle(now):
+            pass
+
+    def _one_cycle(self, now: float) -> bool:
+        """One cycle; whether another should follow at once (jobs were left unconsidered)."""
         self._cycles += 1
         # The collector is paused around the whole loop (`run`): its scans of the large state
         # mid-cycle would cost more than the cycle.
@@ -520,6 +527,7 @@ class Simulation:
             self._cycle_wake_token += 1
             if wakeup is not None:
                 self._push(wakeup, _WAKE, "", self._cycle_wake_token)
+        return bool(result.not_considered and result.decisions)
 
     # Recording: every event goes to the auditor, the core's state and the admission catalogue.
 

@@ -45,6 +45,7 @@ async def wired(settings: SchedulerSettings) -> AsyncIterator[Wiring]:
             inference_headroom_gpus=settings.scheduler_inference_headroom_gpus,
             inference_max_victim_gpus=settings.scheduler_inference_max_victim_gpus,
             sharing_packing=settings.scheduler_sharing_packing,
+            max_new_jobs_per_cycle=settings.scheduler_max_new_jobs_per_cycle,
         )
         yield Wiring(
             store=EventStore(pool, producer=settings.service_name),

@@ -351,6 +351,11 @@ class SchedulerService:
                 result = self.planner.schedule(self.folded.state, self.clock())
             decisions = result.decisions
             self._next_wakeup = result.next_wakeup
+            if result.not_considered and decisions:
+                # A flood past the cycle's bound on newly queued jobs: the next cycle considers
+                # the next of them at once, not after the cycle interval. (Only after a cycle
+                # that decided something: one that did not would decide the same again.)
+                self._next_wakeup = self.clock()
             self.metrics.cycle_seconds.observe(time.perf_counter() - started)
             if not decisions:
                 break

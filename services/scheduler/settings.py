@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import Field
 
+from core.policy import DEFAULT_MAX_NEW_JOBS_PER_CYCLE
 from services.runtime.settings import Settings
 
 
@@ -37,5 +38,8 @@ class SchedulerSettings(Settings):
     scheduler_inference_max_victim_gpus: int = Field(default=8, ge=1)
     # Slices and shares (core/fractional.py): FGD over the best-fit shortlist, or best fit.
     scheduler_sharing_packing: Literal["fgd", "best-fit"] = "fgd"
+    # Newly queued jobs one cycle considers (core/policy.py max_new_jobs_per_cycle): a flood
+    # past it is considered over cycles run one after the other.
+    scheduler_max_new_jobs_per_cycle: int = Field(default=DEFAULT_MAX_NEW_JOBS_PER_CYCLE, ge=1)
     # How often a standby tries the lock and catches up with the log meanwhile.
     scheduler_standby_poll_s: float = Field(default=0.5, gt=0)

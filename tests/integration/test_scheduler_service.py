@@ -264,6 +264,33 @@ async def test_events_folded_after_a_cycle_decided_wake_the_next_cycle_at_once(
         await service.leadership.release()
 
 
+async def test_a_flood_past_the_cycles_bound_is_considered_by_cycles_run_at_once(
+    settings: Settings, store: EventStore
+) -> None:
+    """A cycle considers one newly queued job here: the one it leaves is considered by the
+    next cycle at once, not after the cycle timer (an hour here)."""
+    await seed_cluster(store)
+    async with replica(
+        settings, "a", scheduler_cycle_interval_s=3600, scheduler_max_new_jobs_per_cycle=1
+    ) as leader:
+        await wait_until(lambda: _leads(leader), what="leads", patience_s=30)
+        service = leader.service
+        leader.stop.set()
+        await asyncio.wait_for(leader.task, 30)
+        await submit_admitted(store, job("first"))
+        await submit_admitted(store, job("second"))
+        await service.follow()
+        service.leadership = await _lead_again(service, settings)
+        decided = await service.cycle()
+        assert [envelope.stream for envelope in decided] == ["job-first", "job-second"]
+        assert await reservation(store, "second") is None
+        assert service._until_next_cycle() < 1
+        await service.cycle()
+        assert await reservation(store, "second") is not None
+        assert service._until_next_cycle() > 1
+        await service.leadership.release()
+
+
 async def test_snapshot_plus_tail_equals_full_replay(settings: Settings, store: EventStore) -> None:
     await seed_cluster(store)
     async with replica(settings, "a", scheduler_snapshot_every=5) as leader:

@@ -44,3 +44,18 @@ def test_a_wake_up_asked_for_by_the_last_cycle_still_comes(tmp_path: Path) -> No
     short = next(record for record in result.records if record.job_id == "short")
     assert result.preemptions == 1
     assert short.first_start_s == 960 + 30  # eligible at 960 s, then its checkpoint write
+
+
+def test_a_flood_past_the_cycles_bound_is_considered_at_the_same_moment(tmp_path: Path) -> None:
+    # Four jobs arrive at once and a cycle considers one newly queued job: the next cycles
+    # follow at once (as the service runs them), so all four start at their arrival, not at
+    # the next event (the first one's end, 100 s on).
+    rows = [f"j{index},0,1,100,t,100" for index in range(4)]
+    _, result = simulate(
+        write_trace(tmp_path, *rows, header=HEADER),
+        "1x8",
+        scheduling=SchedulingPolicy(max_new_jobs_per_cycle=1),
+    )
+    assert [record.first_start_s for record in result.records] == [0, 0, 0, 0]
+    assert result.cycles >= 4
+    assert result.violations == []
