@@ -15,7 +15,7 @@ from fastapi import APIRouter, Header, Path, Query, status
 from schemas.jobs import JobChanges, JobSpec, JobState
 from services.api.auth import Principal
 from services.api.bootstrap import ApiContext
-from services.api.deps import Caller, Context, Models, command_turn
+from services.api.deps import Caller, Context, Models, answer_weighed, command_turn
 from services.api.models import (
     ArrayView,
     BatchCreatedView,
@@ -100,9 +100,16 @@ def _created(planned: PlannedJob, context: Context) -> JobCreatedView:
 
 
 def _answer(
-    job_id: str, jobs: list[JobReadModel], caller: Principal, context: ApiContext
+    job_id: str,
+    jobs: list[JobReadModel],
+    caller: Principal,
+    context: ApiContext,
+    *,
+    read: bool = False,
 ) -> JobView | ArrayView:
-    """One job's view, or the array's when `job_id` names an array."""
+    """One job's view, or the array's when `job_id` names an array, weighed first (a read's
+    answer, `read`, is refused while the team is in debt for heavy answers)."""
+    answer_weighed(caller, context, sum(spec_bytes(job.spec) for job in jobs), read=read)
     known = context.models.jobs
     if len(jobs) == 1 and jobs[0].id == job_id:
         return job_view(jobs[0], caller, known)
@@ -132,13 +139,16 @@ async def list_jobs(
     # page of 1,000 could otherwise be a gigabyte built in this process's memory.
     budget = context.settings.list_page_max_bytes
     jobs: list[JobReadModel] = []
+    weight = 0
     for job_id in ids:
         job = models.jobs[job_id]
-        budget -= spec_bytes(job.spec)
-        if jobs and budget < 0:
+        size = spec_bytes(job.spec)
+        if jobs and weight + size > budget:
             cursor = jobs[-1].submit_position
             break
+        weight += size
         jobs.append(job)
+    answer_weighed(caller, context, weight, read=True)
     return JobPage(items=[job_view(job, caller, models.jobs) for job in jobs], next=cursor)
 
 
@@ -157,7 +167,7 @@ async def get_job(
     job_id: JobId, caller: Caller, models: Models, context: Context
 ) -> JobView | ArrayView:
     ids = await context.commands.targets(caller, job_id)
-    return _answer(job_id, [models.jobs[target] for target in ids], caller, context)
+    return _answer(job_id, [models.jobs[target] for target in ids], caller, context, read=True)
 
 
 @router.patch(
