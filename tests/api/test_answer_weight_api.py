@@ -1,9 +1,11 @@
 """A team's reads are weighed, not only counted: an answer that carries many kilobytes of job
-specs (an array's view, a listing page, an array command's answer) costs one read per
+specs (an array's view, a listing page, an array command's answer, a page of events with
+submissions) costs one read per
 `READ_ANSWER_BYTES` of them. An array of 1,000 elements of a 16 KiB spec answered its GET (and
 each hold, release or cancel of it) with 17 MB, built in the event loop every team shares: four
 clients of one team reading it in a loop took another team's p50 latency from 5 ms to 400 ms,
-and 4 MiB listing pages did the same, all well within the team's 1,000 reads a second."""
+and 4 MiB listing pages did the same, all well within the team's 1,000 reads a second; a page
+of its events (GET /v1/events) was 17 MB too."""
 
 from __future__ import annotations
 
@@ -48,7 +50,9 @@ async def _refused_then(api: Api, headers: dict[str, str]) -> None:
     assert (await api.client.get("/v1/queues", headers=api.teams["vision"])).status_code == 200
 
 
-@pytest.mark.parametrize("answer", ["array-view", "listing", "array-command"])
+@pytest.mark.parametrize(
+    "answer", ["array-view", "listing", "array-command", "events-page", "job-events"]
+)
 async def test_a_heavy_answer_costs_the_team_reads_by_its_weight(api: Api, answer: str) -> None:
     nlp = await api.create_team("nlp")
     await api.create_team("vision")
@@ -57,8 +61,16 @@ async def test_a_heavy_answer_costs_the_team_reads_by_its_weight(api: Api, answe
         heavy = await api.client.get(f"/v1/jobs/{array_id}", headers=nlp)
     elif answer == "listing":
         heavy = await api.client.get("/v1/jobs", params={"limit": 1000}, headers=nlp)
-    else:
+    elif answer == "array-command":
         heavy = await api.client.post(f"/v1/jobs/{array_id}/release", headers=nlp)
+    elif answer == "events-page":
+        heavy = await api.client.get("/v1/events", params={"limit": 1000}, headers=nlp)
+    else:
+        # One job's events: its submission carries its spec, up to most of a 1 MiB body.
+        job_id = await api.submit(
+            api.as_admin(), env={f"V{index}": "x" * 1000 for index in range(200)}, hold=True
+        )
+        heavy = await api.client.get(f"/v1/jobs/{job_id}/events", headers=nlp)
     # The heavy answer itself is served (never refused for ever), then paid for.
     assert heavy.status_code == 200, heavy.text
     assert len(heavy.content) > 40 * READ_ANSWER_BYTES

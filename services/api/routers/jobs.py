@@ -30,7 +30,7 @@ from services.api.pipelines import PlannedJob
 from services.api.problems import PROBLEM_RESPONSES
 from services.api.projections.jobs import JobReadModel, Request
 from services.api.routing import ApiRoute
-from services.api.views import array_view, event_view, job_view
+from services.api.views import array_view, envelope_bytes, event_view, job_view, spec_bytes
 
 # Ids are drawn by the API ([0-9a-f]); the pattern keeps odd bytes (NUL) away from the log.
 JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9._-]{1,64}$", description="the job's id")]
@@ -152,14 +152,6 @@ async def list_jobs(
     return JobPage(items=[job_view(job, caller, models.jobs) for job in jobs], next=cursor)
 
 
-def spec_bytes(spec: JobSpec) -> int:
-    """About what the spec weighs in a response: its strings, which are all a body can grow
-    (the rest is bounded numbers), and a kilobyte for the view around it."""
-    strings = sum(map(len, spec.command)) + sum(len(k) + len(v) for k, v in spec.env.items())
-    strings += sum(len(k) + len(v) for k, v in spec.secret_env.items())
-    return 1024 + 2 * strings  # escaping may double a string at worst (mostly)
-
-
 @router.get(
     "/{job_id}", operation_id="getJob", summary="A job (or an array): state, placement, reason"
 )
@@ -237,6 +229,7 @@ async def list_job_events(
         *await context.store.read_stream(f"checkpoint-{job_id}"),
     ]
     events.sort(key=lambda envelope: envelope.position or 0)
+    answer_weighed(caller, context, sum(map(envelope_bytes, events)), read=True)
     return EventList(items=[event_view(envelope, caller, models.jobs) for envelope in events])
 
 
