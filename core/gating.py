@@ -65,10 +65,14 @@ def gate(ctx: CycleContext, waiting: list[CoreJob]) -> list[CoreJob]:
                 room = _array_room(ctx)
             left = room.get(job.array_id, limit)
             if left <= 0:
+                # Elements ahead of it take the room in the cycle they go to placement,
+                # whether or not they fit: none may run yet. One wording whatever the count,
+                # so that an array's waiting elements are not each given a new reason (an
+                # event apiece) whenever one of its elements starts or ends.
                 ctx.outcomes[job.job_id] = Outcome(
                     ARRAY_LIMIT,
-                    f"{job.need}; array {job.array_id} already runs {limit} elements, "
-                    f"its max_parallel",
+                    f"{job.need}; array {job.array_id} starts at most {limit} elements at "
+                    "once (max_parallel): that many hold GPUs or are tried ahead of it",
                 )
                 continue
             room[job.array_id] = left - 1

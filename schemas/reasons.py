@@ -27,7 +27,7 @@ DeferCode = Literal[
     "retry_backoff",  # a failed attempt: the next may start only after its backoff
     "held",  # held by request: never placed until released
     "dependency",  # a job it depends on has not ended as its condition needs yet
-    "array_limit",  # its array already runs max_parallel elements
+    "array_limit",  # its array holds, or tries ahead of it, max_parallel elements
     "insufficient_cpus",  # free GPUs, but no node among them has the CPUs a task asks
     "insufficient_memory",  # free GPUs, but no node among them has the memory a task asks
     "inference_headroom",  # placing it would take the free GPUs kept for inference-critical

@@ -107,6 +107,8 @@ from services.runtime.topics import Topics
 log = logging.getLogger(__name__)
 
 LAUNCH_FAILED_EXIT_CODE = 127
+# How often a launch waiting for its GPUs (`_gpus_free`) looks again.
+GPU_FREE_POLL_S = 0.05
 
 T = TypeVar("T")
 
@@ -480,6 +482,7 @@ class Agent:
                 settings.rank_disk_max_mb,
                 settings.rank_disk_max_entries,
             )
+            await self._gpus_free(starting, key, placement)
             rank = await launch(
                 key, placement, world_size, list(spec.command), env, workdir, sandbox, limit
             )
@@ -526,6 +529,40 @@ class Agent:
         )
         self._spawn(self._watch(rank, meta))
         return rank
+
+    async def _gpus_free(self, starting: Launch, key: RankKey, placement: RankPlacement) -> None:
+        """Wait until no other rank of this agent runs on the whole GPUs `placement` gives
+        this one; raises _Released once the attempt is released meanwhile.
+
+        The scheduler decides on the log as it had folded it, and its append checks only the
+        streams it writes: a rank started just after its gang was released (a late
+        TaskStarted on that job's stream) did not stop a cycle decided before it from giving
+        its GPUs to another gang, and two ranks ran on one GPU for the first one's stop time.
+        Shared GPUs (MIG slices, fractions) host several ranks by design."""
+        if placement.mig is not None or placement.share is not None or not placement.gpus:
+            return  # a CPU-only rank (a gang of thousands) looks at no other rank
+        wanted = set(placement.gpus)
+        waited = False
+        while any(
+            other.running
+            and other.key != key
+            and other.placement.node_id == placement.node_id
+            and other.placement.mig is None
+            and other.placement.share is None
+            and wanted.intersection(other.placement.gpus)
+            for other in self.ranks.values()
+        ):
+            if starting.released.is_set():
+                raise _Released
+            if not waited:
+                log.warning(
+                    "%s waits for GPUs %s of %s: a rank still runs on them",
+                    key,
+                    sorted(wanted),
+                    placement.node_id,
+                )
+                waited = True
+            await asyncio.sleep(GPU_FREE_POLL_S)
 
     async def _master(self, starting: Launch, reserved: GangReserved) -> tuple[str, int]:
         """MASTER_ADDR and MASTER_PORT of the attempt: rank 0's node, and the port every agent

@@ -15,7 +15,7 @@ from services.api.auth_guard import client_key
 from services.api.bootstrap import ApiBootstrap, ApiContext
 from services.api.problems import ProblemError
 from services.api.projections.model import ReadModels
-from services.api.ratelimit import rate_limited
+from services.api.ratelimit import READ_ANSWER_BYTES, rate_limited
 
 log = logging.getLogger(__name__)
 
@@ -153,3 +153,25 @@ async def command_turn(caller: Principal, context: ApiContext) -> None:
     wait = await context.commands.limiter.take(f"commands:{caller.team}", rate)
     if wait is not None:
         raise rate_limited(f"team {caller.team!r} may make {rate:g} changes per second", wait)
+
+
+def answer_weighed(caller: Principal, context: ApiContext, weight: int, *, read: bool) -> None:
+    """Charge the caller's team one read per READ_ANSWER_BYTES of the job specs its answer is
+    about to carry (`weight`, routers/jobs.spec_bytes), beyond the one a read took already:
+    an array's view or a listing page repeats specs of up to a mebibyte, built in the event
+    loop every team shares, which a count of reads alone did not bound. A read (`read`) while
+    the team is in debt for earlier heavy answers is 429 before it is built; the answer to a
+    change already made is paid for all the same. The admin is not bounded."""
+    if caller.team is None:
+        return
+    cost = weight // READ_ANSWER_BYTES - (1 if read else 0)
+    if cost <= 0:
+        return
+    rate = context.settings.team_reads_per_second
+    wait = context.reads.charge(caller.team, rate, cost, refusable=read)
+    if wait is not None:
+        raise rate_limited(
+            f"team {caller.team!r} may read {rate:g} times per second, an answer counting "
+            f"once per {READ_ANSWER_BYTES} bytes of the job specs it carries",
+            wait,
+        )

@@ -25,6 +25,12 @@ from services.api.problems import ProblemError
 
 _TAKE = "SELECT granted, tokens FROM submission_take($1, $2, $3, $4)"
 
+# A read whose answer carries job specs (an array's view, a listing page, an array command's
+# answer) costs one read per this many bytes of them, as weighed by routers/jobs.spec_bytes:
+# building such an answer holds the event loop every team shares, about a millisecond per
+# 10 KB here, so that a team's reads a second bound its share of it whatever they carry.
+READ_ANSWER_BYTES = 4096
+
 
 class SubmissionLimiter:
     """The teams' shared buckets, in the database of `pool`."""
@@ -65,14 +71,27 @@ class ReadLimiter:
 
     def take(self, caller: str, rate: float | None) -> float | None:
         """Spend one read of `caller`: None when allowed, else the seconds to wait."""
+        return self._spend(caller, rate, 1.0, need=1.0)
+
+    def charge(
+        self, caller: str, rate: float | None, count: float, *, refusable: bool = True
+    ) -> float | None:
+        """Spend `count` more reads of `caller` for a heavy answer about to be built: None
+        when allowed, the bucket going into debt if need be (a heavy answer is never refused
+        for ever; the caller's next reads wait until the debt is paid), else, while the
+        bucket is in debt (`refusable`), the seconds to wait: what it would pay for is not
+        built. Not `refusable`: an answer to a change already made, paid for all the same."""
+        return self._spend(caller, rate, count, need=0.0 if refusable else -math.inf)
+
+    def _spend(self, caller: str, rate: float | None, count: float, *, need: float) -> float | None:
         if rate is None:
             return None
         burst = max(1.0, rate)
         now = self._clock()
         tokens, then = self._buckets.pop(caller, (burst, now))
         tokens = min(burst, tokens + max(0.0, now - then) * rate)
-        granted = tokens >= 1.0
-        self._buckets[caller] = (tokens - 1.0 if granted else tokens, now)
+        granted = tokens >= need
+        self._buckets[caller] = (tokens - count if granted else tokens, now)
         if self._max_callers is not None and len(self._buckets) > self._max_callers:
             del self._buckets[next(iter(self._buckets))]
         return None if granted else (1.0 - tokens) / rate

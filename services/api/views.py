@@ -9,7 +9,7 @@ from uuid import UUID
 
 from core.live_sharing import as_number
 from schemas.envelope import EventEnvelope
-from schemas.jobs import JobState
+from schemas.jobs import JobSpec, JobState, JobSubmitted
 from services.api.auth import Principal
 from services.api.models import (
     ArrayView,
@@ -276,3 +276,18 @@ def event_view(
         epoch=envelope.epoch,
         payload=seen_by.payload(envelope.payload.model_dump(mode="json"), jobs),
     )
+
+
+def spec_bytes(spec: JobSpec) -> int:
+    """About what the spec weighs in a response: its strings, which are all a body can grow
+    (the rest is bounded numbers), and a kilobyte for the view around it."""
+    strings = sum(map(len, spec.command)) + sum(len(k) + len(v) for k, v in spec.env.items())
+    strings += sum(len(k) + len(v) for k, v in spec.secret_env.items())
+    return 1024 + 2 * strings  # escaping may double a string at worst (mostly)
+
+
+def envelope_bytes(envelope: EventEnvelope) -> int:
+    """About what an event weighs in a response beyond a few hundred bytes: a submission's
+    spec (the other events' payloads are bounded small)."""
+    payload = envelope.payload
+    return spec_bytes(payload.spec) if isinstance(payload, JobSubmitted) else 0

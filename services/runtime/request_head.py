@@ -13,6 +13,12 @@ request, was held as long as the client liked: uvicorn has no head deadline, and
 timer runs only between requests. A few thousand such connections reach a worker's open-file
 limit. A head now has HEAD_TIMEOUT_S from the first read that did not hold it whole (or from
 the connection's start).
+
+A refusal closes the server's side only, then reads and discards what the client still sends
+(a lingering close, as Apache and nginx do) for LINGER_S or LINGER_BYTES at most: closed at
+once, with the client's bytes unread, the server's TCP stack answered them with a reset, which
+may erase the refusal from the client's unread input (RFC 9112 9.6), and a client still
+sending its head saw its send fail and never read the refusal.
 """
 
 from __future__ import annotations
@@ -32,6 +38,12 @@ PROBLEM_MEDIA_TYPE: Final = "application/problem+json"
 MAX_HEAD_BYTES: Final = 64 * 1024
 # nginx's client_header_timeout is 60 s; the API gives a body 10 s (services/api/timeouts.py).
 HEAD_TIMEOUT_S = 10.0
+# After a refusal: how long, and how many bytes, the rest of a request is read and discarded
+# (Apache lingers 2 s; nginx 5 s between reads, 30 s in all). Enough for a client to finish
+# sending a refused head of a few MB on a local network and read the answer; a client that
+# never stops is closed on when either runs out.
+LINGER_S = 2.0
+LINGER_BYTES = 4 * 1024 * 1024
 
 
 def _refusal(status: int, reason: str, slug: str, detail: str) -> bytes:
@@ -80,6 +92,9 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         self._after_chunk_header = False
         self._trailer_bytes = 0
         self._head_deadline: TimerHandle | None = None
+        # A lingering close under way (None: none): what is still read is discarded.
+        self._linger_deadline: TimerHandle | None = None
+        self._lingered_bytes = 0
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -87,7 +102,17 @@ class BoundedHeadProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_deadline()
+        if self._linger_deadline is not None:
+            self._linger_deadline.cancel()
         super().connection_lost(exc)
+
+    def on_response_complete(self) -> None:
+        if self._refused and not self.transport.is_closing():
+            # The answer under way is complete: the refused head's connection closes now,
+            # and nothing queued behind it is started.
+            self._linger()
+            return
+        super().on_response_complete()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -115,6 +140,11 @@ class BoundedHeadProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def data_received(self, data: bytes) -> None:
+        if self._linger_deadline is not None:
+            self._lingered_bytes += len(data)
+            if self._lingered_bytes > LINGER_BYTES:
+                self.transport.close()
+            return
         if self._refused:
             # Refused behind an answer still under way: what follows is not parsed (uvicorn
             # resumes reading when an earlier pipelined answer completes).
@@ -171,9 +201,22 @@ class BoundedHeadProtocol(HttpToolsProtocol):
             # would land inside that answer (between a streamed body's chunks). Nothing more
             # is read, and the connection closes once that answer is complete (as uvicorn's
             # graceful shutdown does), without the refusal.
+            # The answer keeps its keep-alive: uvicorn would close at once when it completes,
+            # with this head's bytes unread; on_response_complete closes lingering instead.
             self._refused = True
             self.flow.pause_reading()
-            self.cycle.keep_alive = False
             return
         self.transport.write(answer)
-        self.transport.close()
+        self._linger()
+
+    def _linger(self) -> None:
+        """Close this side once what is written is sent, then read and discard what the
+        client still sends until it closes its side, or LINGER_S or LINGER_BYTES run out."""
+        if self._linger_deadline is not None:
+            return
+        self._unset_keepalive_if_required()
+        self._linger_deadline = self.loop.call_later(LINGER_S, self.transport.close)
+        self.transport.write_eof()
+        # Reading may have been paused (a refusal behind an answer, flow control).
+        if not self.transport.is_reading():
+            self.transport.resume_reading()

@@ -195,3 +195,45 @@ async def test_a_rank_started_but_never_recorded_is_stopped_and_its_gang_started
         assert rank.pid != orphan.pid
     finally:
         await successor.shutdown()
+
+
+async def submit_on_gpu_0(store: EventStore, job_id: str, command: list[str]) -> GangReserved:
+    spec = JobSpec(name="t", team="ml", tasks=1, gpus_per_task=1, command=command)
+    await store.append(
+        f"job-{job_id}", None, [JobSubmitted(job_id=job_id, spec=spec, submitted_by="t")]
+    )
+    return GangReserved(
+        job_id=job_id, attempt=1, ranks=[RankPlacement(rank=0, node_id="n0000", gpus=[0])]
+    )
+
+
+async def test_a_rank_waits_for_its_gpu_until_a_rank_still_on_it_exits(
+    agent: Agent, store: EventStore
+) -> None:
+    """The scheduler decides on the log as it had folded it and checks, when it appends, only
+    the streams it writes: a rank its agent started just after its gang was cancelled (a late
+    TaskStarted on that job's stream) did not stop the next cycle, decided before it, from
+    giving the same GPU to another gang. Seen on a live stack under a storm of cancels: two
+    ranks of two jobs ran on one GPU for about a second (audit: "a GPU is bound to at most
+    one gang"). The agent knows which GPUs its ranks hold: a rank waits for them."""
+    slow = ["sh", "-c", "trap '' TERM; sleep 600"]  # takes its stop timeout to die
+    await deliver(agent, store, "old", await submit_on_gpu_0(store, "old", slow))
+    await agent.launches_done()
+    await deliver(agent, store, "old", JobCancelled(job_id="old", attempt=1, reason="user"))
+    await deliver(agent, store, "new", await submit_on_gpu_0(store, "new", ["sleep", "600"]))
+
+    async def new_started() -> bool:
+        return bool(await events_of(store, "new", TaskStarted))
+
+    await until(new_started, "the new job's rank started")
+    exits = await events_of(store, "old", TaskExited)
+    assert exits, "the new job's rank started while the old one still ran on GPU 0"
+    [exited] = exits
+    old_exit = [
+        e.position for e in await store.read_stream("job-old") if isinstance(e.payload, TaskExited)
+    ]
+    new_start = [
+        e.position for e in await store.read_stream("job-new") if isinstance(e.payload, TaskStarted)
+    ]
+    assert exited.exit_code != 0
+    assert (old_exit[0] or 0) < (new_start[0] or 0), (old_exit, new_start)

@@ -26,9 +26,21 @@ pytestmark = pytest.mark.integration
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.fixture(autouse=True)
+def _a_callers_own_api_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settings of the caller's own API (a shell that sourced its stack's settings, or runs
+    one): the API started here must not listen where they say, nor take the caller's worker
+    number or consumer group. With GANGWAY_API_PORT set, both workers listened there and the
+    tests waited in vain on the port they had chosen."""
+    monkeypatch.setenv("GANGWAY_API_PORT", str(free_port()))
+    monkeypatch.setenv("GANGWAY_API_HOST", "127.0.0.2")
+    monkeypatch.setenv("GANGWAY_API_WORKER", "3")
+    monkeypatch.setenv("GANGWAY_CONSUMER_GROUP", "the-callers-group")
+
+
 def test_each_worker_reads_the_bus_in_a_consumer_group_of_its_own() -> None:
-    first = ApiSettings(topic_prefix="gw", api_worker=1, _env_file=None)
-    second = ApiSettings(topic_prefix="gw", api_worker=2, _env_file=None)
+    first = ApiSettings(topic_prefix="gw", api_worker=1, consumer_group=None, _env_file=None)
+    second = ApiSettings(topic_prefix="gw", api_worker=2, consumer_group=None, _env_file=None)
     # The first keeps the group a single API always had; a worker sharing a group would get
     # only some partitions, and its read models only some jobs.
     assert first.bus_group == "gw.api"
@@ -75,8 +87,11 @@ def _wait(condition: object, what: str, patience_s: float = 60.0, log: Path | No
 
 
 def _start(settings: Settings, tmp_path: Path, url: str, **extra: str) -> subprocess.Popen[bytes]:
+    # Only what is given here: none of the caller's GANGWAY_* variables, and no .gangway/env
+    # of the checkout (read from the working directory), configure the API under test.
     env = {
-        **os.environ,
+        **{key: value for key, value in os.environ.items() if not key.startswith("GANGWAY_")},
+        "PYTHONPATH": str(REPO_ROOT),
         "GANGWAY_PG_DSN": settings.pg_dsn,
         "GANGWAY_PG_OWNER_DSN": settings.migration_dsn,
         **client_environment(settings),
@@ -89,7 +104,7 @@ def _start(settings: Settings, tmp_path: Path, url: str, **extra: str) -> subpro
     with (tmp_path / "api.log").open("w") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "services.api", "--workers", "2"],
-            cwd=REPO_ROOT,
+            cwd=tmp_path,
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -279,3 +279,95 @@ def test_a_chunked_body_with_a_few_trailers_is_served(address: tuple[str, int]) 
         + b"0\r\nX-Checksum: abc\r\n\r\n",
     )
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+
+
+def read_answer(conn: socket.socket) -> bytes:
+    """One answer with a content-length, read to its end (the connection left open)."""
+    received = b""
+    while b"\r\n\r\n" not in received:
+        chunk = conn.recv(65536)
+        assert chunk, f"closed before an answer: {received[:200]!r}"
+        received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":", 1)[1])
+        for line in head.split(b"\r\n")
+        if line.lower().startswith(b"content-length:")
+    )
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        assert chunk, "closed inside the answer"
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
+@pytest.mark.parametrize(
+    "opening",
+    [
+        b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (2 * MAX_HEAD_BYTES),
+        # The refusal behind an answer under way: that answer is the one read.
+        b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n"
+        + b"GET /v1/jobs HTTP/1.1\r\nX-Big: "
+        + b"a" * (2 * MAX_HEAD_BYTES),
+    ],
+    ids=["431", "behind-an-answer"],
+)
+def test_a_client_still_sending_its_head_after_a_refusal_is_not_reset(
+    address: tuple[str, int], opening: bytes
+) -> None:
+    """A client still sending its head when the server refused it: the server closed at once,
+    with the client's bytes unread, so its TCP stack answered them with a reset, which may
+    erase the refusal from the client's unread input before it reads it (RFC 9112 9.6); a
+    client that stops at a failed send never reads it at all. The server now closes its side
+    only (a lingering close, as web servers do) and reads and discards what still comes, for
+    a bounded time and amount: the client's sends succeed and it reads an orderly close."""
+    with socket.create_connection(address, timeout=30) as conn:
+        conn.sendall(opening)
+        if b"/stream" in opening:
+            answer = read_to_close_or_timeout(conn, 0.25 * (STREAM_PARTS + 2))
+            assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+        else:
+            answer = read_answer(conn)
+            assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+        # The rest of the client's head, after the refusal: still taken.
+        for _ in range(8):
+            conn.sendall(b"a" * 32768)
+            time.sleep(0.02)
+        conn.shutdown(socket.SHUT_WR)
+        conn.settimeout(10)
+        assert conn.recv(65536) == b""
+
+
+def read_to_close_or_timeout(conn: socket.socket, seconds: float) -> bytes:
+    """What arrives within `seconds` (the connection left open)."""
+    conn.settimeout(seconds)
+    chunks = []
+    with contextlib.suppress(TimeoutError):
+        while chunk := conn.recv(65536):
+            chunks.append(chunk)
+    conn.settimeout(30)
+    return b"".join(chunks)
+
+
+@pytest.fixture
+def short_linger(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(request_head, "LINGER_S", 0.5)
+    monkeypatch.setattr(request_head, "LINGER_BYTES", 1024 * 1024)
+
+
+@pytest.mark.usefixtures("short_linger")
+@pytest.mark.parametrize("pause_s", [0.0, 0.05], ids=["a-flood", "a-trickle"])
+def test_a_lingering_close_is_bounded(address: tuple[str, int], pause_s: float) -> None:
+    """What is read after a refusal is bounded in bytes (a flood) and in time (a trickle): a
+    client that never stops sending is closed on all the same."""
+    with socket.create_connection(address, timeout=30) as conn:
+        conn.sendall(b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (2 * MAX_HEAD_BYTES))
+        assert read_answer(conn).startswith(b"HTTP/1.1 431 ")
+        deadline = time.monotonic() + 10
+        sent = 0
+        with pytest.raises((BrokenPipeError, ConnectionResetError)):
+            while time.monotonic() < deadline:
+                sent += conn.send(b"a" * 65536)
+                time.sleep(pause_s)
+        # Within the bounds and what the two kernels' buffers hold between them.
+        assert sent < 64 * 1024 * 1024

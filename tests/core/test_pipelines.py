@@ -335,3 +335,34 @@ def test_a_job_held_for_long_within_its_guarantee_is_no_reclaim_failure_of_the_s
         history.run()
     assert history.job(held).state == "running"
     assert history.auditor.violations == []
+
+
+def test_an_element_waiting_behind_elements_tried_this_cycle_is_not_told_they_run() -> None:
+    """Elements ahead of it take an array's room in the cycle they go to placement, whether or
+    not they fit: with none running, the rest were told "array X already runs 2 elements, its
+    max_parallel" (seen on a live stack with 4 queued, 0 running, behind a queue's ceiling)."""
+    history = History("1x8:1:1")
+    history.occupy("n0000", 8)
+    first, second, third, _ = submit_array(history, "arr", 4, max_parallel=2)
+    history.run(agents=False)
+    assert [history.job(j).state for j in (first, second, third)] == ["queued"] * 3
+    behind = history.deferrals(third)[-1]
+    assert behind.code == "array_limit"
+    assert "already runs" not in behind.message, behind.message
+    assert "hold GPUs or are tried ahead of it" in behind.message, behind.message
+
+
+def test_an_element_waiting_for_its_array_s_room_is_told_once() -> None:
+    """The reason does not count the elements running: a new count would be a new reason,
+    an event for each waiting element whenever one starts or ends."""
+    history = History("4x8:2:2")
+    elements = submit_array(history, "arr", 6, max_parallel=2)
+    for _ in range(4):
+        history.run()
+        for job_id in elements:
+            if history.job(job_id).state == "running":
+                history.exit(job_id, 0)
+                break
+    last = elements[-1]
+    assert history.job(last).state == "queued"
+    assert [d.code for d in history.deferrals(last)] == ["array_limit"]

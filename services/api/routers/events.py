@@ -10,11 +10,11 @@ from schemas.envelope import EventEnvelope
 from services.api.audit import read_positions
 from services.api.auth import Principal
 from services.api.bootstrap import ApiContext
-from services.api.deps import Caller, Context, Models
+from services.api.deps import Caller, Context, Models, answer_weighed
 from services.api.models import EventPage
 from services.api.problems import PROBLEM_RESPONSES
 from services.api.projections.model import ReadModels
-from services.api.views import event_view
+from services.api.views import envelope_bytes, event_view
 
 router = APIRouter(prefix="/v1/events", tags=["events"], responses=PROBLEM_RESPONSES)
 
@@ -82,5 +82,6 @@ async def _team_page(
             break
         cursor = chunk[-1]
     more = [p for p in models.audit.after(team, cursor, 1) if p <= ceiling]
+    answer_weighed(caller, context, sum(map(envelope_bytes, items)), read=True)
     items_seen = [event_view(e, caller, models.jobs) for e in items]
     return EventPage(items=items_seen, next=cursor, has_more=bool(more))

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Header, Path, Query, status
 from schemas.jobs import JobChanges, JobSpec, JobState
 from services.api.auth import Principal
 from services.api.bootstrap import ApiContext
-from services.api.deps import Caller, Context, Models, command_turn
+from services.api.deps import Caller, Context, Models, answer_weighed, command_turn
 from services.api.models import (
     ArrayView,
     BatchCreatedView,
@@ -30,7 +30,7 @@ from services.api.pipelines import PlannedJob
 from services.api.problems import PROBLEM_RESPONSES
 from services.api.projections.jobs import JobReadModel, Request
 from services.api.routing import ApiRoute
-from services.api.views import array_view, event_view, job_view
+from services.api.views import array_view, envelope_bytes, event_view, job_view, spec_bytes
 
 # Ids are drawn by the API ([0-9a-f]); the pattern keeps odd bytes (NUL) away from the log.
 JobId = Annotated[str, Path(pattern=r"^[A-Za-z0-9._-]{1,64}$", description="the job's id")]
@@ -100,9 +100,16 @@ def _created(planned: PlannedJob, context: Context) -> JobCreatedView:
 
 
 def _answer(
-    job_id: str, jobs: list[JobReadModel], caller: Principal, context: ApiContext
+    job_id: str,
+    jobs: list[JobReadModel],
+    caller: Principal,
+    context: ApiContext,
+    *,
+    read: bool = False,
 ) -> JobView | ArrayView:
-    """One job's view, or the array's when `job_id` names an array."""
+    """One job's view, or the array's when `job_id` names an array, weighed first (a read's
+    answer, `read`, is refused while the team is in debt for heavy answers)."""
+    answer_weighed(caller, context, sum(spec_bytes(job.spec) for job in jobs), read=read)
     known = context.models.jobs
     if len(jobs) == 1 and jobs[0].id == job_id:
         return job_view(jobs[0], caller, known)
@@ -132,22 +139,17 @@ async def list_jobs(
     # page of 1,000 could otherwise be a gigabyte built in this process's memory.
     budget = context.settings.list_page_max_bytes
     jobs: list[JobReadModel] = []
+    weight = 0
     for job_id in ids:
         job = models.jobs[job_id]
-        budget -= spec_bytes(job.spec)
-        if jobs and budget < 0:
+        size = spec_bytes(job.spec)
+        if jobs and weight + size > budget:
             cursor = jobs[-1].submit_position
             break
+        weight += size
         jobs.append(job)
+    answer_weighed(caller, context, weight, read=True)
     return JobPage(items=[job_view(job, caller, models.jobs) for job in jobs], next=cursor)
-
-
-def spec_bytes(spec: JobSpec) -> int:
-    """About what the spec weighs in a response: its strings, which are all a body can grow
-    (the rest is bounded numbers), and a kilobyte for the view around it."""
-    strings = sum(map(len, spec.command)) + sum(len(k) + len(v) for k, v in spec.env.items())
-    strings += sum(len(k) + len(v) for k, v in spec.secret_env.items())
-    return 1024 + 2 * strings  # escaping may double a string at worst (mostly)
 
 
 @router.get(
@@ -157,7 +159,7 @@ async def get_job(
     job_id: JobId, caller: Caller, models: Models, context: Context
 ) -> JobView | ArrayView:
     ids = await context.commands.targets(caller, job_id)
-    return _answer(job_id, [models.jobs[target] for target in ids], caller, context)
+    return _answer(job_id, [models.jobs[target] for target in ids], caller, context, read=True)
 
 
 @router.patch(
@@ -227,6 +229,7 @@ async def list_job_events(
         *await context.store.read_stream(f"checkpoint-{job_id}"),
     ]
     events.sort(key=lambda envelope: envelope.position or 0)
+    answer_weighed(caller, context, sum(map(envelope_bytes, events)), read=True)
     return EventList(items=[event_view(envelope, caller, models.jobs) for envelope in events])
 
 
