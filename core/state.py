@@ -181,6 +181,12 @@ class NodeRecord:
     # → their GPUs: those GPUs go to no new gang until the rank is gone (or the node is lost).
     lingering: dict[tuple[str, int, int], int] = field(default_factory=dict)
     lingering_mask: int = 0
+    # Ranks of released gangs that had not started here when released, (job, attempt, rank) →
+    # their GPUs: their agent may still start one (it learns of the release after the log
+    # does), so a gang bound to those GPUs is appended only if that job's stream has not moved
+    # since it was folded (services/scheduler `segments`). Gone when the rank starts (it
+    # lingers then), exits, the node is lost, or another gang's rank starts on those GPUs.
+    unstarted: dict[tuple[str, int, int], int] = field(default_factory=dict)
     # Host resources the node declared (None: it declared none, and they are not limited), in
     # thousandths of a CPU and MB, and what the bound ranks ask of them (core/host.py).
     cpus_milli: int | None = None
@@ -660,6 +666,18 @@ class SchedulerState:
         """Indices of nodes where ranks of released gangs have not exited yet."""
         return self._lingering
 
+    def unstarted_jobs(self, node_id: str, gpus: Iterable[int]) -> set[str]:
+        """The jobs whose released gangs had a rank not yet started on any of these GPUs of
+        the node (`NodeRecord.unstarted`): a late start of one would be a rank on a GPU that
+        a new gang takes."""
+        node = self._nodes.get(node_id)
+        if node is None or not node.unstarted:
+            return set()
+        mask = 0
+        for gpu in gpus:
+            mask |= 1 << gpu
+        return {job_id for (job_id, _, _), held in node.unstarted.items() if held & mask}
+
     @property
     def queue_records(self) -> Mapping[str, QueueRecord]:
         return self._queues
@@ -989,6 +1007,14 @@ class SchedulerState:
             return
         if event.rank >= len(job.ranks):
             return
+        node_index, mask = job.ranks[event.rank]
+        node = self._node_list[node_index]
+        if node.unstarted:
+            # Its agent starts this gang's rank on those GPUs: a released rank it had not
+            # started there before will not be started after it (bounds the map).
+            for key, held in list(node.unstarted.items()):
+                if held & mask:
+                    del node.unstarted[key]
         job.started_ranks.add(event.rank)
         if job.state == "reserved" and len(job.started_ranks) == len(job.ranks):
             job.started_at = at
@@ -1092,14 +1118,18 @@ class SchedulerState:
     def _keep_running_ranks(self, job: CoreJob) -> None:
         """A released gang's ranks that started and have not exited still run on their GPUs
         (a rank may take its stop timeout to die): they stay out of placement until their
-        TaskExited, so that two attempts never share a GPU on the hardware."""
+        TaskExited, so that two attempts never share a GPU on the hardware. Those not started
+        yet may still start late (`NodeRecord.unstarted`)."""
         for rank, (node_index, mask) in enumerate(job.ranks):
+            node = self._node_list[node_index]
+            if node.lost:
+                continue
             if job.still_runs(rank):
-                node = self._node_list[node_index]
-                if not node.lost:
-                    node.lingering[(job.job_id, job.attempt, rank)] = mask
-                    node.lingering_mask |= mask
-                    self._lingering.add(node_index)
+                node.lingering[(job.job_id, job.attempt, rank)] = mask
+                node.lingering_mask |= mask
+                self._lingering.add(node_index)
+            elif mask and rank not in job.started_ranks and rank not in job.exit_codes:
+                node.unstarted[(job.job_id, job.attempt, rank)] = mask
 
     def _started_after_release(self, job: CoreJob, event: TaskStarted) -> None:
         """A rank its agent launched while the scheduler released the gang (the two race):
@@ -1110,6 +1140,7 @@ class SchedulerState:
         node = self._node_list[node_index]
         if node.lost or node.node_id != event.node_id:
             return
+        node.unstarted.pop((job.job_id, job.attempt, event.rank), None)
         node.lingering[(job.job_id, job.attempt, event.rank)] = mask
         node.lingering_mask |= mask
         self._lingering.add(node_index)
@@ -1123,7 +1154,11 @@ class SchedulerState:
                 record.shared_mask = self._sharing.shared_mask(record.node_id)
                 self._refresh(record)
         node = self._nodes.get(event.node_id)
-        if node is None or not node.lingering:
+        if node is None:
+            return
+        if node.unstarted:
+            node.unstarted.pop((event.job_id, event.attempt, event.rank), None)
+        if not node.lingering:
             return
         if node.lingering.pop((event.job_id, event.attempt, event.rank), None) is None:
             return
@@ -1293,6 +1328,7 @@ class SchedulerState:
         # are released: those ranks must not hold its GPUs as lingering ones then.
         node.lingering.clear()
         node.lingering_mask = 0
+        node.unstarted.clear()
         self._lingering.discard(node.index)
         self._sharing.node_lost(node.node_id)
         node.shared_mask = self._sharing.shared_mask(node.node_id)

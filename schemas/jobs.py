@@ -258,12 +258,17 @@ def array_element_id(array_id: str, index: int) -> str:
     return f"{array_id}_{index}"
 
 
+def job_stream(job_id: str) -> str:
+    """The log stream of a job's events."""
+    return f"job-{job_id}"
+
+
 class JobEvent(Event):
     job_id: str = Field(min_length=1, max_length=64)
 
     @property
     def stream(self) -> str:
-        return f"job-{self.job_id}"
+        return job_stream(self.job_id)
 
 
 class JobSubmitted(JobEvent):

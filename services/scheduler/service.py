@@ -28,6 +28,7 @@ import asyncpg
 from core.cycle import Planner
 from core.policy import SchedulingPolicy
 from schemas import Event, EventEnvelope
+from schemas.jobs import GangReserved, job_stream
 from schemas.leadership import SCHEDULER_STREAM
 from services.runtime.collector import gc_paused
 from services.runtime.errors import DATABASE_UNAVAILABLE, ConcurrencyConflict, StaleLeader
@@ -74,18 +75,35 @@ def segments(decisions: Sequence[Event], folded: Folded) -> list[list[StreamAppe
     one stream's consecutive events, a new segment whenever a stream comes back after another.
     Usually a cycle is one segment. Each stream expects its version as last folded, plus what
     earlier segments of the same cycle add to it.
+
+    A gang bound to GPUs where a released gang had a rank not yet started (its agent may
+    start it late: `SchedulerState.unstarted_jobs`) also expects that job's stream as folded,
+    with no event: a late TaskStarted appended after the fold makes the cycle conflict and
+    decide again, seeing the rank on those GPUs, instead of binding them twice in the log.
     """
     out: list[list[StreamAppend]] = []
     expected: dict[str, int] = {}
     runs: list[tuple[str, list[Event]]] = []
     in_segment: set[str] = set()
+    state = folded.state
 
     def close() -> None:
         appends = []
+        guarded: set[str] = set()
         for stream, events in runs:
             version = expected.get(stream, folded.stream_version(stream))
             appends.append(StreamAppend(stream, version, events))
             expected[stream] = version + len(events)
+            for event in events:
+                if isinstance(event, GangReserved):
+                    for rank in event.ranks:
+                        if rank.mig is None and rank.share is None:
+                            guarded |= state.unstarted_jobs(rank.node_id, rank.gpus)
+        for job_id in sorted(guarded):
+            stream = job_stream(job_id)
+            if stream not in in_segment:
+                version = expected.get(stream, folded.stream_version(stream))
+                appends.append(StreamAppend(stream, version, ()))
         out.append(appends)
         runs.clear()
         in_segment.clear()

@@ -12,9 +12,11 @@ from prometheus_client import Counter
 
 from core.policy import SchedulingPolicy
 from core.topology import parse_cluster_spec
+from schemas.base import Event
 from schemas.jobs import (
     GangReserved,
     JobAdmitted,
+    JobCancelled,
     JobCancelRequested,
     JobFailed,
     JobSpec,
@@ -227,6 +229,42 @@ async def test_a_cancel_committed_between_fold_and_append_is_folded_before_decid
         assert await reservation(store, "racy") is None
         assert _total(service.metrics.conflicts) >= 1
         await service.leadership.release()
+
+
+async def test_a_late_start_of_a_released_rank_committed_before_the_append_keeps_its_gpus(
+    settings: Settings, store: EventStore
+) -> None:
+    """x's gang is cancelled before its rank started; its agent starts the rank late, after the
+    scheduler folded the cancel and decided y onto x's GPUs. The append of y's gang expects
+    x's stream too (the late start moved it): it conflicts, the cycle sees x's rank on those
+    GPUs and does not bind them twice (the audit's invariant 1)."""
+    await seed_cluster(store, "1x8:1:1")
+    async with replica(settings, "a", scheduler_cycle_interval_s=0.1) as leader:
+        await wait_until(lambda: _leads(leader), what="leads", patience_s=30)
+        service = leader.service
+        x = job("x", tasks=1)
+        await submit_admitted(store, x)
+        await wait_until(lambda: _has_reservation(store, "x"), what="x reserved", patience_s=30)
+        await store.append(x.stream, None, [JobCancelRequested(job_id="x", by="u")])
+        await wait_until(lambda: _has(store, "x", JobCancelled), what="x cancelled", patience_s=30)
+        leader.stop.set()
+        await asyncio.wait_for(leader.task, 30)
+        y = job("y", tasks=1)
+        await submit_admitted(store, y)
+        await service.follow()
+        gang = await reservation(store, "x")
+        assert gang is not None
+        late = TaskStarted(job_id="x", attempt=gang.attempt, rank=0, node_id="n0000")
+        await store.append(x.stream, None, [late])  # behind the fold's back
+        service.leadership = await _lead_again(service, settings)
+        await service.cycle()
+        assert await reservation(store, "y") is None
+        assert _total(service.metrics.conflicts) >= 1
+        await service.leadership.release()
+
+
+async def _has(store: EventStore, job_id: str, kind: type[Event]) -> bool:
+    return any(isinstance(e.payload, kind) for e in await store.read_stream(f"job-{job_id}"))
 
 
 async def test_events_folded_after_a_cycle_decided_wake_the_next_cycle_at_once(

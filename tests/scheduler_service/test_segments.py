@@ -4,9 +4,17 @@ from __future__ import annotations
 
 from core.policy import SchedulingPolicy
 from schemas.base import Event
-from schemas.jobs import GangReserved, JobDeferred, JobRequeued, JobResumed, RankPlacement
+from schemas.jobs import (
+    GangReserved,
+    JobCancelled,
+    JobDeferred,
+    JobRequeued,
+    JobResumed,
+    RankPlacement,
+)
 from services.scheduler.folding import Folded
 from services.scheduler.service import segments
+from tests.core.builders import History, a_job
 
 
 def folded_with(versions: dict[str, int]) -> Folded:
@@ -71,4 +79,51 @@ def test_consecutive_decisions_of_one_stream_share_one_append() -> None:
     parts = as_tuples(folded_with({"job-a": 1}), decisions)
     assert [[(stream, version, len(events)) for stream, version, events in p] for p in parts] == [
         [("job-a", 1, 2)]
+    ]
+
+
+def test_a_gang_on_gpus_a_released_rank_may_still_start_on_expects_that_jobs_stream() -> None:
+    # x's gang was reserved and cancelled before its rank started: its agent may start it
+    # late, so y's binding of those GPUs expects x's stream as folded (a guard, no event).
+    history = History("1x8:1:1")
+    history.submit(a_job("x").gpus(8))
+    history.cycle()
+    history.cancel("x")
+    history.cycle()
+    folded = Folded(history.state, versions={"job-x": 9, "job-y": 2})
+    on_x = [RankPlacement(rank=0, node_id="n0000", gpus=[2, 3])]
+    decisions: list[Event] = [
+        JobDeferred(job_id="z", code="no_capacity", message="m"),
+        GangReserved(job_id="y", attempt=1, ranks=on_x),
+    ]
+    parts = as_tuples(folded, decisions)
+    assert parts == [[("job-z", 0, decisions[:1]), ("job-y", 2, decisions[1:]), ("job-x", 9, [])]]
+
+
+def test_no_guard_once_the_released_rank_cannot_start_there() -> None:
+    history = History("1x8:1:1")
+    history.submit(a_job("x").gpus(8))
+    history.cycle()
+    history.start("x")
+    history.cancel("x")
+    history.cycle()
+    history.stop_released(history.events(JobCancelled, "x"))
+    folded = Folded(history.state, versions={"job-x": 9, "job-y": 2})
+    decisions: list[Event] = [GangReserved(job_id="y", attempt=1, ranks=GANG)]
+    assert as_tuples(folded, decisions) == [[("job-y", 2, decisions)]]
+
+
+def test_a_guarded_stream_written_in_the_same_append_is_not_named_twice() -> None:
+    history = History("1x8:1:1")
+    history.submit(a_job("x").gpus(8))
+    history.cycle()
+    history.cancel("x")
+    history.cycle()
+    folded = Folded(history.state, versions={"job-x": 9, "job-y": 2})
+    decisions: list[Event] = [
+        JobDeferred(job_id="x", code="no_capacity", message="m"),
+        GangReserved(job_id="y", attempt=1, ranks=GANG),
+    ]
+    assert as_tuples(folded, decisions) == [
+        [("job-x", 9, decisions[:1]), ("job-y", 2, decisions[1:])]
     ]
