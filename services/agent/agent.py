@@ -77,6 +77,7 @@ from services.agent.ranks import (
     RankProcess,
     derived_master_port,
     distributed_env,
+    infrastructure_ports,
     kill_group,
     launch,
     node_address,
@@ -162,7 +163,10 @@ class Agent:
         self._cgroups: dict[RankKey, str] = {}
         # The kernel's OOM-kill count (the rank's cgroup's, else the host's) at each launch.
         self._oom_kills: dict[RankKey, int] = {}
-        self.master_ports = MasterPorts()
+        self.master_ports = MasterPorts(
+            avoid=infrastructure_ports(settings.pg_dsn, settings.kafka_bootstrap, settings.api_url)
+            | {port for port in (settings.metrics_port, settings.log_port) if port}
+        )
         self._addresses = {node_id: node_address(node) for node_id, node in self.nodes.items()}
         self.root_dir = settings.checkpoint_root.resolve()
         self.work_dir = settings.work_dir.resolve()
@@ -569,7 +573,7 @@ class Agent:
         derives (reserved and checked by rank 0's agent: services/agent/ranks.py)."""
         first = min(reserved.ranks, key=lambda placement: placement.rank)
         if first.node_id not in self.nodes:
-            port = derived_master_port(reserved.job_id, reserved.attempt)
+            port = derived_master_port(reserved.job_id, reserved.attempt, self.master_ports.avoid)
             return await self._from_log(starting, lambda: self._address_of(first.node_id)), port
         whole_gang = all(placement.node_id in self.nodes for placement in reserved.ranks)
         port = self.master_ports.reserve(reserved.job_id, reserved.attempt, whole_gang=whole_gang)

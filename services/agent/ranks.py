@@ -25,16 +25,19 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from schemas.jobs import RankPlacement
 from schemas.nodes import NodeRegistered
 from services.agent.disk import DiskLimit, limit_file_size
 from services.agent.isolation import Sandbox
 
-# 20000-31999: clear of the well-known ports and of Linux's ephemeral range (32768-60999),
-# from which outgoing connections take theirs.
-MASTER_PORT_FIRST = 20000
-MASTER_PORT_COUNT = 12000
+# 10000-19999: clear of the well-known ports, of Linux's ephemeral range (32768-60999), from
+# which outgoing connections take theirs, and of the local stack's default ports (PostgreSQL
+# 25432, Kafka 29092/29093: a rank holding one while the server restarts would keep it from
+# coming back). The ports the agent's own settings name are skipped too (`infrastructure_ports`).
+MASTER_PORT_FIRST = 10000
+MASTER_PORT_COUNT = 10000
 # What a simulated node's ranks reach rank 0's node at: the fleet runs on the agent's host.
 SIMULATED_NODE_ADDRESS = "127.0.0.1"
 
@@ -259,10 +262,34 @@ def distributed_env(
     }
 
 
-def derived_master_port(job_id: str, attempt: int) -> int:
-    """The port every agent derives for `attempt` of the job (see the module's docstring)."""
+def derived_master_port(job_id: str, attempt: int, avoid: Collection[int] = ()) -> int:
+    """The port every agent derives for `attempt` of the job (see the module's docstring),
+    moved on past the ports in `avoid` (every agent of an installation avoids the same)."""
     digest = hashlib.blake2b(job_id.encode(), digest_size=4).digest()
-    return MASTER_PORT_FIRST + (int.from_bytes(digest, "big") + attempt) % MASTER_PORT_COUNT
+    start = (int.from_bytes(digest, "big") + attempt) % MASTER_PORT_COUNT
+    for offset in range(MASTER_PORT_COUNT):
+        port = MASTER_PORT_FIRST + (start + offset) % MASTER_PORT_COUNT
+        if port not in avoid:
+            return port
+    raise ValueError("every MASTER_PORT is avoided")
+
+
+def infrastructure_ports(*addresses: str) -> frozenset[int]:
+    """The ports named by service addresses (URLs, DSNs, `host:port` lists): a rank must not
+    hold one of them while its server restarts."""
+    ports: set[int] = set()
+    for address in addresses:
+        for part in address.split(","):
+            text = part.strip()
+            if not text:
+                continue
+            if "://" not in text:
+                text = "//" + text
+            with contextlib.suppress(ValueError):
+                port = urlsplit(text).port
+                if port is not None:
+                    ports.add(port)
+    return frozenset(ports)
 
 
 def port_bindable(port: int) -> bool:
@@ -294,6 +321,8 @@ class MasterPorts:
 
     bindable: Callable[[int], bool] = port_bindable
     held: dict[tuple[str, int], int] = field(default_factory=dict)
+    # Ports of the installation's own servers (`infrastructure_ports`), never given to a rank.
+    avoid: frozenset[int] = frozenset()
 
     def reserve(self, job_id: str, attempt: int, *, whole_gang: bool) -> int:
         """The attempt's port (the same on every call until released). `whole_gang`: this
@@ -301,11 +330,11 @@ class MasterPorts:
         key = (job_id, attempt)
         if key in self.held:
             return self.held[key]
-        start = derived_master_port(job_id, attempt)
+        start = derived_master_port(job_id, attempt, self.avoid)
         in_use = set(self.held.values())
         for offset in range(MASTER_PORT_COUNT if whole_gang else 1):
             port = MASTER_PORT_FIRST + (start - MASTER_PORT_FIRST + offset) % MASTER_PORT_COUNT
-            if port not in in_use and self.bindable(port):
+            if port not in in_use and port not in self.avoid and self.bindable(port):
                 self.held[key] = port
                 return port
         raise MasterPortBusy(

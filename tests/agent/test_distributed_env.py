@@ -17,6 +17,7 @@ from services.agent.ranks import (
     MasterPorts,
     derived_master_port,
     distributed_env,
+    infrastructure_ports,
     node_address,
     port_bindable,
 )
@@ -119,3 +120,30 @@ def test_two_live_attempts_never_share_a_port_and_a_released_one_is_free_again()
     ports.release(first, 1)
     ports.release(second, 1)
     assert ports.reserve(second, 1, whole_gang=False) == a
+
+
+def test_the_range_is_clear_of_the_local_stacks_default_ports() -> None:
+    # A rank holding PostgreSQL's or Kafka's port while the server restarts keeps it down.
+    stack = {25432, 29092, 29093}
+    assert not any(MASTER_PORT_FIRST <= p < MASTER_PORT_FIRST + MASTER_PORT_COUNT for p in stack)
+
+
+def test_the_installations_own_ports_are_found_in_its_addresses() -> None:
+    assert infrastructure_ports(
+        "postgresql://app:secret@db.example:15432/gangway",
+        "k1.example:19092, k2.example:19093",
+        "http://127.0.0.1:18080",
+        "http://[::1]/no-port",
+    ) == {15432, 19092, 19093, 18080}
+
+
+def test_every_agent_derives_and_reserves_past_the_avoided_ports() -> None:
+    derived = derived_master_port("job-a", 1)
+    avoid = frozenset({derived, derived + 1})
+    moved = derived_master_port("job-a", 1, avoid)
+    assert moved not in avoid
+    assert moved == derived_master_port("job-a", 1, avoid)  # the same on every agent
+    ports = MasterPorts(bindable=lambda port: True, avoid=avoid)
+    assert ports.reserve("job-a", 1, whole_gang=False) == moved
+    whole = MasterPorts(bindable=lambda port: port != moved, avoid=avoid)
+    assert whole.reserve("job-a", 1, whole_gang=True) not in avoid | {moved}
