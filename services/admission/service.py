@@ -70,9 +70,12 @@ class Admission:
         submission passes them: a stream of submissions costs one catalogue query per refresh,
         not one per job, and each decision still sees the catalogue as of its submission.
         """
-        end = await self.store.head() if until is None else until
-        if end > self._fetched_until:
-            await self._fetch()
+        if until is None:
+            end = await self._fetch()
+        else:
+            if until > self._fetched_until:
+                await self._fetch()
+            end = until
         while self._ahead and self._ahead[0].position <= end:
             raw = self._ahead.popleft()
             self.catalog.apply(
@@ -80,17 +83,23 @@ class Admission:
             )
         self.position = max(self.position, end)
 
-    async def _fetch(self) -> None:
-        head = await self.store.head()
-        after = self._fetched_until
+    async def _fetch(self) -> int:
+        """Fetch the catalogue's events up to the log's head; return that head. The first
+        read learns the head with its events (one round trip per refresh, not a look at the
+        head and then a read); a longer backlog is read in pages up to that same head."""
+        head, batch = await self.store.read_to_head(
+            self._fetched_until, self.batch_size, types=CATALOG_TYPES
+        )
         while True:
-            batch = await self.store.read_all_raw(after, self.batch_size, types=CATALOG_TYPES)
-            self._ahead.extend(raw for raw in batch if raw.position <= head)
-            if len(batch) < self.batch_size or batch[-1].position >= head:
+            self._ahead.extend(batch)
+            if len(batch) < self.batch_size:
                 break
-            after = batch[-1].position
+            _, batch = await self.store.read_to_head(
+                batch[-1].position, self.batch_size, types=CATALOG_TYPES, until=head
+            )
         # Every catalogue event at or before `head` is now folded or waiting in `_ahead`.
-        self._fetched_until = head
+        self._fetched_until = max(self._fetched_until, head)
+        return head
 
     async def on_submitted(self, envelope: EventEnvelope, conn: asyncpg.Connection) -> None:
         submitted = envelope.payload
