@@ -105,6 +105,7 @@ async def test_submissions_on_the_bus_are_each_decided_once_in_their_job_stream(
         topics=[Topics.from_settings(settings).jobs],
         handlers={"JobSubmitted": deciding.on_submitted},
         batch_scope=deciding.batch,  # as the service wires it: a batch's decisions at once
+        overlap=True,  # and the next batch decoded while one is written
     )
     async with running(OutboxRelay(store, settings)), running(consumer) as task:
         await started(consumer, task)

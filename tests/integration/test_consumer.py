@@ -432,3 +432,127 @@ async def test_a_session_ended_by_the_server_is_retried_until_it_passes_never_de
     assert kills == 5
     assert consumer.counts[Outcome.DEAD_LETTERED] == 0
     assert consumer.counts[Outcome.APPLIED] == 1
+
+
+def _as_records(raws: list[RawEvent], topics: Topics, key: bytes, first_offset: int) -> list[Any]:
+    """The records the bus would deliver for `raws`, signed as the relay signs them."""
+    from aiokafka import ConsumerRecord
+
+    records = []
+    for offset, raw in enumerate(raws, start=first_offset):
+        value = raw.to_json()
+        headers = signed(message_headers(raw), value, key)
+        records.append(
+            ConsumerRecord(
+                topics.jobs,
+                0,
+                offset,
+                0,
+                0,
+                raw.stream.encode(),
+                value,
+                None,
+                0,
+                len(value),
+                tuple(headers),
+            )
+        )
+    return records
+
+
+async def test_with_overlap_a_batch_is_decoded_while_the_one_before_is_written_and_applied_after_it(
+    settings: Settings, store: EventStore, topics: Topics
+) -> None:
+    from contextlib import asynccontextmanager
+
+    from aiokafka import TopicPartition
+
+    applied: list[int] = []
+    writing = asyncio.Event()
+    written = asyncio.Event()
+    release = asyncio.Event()
+
+    @asynccontextmanager
+    async def scope(_conn: asyncpg.Connection, _inbox: str | None) -> AsyncIterator[None]:
+        yield
+        # The batch's write: held until the test lets it go.
+        writing.set()
+        await release.wait()
+        written.set()
+
+    async def handle(envelope: EventEnvelope, _conn: asyncpg.Connection) -> None:
+        applied.append(envelope.position or 0)
+
+    consumer = EventConsumer(
+        settings,
+        store.pool,
+        name="overlapping",
+        topics=[topics.jobs],
+        handlers={"JobDeferred": handle},
+        batch_scope=scope,
+        overlap=True,
+    )
+    decoded: list[int] = []
+    decode = consumer.decode
+
+    def counted(record: Any) -> EventEnvelope | None:
+        decoded.append(record.offset)
+        return decode(record)
+
+    consumer.decode = counted  # type: ignore[method-assign]
+    events = await _recorded(store, "job-o", 6)
+    records = _as_records(events, topics, settings.bus_signing_key, first_offset=0)
+    tp = TopicPartition(topics.jobs, 0)
+    stop = asyncio.Event()
+
+    first = asyncio.create_task(consumer._process_batch({tp: records[:3]}, stop))
+    try:
+        # Handed on to be applied, not waited for: no offsets yet.
+        await wait_until(lambda: _true(first.done()), what="the first batch handed on")
+        assert first.result() == {}
+        await wait_until(lambda: _true(writing.is_set()), what="the first batch's write began")
+        second = asyncio.create_task(consumer._process_batch({tp: records[3:]}, stop))
+        # The second batch is decoded while the first's write is still under way...
+        await wait_until(lambda: _true(len(decoded) == 6), what="the second batch decoded")
+        assert not written.is_set() and not second.done()
+        assert applied == [e.position for e in events[:3]]
+    finally:
+        release.set()
+    # ... and applied only after it: the call returns the first batch's offsets.
+    assert await second == {tp: 3}
+    assert await consumer._idle(stop) == {tp: 6}
+    assert applied == [e.position for e in events]
+    assert consumer.counts[Outcome.APPLIED] == 6
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_with_overlap_the_batch_being_applied_is_finished_and_its_offsets_given_on_stop(
+    settings: Settings, store: EventStore, topics: Topics
+) -> None:
+    from aiokafka import TopicPartition
+
+    await create_effects_table(settings)
+    consumer = EventConsumer(
+        settings,
+        store.pool,
+        name="finishing",
+        topics=[topics.jobs],
+        handlers={"JobDeferred": count_effects},
+        overlap=True,
+    )
+    events = await _recorded(store, "job-f", 3)
+    later = await _recorded(store, "job-g", 1)
+    key = settings.bus_signing_key
+    tp = TopicPartition(topics.jobs, 0)
+    stop = asyncio.Event()
+    assert await consumer._process_batch({tp: _as_records(events, topics, key, 0)}, stop) == {}
+    stop.set()
+    # On the way out the batch being applied is finished, and its offsets given for the commit.
+    assert await consumer._finish(stop) == {tp: 3}
+    # A batch fetched after the stop is not begun: it is read again by the next owner.
+    assert await consumer._process_batch({tp: _as_records(later, topics, key, 3)}, stop) == {}
+    assert await consumer._finish(stop) == {}
+    assert await _effects(store) == {1: 1, 2: 1, 3: 1}
