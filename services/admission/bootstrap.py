@@ -58,9 +58,6 @@ async def serve(settings: AdmissionSettings) -> int:
             # The inbox makes a redelivered submission a no-op: offsets once a second, not
             # one round trip to the group coordinator per batch on the way to the next fetch.
             commit_interval_s=1.0,
-            # Its batches wait mostly on that append (the log's head lock, shared with the
-            # API's): the next batch is decoded meanwhile.
-            overlap=True,
         )
         consumer_lag.watch("events", consumer)
         task = asyncio.create_task(consumer.run(stop))

@@ -70,12 +70,9 @@ class Admission:
         submission passes them: a stream of submissions costs one catalogue query per refresh,
         not one per job, and each decision still sees the catalogue as of its submission.
         """
-        if until is None:
-            end = await self._fetch()
-        else:
-            if until > self._fetched_until:
-                await self._fetch()
-            end = until
+        end = await self.store.head() if until is None else until
+        if end > self._fetched_until:
+            await self._fetch()
         while self._ahead and self._ahead[0].position <= end:
             raw = self._ahead.popleft()
             self.catalog.apply(
@@ -83,23 +80,17 @@ class Admission:
             )
         self.position = max(self.position, end)
 
-    async def _fetch(self) -> int:
-        """Fetch the catalogue's events up to the log's head; return that head. The first
-        read learns the head with its events (one round trip per refresh, not a look at the
-        head and then a read); a longer backlog is read in pages up to that same head."""
-        head, batch = await self.store.read_to_head(
-            self._fetched_until, self.batch_size, types=CATALOG_TYPES
-        )
+    async def _fetch(self) -> None:
+        head = await self.store.head()
+        after = self._fetched_until
         while True:
-            self._ahead.extend(batch)
-            if len(batch) < self.batch_size:
+            batch = await self.store.read_all_raw(after, self.batch_size, types=CATALOG_TYPES)
+            self._ahead.extend(raw for raw in batch if raw.position <= head)
+            if len(batch) < self.batch_size or batch[-1].position >= head:
                 break
-            _, batch = await self.store.read_to_head(
-                batch[-1].position, self.batch_size, types=CATALOG_TYPES, until=head
-            )
+            after = batch[-1].position
         # Every catalogue event at or before `head` is now folded or waiting in `_ahead`.
-        self._fetched_until = max(self._fetched_until, head)
-        return head
+        self._fetched_until = head
 
     async def on_submitted(self, envelope: EventEnvelope, conn: asyncpg.Connection) -> None:
         submitted = envelope.payload

@@ -51,9 +51,6 @@ EventHandler = Callable[[EventEnvelope, asyncpg.Connection], Awaitable[None]]
 # event's inbox row already (`EventConsumer.process`, one message) and writes the effects only.
 BatchScope = Callable[[asyncpg.Connection, str | None], AbstractAsyncContextManager[None]]
 TelemetryMessage = NodeHeartbeat | StepTimeSample
-# With overlap, the records decoded between two turns given to the batch being applied: a turn
-# lets it take its statement's answer and send the next, and costs about a microsecond.
-_DECODE_TURN = 32
 TelemetryHandler = Callable[[TelemetryMessage], Awaitable[None]]
 
 # Worth retrying for as long as it takes: the database or the network will come back, and a
@@ -162,7 +159,7 @@ class ConsumerLoop(ABC):
                     if records:
                         unprocessed[tp] = records[0].offset
                 self.lag = _lag(consumer, unprocessed)
-                done = await (self._process_batch(batches, stop) if batches else self._idle(stop))
+                done = await self._process_batch(batches, stop) if batches else {}
                 if done:
                     # One commit for every partition of the batch: each one's effects are
                     # durable already, and one round trip to the coordinator is all it takes.
@@ -171,8 +168,6 @@ class ConsumerLoop(ABC):
                 self.lag = _lag(consumer, unprocessed)
         finally:
             unfollow_readiness(self)
-            # A batch still being written: its offsets are committed below once it is done.
-            self._uncommitted.update(await self._finish(stop))
             # The dead letters' producer may have been replaced, or dropped, since.
             dead_letters = self._producer
             self._consumer = self._producer = None
@@ -183,14 +178,6 @@ class ConsumerLoop(ABC):
                 self._uncommitted = {}
             await consumer.stop()
             await stop_producer(dead_letters)
-
-    async def _idle(self, stop: asyncio.Event) -> dict[TopicPartition, int]:
-        """A fetch that brought nothing: the offsets of work finished since (none here)."""
-        return {}
-
-    async def _finish(self, stop: asyncio.Event) -> dict[TopicPartition, int]:
-        """On the way out: the offsets of work still under way once it ends (none here)."""
-        return {}
 
     async def _connect(
         self, stop: asyncio.Event
@@ -371,14 +358,9 @@ class EventConsumer(ConsumerLoop):
         registry: EventRegistry = REGISTRY,
         batch_scope: BatchScope | None = None,
         commit_interval_s: float = 0.0,
-        overlap: bool = False,
     ) -> None:
         super().__init__(settings, name=name, topics=topics, commit_interval_s=commit_interval_s)
         self.batch_scope = batch_scope
-        # With `overlap`, a fetched batch is decoded while the batch before it is still being
-        # applied (its statements in flight): `_process_batch` says how.
-        self.overlap = overlap
-        self._applying: asyncio.Task[dict[TopicPartition, int]] | None = None
         unknown = [t for t in handlers if t not in registry.types]
         if unknown:
             raise ValueError(f"handlers for unregistered event types: {unknown}")
@@ -427,52 +409,7 @@ class EventConsumer(ConsumerLoop):
         """Apply the fetched batch, every partition's records in their order, in one
         transaction (or, with a batch scope, in the scope's one statement): one commit (one WAL
         flush) and one inbox statement for many events. An event its handler refuses undoes
-        the batch; it is then applied again without it.
-
-        With `overlap`, the batch is decoded while the one before it is applied (its inbox
-        statement, handlers and write run as a task, the decoding yields to it between
-        records), and it is applied once that one is done, as a task in turn: a consumer whose
-        batches wait on the database (admission's write of its decisions) spends that wait
-        decoding the next. Batches are still applied one at a time and in order; the offsets
-        returned are those of the batch finished meanwhile, and a batch still being applied
-        is finished before the loop commits on its way out (`_finish`)."""
-        if not self.overlap:
-            return await self._apply_staged(await self._stage(batches), stop)
-        staged = await self._stage(batches, yield_every=_DECODE_TURN)
-        done = await self._applied()
-        if not stop.is_set():
-            self._applying = asyncio.create_task(self._apply_staged(staged, stop))
-        return done
-
-    async def _idle(self, stop: asyncio.Event) -> dict[TopicPartition, int]:
-        return await self._applied()
-
-    async def _finish(self, stop: asyncio.Event) -> dict[TopicPartition, int]:
-        task = self._applying
-        if task is not None and not task.done() and not stop.is_set():
-            # Leaving for another reason than a stop (an error): the batch is left to the next
-            # owner, its effects idempotent (inbox).
-            task.cancel()
-        try:
-            return await self._applied()
-        except asyncio.CancelledError:
-            return {}
-        except Exception:
-            # Leaving already; the batch is read again by the next owner.
-            log.exception("%s: the batch being applied failed on the way out", self.name)
-            return {}
-
-    async def _applied(self) -> dict[TopicPartition, int]:
-        """The offsets of the batch being applied, once it is done ({} when none is)."""
-        task, self._applying = self._applying, None
-        return {} if task is None else await task
-
-    async def _stage(
-        self,
-        batches: Mapping[TopicPartition, Sequence[ConsumerRecord[bytes, bytes]]],
-        *,
-        yield_every: int = 0,
-    ) -> list[_Staged]:
+        the batch; it is then applied again without it."""
         staged: list[_Staged] = []
         for tp, records in batches.items():
             for record in records:
@@ -480,13 +417,6 @@ class EventConsumer(ConsumerLoop):
                     staged.append(_Staged(tp, record, self.decode(record)))
                 except Unprocessable as error:
                     staged.append(_Staged(tp, record, None, f"Unprocessable: {error}"))
-                if yield_every and len(staged) % yield_every == 0:
-                    await asyncio.sleep(0)
-        return staged
-
-    async def _apply_staged(
-        self, staged: list[_Staged], stop: asyncio.Event
-    ) -> dict[TopicPartition, int]:
         failures: dict[int, int] = {}
         backoff = 0.05
         while True:

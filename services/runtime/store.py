@@ -78,22 +78,6 @@ ORDER BY position
 LIMIT $2
 """
 
-# A filtered read up to the log's head and the head itself, one statement and one snapshot: a
-# reader that must know how far its read reaches (admission's catalogue) spares the round trip
-# of a look at the head before it. $4, when given, bounds the read instead of the head (the
-# next page of a read begun at an earlier head). The head row always answers; with no event
-# read, its row's event columns are NULL.
-_READ_TO_HEAD = f"""
-SELECT bound, e.*
-FROM (SELECT COALESCE($4::bigint, position) AS bound FROM event_log_head) h
-LEFT JOIN LATERAL (
-    SELECT {_COLUMNS} FROM events
-    WHERE position > $1 AND position <= h.bound AND type = ANY($3::text[])
-    ORDER BY position
-    LIMIT $2
-) e ON true
-"""
-
 _READ_RANGE = (
     f"SELECT {_COLUMNS} FROM events WHERE position > $1 AND position <= $2 ORDER BY position"
 )
@@ -327,23 +311,6 @@ class EventStore:
                 _READ_ALL, after_position, limit, list(types) if types else None, stream
             )
         return [RawEvent(*r) for r in records]
-
-    async def read_to_head(
-        self,
-        after_position: int,
-        limit: int,
-        *,
-        types: Sequence[str],
-        until: int | None = None,
-        conn: asyncpg.Connection | None = None,
-    ) -> tuple[int, list[RawEvent]]:
-        """Up to `limit` events of `types` after `after_position` and at or before the log's
-        head (or `until`, when given), and that bound: one round trip where a look at the head
-        and a read would take two, both as of one snapshot."""
-        async with self.connection(conn) as c:
-            records = await c.fetch(_READ_TO_HEAD, after_position, limit, list(types), until)
-        bound = int(records[0][0])
-        return bound, [RawEvent(*r[1:]) for r in records if r[1] is not None]
 
     async def head(self, *, conn: asyncpg.Connection | None = None) -> int:
         """The position of the last committed event (0 for an empty log)."""

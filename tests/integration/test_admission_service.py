@@ -105,7 +105,6 @@ async def test_submissions_on_the_bus_are_each_decided_once_in_their_job_stream(
         topics=[Topics.from_settings(settings).jobs],
         handlers={"JobSubmitted": deciding.on_submitted},
         batch_scope=deciding.batch,  # as the service wires it: a batch's decisions at once
-        overlap=True,  # and the next batch decoded while one is written
     )
     async with running(OutboxRelay(store, settings)), running(consumer) as task:
         await started(consumer, task)
@@ -276,50 +275,3 @@ async def test_a_batch_outside_a_transaction_that_fails_writes_no_decision_and_n
     await handle_tracked(deciding, envelopes)
     for i in range(3):
         assert len(await decisions(store, f"g{i}")) == 1
-
-
-async def test_a_batch_catches_the_catalogue_up_in_one_round_trip_without_a_look_at_the_head(
-    store: EventStore, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    await register_nodes(store)
-    deciding = admission(store)
-    await deciding.catch_up()
-    await create_team(store)
-    envelopes = [await submit(store, f"rt{i}") for i in range(3)]
-    reads: list[int | None] = []
-    read_to_head = store.read_to_head
-
-    async def counted(*args: object, **kwargs: object) -> object:
-        reads.append(kwargs.get("until"))  # type: ignore[arg-type]
-        return await read_to_head(*args, **kwargs)  # type: ignore[arg-type]
-
-    async def no_look(*_args: object, **_kwargs: object) -> int:
-        raise AssertionError("a look at the head of its own")
-
-    monkeypatch.setattr(store, "read_to_head", counted)
-    monkeypatch.setattr(store, "head", no_look)
-    await handle_batch(deciding, envelopes)
-    # One statement brought the team and the head; the later submissions are behind it.
-    assert reads == [None]
-    assert [type(d.payload) for i in range(3) for d in await decisions(store, f"rt{i}")] == [
-        JobAdmitted
-    ] * 3
-
-
-async def test_a_catalogue_longer_than_a_page_is_read_in_pages_up_to_the_first_pages_head(
-    store: EventStore,
-) -> None:
-    await register_nodes(store)  # 4 node events
-    for name in ("t1", "t2", "t3"):
-        await create_team(store, name)
-    deciding = Admission(store, CLASSES, batch_size=2)
-    await deciding.catch_up()
-    assert sorted(deciding.catalog.teams) == ["t1", "t2", "t3"]
-    assert deciding.position == await store.head()
-    # A team created after a submission is kept aside, not applied to it.
-    envelope = await submit(store, "paged", team="t4")
-    await create_team(store, "t4")
-    await handle(deciding, envelope)
-    [decision] = await decisions(store, "paged")
-    assert isinstance(decision.payload, JobRejected)
-    assert "t4" not in deciding.catalog.teams

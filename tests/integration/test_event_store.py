@@ -10,7 +10,6 @@ import asyncpg
 import pytest
 
 from schemas.jobs import JobDeferred
-from schemas.teams import TeamCreated
 from services.runtime import (
     ConcurrencyConflict,
     EventStore,
@@ -439,25 +438,3 @@ async def test_payloads_given_are_held_to_the_event_bound_and_must_match_the_eve
     with pytest.raises(ValueError, match="2 payloads"):
         await store.append_many([StreamAppend(event.stream, 0, [event], ("{}", "{}"))])
     assert await store.head() == 0
-
-
-async def test_a_read_to_the_head_answers_the_head_with_the_events_of_its_types_up_to_it(
-    store: EventStore,
-) -> None:
-    assert await store.read_to_head(0, 10, types=["JobDeferred"]) == (0, [])
-    await store.append("job-a", None, deferrals("a", 3))
-    team = TeamCreated(name="x", guaranteed_gpus=0, max_gpus=8, token_sha256="0" * 64)
-    await store.append(team.stream, 0, [team])
-    await store.append("job-b", None, deferrals("b", 2))
-
-    head, read = await store.read_to_head(0, 10, types=["TeamCreated"])
-    assert head == 6 == await store.head()
-    assert [(r.position, r.type) for r in read] == [(4, "TeamCreated")]
-    # A page: the limit holds, and the read starts after the position given.
-    head, read = await store.read_to_head(1, 2, types=["JobDeferred"])
-    assert (head, [r.position for r in read]) == (6, [2, 3])
-    # Bounded by `until` instead of the head: the next page of a read begun at an earlier head.
-    head, read = await store.read_to_head(0, 10, types=["JobDeferred"], until=4)
-    assert (head, [r.position for r in read]) == (4, [1, 2, 3])
-    # Nothing of its types after the position: the head all the same.
-    assert await store.read_to_head(6, 10, types=["TeamCreated"]) == (6, [])
