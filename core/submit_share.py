@@ -88,6 +88,30 @@ class RecentSubmissions:
                 del used[team]
 
 
+def budget_wait(
+    recent: RecentSubmissions,
+    team: str,
+    jobs: int,
+    rate: float | None,
+    now: float,
+    in_flight: int = 0,
+) -> float | None:
+    """None when `team`, held to `rate` jobs a second of its own (its policy's
+    `jobs_per_second`, alone or not), may submit `jobs` more at `now`; else the seconds until
+    enough of its jobs have left the window. Its jobs within the window, with those `in_flight`
+    and these, may reach the rate times the window; a team with none may always submit."""
+    if rate is None:
+        return None
+    mine = recent.used(now).get(team, 0) + in_flight
+    if mine == 0:
+        return None
+    excess = mine + jobs - rate * recent.window_s
+    if excess <= 0:
+        return None
+    freed = recent.freed_after(team, math.ceil(excess), now)
+    return freed if freed > 0 else IN_FLIGHT_WAIT_S
+
+
 def share_wait(
     recent: RecentSubmissions,
     team: str,

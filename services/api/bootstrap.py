@@ -114,6 +114,7 @@ class ApiBootstrap:
         default_policy = TeamPolicy(
             max_pending_jobs=settings.team_max_pending_jobs,
             submissions_per_second=settings.team_submissions_per_second,
+            jobs_per_second=settings.team_jobs_per_second,
         )
         models = ReadModels(
             tenancy=Tenancy(default=default_policy),

@@ -21,7 +21,7 @@ from uuid import UUID, uuid4, uuid5
 from pydantic import ValidationError
 
 from core.queue_rules import Quota, quota_problem
-from core.submit_share import share_wait
+from core.submit_share import budget_wait, share_wait
 from schemas.base import Event
 from schemas.jobs import (
     MAX_DEPENDENCIES,
@@ -628,7 +628,7 @@ class Commands:
                 f"{policy.max_pending_jobs}",
                 headers={"Retry-After": retry_after(PENDING_RETRY_AFTER_S)},
             )
-        await self._within_share(team, count)
+        await self._within_share(team, count, policy.jobs_per_second)
         wait = await self.limiter.take(team, policy.submissions_per_second)
         if wait is not None:
             raise rate_limited(
@@ -646,32 +646,49 @@ class Commands:
             if self._in_flight[team] <= 0:
                 del self._in_flight[team]
 
-    async def _within_share(self, team: str, count: int) -> None:
-        """Wait (at most `shared_max_wait_s`) until the team's share of the submit path has
-        room for `count` more jobs while other teams submit too; past the wait, 429. Held, a
-        request costs no CPU, and a flood of a few clients is so spread over the second instead
-        of arriving at once; a team within its share never waits."""
+    async def _within_share(self, team: str, count: int, jobs_per_second: float | None) -> None:
+        """Wait (at most `shared_max_wait_s`) until the team's budget of jobs a second, and its
+        share of the submit path while other teams submit too, have room for `count` more
+        jobs; past the wait, 429. Held, a request costs no CPU, and a flood of a few clients is
+        so spread over the second instead of arriving at once; a team within both never
+        waits."""
         shared = self.shared_jobs_per_second
         recent = self.feed.models.recent_submissions
-        now = self.clock()
         in_flight = self._in_flight
-        wait = share_wait(recent, team, count, shared, now, in_flight[team])
-        if wait is None:
-            return
+
+        def waits(now: float) -> tuple[float | None, float | None]:
+            held = in_flight[team]
+            return (
+                budget_wait(recent, team, count, jobs_per_second, now, held),
+                share_wait(recent, team, count, shared, now, held),
+            )
+
+        now = self.clock()
+        own, fair = waits(now)
         deadline = now + self.shared_max_wait_s
-        while wait is not None and now + wait <= deadline:
+        while own is not None or fair is not None:
+            wait = max(w for w in (own, fair) if w is not None)
+            if now + wait > deadline:
+                break
             await asyncio.sleep(wait)
             now = self.clock()
-            wait = share_wait(recent, team, count, shared, now, in_flight[team])
-        if wait is None:
+            own, fair = waits(now)
+        else:
             return
+        if own is not None:
+            raise rate_limited(
+                f"team {team!r} may submit {jobs_per_second:g} jobs a second (each job of a "
+                "batch or an array counts)",
+                own,
+            )
+        assert fair is not None
         raise ProblemError(
             429,
             "fair-share-exceeded",
             f"other teams are submitting too: the {shared:g} jobs a second the submit path "
             f"takes are shared among them, and team {team!r} has used its share of this "
             "second (each job of a batch or an array counts)",
-            headers={"Retry-After": retry_after(wait)},
+            headers={"Retry-After": retry_after(fair)},
         )
 
     # ------------------------------------------------------------------ teams
@@ -701,6 +718,7 @@ class Commands:
             non_preemptible_allowed=body.non_preemptible_allowed,
             max_pending_jobs=body.max_pending_jobs,
             submissions_per_second=body.submissions_per_second,
+            jobs_per_second=body.jobs_per_second,
         )
         await self._append(event.stream, None, [event])
 

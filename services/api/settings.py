@@ -56,6 +56,11 @@ class ApiSettings(Settings):
     # 429 with Retry-After. The cap keeps one tenant from flooding the queue for the others.
     team_max_pending_jobs: int | None = Field(default=10_000, ge=0, le=10_000_000)
     team_submissions_per_second: float | None = Field(default=None, gt=0, le=1_000_000)
+    # Jobs a second (each job of a batch or an array counted, over `shared_window_s`) a team
+    # may submit, alone or not; past it a request waits up to `shared_max_wait_s`, then 429
+    # `rate-limited`. None: no such budget (the shared rate below still holds while several
+    # teams submit).
+    team_jobs_per_second: float | None = Field(default=None, gt=0, le=1_000_000)
     # Jobs a second all teams together may submit while more than one team submits (each job
     # of a batch or an array counts): each team may use what the others leave, never less than
     # an equal share. A request past its team's share waits (at most `shared_max_wait_s`) for

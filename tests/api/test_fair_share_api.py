@@ -153,3 +153,26 @@ async def test_a_floods_concurrent_requests_together_stay_within_its_share(api: 
         *(api.client.post("/v1/jobs:batch", json=batch("cv", 4), headers=cv) for _ in range(3))
     )
     assert sorted(answer.status_code for answer in answers) == [201, 201, 429]
+
+
+async def test_a_teams_own_jobs_per_second_counts_each_job_of_a_batch_alone_too(
+    api: Api,
+) -> None:
+    """The admin's per-team budget of jobs (`jobs_per_second`, beside `submissions_per_second`
+    which counts a batch as one) holds the team even when it submits alone."""
+    cv = await api.create_team("cv")
+    policy = {"jobs_per_second": 6 / HOUR}
+    put = await api.client.put("/v1/teams/cv/policy", json=policy, headers=api.as_admin())
+    assert put.status_code == 200, put.text
+    shown = await api.client.get("/v1/teams/cv/policy", headers=cv)
+    assert shown.json()["jobs_per_second"] == pytest.approx(6 / HOUR)
+    fits = await api.client.post("/v1/jobs:batch", json=batch("cv", 6), headers=cv)
+    assert fits.status_code == 201, fits.text
+    past = await api.client.post("/v1/jobs", json=job("cv"), headers=cv)
+    assert past.status_code == 429, past.text
+    assert past.headers["content-type"] == "application/problem+json"
+    assert past.json()["type"].endswith("/rate-limited")
+    assert 1 <= int(past.headers["retry-after"]) <= HOUR
+    # Another team is not held by cv's budget.
+    nlp = await api.create_team("nlp")
+    assert (await api.client.post("/v1/jobs", json=job("nlp"), headers=nlp)).status_code == 201

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.submit_share import PRESENCE_S, RecentSubmissions, share_wait
+from core.submit_share import PRESENCE_S, RecentSubmissions, budget_wait, share_wait
 
 # A budget of 100 jobs in the one-second window.
 RATE = 100.0
@@ -83,3 +83,13 @@ def test_three_teams_each_keep_a_third_and_the_idle_share_goes_to_whoever_uses_i
     # b and c leave a 29, fewer than a third of the 100: a may still take its third.
     assert share_wait(book, "a", 32, RATE, now=0.2) is None
     assert share_wait(book, "a", 33, RATE, now=0.2) is not None
+
+
+def test_a_teams_own_jobs_per_second_holds_it_alone_too_counting_each_job() -> None:
+    book = recent(("cv", 8, 0.0))
+    assert budget_wait(book, "cv", 2, 10.0, now=0.5) is None
+    assert budget_wait(book, "cv", 3, 10.0, now=0.5) == pytest.approx(0.5)
+    assert budget_wait(book, "cv", 2, 10.0, now=0.5, in_flight=1) is not None
+    # Others' jobs are not its own; with nothing in the window a batch past it passes.
+    assert budget_wait(book, "nlp", 50, 10.0, now=0.5) is None
+    assert budget_wait(book, "cv", 3, None, now=0.5) is None
