@@ -70,8 +70,9 @@ class ApiSettings(Settings):
     # pipeline free for the others' submissions. None: no sharing.
     shared_jobs_per_second: float | None = Field(default=1000.0, gt=0, le=1_000_000)
     shared_max_wait_s: float = Field(default=1.0, ge=0, le=60)
-    # Over how long a team's jobs count towards its share (the rate times this is the budget).
-    shared_window_s: float = Field(default=1.0, gt=0, le=86_400)
+    # Over how long a team's jobs count towards its share and its own jobs a second (the rate
+    # times this is the budget); each worker keeps an entry per job submitted within it.
+    shared_window_s: float = Field(default=1.0, gt=0, le=3600)
     # Reads (GET, HEAD) one team's tokens may make a second in one API process, a burst of a
     # second's worth; past it 429 with Retry-After (services/api/ratelimit.py). The admin is not
     # bounded. None: no bound. A page costs at most 1,000 jobs, so this bounds a tenant's share

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from services.api.app import create_app
 from services.api.settings import ApiSettings
@@ -53,6 +54,9 @@ def test_the_shipped_default_shares_1000_jobs_a_second_and_holds_a_request_a_sec
     assert defaults["shared_jobs_per_second"].default == 1000.0
     assert defaults["shared_max_wait_s"].default == 1.0
     assert defaults["shared_window_s"].default == 1.0
+    # Each worker keeps an entry per job in the window: at most an hour of them.
+    with pytest.raises(ValidationError):
+        ApiSettings(shared_window_s=HOUR + 1)
 
 
 async def test_a_flooding_team_is_refused_past_its_share_and_the_quiet_team_never_is(
