@@ -38,6 +38,7 @@ class TeamPolicy:
     non_preemptible_allowed: bool = False
     max_pending_jobs: int | None = None
     submissions_per_second: float | None = None
+    jobs_per_second: float | None = None
 
     @classmethod
     def of(cls, event: TeamPolicyConfigured) -> TeamPolicy:
@@ -48,6 +49,7 @@ class TeamPolicy:
             event.non_preemptible_allowed,
             event.max_pending_jobs,
             event.submissions_per_second,
+            event.jobs_per_second,
         )
 
     def may_use(self, priority: str) -> bool:

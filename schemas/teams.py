@@ -79,6 +79,8 @@ class TeamPolicyConfigured(Event):
     non_preemptible_allowed: bool = False
     max_pending_jobs: int | None = Field(default=None, ge=0)
     submissions_per_second: float | None = Field(default=None, gt=0)
+    # Jobs a second, each job of a batch or an array counted (the rate above counts requests).
+    jobs_per_second: float | None = Field(default=None, gt=0)
 
     @property
     def stream(self) -> str:

@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass, field
 
 from core.admission import TeamPolicy
+from core.submit_share import RecentSubmissions
 from services.api.activity import GpuActivity
 from services.api.audit import AuditGate
 from services.api.auth import load_admin_token, token_sha256
@@ -113,8 +114,13 @@ class ApiBootstrap:
         default_policy = TeamPolicy(
             max_pending_jobs=settings.team_max_pending_jobs,
             submissions_per_second=settings.team_submissions_per_second,
+            jobs_per_second=settings.team_jobs_per_second,
         )
-        feed = ReadModelFeed(store, ReadModels(tenancy=Tenancy(default=default_policy)))
+        models = ReadModels(
+            tenancy=Tenancy(default=default_policy),
+            recent_submissions=RecentSubmissions(window_s=settings.shared_window_s),
+        )
+        feed = ReadModelFeed(store, models)
         await feed.refresh_head()
         rebuilt = await feed.catch_up()
         log.info("read models rebuilt from %d events (head %d)", rebuilt, feed.head)
@@ -123,7 +129,12 @@ class ApiBootstrap:
             settings,
             store,
             feed,
-            Commands(store, feed),
+            Commands(
+                store,
+                feed,
+                shared_jobs_per_second=settings.shared_jobs_per_second,
+                shared_max_wait_s=settings.shared_max_wait_s,
+            ),
             token_sha256(admin),
             AuditGate(settings.audit_reads_per_team),
             auth_guard=AuthGuard(

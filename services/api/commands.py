@@ -7,9 +7,12 @@ The appended events are applied to the read models at once, which gives read-you
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
+import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Final, Literal, TypeVar
@@ -18,6 +21,7 @@ from uuid import UUID, uuid4, uuid5
 from pydantic import ValidationError
 
 from core.queue_rules import Quota, quota_problem
+from core.submit_share import budget_wait, share_wait
 from schemas.base import Event
 from schemas.jobs import (
     MAX_DEPENDENCIES,
@@ -133,11 +137,26 @@ def key_claims(principal: str, key: str) -> tuple[str, str]:
 
 class Commands:
     def __init__(
-        self, store: EventStore, feed: ReadModelFeed, limiter: SubmissionLimiter | None = None
+        self,
+        store: EventStore,
+        feed: ReadModelFeed,
+        limiter: SubmissionLimiter | None = None,
+        *,
+        shared_jobs_per_second: float | None = None,
+        shared_max_wait_s: float = 0.0,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.store = store
         self.feed = feed
         self.limiter = limiter or SubmissionLimiter(store.pool)
+        # The submit path's jobs a second shared among teams while several submit
+        # (core/submit_share.py); the clock is the log's, whose recorded times it compares.
+        self.shared_jobs_per_second = shared_jobs_per_second
+        self.shared_max_wait_s = shared_max_wait_s
+        self.clock = clock
+        # Jobs per team let through the share here and not yet in the read models: a flood's
+        # requests held at once and let through together must not all count as none.
+        self._in_flight: Counter[str] = Counter()
 
     async def submit(
         self, principal: Principal, spec: JobSpec, *, idempotency_key: str | None = None
@@ -154,18 +173,23 @@ class Commands:
         payload = _submitted_payload(event)
         await self._check([spec])
         await self._within_limits(spec.team)
-        for attempt in range(ATTEMPTS):
-            if attempt:  # an id collision: draw another
-                event = JobSubmitted(job_id=new_job_id(), spec=spec, submitted_by=principal.name)
-                payload = event.model_dump_json()
-            try:
-                envelopes = await self.store.append_many(
-                    [StreamAppend(event.stream, 0, [event], (payload,))], _metadata()
-                )
-            except ConcurrencyConflict:
-                continue
-            await self.feed.deliver_all(envelopes)
-            return self.feed.models.jobs[event.job_id]
+        try:
+            for attempt in range(ATTEMPTS):
+                if attempt:  # an id collision: draw another
+                    event = JobSubmitted(
+                        job_id=new_job_id(), spec=spec, submitted_by=principal.name
+                    )
+                    payload = event.model_dump_json()
+                try:
+                    envelopes = await self.store.append_many(
+                        [StreamAppend(event.stream, 0, [event], (payload,))], _metadata()
+                    )
+                except ConcurrencyConflict:
+                    continue
+                await self.feed.deliver_all(envelopes)
+                return self.feed.models.jobs[event.job_id]
+        finally:
+            self._landed({spec.team: 1})
         raise RuntimeError("could not draw an unused job id")
 
     async def submit_many(
@@ -191,11 +215,32 @@ class Commands:
         retry = any(job_id in models.jobs for job_id in claims)
         # Limits first: looking up ids this process has not seen costs database reads, which a
         # team past its rate or cap must not get for free.
-        for team in sorted({spec.team for spec in specs}):
-            principal.require_team(team)
-            count = sum(s.array.count if s.array else 1 for s in specs if s.team == team)
-            if not retry:
-                await self._within_limits(team, count)
+        passed: dict[str, int] = {}
+        try:
+            for team in sorted({spec.team for spec in specs}):
+                principal.require_team(team)
+                count = sum(s.array.count if s.array else 1 for s in specs if s.team == team)
+                if not retry:
+                    await self._within_limits(team, count)
+                    passed[team] = count
+            return await self._submit_planned(
+                principal, specs, names, claims, batch=batch, idempotency_key=idempotency_key
+            )
+        finally:
+            self._landed(passed)
+
+    async def _submit_planned(
+        self,
+        principal: Principal,
+        specs: Sequence[JobSpec],
+        names: set[str],
+        claims: Sequence[str],
+        *,
+        batch: bool,
+        idempotency_key: str | None,
+    ) -> list[PlannedJob]:
+        """`submit_many` past the limits: dependencies learnt, the jobs planned and appended."""
+        models = self.feed.models
         # Not known here as the team's own: another team's job this API has seen counts as
         # one it has not, or the limit below would tell a team which of other teams' ids exist.
         unseen = {
@@ -561,8 +606,9 @@ class Commands:
         return self.feed.models.queues[name]
 
     async def _within_limits(self, team: str, count: int = 1) -> None:
-        """429 when the team is at its pending cap (or `count` more jobs would pass it) or
-        past its submission rate (a request of several jobs takes one submission's turn)."""
+        """429 when the team is at its pending cap (or `count` more jobs would pass it), past
+        its share of the submit path while other teams submit too (every job counts), or past
+        its submission rate (a request of several jobs takes one submission's turn)."""
         models = self.feed.models
         policy = models.tenancy.policy_of(team)
         pending = models.waiting_by_team[team]
@@ -582,6 +628,7 @@ class Commands:
                 f"{policy.max_pending_jobs}",
                 headers={"Retry-After": retry_after(PENDING_RETRY_AFTER_S)},
             )
+        await self._within_share(team, count, policy.jobs_per_second)
         wait = await self.limiter.take(team, policy.submissions_per_second)
         if wait is not None:
             raise rate_limited(
@@ -589,6 +636,60 @@ class Commands:
                 "second (a batch or an array is one; max_pending_jobs bounds the jobs)",
                 wait,
             )
+        self._in_flight[team] += count
+
+    def _landed(self, passed: dict[str, int]) -> None:
+        """The jobs `_within_limits` let through are recorded in the read models, or never
+        will be: they no longer count as in flight."""
+        for team, count in passed.items():
+            self._in_flight[team] -= count
+            if self._in_flight[team] <= 0:
+                del self._in_flight[team]
+
+    async def _within_share(self, team: str, count: int, jobs_per_second: float | None) -> None:
+        """Wait (at most `shared_max_wait_s`) until the team's budget of jobs a second, and its
+        share of the submit path while other teams submit too, have room for `count` more
+        jobs; past the wait, 429. Held, a request costs no CPU, and a flood of a few clients is
+        so spread over the second instead of arriving at once; a team within both never
+        waits."""
+        shared = self.shared_jobs_per_second
+        recent = self.feed.models.recent_submissions
+        in_flight = self._in_flight
+
+        def waits(now: float) -> tuple[float | None, float | None]:
+            held = in_flight[team]
+            return (
+                budget_wait(recent, team, count, jobs_per_second, now, held),
+                share_wait(recent, team, count, shared, now, held),
+            )
+
+        now = self.clock()
+        own, fair = waits(now)
+        deadline = now + self.shared_max_wait_s
+        while own is not None or fair is not None:
+            wait = max(w for w in (own, fair) if w is not None)
+            if now + wait > deadline:
+                break
+            await asyncio.sleep(wait)
+            now = self.clock()
+            own, fair = waits(now)
+        else:
+            return
+        if own is not None:
+            raise rate_limited(
+                f"team {team!r} may submit {jobs_per_second:g} jobs a second (each job of a "
+                "batch or an array counts)",
+                own,
+            )
+        assert fair is not None
+        raise ProblemError(
+            429,
+            "fair-share-exceeded",
+            f"other teams are submitting too: the {shared:g} jobs a second the submit path "
+            f"takes are shared among them, and team {team!r} has used its share of this "
+            "second (each job of a batch or an array counts)",
+            headers={"Retry-After": retry_after(fair)},
+        )
 
     # ------------------------------------------------------------------ teams
 
@@ -617,6 +718,7 @@ class Commands:
             non_preemptible_allowed=body.non_preemptible_allowed,
             max_pending_jobs=body.max_pending_jobs,
             submissions_per_second=body.submissions_per_second,
+            jobs_per_second=body.jobs_per_second,
         )
         await self._append(event.stream, None, [event])
 

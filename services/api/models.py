@@ -282,6 +282,12 @@ class TeamPolicyBody(Body):
     non_preemptible_allowed: bool = False
     max_pending_jobs: int | None = Field(default=None, ge=0, le=10_000_000)
     submissions_per_second: float | None = Field(default=None, gt=0, le=1_000_000)
+    jobs_per_second: float | None = Field(
+        default=None,
+        gt=0,
+        le=1_000_000,
+        description="jobs the team may submit a second, each job of a batch or an array counted",
+    )
 
 
 class TeamPolicyView(View):
@@ -290,6 +296,7 @@ class TeamPolicyView(View):
     non_preemptible_allowed: bool
     max_pending_jobs: int | None
     submissions_per_second: float | None
+    jobs_per_second: float | None
     pending_jobs: int
 
 

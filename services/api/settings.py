@@ -56,6 +56,23 @@ class ApiSettings(Settings):
     # 429 with Retry-After. The cap keeps one tenant from flooding the queue for the others.
     team_max_pending_jobs: int | None = Field(default=10_000, ge=0, le=10_000_000)
     team_submissions_per_second: float | None = Field(default=None, gt=0, le=1_000_000)
+    # Jobs a second (each job of a batch or an array counted, over `shared_window_s`) a team
+    # may submit, alone or not; past it a request waits up to `shared_max_wait_s`, then 429
+    # `rate-limited`. None: no such budget (the shared rate below still holds while several
+    # teams submit).
+    team_jobs_per_second: float | None = Field(default=None, gt=0, le=1_000_000)
+    # Jobs a second all teams together may submit while more than one team submits (each job
+    # of a batch or an array counts): each team may use what the others leave, never less than
+    # an equal share. A request past its team's share waits (at most `shared_max_wait_s`) for
+    # room, then gets 429 `fair-share-exceeded` with Retry-After (core/submit_share.py). A team
+    # alone is not held by it. The default sits well below what saturates the project's two
+    # cores (about 2,500 jobs a second in batches), so that one team's flood leaves the
+    # pipeline free for the others' submissions. None: no sharing.
+    shared_jobs_per_second: float | None = Field(default=1000.0, gt=0, le=1_000_000)
+    shared_max_wait_s: float = Field(default=1.0, ge=0, le=60)
+    # Over how long a team's jobs count towards its share and its own jobs a second (the rate
+    # times this is the budget); each worker keeps an entry per job submitted within it.
+    shared_window_s: float = Field(default=1.0, gt=0, le=3600)
     # Reads (GET, HEAD) one team's tokens may make a second in one API process, a burst of a
     # second's worth; past it 429 with Retry-After (services/api/ratelimit.py). The admin is not
     # bounded. None: no bound. A page costs at most 1,000 jobs, so this bounds a tenant's share

@@ -17,10 +17,11 @@ from typing import Any
 
 from core.admission import AdmissionCatalog
 from core.state import rank_host
+from core.submit_share import RecentSubmissions
 from schemas.base import Event
 from schemas.checkpoints import CheckpointCommitted
 from schemas.envelope import EventEnvelope
-from schemas.jobs import WAITING_STATES, JobEvent
+from schemas.jobs import WAITING_STATES, JobEvent, JobSubmitted
 from schemas.nodes import NodeEvent
 from schemas.teams import QueueConfigured, TeamCreated
 from services.api.projections.jobs import JOB_FOLD_TYPES, JobReadModel, evolve_job
@@ -84,6 +85,9 @@ class ReadModels:
     waiting_by_queue: Counter[str] = field(default_factory=Counter)
     running_by_queue: Counter[str] = field(default_factory=Counter)
     waiting_by_team: Counter[str] = field(default_factory=Counter)
+    # Each team's jobs submitted in the last second, by their recorded times: the submit
+    # path's fair share among teams (core/submit_share.py), the same in every API worker.
+    recent_submissions: RecentSubmissions = field(default_factory=RecentSubmissions)
     # array id -> its elements' job ids, by index.
     arrays: dict[str, list[str]] = field(default_factory=dict)
     # The jobs by team and state in submission order, for GET /v1/jobs's pages.
@@ -135,6 +139,8 @@ class ReadModels:
             self.listing.update(before, after)
             if before is None and after.array_id is not None:
                 self.arrays.setdefault(after.array_id, []).append(after.id)
+            if before is None and isinstance(event, JobSubmitted):
+                self.recent_submissions.add(event.spec.team, at.timestamp())
             self.usage.observe(before, after, at, self._gpu_type_of)
 
     def _fold_checkpoint(self, event: CheckpointCommitted, at: datetime, position: int) -> None:

@@ -84,6 +84,7 @@ def _policy_view(team: str, models: ReadModels) -> TeamPolicyView:
         non_preemptible_allowed=policy.non_preemptible_allowed,
         max_pending_jobs=policy.max_pending_jobs,
         submissions_per_second=policy.submissions_per_second,
+        jobs_per_second=policy.jobs_per_second,
         pending_jobs=max(0, models.waiting_by_team[team]),
     )
 
