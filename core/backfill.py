@@ -14,7 +14,7 @@ from core.context import CycleContext, Outcome
 from core.fractional import place_fractional
 from core.host import host_blocker, host_infeasible
 from core.host_quota import charge_tasks, within_host_ceilings
-from core.placement import Allocation, Shape, Snapshot, find_placement
+from core.placement import Allocation, Shape, Snapshot, find_placement, take_lowest
 from core.quota import QuotaBook
 from core.reservation import plan_reservation, runtime_estimate, runtime_estimator
 from core.shape import FailureKey, describe_need
@@ -330,11 +330,8 @@ def _landing(snap: Snapshot, shape: Shape) -> list[tuple[int, int]] | None:
         if wanted >= mask.bit_count():
             take, mask = mask, 0  # the whole of what is free there (most nodes of a wide gang)
         else:
-            take = 0
-            for _ in range(wanted):
-                low = mask & -mask
-                take |= low
-                mask ^= low
+            take = take_lowest(mask, wanted)
+            mask ^= take
         left[index] = mask
         taken.append((index, take))
     return taken

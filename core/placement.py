@@ -45,8 +45,11 @@ class Snapshot:
     """
 
     __slots__ = (
+        "_avoid_for",
+        "_avoid_units",
         "_host_journals",
         "_journals",
+        "_rack_units",
         "block_free",
         "block_racks",
         "changes",
@@ -88,6 +91,14 @@ class Snapshot:
         self._host_journals: list[dict[int, tuple[int, int]]] = []
         # The host ask of one unit of the gang being placed (set by find_placement).
         self.unit_host: tuple[int, int] = (0, 0)
+        # `rack_units` answers kept per rack (rack -> unit GPUs -> units) until a node of the
+        # rack changes its free count (`_add`, `_remove`, `_set` drop the rack's entry): a
+        # multi-node gang's search reads every rack with room, and a busy cycle binds hundreds
+        # of gangs, each changing a few racks. `_avoid_units` holds the answers outside the
+        # reserved nodes `_avoid_for` (the object itself: a new reservation starts afresh).
+        self._rack_units: dict[int, dict[int, int]] = {}
+        self._avoid_units: dict[int, dict[int, int]] = {}
+        self._avoid_for: frozenset[int] = frozenset()
         for index in sorted(free):
             self._add(index, free[index])
 
@@ -143,11 +154,16 @@ class Snapshot:
         journals, host_journals = self._journals, self._host_journals
         # Trials opened inside journal into these; the enclosing ones see no change at all.
         self._journals, self._host_journals = [], []
+        # The kept rack answers hold for the index as it is now, which is put back on leaving:
+        # set aside untouched, and fresh ones (emptied by the changes inside) used meanwhile.
+        kept = (self._rack_units, self._avoid_units, self._avoid_for)
+        self._rack_units, self._avoid_units = {}, {}
         changes = self.changes
         try:
             yield self
         finally:
             self._journals, self._host_journals = journals, host_journals
+            self._rack_units, self._avoid_units, self._avoid_for = kept
             (
                 self.free,
                 self.count,
@@ -189,6 +205,8 @@ class Snapshot:
         # set (`setdefault(key, set())` built and dropped three at every call, and a busy
         # cycle's trials add over 10,000 nodes).
         rack, block = node.rack_id, node.block_id
+        self._rack_units.pop(rack, None)
+        self._avoid_units.pop(rack, None)
         nodes = self.rack_nodes.get(rack)
         if nodes is not None:
             # Its rack is indexed, so its block and pool are too (`_remove` takes a rack out of
@@ -224,6 +242,8 @@ class Snapshot:
         pool = node.gpu_type
         count = self.count.pop(index)
         self.levels[pool][count].discard(index)
+        self._rack_units.pop(node.rack_id, None)
+        self._avoid_units.pop(node.rack_id, None)
         rack_nodes = self.rack_nodes[node.rack_id]
         rack_nodes.discard(index)
         self.rack_free[node.rack_id] -= count
@@ -269,6 +289,8 @@ class Snapshot:
         levels[old].discard(index)
         levels[new].add(index)
         self.count[index] = new
+        self._rack_units.pop(node.rack_id, None)
+        self._avoid_units.pop(node.rack_id, None)
         moved = new - old
         self.rack_free[node.rack_id] += moved
         self.block_free[node.block_id] += moved
@@ -322,17 +344,15 @@ class Snapshot:
             allocation,
             key=lambda item: (self.nodes[item[0]].block_id, self.nodes[item[0]].rack_id, item[0]),
         )
+        per_task = shape.gpus_per_task
         for index, units in ordered:
             mask = self.free.get(index, 0)  # a CPU-only gang may land where no GPU is free
             if shape.asks_host:
                 tasks = units * shape.tasks_per_unit
                 self.shift_host(index, shape.cpus_milli * tasks, shape.memory_mb * tasks)
             for _ in range(units * shape.tasks_per_unit):
-                taken = 0
-                for _ in range(shape.gpus_per_task):
-                    low = mask & -mask
-                    taken |= low
-                    mask ^= low
+                taken = take_lowest(mask, per_task)
+                mask ^= taken
                 ranks.append((index, taken))
             self.set_free(index, mask)
         return ranks
@@ -381,12 +401,36 @@ class Snapshot:
 
     def rack_units(self, rack: int, unit_gpus: int, avoid_reserved: bool) -> int:
         """`node_units` summed over the rack's free nodes."""
+        if self.unit_host != (0, 0):
+            nodes = self.rack_nodes[rack]
+            return sum(self.node_units(i, unit_gpus, avoid_reserved) for i in nodes)
+        # No host ask: a node's units are its free count's, so the rack's answer holds until
+        # one of its nodes changes count (or the reservation changes); kept till then.
+        reserved = self.reserved
+        if avoid_reserved and reserved:
+            if self._avoid_for is not reserved:
+                self._avoid_units = {}
+                self._avoid_for = reserved
+            memo = self._avoid_units
+        else:
+            memo = self._rack_units
+        kept = memo.get(rack)
+        if kept is None:
+            kept = memo[rack] = {}
+        else:
+            units = kept.get(unit_gpus)
+            if units is not None:
+                return units
+        units = kept[unit_gpus] = self.rack_units_counted(rack, unit_gpus, avoid_reserved)
+        return units
+
+    def rack_units_counted(self, rack: int, unit_gpus: int, avoid_reserved: bool) -> int:
+        """`rack_units` read from the rack's nodes, none kept (the reference the kept answers
+        are tested against). Read inline, not by `node_units`: a multi-node gang's search sums
+        every rack with room, and a call per node was most of that search."""
         nodes = self.rack_nodes[rack]
         if self.unit_host != (0, 0):
             return sum(self.node_units(i, unit_gpus, avoid_reserved) for i in nodes)
-        # No host ask: a node's units are its free count's; read inline, since a multi-node
-        # gang's search sums every rack with room (~58,000 nodes read in a busy cycle that
-        # binds hundreds of gangs), and a call per node was most of that search.
         count = self.count
         reserved = self.reserved
         if avoid_reserved and reserved:
@@ -565,6 +609,28 @@ def _place_in_pool(
             return None
         allocation.extend(part)
     return allocation
+
+
+def take_lowest(mask: int, count: int) -> int:
+    """The `count` lowest GPUs of `mask` (all of them when it holds fewer): what a rank bound
+    there takes. Most often they lie side by side from the lowest (a whole node, or the rest
+    of one): read at once then, instead of one by one (a busy cycle binds thousands of ranks
+    of up to 8 GPUs each)."""
+    low = mask & -mask
+    run = low * ((1 << count) - 1)
+    if mask & run == run:
+        return run
+    return take_lowest_one_by_one(mask, count)
+
+
+def take_lowest_one_by_one(mask: int, count: int) -> int:
+    """`take_lowest` bit by bit (the reference it is tested against)."""
+    taken = 0
+    for _ in range(count):
+        low = mask & -mask
+        taken |= low
+        mask ^= low
+    return taken
 
 
 def _lowest_outside(level: set[int], reserved: frozenset[int]) -> int | None:

@@ -157,6 +157,18 @@ def estimated_end(
     end = started + runtime_estimate(job, policy, estimates)
     if end > now:
         return end
+    return _overrun_end(job, now, started, policy, estimates)
+
+
+def _overrun_end(
+    job: CoreJob,
+    now: float,
+    started: float,
+    policy: SchedulingPolicy,
+    estimates: RuntimeEstimates | None,
+) -> float:
+    """`estimated_end` of a gang not being preempted that holds its GPUs since `started` and
+    is at or past its estimate."""
     later = policy.overrun_grace_s
     if estimates is not None and policy.learned_runtimes and job.spec is not None:
         beyond = estimates.beyond_s(job.job_id, job.spec, now - started)
@@ -185,29 +197,12 @@ def plan_reservation(
     `gather`: released GPUs enter the snapshot per node, only before a try (below); without,
     rank by rank as each gang ends: the same plan, slower (the reference it is tested against).
     """
-    now, policy, released = ctx.now, ctx.policy, ctx.released
-    estimates = ctx.state.estimates
+    now, policy = ctx.now, ctx.policy
     # The plan ignores reservations (its placements pass avoid_reserved=False): it is the head's.
     # A wide trial: a wide head's plan releases thousands of running ranks, far more nodes
     # than a busy cluster has free, and the index is put back whole rather than node by node.
     with snap.wide_trial() as planning:
-        nodes = ctx.state.node_records
-        # `estimated_end` of each gang, its usual case inlined (a gang neither being preempted
-        # nor past its estimate): asked of every running gang (~1,400) in every busy cycle.
-        estimate = runtime_estimator(policy, estimates)
-        gpu_type = shape.gpu_type
-        ends: list[tuple[float, list[tuple[int, int]], tuple[int, int]]] = []
-        for job in ctx.state.holding_jobs.values():
-            ranks = job.ranks
-            if not ranks or job.job_id in released:
-                continue
-            if gpu_type is not None and nodes[ranks[0][0]].gpu_type != gpu_type:
-                continue
-            started = job.held_since
-            end = (now if started is None else started) + estimate(job)
-            if end <= now or (job.state == "preempting" and job.preempt_requested_at is not None):
-                end = estimated_end(job, now, policy, estimates)
-            ends.append((end, ranks, rank_host(job.spec)))
+        ends = gang_ends(ctx, shape)
         ends += ctx.placed_gangs
         stopping = _stopping(ctx, shape)
         if stopping:
@@ -268,6 +263,43 @@ def plan_reservation(
             last = ends[-1][0] if ends else now
             return max(last, now), allocation
         return None
+
+
+def gang_ends(
+    ctx: CycleContext, shape: Shape, *, each: bool = False
+) -> list[tuple[float, list[tuple[int, int]], tuple[int, int]]]:
+    """(`estimated_end`, ranks, what a rank asks of its host) of each gang holding GPUs of the
+    head's pool, in `holding_jobs` order, but those this cycle released.
+
+    Asked of every running gang (~1,600) in every busy cycle: the usual case inlined (a gang
+    neither being preempted nor past its estimate), and the estimate of one past it (half of
+    them in a busy cycle) not asked twice. `each`: `estimated_end` asked of each gang (the
+    reference this is tested against)."""
+    now, policy, released = ctx.now, ctx.policy, ctx.released
+    estimates = ctx.state.estimates
+    nodes = ctx.state.node_records
+    estimate = runtime_estimator(policy, estimates)
+    gpu_type = shape.gpu_type
+    ends: list[tuple[float, list[tuple[int, int]], tuple[int, int]]] = []
+    for job in ctx.state.holding_jobs.values():
+        ranks = job.ranks
+        if not ranks or job.job_id in released:
+            continue
+        if gpu_type is not None and nodes[ranks[0][0]].gpu_type != gpu_type:
+            continue
+        if each:
+            ends.append((estimated_end(job, now, policy, estimates), ranks, rank_host(job.spec)))
+            continue
+        started = job.held_since
+        if started is None:
+            started = now
+        end = started + estimate(job)
+        if job.state == "preempting" and job.preempt_requested_at is not None:
+            end = estimated_end(job, now, policy, estimates)
+        elif end <= now:
+            end = _overrun_end(job, now, started, policy, estimates)
+        ends.append((end, ranks, rank_host(job.spec)))
+    return ends
 
 
 def _stopping(ctx: CycleContext, shape: Shape) -> list[tuple[int, int]]:
