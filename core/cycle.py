@@ -178,10 +178,13 @@ def _run(
 
 def _release_into(ctx: CycleContext, snap: Snapshot) -> None:
     """Phase 2, snapshot: give it the GPUs of the gangs this cycle released, less those where
-    a started rank has not exited yet: it still runs there (see state._keep_running_ranks).
-    Their CPUs and memory all come back, as the state gives them back at release: a stopping
-    rank keeps only its GPUs, in this cycle as in the next."""
+    a started rank has not exited yet: it still runs there (see state._keep_running_ranks),
+    and those where a rank of a gang released before lingers (an agent may start a released
+    rank late, on GPUs given to this gang since). Their CPUs and memory all come back, as the
+    state gives them back at release: a stopping rank keeps only its GPUs, in this cycle as in
+    the next."""
     jobs = ctx.state.job_records
+    nodes = ctx.state.node_records
     for job_id in sorted(ctx.released):
         job = jobs[job_id]
         cpus, memory = rank_host(job.spec)
@@ -190,7 +193,7 @@ def _release_into(ctx: CycleContext, snap: Snapshot) -> None:
                 snap.shift_host(node_index, -cpus, -memory)
             if job.still_runs(rank):
                 continue
-            snap.release(node_index, mask)
+            snap.release(node_index, mask & ~nodes[node_index].lingering_mask)
 
 
 def explain(ctx: CycleContext, waiting: list[CoreJob]) -> None:

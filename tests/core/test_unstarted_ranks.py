@@ -5,7 +5,7 @@ its appends with those jobs' streams), and forgets them once they cannot start t
 
 from __future__ import annotations
 
-from schemas.jobs import TaskExited, TaskStarted
+from schemas.jobs import GangReserved, TaskExited, TaskStarted
 from schemas.nodes import NodeLost
 from tests.core.builders import History, a_job
 
@@ -98,4 +98,25 @@ def test_a_late_start_recorded_before_a_new_gang_keeps_that_gang_off_its_gpus() 
     history.submit(a_job("y").gpus(8))
     history.cycle()
     assert history.job("y").state in ("queued", "pending")
+    assert not history.auditor.violations
+
+
+def test_a_gang_released_from_gpus_where_another_released_rank_lingers_frees_none_of_them() -> None:
+    # attack4's storm (log positions 76909-76987): x suspended before its rank started and y
+    # bound to x's GPUs in the same cycle; x's agent then started x's rank late (it lingers,
+    # on y's GPUs); y cancelled, and the same cycle bound z there while x's rank ran.
+    history = History("1x8:1:1")
+    history.submit(a_job("x").gpus(8))
+    history.cycle()
+    history.submit(a_job("y").gpus(8))
+    history.suspend("x")
+    history.cycle()
+    assert history.gang("y").ranks[0].gpus == history.gang("x").ranks[0].gpus
+    history.start("x")  # the agent's late start, on GPUs now bound to y
+    assert history.state.lingering_nodes == {0}
+    history.submit(a_job("z").gpus(8))
+    history.cancel("y")
+    decisions = history.cycle()
+    assert history.job("y").state == "cancelled"
+    assert not [e for e in decisions if isinstance(e, GangReserved) and e.job_id == "z"]
     assert not history.auditor.violations
