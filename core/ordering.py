@@ -479,10 +479,17 @@ def within_depth(ctx: CycleContext, waiting: list[CoreJob]) -> list[CoreJob]:
         "and as many were ahead of it in line"
     )
     considered, outcomes = _CONSIDERED, ctx.outcomes
+    # One outcome per need, shared by its jobs (an outcome is never changed once given): a
+    # flood's first cycle gives ~7,400 jobs this reason, of a few needs.
+    made: dict[str, Outcome] = {}
     for job in beyond:
         code = job.reason_code
         if code not in considered or code == RESERVED_HEAD:
-            outcomes[job.job_id] = Outcome(NOT_CONSIDERED, f"{job.need}; {why}")
+            need = job.need
+            outcome = made.get(need)
+            if outcome is None:
+                outcome = made[need] = Outcome(NOT_CONSIDERED, f"{need}; {why}")
+            outcomes[job.job_id] = outcome
     return waiting[:cut]
 
 
