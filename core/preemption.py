@@ -8,6 +8,7 @@ import heapq
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass
+from itertools import chain
 from operator import itemgetter
 
 from core.context import CycleContext, Outcome
@@ -287,8 +288,10 @@ class VictimPool:
             if (pclass.can_preempt and vrank < pclass.rank) or (reclaiming and borrower):
                 taken.append(entries)
         nodes = self.nodes
-        # Orders are unique (they end in the seq): the merge never compares two gangs.
-        merged = taken[0] if len(taken) == 1 else heapq.merge(*taken)
+        # The groups' sorted runs merged in C, all at once as the built pool sorted its
+        # positions: a search may walk thousands of entries, where a lazy merge in Python
+        # cost more than it saved. Orders are unique (they end in the seq).
+        merged = taken[0] if len(taken) == 1 else sorted(chain.from_iterable(taken), key=_first)
         for _, victim in merged:
             yield borrowing[victim.queue], nodes[victim.ranks[0][0]].gpu_type, victim
 
