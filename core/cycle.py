@@ -50,7 +50,7 @@ from core.fractional import plan_repartitions, sharing_trial
 from core.gating import gate
 from core.ordering import OrderBook, order, past_backoff, within_depth
 from core.placement import FreeIndex, Snapshot
-from core.preemption import preempt
+from core.preemption import VictimBook, preempt
 from core.quota import QuotaBook
 from core.reactions import react
 from core.share_preemption import preempt_for_fractions
@@ -74,10 +74,15 @@ class Planner:
     order of two queues may turn at any instant, and a fresh planner would decide on it.
     """
 
-    __slots__ = ("_behind_memo", "_free_index", "_order_book", "_quiet", "_timers")
+    __slots__ = ("_behind_memo", "_free_index", "_order_book", "_quiet", "_timers", "_victims")
 
     def __init__(
-        self, *, timers: bool = True, behind_memo: bool = True, kept_order: bool = True
+        self,
+        *,
+        timers: bool = True,
+        behind_memo: bool = True,
+        kept_order: bool = True,
+        kept_victims: bool = True,
     ) -> None:
         self._free_index = FreeIndex()
         # The waiting jobs kept in order between cycles (core/ordering.py `OrderBook`);
@@ -90,6 +95,10 @@ class Planner:
         # Without them every holding gang is visited in every cycle: the same decisions and
         # wake-ups, slower (the reference the timers are tested against).
         self._timers = GangTimers() if timers else None
+        # The gangs that may be preempted, kept between cycles (core/preemption.py
+        # `VictimBook`); without, each cycle that preempts builds its pool from every holding
+        # gang (the reference the book is tested against).
+        self._victims = VictimBook() if kept_victims else None
         # (state, its version, its moment, next wake-up) of the last cycle that decided
         # nothing; the state held weakly, as by the index: a planner never keeps a state alive.
         self._quiet: tuple[weakref.ref[PlanningSurface], int, float, float] | None = None
@@ -110,6 +119,7 @@ class Planner:
             self._timers,
             self._behind_memo,
             self._order_book,
+            self._victims,
         )
         if result.decisions:
             self._quiet = None
@@ -140,6 +150,7 @@ def _run(
     timers: GangTimers | None,
     behind_memo: bool,
     order_book: OrderBook | None,
+    victims: VictimBook | None,
 ) -> CycleResult:
     react(ctx, timers)
     state = ctx.state
@@ -164,12 +175,15 @@ def _run(
             blocked = placed.blocked
             if reclaimed:  # (a busy cycle blocks ~9,500 jobs: filtered only when there is cause)
                 blocked = [j for j in blocked if j.job_id not in reclaimed]
-            preempt(ctx, snap, blocked, quota)
+            preempt(ctx, snap, blocked, quota, victims)
             reclaim_shared_gpus(ctx, snap, placed.blocked, quota)
             preempt_for_fractions(ctx, snap, quota)
             refill_headroom(ctx, snap, quota)
             preempt_for_fairness(ctx, snap, considered, quota)
     explain(ctx, waiting)
+    if victims is not None:
+        # Every cycle, preempting or not: the holding watch's changes never pile up.
+        victims.sync(state, ctx.now)
     # A moment already reached was acted on (or needs nothing) in this very cycle.
     # (Filtered in C: a busy cycle notes a wake-up for nearly every waiting job.)
     ctx.result.next_wakeup = min(filter(partial(lt, ctx.now), ctx.wakeups), default=None)

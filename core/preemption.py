@@ -4,8 +4,12 @@ runtime, or preempted within the hysteresis window)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Set
+import heapq
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from dataclasses import dataclass
+from itertools import chain
+from operator import itemgetter
 
 from core.context import CycleContext, Outcome
 from core.host import release_gang
@@ -14,7 +18,8 @@ from core.placement import Allocation, Shape, Snapshot, find_placement
 from core.policy import PriorityClass, SchedulingPolicy
 from core.quota import QuotaBook
 from core.slo import bounded_victims
-from core.state import CoreJob, popcount
+from core.state import CoreJob, HoldingWatch, NodeRecord, popcount
+from core.state_index import StateIndex
 from core.surface import PlanningSurface
 from schemas.jobs import PreemptionRequested
 from schemas.reasons import PreemptCode
@@ -23,6 +28,8 @@ MAX_CANDIDATES = 512
 MAX_TRIES = 48
 MAX_PREEMPTORS_PER_CYCLE = 8
 MAX_PREEMPTION_ATTEMPTS = 16
+
+_first = itemgetter(0)
 
 
 def credit_leaving(ctx: CycleContext, quota: QuotaBook) -> None:
@@ -51,8 +58,16 @@ def credit_leaving(ctx: CycleContext, quota: QuotaBook) -> None:
             quota.charge(handled.queue, -handled.bound_gpus)
 
 
-def preempt(ctx: CycleContext, snap: Snapshot, blocked: list[CoreJob], quota: QuotaBook) -> None:
-    """Phase 6 of the cycle: checkpoint-then-evict whole gangs for jobs entitled to them."""
+def preempt(
+    ctx: CycleContext,
+    snap: Snapshot,
+    blocked: list[CoreJob],
+    quota: QuotaBook,
+    book: VictimBook | None = None,
+) -> None:
+    """Phase 6 of the cycle: checkpoint-then-evict whole gangs for jobs entitled to them.
+
+    With `book` (a planner's), the victim pool kept between cycles; without, built afresh."""
     policy, now = ctx.policy, ctx.now
     taken: set[str] = set()
     preemptors = 0
@@ -93,8 +108,12 @@ def preempt(ctx: CycleContext, snap: Snapshot, blocked: list[CoreJob], quota: Qu
         if key in failed and shape.min_units >= failed[key]:
             continue
         if pool is None:
-            pool = VictimPool(ctx.state, now, policy, ctx.wakeups)
-        if not pool.entries:
+            pool = (
+                VictimPool.build(ctx.state, now, policy, ctx.wakeups)
+                if book is None
+                else book.pool(ctx.state, now, ctx.wakeups)
+            )
+        if not pool.size:
             break
         attempts += 1
         request = PreemptionRequest(
@@ -199,44 +218,67 @@ def is_protected(
     return False
 
 
-class VictimPool:
-    """The gangs that may be preempted at all this cycle, lowest class, smallest, youngest first.
+# A gang that may be preempted, beside its place in the pool's order: (class rank, GPUs bound,
+# minus the moment it started, seq), unique as it ends in the job's sequence number.
+_Order = tuple[int, GpuAmount, float, int]
+_Entry = tuple[_Order, CoreJob]
+_Group = tuple[str, int]
 
-    Built once per cycle; each preemptor then takes borrowers first from this order.
+
+def _entry(victim: CoreJob, rank: int) -> _Entry:
+    return ((rank, victim.bound_gpus, -(victim.held_since or 0.0), victim.seq), victim)
+
+
+class VictimPool:
+    """The gangs that may be preempted at all this cycle, lowest class, smallest, youngest first,
+    in groups by (queue, class rank): whether a preemptor may take a gang depends on those two
+    alone (and on the quota book, the same for the whole search), so a search walks only the
+    groups it may take from, not the whole pool.
+
+    Built once per cycle (`VictimPool.build`, the reference) or read off a planner's
+    `VictimBook`, which keeps the groups between cycles; each preemptor then takes borrowers
+    first from this order.
     """
 
+    __slots__ = ("groups", "nodes", "size")
+
     def __init__(
-        self, state: PlanningSurface, now: float, policy: SchedulingPolicy, wakeups: list[float]
+        self, groups: dict[_Group, list[_Entry]], nodes: Sequence[NodeRecord], size: int
     ) -> None:
-        entries: list[tuple[tuple[int, GpuAmount, float, int], int, str, CoreJob]] = []
-        nodes = state.node_records
+        # Each group in pool order. Not to be changed while the cycle reads it.
+        self.groups = groups
+        self.nodes = nodes
+        self.size = size
+
+    @classmethod
+    def build(
+        cls, state: PlanningSurface, now: float, policy: SchedulingPolicy, wakeups: list[float]
+    ) -> VictimPool:
+        """The pool from every holding gang (adds to `wakeups` when a protection ends)."""
+        groups: dict[_Group, list[_Entry]] = {}
+        size = 0
         for victim in state.holding_jobs.values():
             if not victim.ranks or is_protected(victim, now, policy, wakeups):
                 continue
             rank = policy.priority_class(victim.priority).rank
-            started = victim.held_since
-            order = (rank, victim.bound_gpus, -(started or 0.0), victim.seq)
-            entries.append((order, rank, nodes[victim.ranks[0][0]].gpu_type, victim))
-        entries.sort(key=lambda entry: entry[0])
-        self.entries = entries
-        self.gpus = sum(entry[3].bound_gpus for entry in entries)
-        # The entries' positions by (queue, class rank): whether a preemptor may take a gang
-        # depends on those two alone (and on the quota book, the same for the whole search),
-        # so a search walks only the groups it may take from, not the whole pool.
-        groups: dict[tuple[str, int], list[int]] = {}
-        for position, (_, rank, _, victim) in enumerate(entries):
-            groups.setdefault((victim.queue, rank), []).append(position)
-        self.groups = groups
+            groups.setdefault((victim.queue, rank), []).append(_entry(victim, rank))
+            size += 1
+        for entries in groups.values():
+            entries.sort(key=_first)
+        return cls(groups, state.node_records, size)
 
     def reachable(
         self, preemptor: CoreJob, pclass: PriorityClass, reclaiming: bool, quota: QuotaBook
-    ) -> Iterator[tuple[bool, tuple[tuple[int, GpuAmount, float, int], int, str, CoreJob]]]:
-        """The entries the preemptor may take, in pool order, each with whether its queue
-        borrows. Across queues only borrowed capacity is taken: a gang within its own queue's
-        guarantee is safe from other teams, whatever their class (invariant 4)."""
+    ) -> Iterator[tuple[bool, str, CoreJob]]:
+        """The gangs the preemptor may take, in pool order, each with whether its queue
+        borrows and the GPU type of its first rank's node. Across queues only borrowed
+        capacity is taken: a gang within its own queue's guarantee is safe from other teams,
+        whatever their class (invariant 4)."""
         borrowing: dict[str, bool] = {}
-        taken: list[list[int]] = []
-        for (queue, vrank), positions in self.groups.items():
+        taken: list[list[_Entry]] = []
+        for (queue, vrank), entries in self.groups.items():
+            if not entries:
+                continue
             same_queue = queue == preemptor.queue
             borrower = borrowing.get(queue)
             if borrower is None:
@@ -244,15 +286,128 @@ class VictimPool:
             if not (same_queue or borrower):
                 continue
             if (pclass.can_preempt and vrank < pclass.rank) or (reclaiming and borrower):
-                taken.append(positions)
-        entries = self.entries
-        if len(taken) == 1:
-            positions = taken[0]
-        else:
-            positions = sorted(position for group in taken for position in group)
-        for position in positions:
-            entry = entries[position]
-            yield borrowing[entry[3].queue], entry
+                taken.append(entries)
+        nodes = self.nodes
+        # The groups' sorted runs merged in C, all at once as the built pool sorted its
+        # positions: a search may walk thousands of entries, where a lazy merge in Python
+        # cost more than it saved. Orders are unique (they end in the seq).
+        merged = taken[0] if len(taken) == 1 else sorted(chain.from_iterable(taken), key=_first)
+        for _, victim in merged:
+            yield borrowing[victim.queue], nodes[victim.ranks[0][0]].gpu_type, victim
+
+
+class VictimBook(StateIndex[HoldingWatch]):
+    """One state's victim pool kept between cycles by its planner (`VictimPool.build` is the
+    reference it is tested against).
+
+    Which holding gangs may be preempted changes with the gangs (the state's holding watch
+    says which entered, changed state or left: a new binding, a start, a preemption) and with
+    the clock alone in one way: a gang protected for its minimum runtime or its hysteresis
+    window is free once that moment comes. Such gangs wait in a heap by that moment and are
+    looked at again when it comes (a gang still calming after its minimum runtime goes back
+    with its calm's end). What `is_protected` says of a gang at `now` rests on those alone,
+    its class under the policy (a new policy builds the book again) and its spec, which does
+    not change while it holds a gang. The wake-up noted is the earliest moment a protection
+    ends, not one per gang, in the cycles that ask for the pool, as when it is built.
+    """
+
+    __slots__ = ("_calm", "_groups", "_next", "_size", "_token", "_where")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._groups: dict[_Group, list[_Entry]] = {}
+        # A kept gang's group and order.
+        self._where: dict[str, tuple[_Group, _Order]] = {}
+        self._size = 0
+        # (moment its protection ends, token, job id); stale entries (the gang changed since:
+        # another token) are dropped when they reach the top.
+        self._calm: list[tuple[float, int, str]] = []
+        self._token: dict[str, int] = {}
+        self._next = 0
+
+    def pool(self, state: PlanningSurface, now: float, wakeups: list[float]) -> VictimPool:
+        """What `VictimPool.build(state, now, state.policy, wakeups)` gives, from the book."""
+        self.sync(state, now)
+        calm, token = self._calm, self._token
+        while calm and token.get(calm[0][2]) != calm[0][1]:
+            heapq.heappop(calm)
+        if calm:
+            wakeups.append(calm[0][0])
+        return VictimPool(self._groups, state.node_records, self._size)
+
+    def sync(self, state: PlanningSurface, now: float) -> None:
+        """Up to date with `state` at `now` (called every cycle, so that the watch's changes
+        never pile up while no cycle preempts)."""
+        watch = self._current(state, now)
+        holding = state.holding_jobs
+        if watch is None:
+            self._bind(state, state.watch_holding(), type(state).unwatch_holding)
+            self._groups = {}
+            self._where = {}
+            self._size = 0
+            self._calm = []
+            self._token = {}
+            self._take(holding.values(), now)
+        elif watch.changes:
+            changes, watch.changes = watch.changes, []
+            ids = dict.fromkeys(job_id for job_id, _ in changes)
+            for job_id in ids:
+                self._drop(job_id)
+            self._take([holding[job_id] for job_id in ids if job_id in holding], now)
+        calm, token = self._calm, self._token
+        due: list[CoreJob] = []
+        while calm and calm[0][0] <= now:
+            _, entry_token, job_id = heapq.heappop(calm)
+            if token.get(job_id) == entry_token:
+                del token[job_id]
+                due.append(holding[job_id])
+        if due:
+            self._take(due, now)
+        if len(calm) > 2 * len(token) + 1024:
+            self._calm = [entry for entry in calm if token.get(entry[2]) == entry[1]]
+            heapq.heapify(self._calm)
+
+    def _drop(self, job_id: str) -> None:
+        self._token.pop(job_id, None)
+        kept = self._where.pop(job_id, None)
+        if kept is not None:
+            group = self._groups[kept[0]]
+            del group[bisect_left(group, kept[1:])]
+            self._size -= 1
+
+    def _take(self, jobs: Iterable[CoreJob], now: float) -> None:
+        """Keep these holding gangs (none of them kept now): in their group when they may be
+        preempted now, in the heap when a protection of theirs ends later."""
+        policy = self._policy
+        fresh: dict[_Group, list[_Entry]] = {}
+        moments: list[float] = []
+        for victim in jobs:
+            if not victim.ranks:
+                continue
+            if is_protected(victim, now, policy, moments):
+                if moments:
+                    self._next += 1
+                    job_id = victim.job_id
+                    self._token[job_id] = self._next
+                    heapq.heappush(self._calm, (moments.pop(), self._next, job_id))
+                continue
+            rank = policy.priority_class(victim.priority).rank
+            name = (victim.queue, rank)
+            entry = _entry(victim, rank)
+            self._where[victim.job_id] = (name, entry[0])
+            fresh.setdefault(name, []).append(entry)
+            self._size += 1
+        groups = self._groups
+        for name, entries in fresh.items():
+            group = groups.get(name)
+            if group is None:
+                group = groups[name] = []
+            if len(entries) < 8:
+                for entry in entries:
+                    group.insert(bisect_left(group, entry[:1]), entry)
+            else:
+                group.extend(entries)
+                group.sort(key=_first)
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,7 +440,7 @@ def plan_preemption(
         return None  # idle capacity serves (only a reservation held it back): never preempt
     borrowers: list[CoreJob] = []
     everyone: list[CoreJob] = []
-    for borrower, (_, _, gpu_type, victim) in pool.reachable(preemptor, pclass, reclaiming, quota):
+    for borrower, gpu_type, victim in pool.reachable(preemptor, pclass, reclaiming, quota):
         if len(everyone) >= MAX_CANDIDATES and len(borrowers) >= MAX_CANDIDATES:
             break
         if victim.job_id in excluded or victim.job_id == preemptor.job_id:

@@ -183,3 +183,27 @@ def test_a_flood_is_all_considered_within_ceil_n_over_k_cycles(
         assert len(skipped) <= max(0, len(flood) - limit * (cycle + 1))
     assert history.cycles[-1].not_considered == 0
     assert history.auditor.violations == []
+
+
+@settings(max_examples=40)
+@given(jobs=st.lists(st.tuples(JOBS, st.sampled_from((1, 2, 3))), min_size=4, max_size=30))
+def test_each_job_behind_the_cut_is_told_its_own_need(
+    jobs: list[tuple[tuple[str, int], int]],
+) -> None:
+    # One outcome is given per need (core/ordering.py `within_depth`): each job's reason must
+    # still word that job's need, whatever the needs of the jobs around it.
+    history = History("1x8:1:1", policy=bounded(2))
+    history.submit(a_job().gpus(8))
+    history.run()
+    flood = history.submit(
+        *(a_job().priority(cls).gpus(gpus).tasks(tasks) for (cls, gpus), tasks in jobs)
+    )
+
+    history.cycle()
+
+    said = {event.job_id: event for event in history.events(JobDeferred)}
+    behind = [job_id for job_id in flood if history.job(job_id).reason_code == "not_considered"]
+    assert len(behind) == history.cycles[-1].not_considered > 0
+    for job_id in behind:
+        need = history.state.job_records[job_id].need
+        assert said[job_id].message.startswith(f"{need}; not yet considered: ")
