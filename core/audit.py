@@ -41,13 +41,13 @@ from core.state import rank_host
 from schemas.base import Event
 from schemas.jobs import (
     GANG_RELEASING_EVENTS,
+    JOB_ENDING_EVENTS,
     GangReserved,
     JobAdmitted,
     JobCancelled,
     JobDeferred,
     JobEvent,
     JobFailed,
-    JobRejected,
     JobRequeued,
     JobResumed,
     JobSpec,
@@ -82,7 +82,7 @@ SCHEDULER_DECISIONS: tuple[type[Event], ...] = (
     ReservationPlanned,
     JobDeferred,
 )
-_TERMINAL: tuple[type[Event], ...] = (JobSucceeded, JobFailed, JobCancelled, JobRejected)
+_TERMINAL: tuple[type[Event], ...] = JOB_ENDING_EVENTS
 # Decisions that make no sense once a job has finished (late task reports are normal).
 _NOT_AFTER_END: tuple[type[Event], ...] = (
     *_TERMINAL,

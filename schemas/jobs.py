@@ -493,6 +493,9 @@ JOB_EVENTS: tuple[type[Event], ...] = (
     JobUpdated,
 )
 
+# The events after which a job is terminal: nothing decides anything for it again.
+JOB_ENDING_EVENTS: tuple[type[JobEvent], ...] = (JobSucceeded, JobFailed, JobCancelled, JobRejected)
+
 # The events after which the attempt's gang no longer holds any GPU.
 GANG_RELEASING_EVENTS: tuple[type[JobEvent], ...] = (
     JobRequeued,

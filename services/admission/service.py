@@ -18,7 +18,7 @@ import asyncpg
 
 from core.admission import DEFAULT_TEAM_POLICY, AdmissionCatalog, admit
 from schemas import EventEnvelope
-from schemas.jobs import JobAdmitted, JobRejected, JobSubmitted
+from schemas.jobs import JOB_ENDING_EVENTS, JobAdmitted, JobRejected, JobSubmitted
 from schemas.nodes import NodeRegistered
 from schemas.teams import QueueConfigured, TeamCreated, TeamPolicyConfigured
 from services.runtime.consumer import record_in_inbox
@@ -35,6 +35,7 @@ CATALOG_TYPES: tuple[str, ...] = (
     NodeRegistered.type,
 )
 DECISION_TYPES: frozenset[str] = frozenset({JobAdmitted.type, JobRejected.type})
+ENDING_TYPES: frozenset[str] = frozenset(kind.type for kind in JOB_ENDING_EVENTS)
 
 
 class Admission:
@@ -164,6 +165,10 @@ class Admission:
         history = await self.store.read_stream(append.stream, conn=conn)
         if any(e.type in DECISION_TYPES for e in history):
             return  # decided already (a redelivery, or another admission replica)
+        if any(e.type in ENDING_TYPES for e in history):
+            # Cancelled while it waited for admission (admission caught up late, after an
+            # outage): a decision after its end would be a fact about a finished job.
+            return
         # Something else came first (a cancel request): decide after it. A conflict here too
         # is retried by the consumer, which then finds the decision.
         await self.store.append(

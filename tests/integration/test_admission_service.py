@@ -9,7 +9,14 @@ import pytest
 from core.policy import SchedulingPolicy
 from core.topology import parse_cluster_spec
 from schemas import EventEnvelope
-from schemas.jobs import JobAdmitted, JobCancelRequested, JobRejected, JobSpec, JobSubmitted
+from schemas.jobs import (
+    JobAdmitted,
+    JobCancelled,
+    JobCancelRequested,
+    JobRejected,
+    JobSpec,
+    JobSubmitted,
+)
 from schemas.teams import TeamCreated
 from services.admission.service import Admission
 from services.runtime import EventConsumer, EventStore, OutboxRelay, Settings, StreamAppend, Topics
@@ -132,6 +139,23 @@ async def test_a_submission_already_followed_by_a_cancel_request_is_decided_afte
     await handle(admission(store), envelope)
     history = await store.read_stream("job-quick")
     assert [e.type for e in history] == ["JobSubmitted", "JobCancelRequested", "JobAdmitted"]
+
+
+async def test_a_submission_cancelled_before_its_decision_is_not_admitted_after(
+    store: EventStore,
+) -> None:
+    # attack4's storm: Kafka restarted, admission caught up 13 s late, and the scheduler had
+    # cancelled the waiting job meanwhile; admission, finding the stream moved on, wrote
+    # JobAdmitted after JobCancelled (the auditor: "JobAdmitted for job ... after it finished").
+    await register_nodes(store)
+    await create_team(store)
+    envelope = await submit(store, "gone")
+    await store.append("job-gone", 1, [JobCancelRequested(job_id="gone", by="vision")])
+    cancelled = JobCancelled(job_id="gone", attempt=None, reason="cancelled by request")
+    await store.append("job-gone", 2, [cancelled])
+    await handle(admission(store), envelope)
+    history = await store.read_stream("job-gone")
+    assert [e.type for e in history] == ["JobSubmitted", "JobCancelRequested", "JobCancelled"]
 
 
 async def handle_batch(admission: Admission, envelopes: list[EventEnvelope]) -> None:
