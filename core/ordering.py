@@ -31,7 +31,7 @@ from core.policy import SchedulingPolicy
 from core.quota import QuotaBook
 from core.reservation import runtime_estimate
 from core.state import CoreJob, HostCapacity, QueueRecord, WaitingWatch
-from core.state_index import StateIndex
+from core.state_index import StateIndex, merge_sorted
 from core.surface import PlanningSurface
 from schemas.reasons import DEFER_CODES, NOT_CONSIDERED, RESERVED_HEAD, RETRY_BACKOFF
 
@@ -369,17 +369,7 @@ class OrderBook(StateIndex[WaitingWatch]):
             else:
                 entries.append((rest, job))
             note((queued_at, seq, job_id))
-        groups = self._groups
-        for name, entries in fresh.items():
-            group = groups.get(name)
-            if group is None:
-                group = groups[name] = []
-            if len(entries) < 8:
-                for entry in entries:
-                    group.insert(bisect_left(group, entry[:1]), entry)
-            else:
-                group.extend(entries)
-                group.sort(key=_first)  # two sorted runs, merged
+        merge_sorted(self._groups, fresh)
         heap = self._heap
         if 8 * len(moments) > len(heap):
             heap.extend(moments)

@@ -19,7 +19,7 @@ from core.policy import PriorityClass, SchedulingPolicy
 from core.quota import QuotaBook
 from core.slo import bounded_victims
 from core.state import CoreJob, HoldingWatch, NodeRecord, popcount
-from core.state_index import StateIndex
+from core.state_index import StateIndex, merge_sorted
 from core.surface import PlanningSurface
 from schemas.jobs import PreemptionRequested
 from schemas.reasons import PreemptCode
@@ -397,17 +397,7 @@ class VictimBook(StateIndex[HoldingWatch]):
             self._where[victim.job_id] = (name, entry[0])
             fresh.setdefault(name, []).append(entry)
             self._size += 1
-        groups = self._groups
-        for name, entries in fresh.items():
-            group = groups.get(name)
-            if group is None:
-                group = groups[name] = []
-            if len(entries) < 8:
-                for entry in entries:
-                    group.insert(bisect_left(group, entry[:1]), entry)
-            else:
-                group.extend(entries)
-                group.sort(key=_first)
+        merge_sorted(self._groups, fresh)
 
 
 @dataclass(frozen=True, slots=True)

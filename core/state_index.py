@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Generic, TypeVar
+from bisect import bisect_left
+from collections.abc import Callable, Hashable, Mapping
+from operator import itemgetter
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from core.policy import SchedulingPolicy
 from core.state import HoldingWatch, WaitingWatch
@@ -80,3 +82,24 @@ class StateIndex(Generic[W]):
         self._watch = watch
         self._finalizer = weakref.finalize(self, _unwatch, state_ref, unwatch, watch)
         self._policy = state.policy
+
+
+_first = itemgetter(0)
+_Name = TypeVar("_Name", bound=Hashable)
+_Entry = TypeVar("_Entry", bound=tuple[Any, ...])
+
+
+def merge_sorted(groups: dict[_Name, list[_Entry]], fresh: Mapping[_Name, list[_Entry]]) -> None:
+    """Merge each group's newcomers (`fresh`, any order) into the kept group, sorted by
+    their first element (unique within a group): a few by bisection, a burst by one sort
+    of the two runs (Python's sort merges runs in C)."""
+    for name, entries in fresh.items():
+        group = groups.get(name)
+        if group is None:
+            group = groups[name] = []
+        if len(entries) < 8:
+            for entry in entries:
+                group.insert(bisect_left(group, entry[:1]), entry)
+        else:
+            group.extend(entries)
+            group.sort(key=_first)
