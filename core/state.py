@@ -666,6 +666,14 @@ class SchedulerState:
         """Indices of nodes where ranks of released gangs have not exited yet."""
         return self._lingering
 
+    def lingering_jobs(self) -> set[str]:
+        """The jobs whose released gangs still have a rank running (`NodeRecord.lingering`):
+        their GPUs count as held, so a decision that counted them (a preemption) is stale
+        once one of those ranks exits."""
+        return {
+            job_id for index in self._lingering for job_id, _, _ in self._node_list[index].lingering
+        }
+
     def unstarted_jobs(self, node_id: str, gpus: Iterable[int]) -> set[str]:
         """The jobs whose released gangs had a rank not yet started on any of these GPUs of
         the node (`NodeRecord.unstarted`): a late start of one would be a rank on a GPU that

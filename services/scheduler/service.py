@@ -28,7 +28,7 @@ import asyncpg
 from core.cycle import Planner
 from core.policy import SchedulingPolicy
 from schemas import Event, EventEnvelope
-from schemas.jobs import GangReserved, job_stream
+from schemas.jobs import GangReserved, PreemptionRequested, job_stream
 from schemas.leadership import SCHEDULER_STREAM
 from services.runtime.collector import gc_paused
 from services.runtime.errors import DATABASE_UNAVAILABLE, ConcurrencyConflict, StaleLeader
@@ -80,6 +80,9 @@ def segments(decisions: Sequence[Event], folded: Folded) -> list[list[StreamAppe
     start it late: `SchedulerState.unstarted_jobs`) also expects that job's stream as folded,
     with no event: a late TaskStarted appended after the fold makes the cycle conflict and
     decide again, seeing the rank on those GPUs, instead of binding them twice in the log.
+    Likewise a preemption expects the streams of released gangs whose ranks still run: it
+    counted their GPUs as held, and an exit appended after the fold would leave it evicting
+    a gang while idle GPUs could host the preemptor (DESIGN §3).
     """
     out: list[list[StreamAppend]] = []
     expected: dict[str, int] = {}
@@ -95,7 +98,9 @@ def segments(decisions: Sequence[Event], folded: Folded) -> list[list[StreamAppe
             appends.append(StreamAppend(stream, version, events))
             expected[stream] = version + len(events)
             for event in events:
-                if isinstance(event, GangReserved):
+                if isinstance(event, PreemptionRequested):
+                    guarded |= state.lingering_jobs()
+                elif isinstance(event, GangReserved):
                     for rank in event.ranks:
                         if rank.mig is None and rank.share is None:
                             guarded |= state.unstarted_jobs(rank.node_id, rank.gpus)

@@ -10,6 +10,7 @@ from schemas.jobs import (
     JobDeferred,
     JobRequeued,
     JobResumed,
+    PreemptionRequested,
     RankPlacement,
 )
 from services.scheduler.folding import Folded
@@ -127,3 +128,42 @@ def test_a_guarded_stream_written_in_the_same_append_is_not_named_twice() -> Non
     assert as_tuples(folded, decisions) == [
         [("job-x", 9, decisions[:1]), ("job-y", 2, decisions[1:])]
     ]
+
+
+def test_a_preemption_decided_while_released_ranks_linger_expects_their_streams() -> None:
+    # attack4: x was cancelled with its rank running; a cycle folded before x's TaskExited saw
+    # its GPUs held and preempted v for p, though x's rank had exited by the append (the
+    # auditor's idle_capacity rule, log position 896). The preemption expects x's stream as
+    # folded: an exit appended meanwhile makes the cycle conflict and decide again.
+    history = History("1x8:1:1")
+    history.submit(a_job("x").gpus(8))
+    history.cycle()
+    history.start("x")
+    history.cancel("x")
+    history.cycle()
+    folded = Folded(history.state, versions={"job-x": 9, "job-v": 4, "job-p": 2})
+    decisions: list[Event] = [
+        PreemptionRequested(job_id="v", attempt=1, preemptor_job_id="p", reason="r", grace_s=120.0),
+        JobDeferred(job_id="p", code="preempting", message="m"),
+    ]
+    assert as_tuples(folded, decisions) == [
+        [("job-v", 4, decisions[:1]), ("job-p", 2, decisions[1:]), ("job-x", 9, [])]
+    ]
+
+
+def test_no_lingering_guard_without_a_preemption_or_once_the_rank_exited() -> None:
+    history = History("1x8:1:1")
+    history.submit(a_job("x").gpus(8))
+    history.cycle()
+    history.start("x")
+    history.cancel("x")
+    history.cycle()
+    folded = Folded(history.state, versions={"job-x": 9, "job-v": 4, "job-p": 2})
+    deferred: list[Event] = [JobDeferred(job_id="p", code="no_capacity", message="m")]
+    assert as_tuples(folded, deferred) == [[("job-p", 2, deferred)]]
+    history.stop_released(history.events(JobCancelled, "x"))
+    folded = Folded(history.state, versions={"job-x": 9, "job-v": 4, "job-p": 2})
+    preempting: list[Event] = [
+        PreemptionRequested(job_id="v", attempt=1, preemptor_job_id="p", reason="r", grace_s=1.0)
+    ]
+    assert as_tuples(folded, preempting) == [[("job-v", 4, preempting)]]
