@@ -823,7 +823,8 @@ class Auditor:
 
     def _eligible_borrowers(self, preemptor: _Job, shape: Shape, at: float) -> set[str]:
         """Gangs of other, borrowing queues the preemptor may surely evict (a subset of the
-        core's borrowers: protected gangs and overdue-reservation cases are left out)."""
+        core's borrowers: protected gangs, gangs bound at this instant and overdue-reservation cases
+        are left out)."""
         policy = self._policy
         pclass = policy.priority_class(preemptor.priority)
         staying = self._staying()
@@ -850,6 +851,11 @@ class Auditor:
             if not borrows:
                 continue
             if other.preempting and job_id not in self._plan_victims:
+                continue
+            if other.gang_since == at:
+                # Bound at this instant, by this very cycle (its writes share one instant): a
+                # cycle chooses victims among the gangs its state held when it began, never one
+                # it has just placed (attack4's storm: 62 false reports, position 34472).
                 continue
             if shape.gpu_type is not None and any(
                 self._nodes[node].gpu_type != shape.gpu_type for node, _ in other.gang[:1]
