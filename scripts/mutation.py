@@ -78,6 +78,7 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
         "test_audit_rules",
         "test_kept_order",
         "test_state_index",
+        "test_cycle_depth",
     ),
     "state_index": ("test_state_index", "test_order_memo", "test_timers"),
     "quota": (
@@ -113,6 +114,8 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
         "test_checkpointing",
         "test_fairness",
         "test_slo",
+        "test_gang_ends",
+        "test_release_gang_gather",
     ),
     "preemption": (
         "test_victim_rules",
@@ -137,6 +140,7 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
         "test_victim_search",
         "test_leaving_credit",
         "test_preemption_attempts",
+        "test_victim_book",
     ),
     "shape": (
         "test_shape_rules",
@@ -168,6 +172,7 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
         "test_regeometry",
         "test_share_preemption",
         "test_audit_rules",
+        "test_cycle_depth",
     ),
 }
 # Plugins the core tests never use; loaded, their hooks run in every mutant's pytest session.
