@@ -93,17 +93,20 @@ def segments(decisions: Sequence[Event], folded: Folded) -> list[list[StreamAppe
     def close() -> None:
         appends = []
         guarded: set[str] = set()
+        preempts = False
         for stream, events in runs:
             version = expected.get(stream, folded.stream_version(stream))
             appends.append(StreamAppend(stream, version, events))
             expected[stream] = version + len(events)
             for event in events:
                 if isinstance(event, PreemptionRequested):
-                    guarded |= state.lingering_jobs()
+                    preempts = True
                 elif isinstance(event, GangReserved):
                     for rank in event.ranks:
                         if rank.mig is None and rank.share is None:
                             guarded |= state.unstarted_jobs(rank.node_id, rank.gpus)
+        if preempts:  # the same jobs for every preemption of the segment: walked once
+            guarded |= state.lingering_jobs()
         for job_id in sorted(guarded):
             stream = job_stream(job_id)
             if stream not in in_segment:

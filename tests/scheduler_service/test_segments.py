@@ -43,6 +43,18 @@ def as_tuples(
 GANG = [RankPlacement(rank=0, node_id="n0000", gpus=[0, 1])]
 
 
+def x_cancelled(*, started: bool) -> History:
+    """x's 8-GPU gang on the one node, its rank started or not, then cancelled."""
+    history = History("1x8:1:1")
+    history.submit(a_job("x").gpus(8))
+    history.cycle()
+    if started:
+        history.start("x")
+    history.cancel("x")
+    history.cycle()
+    return history
+
+
 def test_decisions_on_distinct_streams_are_one_append_in_their_order() -> None:
     decisions: list[Event] = [
         JobRequeued(job_id="b", attempt=1, code="preempted", reason="r"),
@@ -86,11 +98,7 @@ def test_consecutive_decisions_of_one_stream_share_one_append() -> None:
 def test_a_gang_on_gpus_a_released_rank_may_still_start_on_expects_that_jobs_stream() -> None:
     # x's gang was reserved and cancelled before its rank started: its agent may start it
     # late, so y's binding of those GPUs expects x's stream as folded (a guard, no event).
-    history = History("1x8:1:1")
-    history.submit(a_job("x").gpus(8))
-    history.cycle()
-    history.cancel("x")
-    history.cycle()
+    history = x_cancelled(started=False)
     folded = Folded(history.state, versions={"job-x": 9, "job-y": 2})
     on_x = [RankPlacement(rank=0, node_id="n0000", gpus=[2, 3])]
     decisions: list[Event] = [
@@ -102,12 +110,7 @@ def test_a_gang_on_gpus_a_released_rank_may_still_start_on_expects_that_jobs_str
 
 
 def test_no_guard_once_the_released_rank_cannot_start_there() -> None:
-    history = History("1x8:1:1")
-    history.submit(a_job("x").gpus(8))
-    history.cycle()
-    history.start("x")
-    history.cancel("x")
-    history.cycle()
+    history = x_cancelled(started=True)
     history.stop_released(history.events(JobCancelled, "x"))
     folded = Folded(history.state, versions={"job-x": 9, "job-y": 2})
     decisions: list[Event] = [GangReserved(job_id="y", attempt=1, ranks=GANG)]
@@ -115,11 +118,7 @@ def test_no_guard_once_the_released_rank_cannot_start_there() -> None:
 
 
 def test_a_guarded_stream_written_in_the_same_append_is_not_named_twice() -> None:
-    history = History("1x8:1:1")
-    history.submit(a_job("x").gpus(8))
-    history.cycle()
-    history.cancel("x")
-    history.cycle()
+    history = x_cancelled(started=False)
     folded = Folded(history.state, versions={"job-x": 9, "job-y": 2})
     decisions: list[Event] = [
         JobDeferred(job_id="x", code="no_capacity", message="m"),
@@ -135,12 +134,7 @@ def test_a_preemption_decided_while_released_ranks_linger_expects_their_streams(
     # its GPUs held and preempted v for p, though x's rank had exited by the append (the
     # auditor's idle_capacity rule, log position 896). The preemption expects x's stream as
     # folded: an exit appended meanwhile makes the cycle conflict and decide again.
-    history = History("1x8:1:1")
-    history.submit(a_job("x").gpus(8))
-    history.cycle()
-    history.start("x")
-    history.cancel("x")
-    history.cycle()
+    history = x_cancelled(started=True)
     folded = Folded(history.state, versions={"job-x": 9, "job-v": 4, "job-p": 2})
     decisions: list[Event] = [
         PreemptionRequested(job_id="v", attempt=1, preemptor_job_id="p", reason="r", grace_s=120.0),
@@ -152,12 +146,7 @@ def test_a_preemption_decided_while_released_ranks_linger_expects_their_streams(
 
 
 def test_no_lingering_guard_without_a_preemption_or_once_the_rank_exited() -> None:
-    history = History("1x8:1:1")
-    history.submit(a_job("x").gpus(8))
-    history.cycle()
-    history.start("x")
-    history.cancel("x")
-    history.cycle()
+    history = x_cancelled(started=True)
     folded = Folded(history.state, versions={"job-x": 9, "job-v": 4, "job-p": 2})
     deferred: list[Event] = [JobDeferred(job_id="p", code="no_capacity", message="m")]
     assert as_tuples(folded, deferred) == [[("job-p", 2, deferred)]]
