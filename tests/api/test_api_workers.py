@@ -18,12 +18,10 @@ from gangway.launcher import free_port
 from services.api.settings import ApiSettings
 from services.api.workers import listening_socket
 from services.runtime import Settings
-from services.runtime.kafka import client_environment
 from tests.api.conftest import ADMIN_TOKEN
+from tests.integration.support import service_environment
 
 pytestmark = pytest.mark.integration
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -89,18 +87,13 @@ def _wait(condition: object, what: str, patience_s: float = 60.0, log: Path | No
 def _start(settings: Settings, tmp_path: Path, url: str, **extra: str) -> subprocess.Popen[bytes]:
     # Only what is given here: none of the caller's GANGWAY_* variables, and no .gangway/env
     # of the checkout (read from the working directory), configure the API under test.
-    env = {
-        **{key: value for key, value in os.environ.items() if not key.startswith("GANGWAY_")},
-        "PYTHONPATH": str(REPO_ROOT),
-        "GANGWAY_PG_DSN": settings.pg_dsn,
-        "GANGWAY_PG_OWNER_DSN": settings.migration_dsn,
-        **client_environment(settings),
-        "GANGWAY_TOPIC_PREFIX": settings.topic_prefix,
-        "GANGWAY_API_URL": url,
-        "GANGWAY_ADMIN_TOKEN": ADMIN_TOKEN,
-        "GANGWAY_ADMIN_TOKEN_FILE": str(tmp_path / "admin.token"),
+    env = service_environment(
+        settings,
+        GANGWAY_API_URL=url,
+        GANGWAY_ADMIN_TOKEN=ADMIN_TOKEN,
+        GANGWAY_ADMIN_TOKEN_FILE=str(tmp_path / "admin.token"),
         **extra,
-    }
+    )
     with (tmp_path / "api.log").open("w") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "services.api", "--workers", "2"],

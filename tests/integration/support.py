@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
@@ -13,8 +14,9 @@ from aiokafka import AIOKafkaConsumer, ConsumerRecord, TopicPartition
 from schemas import EventEnvelope
 from schemas.jobs import JobDeferred
 from services.runtime import ConsumerLoop, EventStore, Settings
-from services.runtime.kafka import connection_options
+from services.runtime.kafka import client_environment, connection_options
 from services.runtime.migrate import dsn_user
+from tests.integration.conftest import ROOT
 
 # A generous bound for things that take milliseconds; reaching it means the behaviour is broken.
 PATIENCE_S = 90.0
@@ -145,3 +147,19 @@ async def appends_waiting(store: EventStore) -> int:
                 " AND wait_event_type = 'Lock' AND query LIKE '%event_log_append_checked%'"
             )
         )
+
+
+def service_environment(settings: Settings, **variables: str) -> dict[str, str]:
+    """The environment of a service process a test starts: the connections of `settings` and
+    `variables`, and none of the caller's GANGWAY_* variables (a shell that sourced its own
+    stack's settings must not configure the service under test). Start it in a directory
+    without a `.gangway/env`, which it would read for what is missing here."""
+    return {
+        **{key: value for key, value in os.environ.items() if not key.startswith("GANGWAY_")},
+        "PYTHONPATH": str(ROOT),
+        "GANGWAY_PG_DSN": settings.pg_dsn,
+        "GANGWAY_PG_OWNER_DSN": settings.migration_dsn,
+        **client_environment(settings),
+        "GANGWAY_TOPIC_PREFIX": settings.topic_prefix,
+        **variables,
+    }

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import asyncpg
 import pytest
@@ -23,8 +23,6 @@ from services.runtime import (
     StreamAppend,
     Topics,
 )
-from services.runtime.kafka import client_environment
-from tests.integration.conftest import ROOT
 from tests.integration.support import (
     appends_waiting,
     count_effects,
@@ -33,6 +31,7 @@ from tests.integration.support import (
     header,
     read_topics,
     running,
+    service_environment,
     wait_until,
 )
 
@@ -136,26 +135,30 @@ async def test_the_relay_does_not_skip_an_event_whose_transaction_commits_late(
     assert positions == [1, 2, 3, 4, 5]
 
 
-async def _spawn_relay(settings: Settings) -> asyncio.subprocess.Process:
-    env = {
-        **os.environ,
-        "GANGWAY_PG_DSN": settings.pg_dsn,
-        "GANGWAY_PG_OWNER_DSN": settings.migration_dsn,
-        **client_environment(settings),
-        "GANGWAY_TOPIC_PREFIX": settings.topic_prefix,
-        "GANGWAY_SERVICE_NAME": "relay-under-test",
+async def _spawn_relay(settings: Settings, workdir: Path) -> asyncio.subprocess.Process:
+    env = service_environment(
+        settings,
+        GANGWAY_SERVICE_NAME="relay-under-test",
         # Small batches: the relay stores its position many times while it catches up.
-        "GANGWAY_RELAY_BATCH_SIZE": "50",
-        "GANGWAY_RELAY_POLL_INTERVAL_S": "0.2",
-    }
+        GANGWAY_RELAY_BATCH_SIZE="50",
+        GANGWAY_RELAY_POLL_INTERVAL_S="0.2",
+    )
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.runtime.relay", cwd=ROOT, env=env
+        sys.executable, "-m", "services.runtime.relay", cwd=workdir, env=env
     )
 
 
 async def test_a_killed_relay_resumes_and_redelivered_events_change_nothing_downstream(
-    settings: Settings, store: EventStore, topics: Topics
+    settings: Settings,
+    store: EventStore,
+    topics: Topics,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    # A shell that sourced its own stack's settings: the relay started here must not take its
+    # name, or it stores its position under another row than the one read here.
+    monkeypatch.setenv("GANGWAY_RELAY_NAME", "the-callers-relay")
+    monkeypatch.setenv("GANGWAY_RELAY_BATCH_SIZE", "100000")
     await create_effects_table(settings)
     consumer = EventConsumer(
         settings,
@@ -176,7 +179,7 @@ async def test_a_killed_relay_resumes_and_redelivered_events_change_nothing_down
 
     async with running(consumer):
         await append(100)
-        relay = await _spawn_relay(settings)
+        relay = await _spawn_relay(settings, tmp_path)
         appending = asyncio.create_task(append(100))
 
         async def relay_has_progressed() -> bool:
@@ -190,7 +193,7 @@ async def test_a_killed_relay_resumes_and_redelivered_events_change_nothing_down
         await append(100)
         assert killed_at < await store.head()
 
-        relay = await _spawn_relay(settings)
+        relay = await _spawn_relay(settings, tmp_path)
         try:
 
             async def all_applied() -> bool:
@@ -205,7 +208,7 @@ async def test_a_killed_relay_resumes_and_redelivered_events_change_nothing_down
             await relay.wait()
             async with store.pool.acquire() as c:
                 await c.execute("UPDATE relay_positions SET position = 0")
-            relay = await _spawn_relay(settings)
+            relay = await _spawn_relay(settings, tmp_path)
 
             async def all_seen_again() -> bool:
                 return consumer.counts[Outcome.DUPLICATE] >= 3000
