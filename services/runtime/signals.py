@@ -17,6 +17,8 @@ import os
 import signal
 import time
 
+from asyncpg.exceptions import OperatorInterventionError, PostgresConnectionError
+
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE_S = float(os.environ.get("GANGWAY_SHUTDOWN_GRACE_S", "5"))
@@ -95,7 +97,28 @@ class RepeatFilter(logging.Filter):
         self._last[key] = (now, 0)
         if held:
             record.msg = f"{record.msg} (and {held} more like it in {now - at:.0f} s)"
+        _fold_lost_server(record)
         return True
+
+
+# A library's attempt to reach an absent or stopping server: its traceback is the library's
+# own reconnect path, the same every time, and says nothing that the error's name does not.
+_LOST_SERVER: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    PostgresConnectionError,
+    OperatorInterventionError,  # shutting down, terminated by the administrator
+)
+
+
+def _fold_lost_server(record: logging.LogRecord) -> None:
+    error = record.exc_info[1] if record.exc_info else None
+    if not isinstance(error, _LOST_SERVER):
+        return
+    said = repr(error)
+    record.msg = f"{record.msg}: {said.replace('%', '%%') if record.args else said}"
+    record.exc_info = None
+    record.exc_text = None
 
 
 def quiet_library_logs(prefixes: tuple[str, ...] = ("aiokafka", "kafka", "asyncpg")) -> None:

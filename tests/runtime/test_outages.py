@@ -11,6 +11,7 @@ import textwrap
 import time
 
 import pytest
+from asyncpg.exceptions import CannotConnectNowError
 
 from services.runtime.retry import Backoff, Outage
 from services.runtime.signals import RepeatFilter
@@ -68,6 +69,37 @@ def test_a_library_repeating_itself_is_logged_once_per_period_with_a_count() -> 
     assert passed == [True, False, False, False, False]
     assert repeats.filter(record("aiokafka.conn", "another message"))
     assert all(repeats.filter(record("services.relay", "ours")) for _ in range(3))
+
+
+def test_a_library_losing_its_server_says_so_in_one_line_without_a_traceback() -> None:
+    """asyncpg's pool logs each failed reconnect with its traceback (every service printed ~50
+    lines whenever PostgreSQL shut down); the line and the error's name say all of it."""
+    repeats = RepeatFilter(("asyncpg",), every_s=3600)
+
+    def failed(error: BaseException, name: str = "asyncpg.pool") -> logging.LogRecord:
+        try:
+            raise error
+        except BaseException:
+            info = sys.exc_info()
+        message = "Failed to restore the pool connection floor; retrying"
+        return logging.LogRecord(name, logging.WARNING, __file__, 1, message, (), info)
+
+    shutting_down = failed(CannotConnectNowError("the database system is shutting down"))
+    assert repeats.filter(shutting_down)
+    assert shutting_down.exc_info is None
+    assert shutting_down.getMessage() == (
+        "Failed to restore the pool connection floor; retrying: "
+        "CannotConnectNowError('the database system is shutting down')"
+    )
+    assert logging.Formatter().format(shutting_down).count("\n") == 0
+    refused = failed(ConnectionRefusedError(111, "Connect call failed"), "asyncpg.pool.x")
+    assert repeats.filter(refused) and refused.exc_info is None
+    # A library's own defect keeps its traceback: it is what a report needs.
+    defect = failed(KeyError("holder"), "asyncpg.connect_utils")
+    assert repeats.filter(defect) and defect.exc_info is not None
+    # Our own loggers are never rewritten.
+    ours = failed(ConnectionRefusedError(111, "refused"), "services.relay")
+    assert repeats.filter(ours) and ours.exc_info is not None
 
 
 def test_sigterm_ends_a_process_whose_shutdown_hangs_within_its_grace() -> None:
