@@ -200,10 +200,14 @@ class Connection:
         self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
 
     async def post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        status, _, answer = await self.send(path, json.dumps(body).encode())
+        return status, answer
+
+    async def send(self, path: str, payload: bytes) -> tuple[int, dict[str, str], Any]:
+        """POST a body already encoded; the status, the answer's headers and its body."""
         if self._streams is None:
             self._streams = await asyncio.open_connection(self.host, self.port)
         reader, writer = self._streams
-        payload = json.dumps(body).encode()
         writer.write(
             b"POST "
             + path.encode()
@@ -220,12 +224,15 @@ class Connection:
         head = await reader.readuntil(b"\r\n\r\n")
         lines = head.split(b"\r\n")
         status = int(lines[0].split()[1])
-        length = next(
-            int(line.split(b":", 1)[1])
-            for line in lines
-            if line.lower().startswith(b"content-length:")
-        )
-        return status, json.loads(await reader.readexactly(length))
+        headers = {}
+        for line in lines[1:]:
+            if b":" in line:
+                name, value = line.split(b":", 1)
+                headers[name.strip().lower().decode()] = value.strip().decode()
+        body = await reader.readexactly(int(headers["content-length"]))
+        if headers.get("connection") == "close":
+            await self.close()
+        return status, headers, json.loads(body)
 
     async def close(self) -> None:
         if self._streams is not None:

@@ -45,40 +45,6 @@ from bench_pipeline import (
 )
 
 
-class Raw(Connection):
-    """A connection that sends a body already encoded and keeps the answer's headers."""
-
-    async def send(self, path: str, payload: bytes) -> tuple[int, dict[str, str], Any]:
-        if self._streams is None:
-            self._streams = await asyncio.open_connection(self.host, self.port)
-        reader, writer = self._streams
-        writer.write(
-            b"POST "
-            + path.encode()
-            + b" HTTP/1.1\r\nHost: "
-            + self.host.encode()
-            + b"\r\nAuthorization: Bearer "
-            + self.token
-            + b"\r\nContent-Type: application/json\r\nContent-Length: "
-            + str(len(payload)).encode()
-            + b"\r\n\r\n"
-            + payload
-        )
-        await writer.drain()
-        head = await reader.readuntil(b"\r\n\r\n")
-        lines = head.split(b"\r\n")
-        status = int(lines[0].split()[1])
-        headers = {}
-        for line in lines[1:]:
-            if b":" in line:
-                name, value = line.split(b":", 1)
-                headers[name.strip().lower().decode()] = value.strip().decode()
-        body = await reader.readexactly(int(headers["content-length"]))
-        if headers.get("connection") == "close":
-            await self.close()
-        return status, headers, json.loads(body)
-
-
 def spec(team: str, index: int) -> dict[str, Any]:
     return {"name": f"{team}-{index}", "team": team, "tasks": 1, "gpus_per_task": 1}
 
@@ -86,7 +52,7 @@ def spec(team: str, index: int) -> dict[str, Any]:
 class Quiet:
     """Team nlp's singles, one at a time, and what came back."""
 
-    def __init__(self, api: Raw) -> None:
+    def __init__(self, api: Connection) -> None:
         self.api = api
         self.latency_ms: list[float] = []
         self.ids: list[str] = []
@@ -112,7 +78,7 @@ class Quiet:
 class Flood:
     """Team cv's batches from several loops, as fast as the API answers."""
 
-    def __init__(self, connections: list[Raw], batch: int, max_backoff_s: float) -> None:
+    def __init__(self, connections: list[Connection], batch: int, max_backoff_s: float) -> None:
         self.connections = connections
         self.payload = json.dumps({"jobs": [spec("cv", i) for i in range(batch)]}).encode()
         self.batch = batch
@@ -121,7 +87,7 @@ class Flood:
         self.accepted = 0
         self.problems: collections.Counter[str] = collections.Counter()
 
-    async def loop(self, api: Raw, stop: asyncio.Event) -> None:
+    async def loop(self, api: Connection, stop: asyncio.Event) -> None:
         while not stop.is_set():
             status, headers, body = await api.send("/v1/jobs:batch", self.payload)
             self.statuses[status] += 1
@@ -217,7 +183,7 @@ async def main() -> None:
 
 
 async def _bench(args: argparse.Namespace, dsn: str, url: str, admin: str) -> None:
-    setup = Raw(url, admin)
+    setup = Connection(url, admin)
     tokens = {}
     for team in ("nlp", "cv"):
         payload = json.dumps({"name": team, "guaranteed_gpus": 0, "max_gpus": None}).encode()
@@ -225,8 +191,8 @@ async def _bench(args: argparse.Namespace, dsn: str, url: str, admin: str) -> No
         assert status == 201, body
         tokens[team] = str(body["token"])
     await setup.close()
-    quiet_api = Raw(url, tokens["nlp"])
-    warm = Flood([Raw(url, tokens["cv"])], args.flood_batch, args.max_backoff_s)
+    quiet_api = Connection(url, tokens["nlp"])
+    warm = Flood([Connection(url, tokens["cv"])], args.flood_batch, args.max_backoff_s)
     await Quiet(quiet_api).run(0.5, args.pause_ms / 1000)
     status, _, _ = await warm.connections[0].send("/v1/jobs:batch", warm.payload)
     assert status == 201, status
@@ -239,7 +205,7 @@ async def _bench(args: argparse.Namespace, dsn: str, url: str, admin: str) -> No
 
     await asyncio.sleep(2)
     flood = Flood(
-        [Raw(url, tokens["cv"]) for _ in range(args.flood_clients)],
+        [Connection(url, tokens["cv"]) for _ in range(args.flood_clients)],
         args.flood_batch,
         args.max_backoff_s,
     )
