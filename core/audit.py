@@ -168,6 +168,8 @@ class _Job:
     gang_since: float = 0.0
     attempt: int = 0
     waiting: bool = False
+    # Suspended by request: it waits for a resume, not for GPUs.
+    suspended: bool = False
     # Whether a reason (JobDeferred, ReservationPlanned) was recorded since it began waiting.
     explained: bool = False
     entitled_since: float | None = None
@@ -407,8 +409,10 @@ class Auditor:
         if isinstance(event, JobAdmitted):
             job.queue = event.queue
             job.priority = event.priority
-            job.waiting, job.explained = True, False
-            job.waiting_since = at
+            # Admitted late, after it was suspended: it waits once resumed.
+            if not job.suspended:
+                job.waiting, job.explained = True, False
+                job.waiting_since = at
         elif isinstance(event, GangReserved):
             self._check_backfill(event.job_id, job, event, position, at)
             self._observe_gang(job, event, position, at)
@@ -421,6 +425,7 @@ class Auditor:
                 job.waiting_since = at
             job.reservation = None
         elif isinstance(event, JobResumed):
+            job.suspended = False
             job.waiting, job.explained = True, False
             job.waiting_since = at
         elif isinstance(event, JobDeferred):
@@ -453,7 +458,7 @@ class Auditor:
             job.terminal_at = position
             job.waiting = False
         elif isinstance(event, JobSuspended):
-            job.waiting = False
+            job.waiting, job.suspended = False, True
 
     def _observe_rank(self, job: _Job, event: TaskStarted | TaskExited, position: int) -> None:
         key = (event.job_id, event.attempt, event.rank)
