@@ -54,6 +54,7 @@ from schemas.jobs import (
     JobSubmitted,
     JobSucceeded,
     JobSuspended,
+    JobUpdated,
     PreemptionRequested,
     RankPlacement,
     ReservationPlanned,
@@ -170,6 +171,8 @@ class _Job:
     waiting: bool = False
     # Suspended by request: it waits for a resume, not for GPUs.
     suspended: bool = False
+    # Its class was changed by an update (JobUpdated): admission's does not undo it.
+    priority_changed: bool = False
     # Whether a reason (JobDeferred, ReservationPlanned) was recorded since it began waiting.
     explained: bool = False
     entitled_since: float | None = None
@@ -408,7 +411,8 @@ class Auditor:
             return
         if isinstance(event, JobAdmitted):
             job.queue = event.queue
-            job.priority = event.priority
+            if not job.priority_changed:
+                job.priority = event.priority
             # Admitted late, after it was suspended: it waits once resumed.
             if not job.suspended:
                 job.waiting, job.explained = True, False
@@ -424,6 +428,13 @@ class Auditor:
                 job.waiting, job.explained = True, False
                 job.waiting_since = at
             job.reservation = None
+        elif isinstance(event, JobUpdated):
+            # The spec the scheduler judges from now on (the API refuses a change to a job
+            # holding GPUs, and the core ignores a late one).
+            if job.gang_at is None:
+                job.spec = event.changes.applied_to(job.spec)
+                if event.changes.priority is not None:
+                    job.priority, job.priority_changed = job.spec.priority, True
         elif isinstance(event, JobResumed):
             job.suspended = False
             job.waiting, job.explained = True, False
