@@ -169,6 +169,8 @@ class _Job:
     gang_since: float = 0.0
     attempt: int = 0
     waiting: bool = False
+    # Admitted: from then on it waits for GPUs (with a reason), not for admission.
+    admitted: bool = False
     # Suspended by request: it waits for a resume, not for GPUs.
     suspended: bool = False
     # Its class was changed by an update (JobUpdated): admission's does not undo it.
@@ -411,6 +413,7 @@ class Auditor:
             return
         if isinstance(event, JobAdmitted):
             job.queue = event.queue
+            job.admitted = True
             if not job.priority_changed:
                 job.priority = event.priority
             # Admitted late, after it was suspended: it waits once resumed.
@@ -437,8 +440,10 @@ class Auditor:
                     job.priority, job.priority_changed = job.spec.priority, True
         elif isinstance(event, JobResumed):
             job.suspended = False
-            job.waiting, job.explained = True, False
-            job.waiting_since = at
+            # Resumed before admission decided: it waits for admission, as when submitted.
+            if job.admitted:
+                job.waiting, job.explained = True, False
+                job.waiting_since = at
         elif isinstance(event, JobDeferred):
             job.explained = True
             if event.code != RESERVED_HEAD:

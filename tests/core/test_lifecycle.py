@@ -510,3 +510,24 @@ def test_a_job_rejected_while_suspended_before_admission_ends_rejected() -> None
     history.run()
     assert history.job(job).state == "rejected"
     assert history.events(JobResumed, job) == []
+
+
+def test_a_job_resumed_before_admission_waits_for_admission_not_for_a_reason() -> None:
+    # Suspended and resumed while admission was away (an outage): like any job not yet
+    # admitted, it owes no scheduling reason until admission decides.
+    history = History()
+    builder = a_job().gpus(8)
+    spec = builder.spec()
+    job = builder.job_id
+    history.record(JobSubmitted(job_id=job, spec=spec, submitted_by="test"))
+    history.suspend(job)
+    history.run()
+    history.resume(job)
+    history.run()
+    assert history.job(job).state == "pending"
+    assert history.auditor.unexplained() == []
+
+    history.record(JobAdmitted(job_id=job, queue=spec.team, priority=spec.priority))
+    history.run()
+    assert history.job(job).state == "running"
+    assert history.auditor.violations == []
