@@ -54,6 +54,7 @@ from schemas.jobs import (
     JobSubmitted,
     JobSucceeded,
     JobSuspended,
+    JobUpdated,
     PreemptionRequested,
     RankPlacement,
     ReservationPlanned,
@@ -168,6 +169,12 @@ class _Job:
     gang_since: float = 0.0
     attempt: int = 0
     waiting: bool = False
+    # Admitted: from then on it waits for GPUs (with a reason), not for admission.
+    admitted: bool = False
+    # Suspended by request: it waits for a resume, not for GPUs.
+    suspended: bool = False
+    # Its class was changed by an update (JobUpdated): admission's does not undo it.
+    priority_changed: bool = False
     # Whether a reason (JobDeferred, ReservationPlanned) was recorded since it began waiting.
     explained: bool = False
     entitled_since: float | None = None
@@ -406,9 +413,13 @@ class Auditor:
             return
         if isinstance(event, JobAdmitted):
             job.queue = event.queue
-            job.priority = event.priority
-            job.waiting, job.explained = True, False
-            job.waiting_since = at
+            job.admitted = True
+            if not job.priority_changed:
+                job.priority = event.priority
+            # Admitted late, after it was suspended: it waits once resumed.
+            if not job.suspended:
+                job.waiting, job.explained = True, False
+                job.waiting_since = at
         elif isinstance(event, GangReserved):
             self._check_backfill(event.job_id, job, event, position, at)
             self._observe_gang(job, event, position, at)
@@ -420,9 +431,19 @@ class Auditor:
                 job.waiting, job.explained = True, False
                 job.waiting_since = at
             job.reservation = None
+        elif isinstance(event, JobUpdated):
+            # The spec the scheduler judges from now on (the API refuses a change to a job
+            # holding GPUs, and the core ignores a late one).
+            if job.gang_at is None:
+                job.spec = event.changes.applied_to(job.spec)
+                if event.changes.priority is not None:
+                    job.priority, job.priority_changed = job.spec.priority, True
         elif isinstance(event, JobResumed):
-            job.waiting, job.explained = True, False
-            job.waiting_since = at
+            job.suspended = False
+            # Resumed before admission decided: it waits for admission, as when submitted.
+            if job.admitted:
+                job.waiting, job.explained = True, False
+                job.waiting_since = at
         elif isinstance(event, JobDeferred):
             job.explained = True
             if event.code != RESERVED_HEAD:
@@ -453,7 +474,7 @@ class Auditor:
             job.terminal_at = position
             job.waiting = False
         elif isinstance(event, JobSuspended):
-            job.waiting = False
+            job.waiting, job.suspended = False, True
 
     def _observe_rank(self, job: _Job, event: TaskStarted | TaskExited, position: int) -> None:
         key = (event.job_id, event.attempt, event.rank)

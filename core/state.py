@@ -829,7 +829,7 @@ class SchedulerState:
 
     def _on_admitted(self, event: JobAdmitted, at: float) -> None:
         job = self._jobs.get(event.job_id)
-        if job is None or job.state != "pending":
+        if job is None or not _awaits_admission(job):
             return
         job.queue = event.queue
         # A class changed by an update before admission decided stands (admission read the
@@ -837,6 +837,8 @@ class SchedulerState:
         if not job.priority_changed:
             job.priority = event.priority
         job.admitted = True
+        if job.state == "suspended":
+            return  # suspended before admission decided: queued once resumed
         job.queued_at = at
         job.considered = False
         job.reason_code = "queued"
@@ -845,7 +847,7 @@ class SchedulerState:
 
     def _on_rejected(self, event: JobRejected, at: float) -> None:
         job = self._jobs.get(event.job_id)
-        if job is None or job.state != "pending":
+        if job is None or not _awaits_admission(job):
             return
         job.reason_code = event.code
         job.reason = event.reason
@@ -1474,6 +1476,13 @@ class SchedulerState:
                 queue.decayed_memory_usage, queue.allocated_memory_mb, elapsed, half_life
             )
         queue.usage_at = max(queue.usage_at, at)
+
+
+def _awaits_admission(job: CoreJob) -> bool:
+    """Whether admission's decision still applies to the job: it waits for it, or was
+    suspended before it came (admission catching up late, after an outage); a decision after
+    the job's end is none."""
+    return not job.admitted and job.state in ("pending", "suspended")
 
 
 def _gated(job: CoreJob) -> bool:

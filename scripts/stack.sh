@@ -38,7 +38,13 @@ fi
 PG_PORT="${GANGWAY_STACK_PG_PORT:-${SAVED_PG_PORT:-25432}}"
 KAFKA_PORT="${GANGWAY_STACK_KAFKA_PORT:-${SAVED_KAFKA_PORT:-29092}}"
 KAFKA_CONTROLLER_PORT="${GANGWAY_STACK_KAFKA_CONTROLLER_PORT:-${SAVED_KAFKA_CONTROLLER_PORT:-29093}}"
-API_URL="${GANGWAY_API_URL:-http://127.0.0.1:8080}"
+# The API's URL: as given, else as .gangway/env already says (`make up` may have been given
+# another), else the default.
+SAVED_API_URL=""
+if [ -f "$GANGWAY_DIR/env" ]; then
+    SAVED_API_URL="$(sed -n 's/^GANGWAY_API_URL=//p' "$GANGWAY_DIR/env" | tail -n 1)"
+fi
+API_URL="${GANGWAY_API_URL:-${SAVED_API_URL:-http://127.0.0.1:8080}}"
 
 PG_DIR="$STACK/pg"
 PG_DATA="$PG_DIR/data"
@@ -525,6 +531,20 @@ ensure_bwrap() {
     fi
 }
 
+# The lines of .gangway/env whose keys print_env does not write.
+other_env_lines() {
+    [ -f "$GANGWAY_DIR/env" ] || return 0
+    local written line
+    written=" $(print_env | cut -d= -f1 | tr '\n' ' ') "
+    while IFS= read -r line || [ -n "$line" ]; do
+        [ -n "$line" ] || continue
+        case "$written" in
+            *" ${line%%=*} "*) ;;
+            *) printf '%s\n' "$line" ;;
+        esac
+    done <"$GANGWAY_DIR/env"
+}
+
 cmd_up() {
     mkdir -p "$STACK" "$GANGWAY_DIR"
     pg_external || check_port PostgreSQL "$PG_PORT"
@@ -544,7 +564,8 @@ cmd_up() {
         kafka_start
     fi
     # It holds the owner role's password: readable by its owner only, from the first byte.
-    (umask 077 && print_env >"$GANGWAY_DIR/env.tmp")
+    # The lines it does not write (the launcher's, e.g. GANGWAY_PROMETHEUS_URL) are kept.
+    (umask 077 && { print_env; other_env_lines; } >"$GANGWAY_DIR/env.tmp")
     chmod 600 "$GANGWAY_DIR/env.tmp"
     mv "$GANGWAY_DIR/env.tmp" "$GANGWAY_DIR/env"
     printf 'PG_PORT=%s\nKAFKA_PORT=%s\nKAFKA_CONTROLLER_PORT=%s\n' \

@@ -88,12 +88,14 @@ from services.agent.secrets import resolve_secret_env
 from services.agent.settings import AgentSettings
 from services.agent.steps import STEP_FILE, read_new_steps
 from services.runtime.checkpoint_store import (
+    REQUEST,
     checkpoint_dir,
     checkpoint_id_for,
     record_failure,
     record_shard,
     shard_path,
     verify_committed,
+    write_request,
     write_shard,
 )
 from services.runtime.consumer import EventConsumer, EventHandler, telemetry_record
@@ -454,7 +456,7 @@ class Agent:
             placement=placement,
             world_size=world_size,
             checkpoint_dir=resume,
-            checkpoint_request=workdir / "checkpoint-request.json",
+            checkpoint_request=workdir / REQUEST,
             step_file=workdir / STEP_FILE,
             agent_env=os.environ,
             gpu_memory_mb={g.index: g.memory_mb for g in self.nodes[placement.node_id].gpus},
@@ -942,10 +944,9 @@ class Agent:
     ) -> None:
         """Ask the rank (SIGUSR1) to write its shard where the request file says; record it."""
         shard = shard_path(directory, rank.key.rank)
-        request = {"dir": str(directory), "shard": str(shard), "rank": rank.key.rank}
         # The directory exists before the signal: a rank's handler writes into it at once.
         await asyncio.to_thread(isolation.directory_like_parent, directory)
-        (rank.workdir / "checkpoint-request.json").write_text(json.dumps(request))
+        await asyncio.to_thread(write_request, rank.workdir, directory, rank.key.rank)
         rank.signal(signal.SIGUSR1)
         deadline = time.monotonic() + budget_s
         while not shard.exists():

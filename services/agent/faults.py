@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from schemas.telemetry import GpuSample
+
 log = logging.getLogger(__name__)
 
 _GPU_FIELDS = {"temperature_c", "ecc_uncorrected", "xid_errors", "utilization", "memory_used_mb"}
@@ -45,13 +47,19 @@ def parse_fault(text: str) -> Fault:
     for index, readings in raw_gpus.items():
         if not isinstance(readings, dict) or set(readings) - _GPU_FIELDS:
             raise ValueError(f"gpu {index}: readings must be among {sorted(_GPU_FIELDS)}")
+        # Readings a GPU could report, judged now as the heartbeat will judge them: one that
+        # no heartbeat can carry would fail every round, and with it every node's heartbeat.
+        GpuSample.model_validate({**readings, "index": 0})
         gpus[int(index)] = dict(readings)
+    silent = data.get("silent", False)
+    if not isinstance(silent, bool):
+        raise ValueError("silent is true or false")
     nic = data.get("nic_gbps")
-    return Fault(
-        silent=bool(data.get("silent", False)),
-        gpus=gpus,
-        nic_gbps=None if nic is None else float(nic),
-    )
+    if nic is not None:
+        nic = float(nic)
+        if not nic >= 0:
+            raise ValueError("nic_gbps is a speed, at least 0")
+    return Fault(silent=silent, gpus=gpus, nic_gbps=nic)
 
 
 def fault_path(fault_dir: Path, node_id: str) -> Path:

@@ -21,6 +21,7 @@ import hashlib
 import os
 import signal
 import socket
+import stat
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
@@ -134,7 +135,8 @@ async def launch(
         if isolate is not None:
             isolate()
 
-    with (workdir / "rank.log").open("ab") as log:
+    log_fd = await asyncio.to_thread(own_file, workdir / "rank.log", os.O_WRONLY | os.O_APPEND)
+    with os.fdopen(log_fd, "ab") as log:
         process = await asyncio.create_subprocess_exec(
             *(sandbox.argv if sandbox is not None else argv),
             cwd=workdir,
@@ -146,10 +148,38 @@ async def launch(
             preexec_fn=in_child if disk_limit is not None or isolate is not None else None,
         )
     # Lets an agent restarted after a crash find the ranks its predecessor left behind.
-    await asyncio.to_thread((workdir / PID_FILE).write_text, f"{process.pid}\n")
+    await asyncio.to_thread(_write_pid, workdir / PID_FILE, process.pid)
     rank = RankProcess(key, placement, world_size, process, workdir, disk_limit=disk_limit)
     rank.sandboxed = sandbox is not None and sandbox.sandboxed
     return rank
+
+
+def own_file(path: Path, flags: int) -> int:
+    """A descriptor on a regular file at `path` (made if missing), opened as `flags` say
+    without following anything a rank left there: the rank owns the directory and the agent
+    may be root, so a symlink, a FIFO or any other non-regular file there is removed and a
+    fresh file made in its place (as is a second name of another file: a hard link)."""
+    try:
+        fd = os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as error:
+        if error.errno not in (errno.ELOOP, errno.ENXIO):  # a symlink; a FIFO with no reader
+            raise
+    else:
+        found = os.fstat(fd)
+        if stat.S_ISREG(found.st_mode) and found.st_nlink == 1:
+            os.set_blocking(fd, True)
+            return fd
+        os.close(fd)
+    path.unlink()
+    return os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+
+
+def _write_pid(path: Path, pid: int) -> None:
+    # Emptied once judged its own (O_TRUNC at the open would empty a hard link's file).
+    fd = own_file(path, os.O_WRONLY)
+    os.ftruncate(fd, 0)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(f"{pid}\n")
 
 
 def _group_members(pgid: int) -> list[int]:

@@ -4,6 +4,8 @@ the file named by GANGWAY_STEP_FILE; the agent forwards them as StepTimeSample t
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 STEP_FILE = "steps"
@@ -31,11 +33,17 @@ def parse_steps(chunk: bytes) -> tuple[list[tuple[int, float]], int]:
 
 def read_new_steps(path: Path, offset: int) -> tuple[list[tuple[int, float]], int]:
     """The steps appended to `path` since `offset`, and the offset to read from next."""
+    # The rank owns the name: only a regular file is read (never a symlink's target, nor a
+    # FIFO, whose read would block the heartbeat round and so every node's heartbeat).
     try:
-        with path.open("rb") as handle:
-            handle.seek(offset)
-            chunk = handle.read(_MAX_READ)
-    except FileNotFoundError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
         return [], offset
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        return [], offset
+    with os.fdopen(fd, "rb") as handle:
+        handle.seek(offset)
+        chunk = handle.read(_MAX_READ)
     samples, used = parse_steps(chunk)
     return samples, offset + used

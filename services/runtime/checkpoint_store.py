@@ -9,10 +9,13 @@ Works on a node-local disk for one host and on shared storage (NFS, Lustre) for 
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
+import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +24,8 @@ from uuid import UUID
 from schemas.checkpoints import CheckpointShard
 
 MANIFEST = "manifest.json"
+# The checkpoint request a rank that checkpoints itself reads, in its working directory.
+REQUEST = "checkpoint-request.json"
 _CHECKPOINT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -45,19 +50,27 @@ def record_path(directory: Path, rank: int) -> Path:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so that a crash leaves the old file or the new one, never half."""
+    """Write `data` to `path` so that a crash leaves the old file or the new one, never half.
+
+    Ranks write in these directories and the agent writing here may be root: the temporary
+    file is made new under a name no one can guess (never a file or symlink planted there),
+    and the rename replaces whatever is at `path` (a symlink itself, not its target)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
-        view = memoryview(data)
-        while view:
-            written = os.write(fd, view)
-            view = view[written:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
+        try:
+            view = memoryview(data)
+            while view:
+                written = os.write(fd, view)
+                view = view[written:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     _fsync_dir(path.parent)
 
 
@@ -73,7 +86,12 @@ def sha256_of(path: Path) -> tuple[int, str]:
     """(size, sha256) of the file, read in chunks (shards can be gigabytes)."""
     digest = hashlib.sha256()
     size = 0
-    with path.open("rb") as handle:
+    # Only a regular file is read: a rank may leave a symlink (to any file root can read) or
+    # a FIFO (a read that never ends) where its shard should be.
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
         while chunk := handle.read(1 << 20):
             digest.update(chunk)
             size += len(chunk)
@@ -114,6 +132,16 @@ def write_shard(directory: Path, rank: int, data: bytes, *, step: int = 0) -> Sh
     record = ShardRecord(rank, len(data), hashlib.sha256(data).hexdigest(), step)
     write_atomic(record_path(directory, rank), record.to_json())
     return record
+
+
+def write_request(workdir: Path, directory: Path, rank: int) -> Path:
+    """Ask a rank that checkpoints itself where to write its shard: the JSON file its
+    GANGWAY_CHECKPOINT_REQUEST names, in its working directory (written as every file here
+    is, so that nothing the rank planted at that name is followed)."""
+    request = {"dir": str(directory), "shard": str(shard_path(directory, rank)), "rank": rank}
+    path = workdir / REQUEST
+    write_atomic(path, json.dumps(request).encode())
+    return path
 
 
 def record_shard(directory: Path, rank: int, *, step: int = 0) -> ShardRecord:
@@ -179,6 +207,9 @@ def verify(directory: Path, world_size: int) -> Verification:
             size, digest = sha256_of(path)
         except FileNotFoundError:
             problems.append(f"rank {rank}: shard file missing")
+            continue
+        except OSError as error:
+            problems.append(f"rank {rank}: shard unreadable ({error.strerror or error})")
             continue
         if size != record.size:
             problems.append(f"rank {rank}: {size} bytes on disk, {record.size} written")

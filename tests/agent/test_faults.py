@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.agent.faults import FaultReader, heal, inject, parse_fault
+from services.agent.faults import HEALTHY, FaultReader, heal, inject, parse_fault
 from services.agent.heartbeats import synthetic_heartbeat
 from services.health.rules import HealthMonitor
 from services.runtime.discovery import load_cluster_spec
@@ -48,7 +48,31 @@ def test_a_malformed_fault_file_is_ignored(tmp_path: Path) -> None:
     assert list(FaultReader(tmp_path).current()) == ["n0003"]
 
 
-@pytest.mark.parametrize("text", ["[1, 2]", '{"gpus": {"0": {"voltage": 3}}}', '{"gpus": [1]}'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[1, 2]",
+        '{"gpus": {"0": {"voltage": 3}}}',
+        '{"gpus": [1]}',
+        # Readings no GPU reports (attack5: `"xid_errors": 79`, a list's brackets forgotten,
+        # failed every heartbeat round, and the whole fleet fell silent).
+        '{"gpus": {"3": {"xid_errors": 79}}}',
+        '{"gpus": {"3": {"xid_errors": ["x"]}}}',
+        '{"gpus": {"0": {"temperature_c": "hot"}}}',
+        '{"gpus": {"0": {"utilization": 300}}}',
+        '{"nic_gbps": -5}',
+        '{"silent": "no"}',
+    ],
+)
 def test_a_fault_that_is_not_one_is_refused(text: str) -> None:
     with pytest.raises(ValueError):
         parse_fault(text)
+
+
+def test_a_fault_file_no_gpu_could_report_silences_no_node(tmp_path: Path) -> None:
+    (tmp_path / "n0000.json").write_text('{"gpus": {"3": {"xid_errors": 79}}}')
+    (tmp_path / "n0001.json").write_text('{"nic_gbps": -5}')
+    faults = FaultReader(tmp_path).current()
+    assert faults == {}
+    heartbeat = synthetic_heartbeat(NODE, NOW, faults.get(NODE.node_id, HEALTHY))
+    assert heartbeat.gpus[3].xid_errors == []

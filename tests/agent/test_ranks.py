@@ -46,3 +46,23 @@ async def test_a_missing_program_fails_to_launch(tmp_path: Path) -> None:
 
 async def _tick() -> None:
     await asyncio.sleep(0.05)
+
+
+async def test_a_launch_follows_no_symlink_left_in_the_rank_directory(tmp_path: Path) -> None:
+    # The rank owns its directory and the agent writing rank.log and rank.pid there may be
+    # root (attack5): a symlink a rank left (its rank started again in the same directory)
+    # (or a hard link) must not make the agent append the output to, or write the pid over,
+    # another file.
+    victim = tmp_path / "victim"
+    victim.write_text("root's own\n")
+    workdir = tmp_path / "w"
+    workdir.mkdir()
+    (workdir / "rank.log").symlink_to(victim)
+    (workdir / "rank.pid").hardlink_to(victim)
+
+    rank = await launch(KEY, PLACEMENT, 1, ["sh", "-c", "echo out"], {}, workdir)
+
+    assert await rank.process.wait() == 0
+    assert victim.read_text() == "root's own\n"
+    assert (workdir / "rank.log").read_text() == "out\n"
+    assert (workdir / "rank.pid").read_text() == f"{rank.pid}\n"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from services.agent.steps import parse_steps, read_new_steps
@@ -28,3 +29,17 @@ def test_reading_resumes_where_the_last_read_ended(tmp_path: Path) -> None:
     second, _ = read_new_steps(path, offset)
     assert first == [(0, 1.0), (1, 1.1)]
     assert second == [(2, 1.2)]
+
+
+def test_a_step_file_that_is_not_a_regular_file_reads_as_none(tmp_path: Path) -> None:
+    # attack5: the rank owns the step file's name. A directory there failed every heartbeat
+    # round (the whole fleet fell silent); a FIFO blocked the round for ever; a symlink had
+    # the root agent read whatever file it named.
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"0 1.0\n1 1.0\n")
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "link").symlink_to(victim)
+    os.mkfifo(tmp_path / "fifo")
+
+    for name in ("dir", "link", "fifo"):
+        assert read_new_steps(tmp_path / name, 0) == ([], 0)

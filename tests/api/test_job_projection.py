@@ -137,6 +137,21 @@ def test_suspended_job_resumes_into_the_queue() -> None:
     assert resumed.state == "queued"
 
 
+def test_a_job_admitted_while_suspended_before_admission_is_queued_once_resumed() -> None:
+    # Admission caught up late (after an outage), after the scheduler had suspended the job.
+    suspended = JobSuspended(job_id=J, attempt=None)
+    job = fold(submitted(J), suspended, admitted())
+    assert (job.state, job.reason_code) == ("suspended", "suspended")
+    resumed = fold(submitted(J), suspended, admitted(), JobResumed(job_id=J))
+    assert (resumed.state, resumed.queue, resumed.priority) == ("queued", "nlp-q", "production")
+
+
+def test_a_job_rejected_while_suspended_before_admission_is_rejected() -> None:
+    rejected = JobRejected(job_id=J, code="quota", reason="over the team ceiling")
+    job = fold(submitted(J), JobSuspended(job_id=J, attempt=None), rejected)
+    assert (job.state, job.reason_code) == ("rejected", "quota")
+
+
 def test_cancel_is_refused_once_the_job_finished() -> None:
     cancelled = fold(submitted(J), admitted(), JobCancelled(job_id=J, reason="by user"))
     assert not request_allowed(cancelled, "cancel")

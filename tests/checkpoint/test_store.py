@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from uuid import UUID
 
@@ -19,6 +20,7 @@ from services.runtime.checkpoint_store import (
     shard_path,
     verify,
     write_manifest,
+    write_request,
     write_shard,
 )
 
@@ -83,6 +85,64 @@ def test_a_shard_written_by_the_rank_is_recorded_by_its_digest(tmp_path: Path) -
     record = record_shard(directory, 0, step=3)
     assert record.size == len(b"the rank's own bytes")
     assert verify(directory, 1).ok
+
+
+# A rank writes in these very directories (its checkpoint directory, its working directory),
+# and the agent that writes there runs as root: what a rank plants there is never followed.
+# attack5: a rank's symlink `checkpoint-request.json -> /any/file` made the agent overwrite
+# that file with the request at the next eviction.
+
+
+def _victim(tmp_path: Path) -> Path:
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"root's own bytes")
+    return victim
+
+
+def test_a_write_replaces_a_symlink_planted_at_its_path_never_its_target(tmp_path: Path) -> None:
+    victim = _victim(tmp_path)
+    directory = tmp_path / "job" / "ck"
+    directory.mkdir(parents=True)
+    for name in ("rank-0.bin", "rank-0.json", "checkpoint-request.json"):
+        (directory / name).symlink_to(victim)
+
+    write_shard(directory, 0, b"shard")
+    request = write_request(directory, directory, 0)
+
+    assert victim.read_bytes() == b"root's own bytes"
+    assert not shard_path(directory, 0).is_symlink()
+    assert verify(directory, 1).ok
+    assert json.loads(request.read_text())["shard"] == str(shard_path(directory, 0))
+
+
+def test_a_write_follows_no_symlink_planted_at_a_temporary_name(tmp_path: Path) -> None:
+    victim = _victim(tmp_path)
+    directory = tmp_path / "job" / "ck"
+    directory.mkdir(parents=True)
+    (directory / f".rank-0.json.{os.getpid()}.tmp").symlink_to(victim)
+
+    write_shard(directory, 0, b"shard")
+
+    assert victim.read_bytes() == b"root's own bytes"
+    assert verify(directory, 1).ok
+
+
+def test_a_shard_that_is_a_symlink_or_a_fifo_is_not_read(tmp_path: Path) -> None:
+    victim = _victim(tmp_path)
+    directory = tmp_path / "job" / "ck"
+    directory.mkdir(parents=True)
+    shard_path(directory, 0).symlink_to(victim)
+    os.mkfifo(shard_path(directory, 1))  # opened for reading, it would block for ever
+
+    for rank in (0, 1):
+        with pytest.raises(OSError):
+            record_shard(directory, rank)
+    write_shard(directory, 2, b"shard")
+    shard_path(directory, 2).unlink()
+    shard_path(directory, 2).symlink_to(victim)
+
+    problems = verify(directory, 3).problems
+    assert len(problems) == 3 and "rank 2: shard unreadable" in problems[2]
 
 
 def test_writes_leave_no_temporary_files(tmp_path: Path) -> None:

@@ -12,10 +12,12 @@ from schemas.base import Event
 from schemas.jobs import (
     GangReserved,
     JobAdmitted,
+    JobChanges,
     JobDeferred,
     JobRequeued,
     JobSpec,
     JobSubmitted,
+    JobUpdated,
     PreemptionRequested,
     RankPlacement,
     ReservationPlanned,
@@ -400,6 +402,40 @@ def test_a_higher_class_job_may_take_reserved_nodes() -> None:
     ]
 
     assert audit(events, one_cycle_from=len(events) - 2) == []
+
+
+def test_a_later_job_whose_estimate_was_shortened_may_backfill() -> None:
+    # attack5's storm: a job's estimate patched from none to 5 s, then backfilled onto the
+    # head's nodes as the scheduler judged it on the patched spec; the auditor read the
+    # submitted spec (the default 4 h estimate) and called it a broken backfill.
+    shortened = JobUpdated(job_id="short", by="u", changes=JobChanges(estimated_runtime_s=600))
+    events = [
+        *_reserved_head(*job("short", estimated_runtime_s=7200), shortened),
+        gang("short", ("n0001", WHOLE)),
+    ]
+
+    assert audit(events, one_cycle_from=len(events) - 2) == []
+
+
+def test_a_later_job_whose_estimate_was_lengthened_breaks_backfill() -> None:
+    lengthened = JobUpdated(job_id="long", by="u", changes=JobChanges(estimated_runtime_s=7200))
+    events = [
+        *_reserved_head(*job("long", estimated_runtime_s=600), lengthened),
+        gang("long", ("n0001", WHOLE)),
+    ]
+
+    assert rules(audit(events, one_cycle_from=len(events) - 2)) == {"backfill"}
+
+
+def test_a_job_raised_to_a_higher_class_may_take_reserved_nodes() -> None:
+    raised = JobUpdated(job_id="urgent", by="u", changes=JobChanges(priority="production"))
+    submitted, admitted = job("urgent", estimated_runtime_s=7200)
+    after = [*_reserved_head(submitted, admitted, raised), gang("urgent", ("n0001", WHOLE))]
+    # Raised before admission decided: admission's class (the submitted one) does not undo it.
+    before = [*_reserved_head(submitted, raised, admitted), gang("urgent", ("n0001", WHOLE))]
+
+    assert audit(after, one_cycle_from=len(after) - 2) == []
+    assert audit(before, one_cycle_from=len(before) - 2) == []
 
 
 def test_the_scheduler_backfills_without_delaying_the_head() -> None:

@@ -7,9 +7,13 @@ from datetime import UTC, datetime
 from core import schedule
 from schemas.jobs import (
     GangReserved,
+    JobAdmitted,
     JobCancelled,
     JobFailed,
+    JobRejected,
     JobRequeued,
+    JobResumed,
+    JobSubmitted,
     JobSucceeded,
     JobSuspended,
     PreemptionRequested,
@@ -466,3 +470,64 @@ def test_ranks_lost_with_their_node_hold_no_gpus_once_their_gang_is_released() -
     waiting = history.submit(a_job().gpus(8))[0]
     history.run()
     assert history.job(waiting).state == "running"
+
+
+def test_a_job_admitted_while_suspended_before_admission_runs_once_resumed() -> None:
+    # attack5's storm: after a Kafka restart admission caught up late and admitted a job the
+    # scheduler had already suspended (asked before admission decided); resumed, it waited
+    # "awaiting admission" for ever, and the auditor called it unexplained meanwhile.
+    history = History()
+    builder = a_job().gpus(8)
+    spec = builder.spec()
+    job = builder.job_id
+    history.record(JobSubmitted(job_id=job, spec=spec, submitted_by="test"))
+    history.suspend(job)
+    history.run()
+    assert history.job(job).state == "suspended"
+
+    history.record(JobAdmitted(job_id=job, queue=spec.team, priority=spec.priority))
+    assert history.job(job).state == "suspended"
+    assert history.auditor.unexplained() == []
+
+    history.resume(job)
+    history.run(cycles=2)
+    assert history.job(job).state == "running"
+    replayed = history.replayed().job(job)
+    assert replayed is not None and replayed.state == "running"
+
+
+def test_a_job_rejected_while_suspended_before_admission_ends_rejected() -> None:
+    history = History()
+    builder = a_job().gpus(8)
+    job = builder.job_id
+    history.record(JobSubmitted(job_id=job, spec=builder.spec(), submitted_by="test"))
+    history.suspend(job)
+    history.run()
+
+    history.record(JobRejected(job_id=job, code="quota", reason="over the team ceiling"))
+    assert history.job(job).state == "rejected"
+    history.resume(job)
+    history.run()
+    assert history.job(job).state == "rejected"
+    assert history.events(JobResumed, job) == []
+
+
+def test_a_job_resumed_before_admission_waits_for_admission_not_for_a_reason() -> None:
+    # Suspended and resumed while admission was away (an outage): like any job not yet
+    # admitted, it owes no scheduling reason until admission decides.
+    history = History()
+    builder = a_job().gpus(8)
+    spec = builder.spec()
+    job = builder.job_id
+    history.record(JobSubmitted(job_id=job, spec=spec, submitted_by="test"))
+    history.suspend(job)
+    history.run()
+    history.resume(job)
+    history.run()
+    assert history.job(job).state == "pending"
+    assert history.auditor.unexplained() == []
+
+    history.record(JobAdmitted(job_id=job, queue=spec.team, priority=spec.priority))
+    history.run()
+    assert history.job(job).state == "running"
+    assert history.auditor.violations == []

@@ -197,17 +197,26 @@ def _live(fold: _LiveFold) -> _Fold:
     return folded
 
 
+def _awaits_admission(job: JobReadModel) -> bool:
+    # Admission decides once, on a pending job or one suspended before it decided (admission
+    # catching up late, after an outage); a late duplicate decision changes nothing.
+    return not job.admitted and job.state in ("pending", "suspended")
+
+
 def _on_admitted(job: JobReadModel, event: JobAdmitted, at: datetime) -> JobReadModel | None:
-    # Admission decides once, on a pending job; a late duplicate decision changes nothing.
-    if job.state != "pending":
+    if not _awaits_admission(job):
         return None
+    # A class changed by an update before admission stands (as in the core).
+    priority = job.priority if job.priority_changed else event.priority
+    if job.state == "suspended":
+        # Queued once resumed (as in the core).
+        return _changed(job, queue=event.queue, priority=priority, admitted=True)
     held = job.held
     return _changed(
         job,
         state="queued",
         queue=event.queue,
-        # A class changed by an update before admission stands (as in the core).
-        priority=job.priority if job.priority_changed else event.priority,
+        priority=priority,
         admitted=True,
         reason=HELD_REASON if held else AWAITING_SCHEDULING,
         reason_code="held" if held else None,
@@ -215,7 +224,7 @@ def _on_admitted(job: JobReadModel, event: JobAdmitted, at: datetime) -> JobRead
 
 
 def _on_rejected(job: JobReadModel, event: JobRejected, at: datetime) -> JobReadModel | None:
-    if job.state != "pending":
+    if not _awaits_admission(job):
         return None
     return _finish(job, "rejected", at, reason=event.reason, code=event.code)
 
