@@ -502,7 +502,10 @@ def reserve(ctx: CycleContext, snap: Snapshot, job: CoreJob, shape: Shape) -> fl
     if moved:
         ctx.emit(
             ReservationPlanned(
-                job_id=job.job_id, start_at=datetime.fromtimestamp(start, UTC), nodes=node_ids
+                job_id=job.job_id,
+                start_at=datetime.fromtimestamp(start, UTC),
+                nodes=node_ids,
+                decided_at=datetime.fromtimestamp(ctx.now, UTC),
             )
         )
     ctx.wakeups.append(start)
