@@ -111,6 +111,10 @@ _CYCLE_WRITES: tuple[type[Event], ...] = (
 )
 
 
+# Two times the log keeps to the microsecond (a reservation's start and its cycle's clock) may
+# each be half of one off the floats the core compared.
+_LOGGED_TIME_SLACK_S = 2e-6
+
 # The scheduling promises of DESIGN §3 the auditor checks (violations with invariant 0).
 RULES: dict[str, str] = {
     "topology": "a required node, rack or block locality and the GPU type are honoured",
@@ -187,8 +191,9 @@ class _Job:
     # Since when the job waits (admission, requeue, resume) and whether it ever preempted.
     waiting_since: float = 0.0
     preemptor: bool = False
-    # The head's latest recorded reservation: (start, nodes, position and time of the record).
-    reservation: tuple[float, frozenset[str], int, float] | None = None
+    # The head's latest recorded reservation: (start, nodes, position and time of the record,
+    # the clock of the cycle that planned it or None where the record names none).
+    reservation: tuple[float, frozenset[str], int, float, float | None] | None = None
 
 
 @dataclass(slots=True)
@@ -456,7 +461,14 @@ class Auditor:
             if previous is not None:
                 previous.reservation = None
             self._head = event.job_id
-            job.reservation = (event.start_at.timestamp(), frozenset(event.nodes), position, at)
+            decided = None if event.decided_at is None else event.decided_at.timestamp()
+            job.reservation = (
+                event.start_at.timestamp(),
+                frozenset(event.nodes),
+                position,
+                at,
+                decided,
+            )
             self._reservation_cycle = True
         elif isinstance(event, TaskStarted):
             if event.attempt == job.attempt and job.gang_at is not None:
@@ -948,11 +960,32 @@ class Auditor:
     def _check_backfill(
         self, job_id: str, job: _Job, event: GangReserved, position: int, at: float
     ) -> None:
-        """A job ordered after the head may not run on its reserved nodes past its start."""
+        """A job ordered after the head may not run on its reserved nodes past its start.
+
+        Judged at the clock of the cycle that recorded the reservation (its `decided_at`): the
+        core places every job of a cycle by the clock it took when the cycle began, and the
+        cycle's events are recorded when they commit, later (0.02-0.37 s in a storm, where a
+        job ending exactly at the head's start was reported by its commit time). A record
+        that names no clock (written before it did) is judged at its recorded time, the
+        latest the cycle can have decided: such a report may be one of those, and says so.
+        """
         policy = self._policy
         if policy.is_fifo or not policy.backfill or job.preemptor or not self._reservation_cycle:
             return
-        if at - job.waiting_since >= policy.aging_max_wait_s:
+        # Only the last job to record a reservation may still hold one.
+        head_id = self._head
+        head = self._jobs.get(head_id) if head_id is not None else None
+        if head is None:
+            return
+        planned = head.reservation
+        if planned is None or head is job or not head.waiting or head.terminal_at:
+            return
+        start, nodes, planned_at, planned_when, decided = planned
+        used = {r.node_id for r in event.ranks}
+        if planned_when != at or not used & nodes:
+            return
+        clock = at if decided is None else decided
+        if clock - job.waiting_since >= policy.aging_max_wait_s:
             return  # an aged job goes before the head
         spec = job.spec
         # The estimate the scheduler planned with: learned from the same log when the policy
@@ -965,33 +998,28 @@ class Auditor:
             or spec.max_runtime_s
             or (policy.default_runtime_estimate_s)
         )
+        if clock + estimate <= start + _LOGGED_TIME_SLACK_S:
+            return
         guarantee = self._guarantee(job.queue)
         least = self._subtree(job.queue, self._least_usage)
         if guarantee > 0 and least + shape_of(spec).min_gpus <= guarantee:
             return  # it may have been ordered first, within its guarantee
         rank = policy.priority_class(job.priority).rank
-        used = {r.node_id for r in event.ranks}
-        # Only the last job to record a reservation may still hold one.
-        head_id = self._head
-        head = self._jobs.get(head_id) if head_id is not None else None
-        if head is None:
-            return
-        planned = head.reservation
-        if planned is None or head is job or not head.waiting or head.terminal_at:
-            return
-        start, nodes, planned_at, planned_when = planned
-        if planned_when != at or at + estimate <= start or not used & nodes:
-            return
         head_rank = policy.priority_class(head.priority).rank
         after = rank < head_rank or (
             rank == head_rank and job.queue == head.queue and job.submitted_at > head.submitted_at
         )
         if after:
+            unknown = (
+                ""
+                if decided is not None
+                else " (judged at the recorded time: the reservation names no cycle clock)"
+            )
             self._broken(
                 "backfill",
                 f"job {job_id} was placed on node(s) {', '.join(sorted(used & nodes))} "
                 f"reserved for job {head_id} and would still run when its reservation "
-                "starts",
+                f"starts{unknown}",
                 planned_at,
                 position,
             )

@@ -54,12 +54,16 @@ class Placed:
     # snapshot while later jobs are placed (`_hold_for_reclaim`).
     held: dict[int, int] = field(default_factory=dict)
 
-    def give_back_holds(self, snap: Snapshot) -> None:
+    def give_back_holds(self, snap: Snapshot) -> dict[int, int]:
         """Put the held GPUs back before the preemption phase: they are idle, and no gang is
-        evicted while idle GPUs could host its preemptor (DESIGN §3), held or not."""
-        for index, mask in self.held.items():
+        evicted while idle GPUs could host its preemptor (DESIGN §3), held or not. Returns
+        them: promised all the same, a plan that needs them waits (core/preemption.py
+        `_lands_unheld`)."""
+        held = self.held
+        for index, mask in held.items():
             snap.set_free(index, snap.free.get(index, 0) | mask)
-        self.held.clear()
+        self.held = {}
+        return held
 
 
 def place(
@@ -270,8 +274,11 @@ def _hold_for_reclaim(
     preemptor fit nowhere once its victims left: it reclaimed again after its hysteresis, and
     a queue within its guarantee waited past the bound of invariant 4. The placement is
     planned again each cycle (the victims' GPUs as if released), so the hold follows what is
-    free now and ends when the victims are gone and the preemptor is placed. The held GPUs
-    are given back to the snapshot before the preemption phase (`Placed.give_back_holds`).
+    free now and ends when the victims are gone and the preemptor is placed. A preemptor
+    awaiting victims goes first in line (core/ordering.py `gangway_key`), so the hold is taken
+    before any job is placed: a job ahead of it (an aged one) took what its first victims
+    freed, and it fit nowhere once its last one left. The held GPUs are given back to the
+    snapshot before the preemption phase (`Placed.give_back_holds`).
     """
     jobs = ctx.state.job_records
     if gather:
@@ -502,7 +509,10 @@ def reserve(ctx: CycleContext, snap: Snapshot, job: CoreJob, shape: Shape) -> fl
     if moved:
         ctx.emit(
             ReservationPlanned(
-                job_id=job.job_id, start_at=datetime.fromtimestamp(start, UTC), nodes=node_ids
+                job_id=job.job_id,
+                start_at=datetime.fromtimestamp(start, UTC),
+                nodes=node_ids,
+                decided_at=datetime.fromtimestamp(ctx.now, UTC),
             )
         )
     ctx.wakeups.append(start)

@@ -323,6 +323,11 @@ class ReservationPlanned(JobEvent):
     type = "ReservationPlanned"
     start_at: datetime
     nodes: list[str]
+    # The clock of the cycle that planned it, by which that cycle placed every job behind the
+    # head (does it end by `start_at`?). The log's recorded time is when the cycle's events
+    # committed, a moment later. None in events recorded before it was (additive: the auditor
+    # then judges at the recorded time).
+    decided_at: datetime | None = None
 
 
 class MigSlice(Message):

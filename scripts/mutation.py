@@ -79,6 +79,7 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
         "test_kept_order",
         "test_state_index",
         "test_cycle_depth",
+        "test_victims_freed_gpus",
     ),
     "state_index": ("test_state_index", "test_order_memo", "test_timers"),
     "quota": (
@@ -138,6 +139,7 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
         "test_live_sharing",
         "test_preemption_phase_order",
         "test_victim_search",
+        "test_victims_freed_gpus",
         "test_leaving_credit",
         "test_preemption_attempts",
         "test_victim_book",

@@ -231,11 +231,13 @@ class History:
 
     # ------------------------------------------------------------ the scheduler
 
-    def cycle(self) -> list[Event]:
+    def cycle(self, commit_delay_s: float = 0.0) -> list[Event]:
+        """One cycle decided at `now`; its decisions recorded `commit_delay_s` later, as the
+        service commits them once the cycle has run (their recorded time is the log's clock)."""
         result = schedule(self.state, self.now)
         self.cycles.append(result)
         for decision in result.decisions:
-            self.record(decision)
+            self.record(decision, self.now + commit_delay_s)
         return result.decisions
 
     def run(self, cycles: int = 1, every_s: float = 1.0, agents: bool = True) -> None:

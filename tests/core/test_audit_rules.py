@@ -6,6 +6,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from core import Auditor, Violation, parse_cluster_spec
 from core.audit import RULES
 from schemas.base import Event
@@ -25,7 +28,7 @@ from schemas.jobs import (
 )
 from schemas.nodes import NodeDrained, NodeDrainRequested
 from schemas.teams import QueueConfigured, TeamCreated
-from tests.core.builders import History, a_job, share_on
+from tests.core.builders import T0, History, a_job, share_on
 
 T = 1_700_000_000.0
 WHOLE = list(range(8))
@@ -449,6 +452,81 @@ def test_the_scheduler_backfills_without_delaying_the_head() -> None:
     history.run(cycles=3)
 
     assert history.auditor.violations == []
+
+
+def test_a_backfill_is_judged_at_the_cycles_clock_not_at_its_commit_time() -> None:
+    """The core decides with its clock taken when the cycle starts; the service commits the
+    cycle's events a moment later (0.02-0.37 s in a storm), and that commit time is all a log
+    showed. A job ending exactly when the head's reservation starts, by the cycle's clock, may
+    backfill; judged at the commit time it seemed to run past the start (62 false reports)."""
+    history = History("2x8:2:1")
+    history.submit(a_job().gpus(8).estimate(3600))
+    history.run()
+    history.advance(99)
+    head, short = history.submit(a_job().gpus(8).tasks(2), a_job().gpus(8).estimate(3500))
+
+    history.cycle(commit_delay_s=0.25)
+
+    [planned] = history.events(ReservationPlanned, head)
+    assert planned.start_at == datetime.fromtimestamp(T0 + 3600, UTC)
+    assert {r.node_id for r in history.gang(short).ranks} <= set(planned.nodes)
+    assert history.auditor.violations == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    start=st.floats(min_value=0.0, max_value=1.0),
+    delay=st.floats(min_value=0.0, max_value=0.5),
+    offset=st.floats(min_value=0.0, max_value=1e-5),
+)
+def test_what_the_core_backfills_at_its_clock_keeps_the_backfill_rule(
+    start: float, delay: float, offset: float
+) -> None:
+    """However late the cycle's events commit, and whatever fractions of a microsecond the
+    clock and the estimates hold (the log keeps times to the microsecond), a job the core lets
+    end exactly when the head's reservation starts is no backfill violation."""
+    history = History("2x8:2:1", start=T0 + start)
+    history.submit(a_job().gpus(8).estimate(3600 + offset))
+    history.run()
+    history.advance(99)
+    head, _ = history.submit(a_job().gpus(8).tasks(2), a_job().gpus(8).estimate(3500 + offset))
+
+    history.cycle(commit_delay_s=delay)
+
+    assert history.events(ReservationPlanned, head)
+    assert history.auditor.violations == []
+
+
+def test_a_backfill_past_the_start_at_the_cycles_clock_still_breaks_the_rule() -> None:
+    """The recorded clock spares the cycle's latency only: a job that would run a second past
+    the start by the cycle's own clock is reported, worded as any other report."""
+    recorded = T + len(_reserved_head(*job("long"))) - 1
+    clock = recorded - 3  # decided 3 s before its events were recorded
+    head = _reserved_head(*job("long", estimated_runtime_s=T + 3600 - clock + 1))
+    planned = head[-1]
+    assert isinstance(planned, ReservationPlanned)
+    head[-1] = planned.model_copy(update={"decided_at": datetime.fromtimestamp(clock, UTC)})
+    events = [*head, gang("long", ("n0001", WHOLE))]
+
+    [violation] = audit(events, one_cycle_from=len(head) - 1)
+
+    assert violation.rule == "backfill"
+    assert "reserved for job head" in violation.message
+    assert "recorded time" not in violation.message
+
+
+def test_a_reservation_recorded_without_its_cycles_clock_is_judged_at_its_recorded_time() -> None:
+    """Records written before the clock was: the recorded time is the latest the cycle can
+    have decided, so a report may be one of the cycle's latency, and says how it was judged."""
+    head = _reserved_head(*job("long", estimated_runtime_s=3600 - 2))
+    planned = head[-1]
+    assert isinstance(planned, ReservationPlanned) and planned.decided_at is None
+    events = [*head, gang("long", ("n0001", WHOLE))]
+
+    [violation] = audit(events, one_cycle_from=len(head) - 1)
+
+    assert violation.rule == "backfill"
+    assert "judged at the recorded time" in violation.message
 
 
 # ---------------------------------------------------------------- host ceilings
