@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from schemas import REGISTRY, EventDecodeError, EventEnvelope, EventRegistry
 from schemas.telemetry import TELEMETRY, NodeHeartbeat, StepTimeSample
+from services.runtime.collector import collection_deferred
 from services.runtime.errors import DATABASE_UNAVAILABLE, ConcurrencyConflict, DomainError
 from services.runtime.kafka import make_consumer, make_producer, start_producer, stop_producer
 from services.runtime.metrics import follow_readiness, unfollow_readiness
@@ -159,7 +160,10 @@ class ConsumerLoop(ABC):
                     if records:
                         unprocessed[tp] = records[0].offset
                 self.lag = _lag(consumer, unprocessed)
-                done = await self._process_batch(batches, stop) if batches else {}
+                done = {}
+                if batches:
+                    with collection_deferred():
+                        done = await self._process_batch(batches, stop)
                 if done:
                     # One commit for every partition of the batch: each one's effects are
                     # durable already, and one round trip to the coordinator is all it takes.
