@@ -140,3 +140,33 @@ def test_under_churn_a_reason_changes_only_with_the_fact_it_states(seed: int) ->
             assert view.estimated_start is not None and view.reason is not None
             when = datetime.fromtimestamp(view.estimated_start, UTC)
             assert f"earliest at {_minute(when)} on " in view.reason
+
+
+def test_a_share_waiting_beside_other_teams_records_no_count_of_them() -> None:
+    """Its reason counted the teams whose soft-shared GPUs have room: one event each time a
+    GPU changed hands, though the fact it waits for (room on a GPU no other team shares)
+    stayed the same. Which teams, and how many, is not the waiting team's business."""
+    history = History(
+        "groups:\n  - {count: 1, gpus: 3, gpu_type: H100, mig: none, reconfigure_s: 60}\n"
+    )
+    shares = {
+        team: history.submit(a_job()._set(gpu_fraction=0.5, gpus_per_task=0).team(team))[0]
+        for team in ("a", "b", "d")
+    }
+    history.run()
+    waiting = history.submit(a_job()._set(gpu_fraction=0.5, gpus_per_task=0).team("c"))[0]
+    history.run()
+    assert history.job(waiting).reason_code == "share_other_team"
+
+    # d's GPU is given whole to a production job of a (ahead of c in order): two teams left.
+    history.exit(shares["d"])
+    history.submit(a_job().gpus(1).team("a").priority("production"))
+    history.run(cycles=3)
+
+    assert history.job(waiting).state == "queued"
+    reasons = history.deferrals(waiting)
+    assert [r.code for r in reasons] == ["share_other_team"], [r.message for r in reasons]
+    assert reasons[0].message == (
+        "needs a 0.5 share of a GPU (mps); no GPU has room: the GPUs with room are "
+        "each soft-shared by another team, and a soft-shared GPU hosts one team"
+    )
