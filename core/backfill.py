@@ -25,6 +25,7 @@ from schemas.jobs import ReservationPlanned
 from schemas.reasons import RESERVED_HEAD, DeferCode
 
 _NO_CAPACITY = "waiting for enough free GPUs in one placement"
+_AWAITING_VICTIMS = "waiting for the gangs it preempted to release their GPUs"
 # The reasons of jobs waiting behind the head name no job: a new head would otherwise record a
 # new reason for every job in the queue (the head's own reason names its planned start).
 _BEHIND_FIFO = "waiting behind the first job in line (fifo)"
@@ -129,11 +130,10 @@ def place(
             pending_victims = ctx.victims_pending(job)
             if pending_victims:
                 _hold_for_reclaim(ctx, snap, shape, pending_victims, placed.held)
-                count = len(pending_victims)
+                # No count of the victims still checkpointing: it gave the preemptor a new
+                # reason, an event, for every victim gone (their evictions are in the log).
                 outcomes[job.job_id] = Outcome(
-                    "awaiting_preemption",
-                    f"{job.need}; waiting for {count} preempted "
-                    f"gang{'s' if count != 1 else ''} to release their GPUs",
+                    "awaiting_preemption", f"{job.need}; {_AWAITING_VICTIMS}"
                 )
                 continue
         if fifo and head is not None:
@@ -495,18 +495,12 @@ def reserve(ctx: CycleContext, snap: Snapshot, job: CoreJob, shape: Shape) -> fl
     nodes = state.node_records
     node_ids = sorted(nodes[index].node_id for index, _ in allocation)
     where = _racks_of(state, node_ids)
-    ctx.outcomes[job.job_id] = Outcome(
-        RESERVED_HEAD,
-        f"{job.need}; earliest at {_when(start)} on {where}",
-        estimated_start=start,
-    )
-    previous = job.estimated_start
-    moved = (
-        previous is None
-        or abs(previous - start) > policy.reservation_move_threshold_s
+    recorded = job.estimated_start
+    if (
+        recorded is None
+        or abs(recorded - start) > policy.reservation_move_threshold_s
         or _racks_of(state, list(job.reserved_nodes)) != where
-    )
-    if moved:
+    ):
         ctx.emit(
             ReservationPlanned(
                 job_id=job.job_id,
@@ -515,6 +509,17 @@ def reserve(ctx: CycleContext, snap: Snapshot, job: CoreJob, shape: Shape) -> fl
                 decided_at=datetime.fromtimestamp(ctx.now, UTC),
             )
         )
+        recorded = start
+    # The reason states the start the reservation recorded, not this cycle's plan: a plan
+    # drifts with the clock (a gang past its estimate is planned to end a grace after now),
+    # and worded to the minute it gave the head a new reason, an event, every minute it
+    # waited; the recorded start is within the move threshold of the plan, and it is the
+    # estimated start the job shows beside its reason.
+    ctx.outcomes[job.job_id] = Outcome(
+        RESERVED_HEAD,
+        f"{job.need}; earliest at {_when(recorded)} on {where}",
+        estimated_start=recorded,
+    )
     ctx.wakeups.append(start)
     return start
 

@@ -307,12 +307,11 @@ def place_fractional(
             )
             return False
         trial.blocked.append(job)
-        left = spec.tasks - len(spots)
         if ask.kind == "mig":
             trial.unplaced_slices.append((job, ask, spec.tasks))
-        reason_key = (key, need, left)
+        reason_key = (key, need)
         if reason_key not in trial.reasons:
-            trial.reasons[reason_key] = _why_waiting(ctx, ask, need, left)
+            trial.reasons[reason_key] = _why_waiting(ctx, ask, need)
         outcomes[job.job_id] = trial.reasons[reason_key]
         return False
     trial.note_bound(holders, spots)
@@ -606,7 +605,7 @@ def _offers(node: NodeLedger, profile: str) -> bool:
     )
 
 
-def _why_waiting(ctx: CycleContext, ask: TaskAsk, need: str, left: int) -> Outcome:
+def _why_waiting(ctx: CycleContext, ask: TaskAsk, need: str) -> Outcome:
     trial = ctx.sharing
     assert trial is not None
     ledger = trial.live.ledger
@@ -645,20 +644,20 @@ def _why_waiting(ctx: CycleContext, ask: TaskAsk, need: str, left: int) -> Outco
             ):
                 continue
             others.add(team)
-    tasks = f" ({left} of its tasks)" if left > 1 else ""
+    # Which teams, how many of them and how many of its tasks found no room are not said:
+    # who else runs where is not the waiting team's business (the node view hides other
+    # teams' jobs too), and such counts change as shares come and go while the fact the job
+    # waits for stays the same: each change was a new reason, an event.
     if others:
         return Outcome(
             "share_other_team",
-            # Which teams is not said: a reason is shown to the waiting team, and who else runs
-            # where is not its business (the node view hides other teams' jobs too).
-            f"{need}; no GPU has room{tasks}: the GPUs with room are soft-shared by "
-            f"{'another team' if len(others) == 1 else f'{len(others)} other teams'}, "
-            "and a soft-shared GPU hosts one team",
+            f"{need}; no GPU has room: the GPUs with room are each soft-shared by another "
+            "team, and a soft-shared GPU hosts one team",
         )
     return Outcome(
         "no_gpu_share",
         f"{need}; no soft-shared GPU of team {ask.team} has {ask.thousandths}/1000 free and "
-        f"no whole GPU is free to share{tasks}",
+        "no whole GPU is free to share",
     )
 
 

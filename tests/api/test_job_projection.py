@@ -77,6 +77,21 @@ def test_reservation_planned_gives_the_estimated_start() -> None:
     assert (job.estimated_start, job.planned_nodes) == (at, ("n1", "n2"))
 
 
+def test_a_head_that_is_no_longer_the_head_shows_no_estimated_start() -> None:
+    """Another job took the head's place (its reservation is the other's now): as in the
+    core's state, the job's reservation is gone with it, so `gangway why` shows the reason
+    it waits for now and no estimated start left over from the reservation it lost."""
+    at = datetime(2026, 11, 21, 14, 20, tzinfo=UTC)
+    head = JobDeferred(job_id=J, code="reserved_head", message="needs 8 GPUs; earliest at 14:20")
+    planned = ReservationPlanned(job_id=J, start_at=at, nodes=["n1"])
+    behind = JobDeferred(job_id=J, code="no_capacity", message="needs 8 GPUs; waiting")
+    job = fold(submitted(J), admitted(), planned, head, behind)
+    assert (job.reason_code, job.estimated_start, job.planned_nodes) == ("no_capacity", None, ())
+    # The head keeps it while it stays the head.
+    job = fold(submitted(J), admitted(), planned, head)
+    assert (job.estimated_start, job.planned_nodes) == (at, ("n1",))
+
+
 def test_gang_reserved_places_the_gpus_by_node() -> None:
     job = fold(submitted(J), admitted(), gang())
     assert job.state == "reserved"

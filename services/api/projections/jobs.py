@@ -45,6 +45,7 @@ from schemas.jobs import (
     TaskExited,
     TaskStarted,
 )
+from schemas.reasons import RESERVED_HEAD
 
 Request = Literal["cancel", "suspend", "resume"]
 
@@ -230,7 +231,13 @@ def _on_rejected(job: JobReadModel, event: JobRejected, at: datetime) -> JobRead
 
 
 def _on_deferred(job: JobReadModel, event: JobDeferred, at: datetime) -> JobReadModel:
-    return _changed(job, reason=event.message, reason_code=event.code)
+    if event.code == RESERVED_HEAD:
+        return _changed(job, reason=event.message, reason_code=event.code)
+    # No longer the head (as in the core's state): its reservation, and the estimated start
+    # `why` shows beside the reason, went to another job.
+    return _changed(
+        job, reason=event.message, reason_code=event.code, estimated_start=None, planned_nodes=()
+    )
 
 
 def _on_reservation_planned(
