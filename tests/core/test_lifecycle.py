@@ -13,6 +13,7 @@ from schemas.jobs import (
     JobRejected,
     JobRequeued,
     JobResumed,
+    JobSpec,
     JobSubmitted,
     JobSucceeded,
     JobSuspended,
@@ -472,17 +473,22 @@ def test_ranks_lost_with_their_node_hold_no_gpus_once_their_gang_is_released() -
     assert history.job(waiting).state == "running"
 
 
+def _suspended_before_admission(history: History) -> tuple[str, JobSpec]:
+    """A job submitted and suspended while admission was away (an outage): not yet admitted."""
+    builder = a_job().gpus(8)
+    spec = builder.spec()
+    history.record(JobSubmitted(job_id=builder.job_id, spec=spec, submitted_by="test"))
+    history.suspend(builder.job_id)
+    history.run()
+    return builder.job_id, spec
+
+
 def test_a_job_admitted_while_suspended_before_admission_runs_once_resumed() -> None:
     # attack5's storm: after a Kafka restart admission caught up late and admitted a job the
     # scheduler had already suspended (asked before admission decided); resumed, it waited
     # "awaiting admission" for ever, and the auditor called it unexplained meanwhile.
     history = History()
-    builder = a_job().gpus(8)
-    spec = builder.spec()
-    job = builder.job_id
-    history.record(JobSubmitted(job_id=job, spec=spec, submitted_by="test"))
-    history.suspend(job)
-    history.run()
+    job, spec = _suspended_before_admission(history)
     assert history.job(job).state == "suspended"
 
     history.record(JobAdmitted(job_id=job, queue=spec.team, priority=spec.priority))
@@ -498,13 +504,9 @@ def test_a_job_admitted_while_suspended_before_admission_runs_once_resumed() -> 
 
 def test_a_job_rejected_while_suspended_before_admission_ends_rejected() -> None:
     history = History()
-    builder = a_job().gpus(8)
-    job = builder.job_id
-    history.record(JobSubmitted(job_id=job, spec=builder.spec(), submitted_by="test"))
-    history.suspend(job)
-    history.run()
+    job, _ = _suspended_before_admission(history)
 
-    history.record(JobRejected(job_id=job, code="quota", reason="over the team ceiling"))
+    history.record(JobRejected(job_id=job, code="over_quota_max", reason="over the team max"))
     assert history.job(job).state == "rejected"
     history.resume(job)
     history.run()
@@ -516,12 +518,7 @@ def test_a_job_resumed_before_admission_waits_for_admission_not_for_a_reason() -
     # Suspended and resumed while admission was away (an outage): like any job not yet
     # admitted, it owes no scheduling reason until admission decides.
     history = History()
-    builder = a_job().gpus(8)
-    spec = builder.spec()
-    job = builder.job_id
-    history.record(JobSubmitted(job_id=job, spec=spec, submitted_by="test"))
-    history.suspend(job)
-    history.run()
+    job, spec = _suspended_before_admission(history)
     history.resume(job)
     history.run()
     assert history.job(job).state == "pending"
