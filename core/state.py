@@ -1484,6 +1484,12 @@ def _gated(job: CoreJob) -> bool:
     return job.array_id is not None and bounded
 
 
+# What the head's reservation plan reads of a holding gang with an estimated end of its own
+# (core/reservation.py `gang_ends`), kept by the planner's timers while the gang holds:
+# (ranks, each rank's host ask, since when it holds its GPUs, its spec).
+HeldGang = tuple[list[tuple[int, int]], tuple[int, int], float, "JobSpec | None"]
+
+
 def rank_host(spec: JobSpec | None) -> tuple[int, int]:
     """What one rank of the job asks of its node's host: thousandths of a CPU, MB of memory."""
     if spec is None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import heapq
 
 from core.reservation import estimated_end, runtime_estimate
-from core.state import CoreJob, HoldingWatch
+from core.state import CoreJob, HeldGang, HoldingWatch, rank_host
 from core.state_index import StateIndex
 from core.surface import PlanningSurface
 
@@ -51,6 +51,7 @@ class GangTimers(StateIndex[HoldingWatch]):
         "_deadlines",
         "_end_of",
         "_ends",
+        "_held",
         "_learned",
         "_next",
         "_order",
@@ -68,8 +69,10 @@ class GangTimers(StateIndex[HoldingWatch]):
         self._next = 0
         self._deadlines: list[_Deadline] = []
         self._ends: list[_End] = []
-        # Per gang with an estimated end, the end its current entry carries.
+        # Per gang with an estimated end, the end its current entry carries, and what the
+        # head's reservation plan reads of it (`held_ends`).
         self._end_of: dict[str, float] = {}
+        self._held: dict[str, HeldGang] = {}
         # Per gang with an estimate of its own (learned runtimes), its team and the team's ratio
         # that end was reckoned with: its estimate is the given one times that ratio
         # (core/estimates.py), so while the ratio stays, so does its end. The same gangs by
@@ -157,6 +160,14 @@ class GangTimers(StateIndex[HoldingWatch]):
         gangs = [holding[job_id] for job_id in sorted(visit, key=order.__getitem__)]
         return gangs, (None if wakeup == float("inf") else wakeup)
 
+    def held_ends(self) -> tuple[dict[str, float], dict[str, HeldGang]]:
+        """Per holding gang with an estimated end of its own (neither being preempted nor
+        without a binding time), that end and what the head's reservation plan reads of the
+        gang (core/reservation.py `gang_ends`), as of the last `gangs_to_visit`: the plan runs
+        in the same cycle, so the ends are those the estimator gives now. Only read: they are
+        the timers' own."""
+        return self._end_of, self._held
+
     # ------------------------------------------------------------ upkeep
 
     def _sync(self, state: PlanningSurface, now: float) -> None:
@@ -182,6 +193,7 @@ class GangTimers(StateIndex[HoldingWatch]):
         self._deadlines = []
         self._ends = []
         self._end_of = {}
+        self._held = {}
         self._ratio_of = {}
         self._by_ratio = {}
         self._unscaled = {}
@@ -210,6 +222,7 @@ class GangTimers(StateIndex[HoldingWatch]):
                 order.pop(job_id, None)
                 self._token.pop(job_id, None)
                 self._end_of.pop(job_id, None)
+                self._held.pop(job_id, None)
                 self._forget_ratio(job_id)
             else:
                 self._push(state, job)
@@ -220,6 +233,7 @@ class GangTimers(StateIndex[HoldingWatch]):
         if job.state == "preempting" or job.held_since is None:
             self._always.add(job.job_id)
             self._end_of.pop(job.job_id, None)
+            self._held.pop(job.job_id, None)
             self._forget_ratio(job.job_id)
             return
         policy = state.policy
@@ -232,6 +246,9 @@ class GangTimers(StateIndex[HoldingWatch]):
             heapq.heappush(self._deadlines, (moment, _LIMIT, token, job.job_id))
         end = job.held_since + runtime_estimate(job, policy, state.estimates)
         self._end_of[job.job_id] = end
+        # A gang's ranks, spec and binding time change only as it changes state (and is pushed
+        # again): the ranks when it is bound and released, the start when its ranks all run.
+        self._held[job.job_id] = (job.ranks, rank_host(spec), job.held_since, spec)
         self._note_ratio(state, job)
         heapq.heappush(self._ends, (end, token, job.job_id))
 
