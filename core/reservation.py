@@ -341,7 +341,7 @@ def _kept_gang_ends(
                 continue
             ends.append((estimated_end(job, now, policy, estimates), ranks, rank_host(job.spec)))
             continue
-        ranks, host, started, spec = held[job_id]
+        ranks, host, started, spec, _ = held[job_id]
         if not ranks or job_id in released:
             continue
         if gpu_type is not None and nodes[ranks[0][0]].gpu_type != gpu_type:
