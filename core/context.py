@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from core.policy import SchedulingPolicy
 from core.shape import Shape
-from core.state import CoreJob
+from core.state import CoreJob, HeldGang
 from core.surface import PlanningSurface
 from schemas.base import Event
 from schemas.reasons import DeferCode
@@ -71,6 +71,10 @@ class CycleContext:
     leaving_credited: bool = False
     # The cycle's tentative slices and shares (core/fractional.py), while it places.
     sharing: SharingTrial | None = None
+    # The holding gangs' estimated ends and what the head's plan reads of each, as the
+    # planner's timers keep them (core/timers.py `GangTimers.held_ends`), brought up to date by
+    # this cycle's reactions phase; None: a planner without timers (the plan walks the gangs).
+    held_ends: tuple[dict[str, float], dict[str, HeldGang]] | None = None
 
     @classmethod
     def start(cls, state: PlanningSurface, now: float) -> CycleContext:

@@ -83,8 +83,12 @@ class Planner:
         behind_memo: bool = True,
         kept_order: bool = True,
         kept_victims: bool = True,
+        undo_index: bool = False,
     ) -> None:
-        self._free_index = FreeIndex()
+        # The free-capacity index; with `undo_index`, what each cycle changed in it is undone
+        # when the cycle ends rather than read again from the state at the next cycle's start
+        # (core/placement.py `FreeIndex`: the reference it is tested against).
+        self._free_index = FreeIndex(undo=undo_index)
         # The waiting jobs kept in order between cycles (core/ordering.py `OrderBook`);
         # without, every cycle keys and sorts them all (the reference it is tested against).
         self._order_book = OrderBook() if kept_order else None

@@ -52,6 +52,7 @@ def react(ctx: CycleContext, timers: GangTimers | None = None) -> None:
         gangs, wakeup = timers.gangs_to_visit(state, ctx.now, attention)
         if wakeup is not None:
             ctx.wakeups.append(wakeup)
+        ctx.held_ends = timers.held_ends()
     for job in gangs:
         if job.job_id not in ctx.handled:
             react_to_gang(ctx, job, job.job_id in attention)

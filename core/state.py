@@ -1494,6 +1494,19 @@ def _gated(job: CoreJob) -> bool:
     return job.array_id is not None and bounded
 
 
+# What the head's reservation plan reads of a holding gang with an estimated end of its own
+# (core/reservation.py `gang_ends`), kept by the planner's timers while the gang holds:
+# (ranks, each rank's host ask, since when it holds its GPUs, its spec, and what its estimate
+# rests on when that is its given estimate scaled by its team's ratio: team, estimate, limit).
+HeldGang = tuple[
+    list[tuple[int, int]],
+    tuple[int, int],
+    float,
+    "JobSpec | None",
+    "tuple[str, float, float | None] | None",
+]
+
+
 def rank_host(spec: JobSpec | None) -> tuple[int, int]:
     """What one rank of the job asks of its node's host: thousandths of a CPU, MB of memory."""
     if spec is None:

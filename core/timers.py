@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import heapq
 
+from core.policy import SchedulingPolicy
 from core.reservation import estimated_end, runtime_estimate
-from core.state import CoreJob, HoldingWatch
+from core.state import CoreJob, HeldGang, HoldingWatch, rank_host
 from core.state_index import StateIndex
 from core.surface import PlanningSurface
+from schemas.jobs import JobSpec
 
 __all__ = ["GangTimers"]
 
@@ -51,6 +53,7 @@ class GangTimers(StateIndex[HoldingWatch]):
         "_deadlines",
         "_end_of",
         "_ends",
+        "_held",
         "_learned",
         "_next",
         "_order",
@@ -68,8 +71,10 @@ class GangTimers(StateIndex[HoldingWatch]):
         self._next = 0
         self._deadlines: list[_Deadline] = []
         self._ends: list[_End] = []
-        # Per gang with an estimated end, the end its current entry carries.
+        # Per gang with an estimated end, the end its current entry carries, and what the
+        # head's reservation plan reads of it (`held_ends`).
         self._end_of: dict[str, float] = {}
+        self._held: dict[str, HeldGang] = {}
         # Per gang with an estimate of its own (learned runtimes), its team and the team's ratio
         # that end was reckoned with: its estimate is the given one times that ratio
         # (core/estimates.py), so while the ratio stays, so does its end. The same gangs by
@@ -157,6 +162,14 @@ class GangTimers(StateIndex[HoldingWatch]):
         gangs = [holding[job_id] for job_id in sorted(visit, key=order.__getitem__)]
         return gangs, (None if wakeup == float("inf") else wakeup)
 
+    def held_ends(self) -> tuple[dict[str, float], dict[str, HeldGang]]:
+        """Per holding gang with an estimated end of its own (neither being preempted nor
+        without a binding time), that end and what the head's reservation plan reads of the
+        gang (core/reservation.py `gang_ends`), as of the last `gangs_to_visit`: the plan runs
+        in the same cycle, so the ends are those the estimator gives now. Only read: they are
+        the timers' own."""
+        return self._end_of, self._held
+
     # ------------------------------------------------------------ upkeep
 
     def _sync(self, state: PlanningSurface, now: float) -> None:
@@ -182,6 +195,7 @@ class GangTimers(StateIndex[HoldingWatch]):
         self._deadlines = []
         self._ends = []
         self._end_of = {}
+        self._held = {}
         self._ratio_of = {}
         self._by_ratio = {}
         self._unscaled = {}
@@ -210,6 +224,7 @@ class GangTimers(StateIndex[HoldingWatch]):
                 order.pop(job_id, None)
                 self._token.pop(job_id, None)
                 self._end_of.pop(job_id, None)
+                self._held.pop(job_id, None)
                 self._forget_ratio(job_id)
             else:
                 self._push(state, job)
@@ -220,6 +235,7 @@ class GangTimers(StateIndex[HoldingWatch]):
         if job.state == "preempting" or job.held_since is None:
             self._always.add(job.job_id)
             self._end_of.pop(job.job_id, None)
+            self._held.pop(job.job_id, None)
             self._forget_ratio(job.job_id)
             return
         policy = state.policy
@@ -232,6 +248,15 @@ class GangTimers(StateIndex[HoldingWatch]):
             heapq.heappush(self._deadlines, (moment, _LIMIT, token, job.job_id))
         end = job.held_since + runtime_estimate(job, policy, state.estimates)
         self._end_of[job.job_id] = end
+        # A gang's ranks, spec and binding time change only as it changes state (and is pushed
+        # again): the ranks when it is bound and released, the start when its ranks all run.
+        self._held[job.job_id] = (
+            job.ranks,
+            rank_host(spec),
+            job.held_since,
+            spec,
+            _scaled_fields(policy, spec),
+        )
         self._note_ratio(state, job)
         heapq.heappush(self._ends, (end, token, job.job_id))
 
@@ -362,11 +387,13 @@ class GangTimers(StateIndex[HoldingWatch]):
         What `_note_ratio` and `runtime_estimate` give gang by gang, in one loop: a gang
         noted with its team's ratio has the estimate of every gang of its team with the same
         given estimate and limit (as in `_renew_group`), worked out once for them all (in the
-        bench's busy cycles ~1,400 gangs of a few teams: this ran in every cycle)."""
+        bench's busy cycles ~1,800 gangs of a few teams: this ran in every cycle). The gangs
+        with an end are those `_held` keeps, with their start and those fields: their records
+        (cold in a busy cycle) are read only to work out an estimate."""
         estimates = state.estimates
         self._learned = estimates.learned
-        policy, token, always = state.policy, self._token, self._always
-        scaled_by_ratio = policy.learned_runtimes
+        policy, token = state.policy, self._token
+        holding = state.holding_jobs
         ends: list[_End] = []
         end_of: dict[str, float] = {}
         ratio_of: dict[str, tuple[str, float | None]] = {}
@@ -374,20 +401,12 @@ class GangTimers(StateIndex[HoldingWatch]):
         unscaled: dict[str, None] = {}
         noted_of: dict[str, tuple[str, float | None]] = {}
         scaled: dict[tuple[str, float, float | None], float] = {}
-        for job_id, job in state.holding_jobs.items():
-            if job_id in always or job_id not in token:
-                continue
-            # job.held_since inlined (its start, else its binding).
-            held_since = job.started_at if job.started_at is not None else job.reserved_at
-            if held_since is None:
-                continue
-            spec = job.spec
-            if scaled_by_ratio and spec is not None and spec.estimated_runtime_s is not None:
-                team = spec.team
-                fields = (team, spec.estimated_runtime_s, spec.max_runtime_s)
+        for job_id, (_, _, held_since, _, fields) in self._held.items():
+            if fields is not None:
+                team = fields[0]
                 estimate = scaled.get(fields)
                 if estimate is None:
-                    estimate = scaled[fields] = runtime_estimate(job, policy, estimates)
+                    estimate = scaled[fields] = runtime_estimate(holding[job_id], policy, estimates)
                 noted = noted_of.get(team)
                 if noted is None:
                     noted = noted_of[team] = (team, estimates.estimate_ratio(team))
@@ -397,7 +416,7 @@ class GangTimers(StateIndex[HoldingWatch]):
                     group = by_ratio[noted] = {}
                 group[job_id] = None
             else:
-                estimate = runtime_estimate(job, policy, estimates)
+                estimate = runtime_estimate(holding[job_id], policy, estimates)
                 unscaled[job_id] = None
             end = held_since + estimate
             end_of[job_id] = end
@@ -462,3 +481,14 @@ class GangTimers(StateIndex[HoldingWatch]):
             if token.get(end[2]) == end[1] and end_of.get(end[2]) == end[0]
         ]
         heapq.heapify(self._ends)
+
+
+def _scaled_fields(
+    policy: SchedulingPolicy, spec: JobSpec | None
+) -> tuple[str, float, float | None] | None:
+    """What a gang's estimate rests on when it is its given estimate scaled by its team's ratio
+    (core/estimates.py; `_note_ratio`'s gangs): (team, given estimate, limit); None for any
+    other gang."""
+    if policy.learned_runtimes and spec is not None and spec.estimated_runtime_s is not None:
+        return spec.team, spec.estimated_runtime_s, spec.max_runtime_s
+    return None
