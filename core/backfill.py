@@ -55,16 +55,12 @@ class Placed:
     # snapshot while later jobs are placed (`_hold_for_reclaim`).
     held: dict[int, int] = field(default_factory=dict)
 
-    def give_back_holds(self, snap: Snapshot) -> dict[int, int]:
+    def give_back_holds(self, snap: Snapshot) -> None:
         """Put the held GPUs back before the preemption phase: they are idle, and no gang is
-        evicted while idle GPUs could host its preemptor (DESIGN §3), held or not. Returns
-        them: promised all the same, a plan that needs them waits (core/preemption.py
-        `_lands_unheld`)."""
-        held = self.held
-        for index, mask in held.items():
+        evicted while idle GPUs could host its preemptor (DESIGN §3), held or not."""
+        for index, mask in self.held.items():
             snap.set_free(index, snap.free.get(index, 0) | mask)
-        self.held = {}
-        return held
+        self.held.clear()
 
 
 def place(

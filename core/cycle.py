@@ -172,14 +172,14 @@ def _run(
         )
         # MIG geometries for waiting slices, a whole GPU back for gangs (core/fractional.py).
         plan_repartitions(ctx, snap, placed.blocked)
-        held = placed.give_back_holds(snap)
+        placed.give_back_holds(snap)
         if ctx.policy.preemption and not ctx.policy.is_fifo:
             # Borrowed capacity first, whether gangs or slices and shares hold it.
             reclaimed = reclaim_shared_gpus(ctx, snap, placed.blocked, quota, borrowers_only=True)
             blocked = placed.blocked
             if reclaimed:  # (a busy cycle blocks ~9,500 jobs: filtered only when there is cause)
                 blocked = [j for j in blocked if j.job_id not in reclaimed]
-            preempt(ctx, snap, blocked, quota, victims, held)
+            preempt(ctx, snap, blocked, quota, victims)
             reclaim_shared_gpus(ctx, snap, placed.blocked, quota)
             preempt_for_fractions(ctx, snap, quota)
             refill_headroom(ctx, snap, quota)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Sequence, Set
+from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter
 
@@ -64,13 +64,10 @@ def preempt(
     blocked: list[CoreJob],
     quota: QuotaBook,
     book: VictimBook | None = None,
-    held: Mapping[int, int] | None = None,
 ) -> None:
     """Phase 6 of the cycle: checkpoint-then-evict whole gangs for jobs entitled to them.
 
-    With `book` (a planner's), the victim pool kept between cycles; without, built afresh.
-    `held`: the free GPUs (node index -> mask) held for preemptors awaiting their victims
-    (core/backfill.py `_hold_for_reclaim`), back in `snap` as idle, promised all the same."""
+    With `book` (a planner's), the victim pool kept between cycles; without, built afresh."""
     policy, now = ctx.policy, ctx.now
     taken: set[str] = set()
     preemptors = 0
@@ -127,7 +124,6 @@ def preempt(
             excluded=ctx.released | taken,
             now=now,
             policy=policy,
-            held=held or {},
         )
         plan = plan_preemption(request, snap, quota, pool)
         if plan is None:
@@ -417,8 +413,6 @@ class PreemptionRequest:
     excluded: Set[str]
     now: float
     policy: SchedulingPolicy
-    # Free GPUs held for other preemptors awaiting their victims (node index -> mask).
-    held: Mapping[int, int] = field(default_factory=dict)
 
 
 def plan_preemption(
@@ -463,7 +457,7 @@ def plan_preemption(
         for victims in (borrowers, everyone):
             chosen = _quota_room(quota, excess, victims, [])
             if chosen is not None:
-                return chosen if _lands_unheld(snap, shape, chosen, request.held) else None
+                return chosen
         return None
     if snap.total_free + sum(v.bound_gpus for v in everyone) < shape.min_gpus:
         return None
@@ -484,28 +478,8 @@ def plan_preemption(
             if chosen is not None and excess:
                 chosen = _quota_room(quota, excess, victims, chosen)
             if chosen is not None:
-                return chosen if _lands_unheld(planning, shape, chosen, request.held) else None
+                return chosen
         return None
-
-
-def _lands_unheld(
-    snap: Snapshot, shape: Shape, victims: list[CoreJob], held: Mapping[int, int]
-) -> bool:
-    """Whether the preemptor lands once `victims` are gone without the free GPUs `held` for
-    preemptors awaiting their victims (core/backfill.py `_hold_for_reclaim`).
-
-    Held GPUs are idle: nobody is evicted while idle GPUs could host the preemptor, and the
-    plan, borrowers first, counts them as any idle GPU. But they are promised: a plan that
-    needs them waits, evicting nobody, until their preemptor has landed, as one they alone
-    could host does. Evicting on it took them from the first preemptor, or its landing took
-    the new victims' GPUs, and one of the two fit nowhere once all had left, its victims
-    evicted for nothing (test_victims_freed_gpus.py)."""
-    if not held:
-        return True
-    with snap.trial() as planning:
-        for index, mask in held.items():
-            planning.set_free(index, planning.free.get(index, 0) & ~mask)
-        return _fits(planning, shape, victims) is not None
 
 
 def _under(quota: QuotaBook, excess: dict[str, GpuAmount], victims: list[CoreJob]) -> list[CoreJob]:

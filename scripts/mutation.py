@@ -139,7 +139,6 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
         "test_live_sharing",
         "test_preemption_phase_order",
         "test_victim_search",
-        "test_victims_freed_gpus",
         "test_leaving_credit",
         "test_preemption_attempts",
         "test_victim_book",
