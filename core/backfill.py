@@ -270,11 +270,8 @@ def _hold_for_reclaim(
     preemptor fit nowhere once its victims left: it reclaimed again after its hysteresis, and
     a queue within its guarantee waited past the bound of invariant 4. The placement is
     planned again each cycle (the victims' GPUs as if released), so the hold follows what is
-    free now and ends when the victims are gone and the preemptor is placed. A preemptor
-    awaiting victims goes first in line (core/ordering.py `gangway_key`), so the hold is taken
-    before any job is placed: a job ahead of it (an aged one) took what its first victims
-    freed, and it fit nowhere once its last one left. The held GPUs are given back to the
-    snapshot before the preemption phase (`Placed.give_back_holds`).
+    free now and ends when the victims are gone and the preemptor is placed. The held GPUs
+    are given back to the snapshot before the preemption phase (`Placed.give_back_holds`).
     """
     jobs = ctx.state.job_records
     if gather:

@@ -117,3 +117,8 @@ class CycleContext:
             and (record := jobs.get(victim)) is not None
             and record.state == "preempting"
         ]
+
+    def victims_released(self, job: CoreJob) -> bool:
+        if not job.awaiting_victims:
+            return False
+        return not self.victims_pending(job)

@@ -74,17 +74,15 @@ def gangway_key(
     rank: int,
     share: float,
     aged: bool,
-    preempted_for: bool,
+    victims_released: bool,
     within_guarantee: bool,
     level: int = 0,
     length: int = 0,
 ) -> OrderKey:
     """Smaller sorts first.
 
-    A preemptor that evicted gangs for itself goes first, while its victims leave as once they
-    are gone (`preempted_for`): it paid for its GPUs, and those its first victims free are held
-    for it before anyone is placed (core/backfill.py `_hold_for_reclaim`); then aged jobs,
-    oldest first, whatever their class (aging bounds every wait); then jobs their queue's guarantee
+    A preemptor whose victims are gone goes first (it paid for its GPUs); then aged jobs, oldest
+    first, whatever their class (aging bounds every wait); then jobs their queue's guarantee
     covers before jobs that would borrow (so that a borrower never takes what a guarantee must
     reclaim a moment later); then class rank, fair share, attained-service level (least
     first: short work goes first without knowing runtimes), predicted-length level (`length`,
@@ -93,7 +91,7 @@ def gangway_key(
     Aging bounds what the level costs a job: a job passed over by lower levels for the
     policy's aging_max_wait_s since it last began waiting moves to tier 1, ahead of them all.
     """
-    if preempted_for:
+    if victims_released:
         return (0, -rank, job.seq)
     if aged:
         return (1, job.queued_at or 0.0, job.seq)
@@ -181,8 +179,8 @@ def _keyed(
         rank = ranks.get(job.priority)
         if rank is None:
             rank = ranks[job.priority] = policy.priority_class(job.priority).rank
-        # is_aged inlined (the same test): asked of every waiting job in every cycle (7.8
-        # million on the Philly window).
+        # is_aged and victims_released inlined (the same tests): asked of every waiting job in
+        # every cycle (7.8 million on the Philly window).
         queued_at = job.queued_at
         aged = queued_at is not None and now - queued_at >= aging
         if not aged and queued_at is not None:
@@ -205,10 +203,8 @@ def _keyed(
         # Predicted-short first only within the guarantee: a borrower keeps arrival order, so
         # a guess about its length never decides who takes capacity lent by another team.
         length = length_level(job, ctx) if within and not aged else 0
-        # Whether its victims are still leaving or gone: a job ahead of it in line took the
-        # GPUs its first victims freed (an aged job, which could not have evicted them), and
-        # it fit nowhere once its last one left.
-        key = gangway_key(job, rank, share, aged, bool(job.awaiting_victims), within, level, length)
+        released = bool(job.awaiting_victims) and not ctx.victims_pending(job)
+        key = gangway_key(job, rank, share, aged, released, within, level, length)
         keyed.append((key, job))
     return keyed
 

@@ -290,8 +290,7 @@ class CoreJob:
     # Hysteresis: when this job was last preempted, and when it last caused a preemption.
     last_preempted_at: float | None = None
     last_preempting_at: float | None = None
-    # A preemptor that waits for its victims goes first in line: it holds what they free
-    # while the others leave, and is placed first once they are all released.
+    # A preemptor that waits for its victims is placed first once they are released.
     awaiting_victims: tuple[str, ...] = ()
     # Held by request (or submitted held): never placed until released.
     held: bool = False

@@ -79,7 +79,6 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
         "test_kept_order",
         "test_state_index",
         "test_cycle_depth",
-        "test_victims_freed_gpus",
     ),
     "state_index": ("test_state_index", "test_order_memo", "test_timers"),
     "quota": (

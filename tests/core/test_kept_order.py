@@ -29,11 +29,10 @@ def _both(history: History, book: OrderBook) -> list[str]:
     return kept
 
 
-def test_a_preemptor_awaiting_its_victims_goes_first_and_its_class_keeps_arrival_order() -> None:
+def test_a_preemptor_awaiting_its_victims_keeps_its_place_by_arrival_in_its_class() -> None:
     """A production job that preempts a research gang waits for its victims to go; meanwhile
-    it goes first in line (it holds what they free: core/backfill.py `_hold_for_reclaim`),
-    keyed on its own beside the book's groups, and the other production jobs of its queue (no
-    guarantee) keep their order by arrival: the one submitted before it, then the one after."""
+    it is ordered with the other production jobs of its queue (no guarantee) by arrival, as
+    every one of them: after the one submitted before it, before the one submitted after."""
     history = History("1x8:1:1")
     history.team("alpha").team("beta")
     book = OrderBook()
@@ -52,7 +51,7 @@ def test_a_preemptor_awaiting_its_victims_goes_first_and_its_class_keeps_arrival
     [later] = history.submit(a_job().team("alpha").priority("production").gpus(8))
     history.record(JobHoldReleased(job_id=earlier, by="test"))
 
-    assert _both(history, book) == [preemptor, earlier, later]
+    assert _both(history, book) == [earlier, preemptor, later]
 
 
 def test_the_kept_order_still_ages_its_jobs_after_most_of_them_left() -> None:

@@ -41,8 +41,8 @@ def _from_scratch(ctx: CycleContext, quota: QuotaBook) -> tuple[list[str], list[
         length = length_level(job, ctx) if within and not aged else 0
         rank = policy.priority_class(job.priority).rank
         level = job_level(job, now, policy)
-        paid = bool(job.awaiting_victims)
-        keyed.append((gangway_key(job, rank, share, aged, paid, within, level, length), job))
+        released = ctx.victims_released(job)
+        keyed.append((gangway_key(job, rank, share, aged, released, within, level, length), job))
     keyed.sort(key=lambda pair: pair[0])
     return [job.job_id for _, job in keyed], wakeups
 
