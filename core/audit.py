@@ -264,8 +264,14 @@ class Auditor:
         # `_held` adds, asked twice at each preemption (a walk over every gang, 4,575 times on
         # the Philly window, where no gang holds a fraction).
         self._with_fraction: set[str] = set()
-        # Runtimes learned from the log, as the scheduler learns them (core/estimates.py).
+        # Runtimes learned from the log, as the scheduler learns them (core/estimates.py): from
+        # every event seen, and from those before the current instant. A cycle plans with what
+        # was recorded before it: the jobs it ends itself (its JobSucceeded, recorded with its
+        # placements) teach only the next cycle, which may share the instant (a flood's cycles
+        # run at once), so a backfill is judged by whichever of the two lets it end in time.
         self._estimates = RuntimeEstimates()
+        self._estimates_before = RuntimeEstimates()
+        self._unlearned: list[tuple[Event, float]] = []
         # Invariant 1 for slices and shares (core/audit_sharing.py).
         self._sharing = SharingAudit()
 
@@ -281,12 +287,16 @@ class Auditor:
             self._instant = at
             self._least_usage = dict(self._usage)
             self._plan, self._plan_victims = None, []
+            for earlier, when in self._unlearned:
+                self._estimates_before.apply(earlier, when)
+            self._unlearned.clear()
         self._check_fencing(event, position, epoch)
         if isinstance(event, JobDeferred) or not isinstance(event, _CYCLE_WRITES):
             self._reservation_cycle = False
         for message in self._sharing.observe(event, position, at):
             self._flag(1, message, position)
         self._estimates.apply(event, at)
+        self._unlearned.append((event, at))
         if isinstance(event, JobEvent):
             self._observe_job(event, position, at)
         elif isinstance(event, NodeRegistered):
@@ -990,14 +1000,14 @@ class Auditor:
         spec = job.spec
         # The estimate the scheduler planned with: learned from the same log when the policy
         # learns runtimes (core/estimates.py), else what the spec states.
-        learned = self._estimates.remaining_s(job_id, spec) if policy.learned_runtimes else None
-        estimate = (
-            learned
-            if learned is not None
-            else spec.estimated_runtime_s
-            or spec.max_runtime_s
-            or (policy.default_runtime_estimate_s)
-        )
+        given = spec.estimated_runtime_s or spec.max_runtime_s or policy.default_runtime_estimate_s
+        estimate = given
+        if policy.learned_runtimes:
+            learned = [
+                known.remaining_s(job_id, spec)
+                for known in (self._estimates_before, self._estimates)
+            ]
+            estimate = min(given if one is None else one for one in learned)
         if clock + estimate <= start + _LOGGED_TIME_SLACK_S:
             return
         guarantee = self._guarantee(job.queue)

@@ -1210,6 +1210,10 @@ class SchedulerState:
         job.started_at = None
         job.reason_code = "suspended"
         job.reason = "suspended by request; resume to queue it again"
+        # No longer the head: its reservation (and estimated start) is gone, and once resumed
+        # it records a new one rather than stating the stale one.
+        job.estimated_start = None
+        job.reserved_nodes = ()
         self._set_state(job, "suspended")
         self._attention.discard(job.job_id)
         if job.cancel_requested or job.resume_requested:

@@ -92,6 +92,20 @@ def test_a_head_that_is_no_longer_the_head_shows_no_estimated_start() -> None:
     assert (job.estimated_start, job.planned_nodes) == (at, ("n1",))
 
 
+def test_a_suspended_head_shows_no_estimated_start() -> None:
+    """Suspended, it is no longer the head (as in the core's state): `gangway why` showed the
+    start of the reservation it held beside 'suspended on request', and after a resume."""
+    at = datetime(2026, 11, 21, 14, 20, tzinfo=UTC)
+    head = JobDeferred(job_id=J, code="reserved_head", message="needs 8 GPUs; earliest at 14:20")
+    planned = ReservationPlanned(job_id=J, start_at=at, nodes=["n1"])
+    job = fold(submitted(J), admitted(), planned, head, JobSuspended(job_id=J))
+    assert (job.state, job.estimated_start, job.planned_nodes) == ("suspended", None, ())
+    job = fold(
+        submitted(J), admitted(), planned, head, JobSuspended(job_id=J), JobResumed(job_id=J)
+    )
+    assert (job.state, job.estimated_start, job.planned_nodes) == ("queued", None, ())
+
+
 def test_gang_reserved_places_the_gpus_by_node() -> None:
     job = fold(submitted(J), admitted(), gang())
     assert job.state == "reserved"

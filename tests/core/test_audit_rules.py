@@ -20,6 +20,7 @@ from schemas.jobs import (
     JobRequeued,
     JobSpec,
     JobSubmitted,
+    JobSucceeded,
     JobUpdated,
     PreemptionRequested,
     RankPlacement,
@@ -624,3 +625,34 @@ def test_a_queue_whose_slices_and_shares_fill_its_guarantee_is_not_reclaiming() 
 
     assert audit([*before, *shares, *after]) == []
     assert rules(audit([*before, *steady, *after])) == {"borrowers_first"}
+
+
+def test_a_backfill_is_judged_with_what_was_learned_before_its_cycle() -> None:
+    """The cycle ends a job (its JobSucceeded, recorded with its placements) and backfills one
+    that ends when the head's reservation starts. The core planned with the runtimes learned
+    before the cycle; the auditor learned from the cycle's own JobSucceeded first (a third
+    sample: its team's estimates now scaled by 2) and reported a backfill past the start."""
+    history = History("2x8:2:1")
+    overran = history.submit(*(a_job().team("a").gpus(8).estimate(100) for _ in range(2)))
+    history.run()
+    history.advance(199)
+    for job_id in overran:
+        history.exit(job_id)
+    history.run()  # two samples of the team's estimates, each half what ran: no ratio yet
+    assert history.state.estimates.estimate_ratio("a") is None
+
+    last = history.submit(a_job().team("a").gpus(8).estimate(100))[0]
+    history.submit(a_job().team("b").gpus(8).estimate(260))
+    history.run()
+    history.advance(199)
+    head, short = history.submit(
+        a_job().team("a").gpus(8).tasks(2), a_job().team("a").gpus(8).estimate(60)
+    )
+    history.exit(last)
+
+    decisions = history.cycle()
+
+    assert any(isinstance(e, JobSucceeded) and e.job_id == last for e in decisions)
+    assert history.events(ReservationPlanned, head)
+    assert history.gang(short)
+    assert history.auditor.violations == []

@@ -170,3 +170,34 @@ def test_a_share_waiting_beside_other_teams_records_no_count_of_them() -> None:
         "needs a 0.5 share of a GPU (mps); no GPU has room: the GPUs with room are "
         "each soft-shared by another team, and a soft-shared GPU hosts one team"
     )
+
+
+def test_a_suspended_head_shows_no_estimated_start_and_records_its_reservation_again() -> None:
+    """A suspended job is no longer the head: it kept the start and nodes of the reservation
+    it held, and `why` showed that start beside 'suspended'; resumed, it was the head again
+    on the stale record, no `ReservationPlanned` of its own."""
+    history = History("1x8:1:1")
+    history.submit(a_job().gpus(8).estimate(600))
+    history.run()
+    head = history.submit(a_job().gpus(8).estimate(600))[0]
+    history.run()
+    assert history.job(head).reason_code == "reserved_head"
+
+    history.suspend(head)
+    history.run()
+    view = history.job(head)
+    assert view.state == "suspended"
+    assert (view.estimated_start, view.reserved_nodes) == (None, ())
+
+    history.resume(head)
+    history.run(cycles=2)  # resumed, then placed in line
+    view = history.job(head)
+    assert view.reason_code == "reserved_head"
+    assert len(history.events(ReservationPlanned, head)) == 2
+    assert view.estimated_start == history.events(ReservationPlanned, head)[-1].start_at.timestamp()
+    replayed = history.replayed().job(head)
+    assert replayed is not None
+    assert (replayed.estimated_start, replayed.reserved_nodes) == (
+        view.estimated_start,
+        view.reserved_nodes,
+    )

@@ -329,7 +329,13 @@ def _on_resume_requested(
 
 def _on_suspended(job: JobReadModel, event: JobSuspended, at: datetime) -> JobReadModel:
     released = _release(job, "suspended", reason="suspended on request", code="suspended")
-    return _changed(released, requests=released.requests - {"suspend"})
+    # No longer the head (as in the core's state): its reservation and estimated start go.
+    return _changed(
+        released,
+        requests=released.requests - {"suspend"},
+        estimated_start=None,
+        planned_nodes=(),
+    )
 
 
 def _on_resumed(job: JobReadModel, event: JobResumed, at: datetime) -> JobReadModel | None:
