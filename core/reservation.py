@@ -158,22 +158,10 @@ def estimated_end(
     end = started + runtime_estimate(job, policy, estimates)
     if end > now:
         return end
-    return _overrun_end(job, now, started, policy, estimates)
+    return _overrun_end(job.job_id, job.spec, now, started, policy, estimates)
 
 
 def _overrun_end(
-    job: CoreJob,
-    now: float,
-    started: float,
-    policy: SchedulingPolicy,
-    estimates: RuntimeEstimates | None,
-) -> float:
-    """`estimated_end` of a gang not being preempted that holds its GPUs since `started` and
-    is at or past its estimate."""
-    return _overrun_end_of(job.job_id, job.spec, now, started, policy, estimates)
-
-
-def _overrun_end_of(
     job_id: str,
     spec: JobSpec | None,
     now: float,
@@ -181,6 +169,8 @@ def _overrun_end_of(
     policy: SchedulingPolicy,
     estimates: RuntimeEstimates | None,
 ) -> float:
+    """`estimated_end` of a gang not being preempted that holds its GPUs since `started` and
+    is at or past its estimate."""
     later = policy.overrun_grace_s
     if estimates is not None and policy.learned_runtimes and spec is not None:
         beyond = estimates.beyond_s(job_id, spec, now - started)
@@ -313,7 +303,7 @@ def gang_ends(
         if job.state == "preempting" and job.preempt_requested_at is not None:
             end = estimated_end(job, now, policy, estimates)
         elif end <= now:
-            end = _overrun_end(job, now, started, policy, estimates)
+            end = _overrun_end(job.job_id, job.spec, now, started, policy, estimates)
         ends.append((end, ranks, rank_host(job.spec)))
     return ends
 
@@ -347,7 +337,7 @@ def _kept_gang_ends(
         if gpu_type is not None and nodes[ranks[0][0]].gpu_type != gpu_type:
             continue
         if end <= now:
-            end = _overrun_end_of(job_id, spec, now, started, policy, estimates)
+            end = _overrun_end(job_id, spec, now, started, policy, estimates)
         ends.append((end, ranks, host))
     return ends
 
