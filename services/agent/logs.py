@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from services.runtime.untrusted import open_regular
+
 LOG_FILE = "rank.log"
 _ATTEMPT = re.compile(r"^a(\d+)$")
 _RANK = re.compile(r"^rank-(\d+)$")
@@ -71,13 +73,9 @@ def open_log(source: RankLog) -> BinaryIO | None:
         inside = Path(os.path.realpath(source.root)) / source.path.relative_to(source.root)
         if Path(os.path.realpath(source.path)) != inside:
             return None
-        fd = os.open(source.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        return open_regular(source.path)
     except (OSError, ValueError):
         return None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return None
-    return os.fdopen(fd, "rb")
 
 
 def exists(source: RankLog) -> bool:

@@ -4,9 +4,9 @@ the file named by GANGWAY_STEP_FILE; the agent forwards them as StepTimeSample t
 
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
+
+from services.runtime.untrusted import open_regular
 
 STEP_FILE = "steps"
 # A rank that writes megabytes of step lines between two rounds is read in slices.
@@ -36,13 +36,10 @@ def read_new_steps(path: Path, offset: int) -> tuple[list[tuple[int, float]], in
     # The rank owns the name: only a regular file is read (never a symlink's target, nor a
     # FIFO, whose read would block the heartbeat round and so every node's heartbeat).
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        handle = open_regular(path)
     except OSError:
         return [], offset
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        return [], offset
-    with os.fdopen(fd, "rb") as handle:
+    with handle:
         handle.seek(offset)
         chunk = handle.read(_MAX_READ)
     samples, used = parse_steps(chunk)

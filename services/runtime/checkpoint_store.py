@@ -9,19 +9,18 @@ Works on a node-local disk for one host and on shared storage (NFS, Lustre) for 
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
 import re
 import secrets
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 from schemas.checkpoints import CheckpointShard
+from services.runtime.untrusted import open_regular
 
 MANIFEST = "manifest.json"
 # The checkpoint request a rank that checkpoints itself reads, in its working directory.
@@ -88,10 +87,7 @@ def sha256_of(path: Path) -> tuple[int, str]:
     size = 0
     # Only a regular file is read: a rank may leave a symlink (to any file root can read) or
     # a FIFO (a read that never ends) where its shard should be.
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
+    with open_regular(path) as handle:
         while chunk := handle.read(1 << 20):
             digest.update(chunk)
             size += len(chunk)
