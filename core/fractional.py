@@ -630,25 +630,19 @@ def _why_waiting(ctx: CycleContext, ask: TaskAsk, need: str) -> Outcome:
             message += "; no idle GPU may be re-partitioned now"
         return Outcome("no_mig_slice", message)
     # A share: is there room on GPUs soft-shared by another team?
-    others: set[str] = set()
-    for node_id in trial.sharing_nodes():
-        node = ledger.nodes[node_id]
-        if not node.of_type(ask) or not node.schedulable:
-            continue
-        for gpu in node.gpus:
-            team = gpu.share_team
-            if (
-                team is None
-                or team == ask.team
-                or free_thousandths(node, gpu, ctx.now) < (ask.thousandths)
-            ):
-                continue
-            others.add(team)
+    nodes = (ledger.nodes[node_id] for node_id in trial.sharing_nodes())
+    room_with_others = any(
+        gpu.share_team not in (None, ask.team)
+        and free_thousandths(node, gpu, ctx.now) >= ask.thousandths
+        for node in nodes
+        if node.of_type(ask) and node.schedulable
+        for gpu in node.gpus
+    )
     # Which teams, how many of them and how many of its tasks found no room are not said:
     # who else runs where is not the waiting team's business (the node view hides other
     # teams' jobs too), and such counts change as shares come and go while the fact the job
     # waits for stays the same: each change was a new reason, an event.
-    if others:
+    if room_with_others:
         return Outcome(
             "share_other_team",
             f"{need}; no GPU has room: the GPUs with room are each soft-shared by another "
