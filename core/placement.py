@@ -109,14 +109,22 @@ class Snapshot:
         A what-if (a placement, a reservation, a set of victims) thus costs the nodes it
         touches, not a copy of the whole index. Trials nest.
         """
-        undo, host_undo, reserved = self._open_journals()
+        undo: dict[int, int] = {}
+        host_undo: dict[int, tuple[int, int]] = {}
+        reserved = self.reserved
+        self._journals.append(undo)
+        self._host_journals.append(host_undo)
         try:
             yield self
         finally:
-            self._close_journals(host_undo, reserved)
+            self._journals.pop()
+            self._host_journals.pop()
             free = self.free
             for index, mask in undo.items():
                 self._set(index, mask, free.get(index, 0))
+            for index, taken in host_undo.items():
+                self.host_taken[index] = taken
+            self.reserved = reserved
 
     @contextmanager
     def lasting_trial(self) -> Iterator[dict[int, int]]:
@@ -124,32 +132,19 @@ class Snapshot:
         reservation are put back, free GPUs are not. It yields its journal (node index → its
         free GPUs before the trial first changed them), for the caller to bring those nodes
         back itself (`FreeIndex`: from the state, at its next snapshot)."""
-        undo, host_undo, reserved = self._open_journals()
+        undo: dict[int, int] = {}
+        host_undo: dict[int, tuple[int, int]] = {}
+        reserved = self.reserved
+        self._journals.append(undo)
+        self._host_journals.append(host_undo)
         try:
             yield undo
         finally:
-            self._close_journals(host_undo, reserved)
-
-    def _open_journals(
-        self,
-    ) -> tuple[dict[int, int], dict[int, tuple[int, int]], frozenset[int]]:
-        """A trial's journals (free GPUs, host resources: each node's value before the trial
-        first changed it) opened, and the reservation it started with."""
-        undo: dict[int, int] = {}
-        host_undo: dict[int, tuple[int, int]] = {}
-        self._journals.append(undo)
-        self._host_journals.append(host_undo)
-        return undo, host_undo, self.reserved
-
-    def _close_journals(
-        self, host_undo: dict[int, tuple[int, int]], reserved: frozenset[int]
-    ) -> None:
-        """A trial's journals closed, its host resources and reservation put back."""
-        self._journals.pop()
-        self._host_journals.pop()
-        for index, taken in host_undo.items():
-            self.host_taken[index] = taken
-        self.reserved = reserved
+            self._journals.pop()
+            self._host_journals.pop()
+            for index, taken in host_undo.items():
+                self.host_taken[index] = taken
+            self.reserved = reserved
 
     @contextmanager
     def wide_trial(self) -> Iterator[Snapshot]:
