@@ -2,7 +2,13 @@
 SHELL := /bin/bash
 .DEFAULT_GOAL := help
 
-PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# The venv's interpreter: the distribution's CPython 3.11 where there is one (Debian and Ubuntu
+# build it with profile-guided and link-time optimisation, as the python:3.11 images the
+# Dockerfile uses are built), else the first python3.11 (then python3) on PATH. pyenv's default
+# build has neither: on it the scheduler's busy cycle and every service spend a quarter more CPU
+# (docs/benchmarks.md). `make PYTHON=...` chooses another; a venv, once made, is kept.
+PATH_PYTHON := $(shell command -v python3.11 || command -v python3)
+PYTHON ?= $(firstword $(wildcard /usr/bin/python3.11) $(PATH_PYTHON))
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -14,7 +20,9 @@ help:
 
 # Reinstalled whenever pyproject.toml changes, so new dependencies reach every checkout.
 $(STAMP): pyproject.toml
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV) || { rm -rf $(VENV); \
+		echo "[venv] $(PYTHON) cannot make a venv (no python3.11-venv?); using $(PATH_PYTHON)"; \
+		$(PATH_PYTHON) -m venv $(VENV); }
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
@@ -74,6 +82,7 @@ test-integration: venv up-stack
 	set -a && source .gangway/env && set +a && $(PY) -m pytest -q -m integration
 
 bench: venv up-stack
+	@$(PY) -c 'import sys; print("python", sys.version.split()[0], "from", sys._base_executable)'
 	set -a && source .gangway/env && set +a && \
 	for script in bench/bench_*.py; do echo "== $$script"; $(PY) "$$script" || exit 1; done
 
