@@ -64,3 +64,31 @@ async def test_a_team_sees_only_the_events_of_its_own_jobs(api: Api) -> None:
     page = (await api.client.get("/v1/events", headers=nlp)).json()
     job_streams = {e["stream"] for e in page["items"] if e["stream"].startswith("job-")}
     assert job_streams == {f"job-{mine}"}
+
+
+async def test_an_arrays_events_are_its_elements_in_log_order(api: Api, store: EventStore) -> None:
+    # Found by an attack: GET /v1/jobs/{array id} answered the array, while its /events
+    # answered 404 "not found".
+    nlp = await api.create_team("nlp")
+    vision = await api.create_team("vision")
+    body = {"name": "sweep", "team": "nlp", "gpus_per_task": 1, "array": {"count": 3}}
+    created = await api.client.post("/v1/jobs", json=body, headers=nlp)
+    assert created.status_code == 201, created.text
+    array_id = created.json()["id"]
+    second = f"{array_id}_1"
+    await store.append(f"job-{second}", 1, [JobAdmitted(job_id=second, queue="nlp", priority="p")])
+
+    answer = await api.client.get(f"/v1/jobs/{array_id}/events", headers=nlp)
+
+    assert answer.status_code == 200, answer.text
+    items = answer.json()["items"]
+    assert [(e["type"], e["payload"]["job_id"]) for e in items] == [
+        *(("JobSubmitted", f"{array_id}_{index}") for index in range(3)),
+        ("JobAdmitted", second),
+    ]
+    assert [e["position"] for e in items] == sorted(e["position"] for e in items)
+    one = await api.client.get(f"/v1/jobs/{second}/events", headers=nlp)
+    assert [e["type"] for e in one.json()["items"]] == ["JobSubmitted", "JobAdmitted"]
+    foreign = await api.client.get(f"/v1/jobs/{array_id}/events", headers=vision)
+    assert foreign.status_code == 404
+    assert foreign.json()["detail"] == f"job {array_id} not found"
