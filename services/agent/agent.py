@@ -671,6 +671,9 @@ class Agent:
     async def _watch(self, rank: RankProcess, meta: Metadata) -> None:
         code = await rank.process.wait()
         cgroup = self._cgroups.pop(rank.key, None)
+        # Its GPUs are handed back by the exit recorded below: nothing of it may run on.
+        also = functools.partial(isolation.cgroup_pids, cgroup) if cgroup is not None else tuple
+        await rank.end_leftovers(self.settings.stop_timeout_s, also)
         oom_kills = self._oom_kills.pop(rank.key, None)
         # A rank the agent stopped ended for that reason, whatever else was killed meanwhile.
         out_of_memory = rank.stop_reason is None and killed_for_memory(

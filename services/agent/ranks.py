@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import errno
 import hashlib
+import logging
 import os
 import signal
 import socket
@@ -32,6 +33,8 @@ from schemas.jobs import RankPlacement
 from schemas.nodes import NodeRegistered
 from services.agent.disk import DiskLimit, limit_file_size
 from services.agent.isolation import Sandbox
+
+log = logging.getLogger(__name__)
 
 # 10000-19999: clear of the well-known ports, of Linux's ephemeral range (32768-60999), from
 # which outgoing connections take theirs, and of the local stack's default ports (PostgreSQL
@@ -92,6 +95,38 @@ class RankProcess:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, sig)
+
+    async def end_leftovers(
+        self, timeout_s: float, also: Callable[[], Collection[int]] = tuple
+    ) -> int:
+        """Once the leader has exited: stop what it left running (a worker it started in the
+        background, a child that ignored the stop's SIGTERM; `also`: the rank's processes that
+        left its group, from its cgroup), SIGTERM then SIGKILL after `timeout_s`, and return
+        only when none is left (or after LEFTOVER_KILL_WAIT_S more), so that the rank's
+        recorded exit never hands back GPUs a process of it still uses. Returns how many
+        processes it found."""
+
+        def left() -> set[int]:
+            return {*_group_members(self.process.pid), *also()} - {os.getpid()}
+
+        pids = await asyncio.to_thread(left)
+        found = set(pids)
+        termed: set[int] = set()
+        deadline = time.monotonic() + timeout_s
+        while pids:
+            now = time.monotonic()
+            if now >= deadline + LEFTOVER_KILL_WAIT_S:
+                log.warning("%s: processes %s outlived SIGKILL", self.key, sorted(pids))
+                break
+            killing = now >= deadline
+            for pid in pids if killing else pids - termed:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL if killing else signal.SIGTERM)
+            termed |= pids
+            await asyncio.sleep(0.05)
+            pids = await asyncio.to_thread(left)
+            found |= pids
+        return len(found)
 
     async def kill(self, reason: str) -> int:
         """SIGKILL at once (no grace: a rank past its disk limit writes on meanwhile, and one
@@ -183,7 +218,8 @@ def _write_pid(path: Path, pid: int) -> None:
 
 
 def _group_members(pgid: int) -> list[int]:
-    """The processes of process group `pgid` (from /proc)."""
+    """The live processes of process group `pgid` (from /proc): a zombie, which only waits for
+    its parent (or init) to reap it, runs nothing and holds no GPU."""
     members = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -192,12 +228,16 @@ def _group_members(pgid: int) -> list[int]:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if int(fields[2]) == pgid:
+        if int(fields[2]) == pgid and fields[0] not in _DEAD_STATES:
             members.append(int(entry.name))
     return members
 
 
 PID_FILE = "rank.pid"
+# /proc states of a process that has exited (zombie, dead).
+_DEAD_STATES = ("Z", "X")
+# After the SIGKILL, how long a leftover process of a rank may take to be gone.
+LEFTOVER_KILL_WAIT_S = 5.0
 
 
 def stop_orphan(workdir: Path, job_id: str) -> bool:
