@@ -71,6 +71,8 @@ class RankProcess:
     sandboxed: bool = False
     # What its working directory may hold (services/agent/disk.py); None: unbounded (tests).
     disk_limit: DiskLimit | None = None
+    # Set once no process of it is left (`end_leftovers`).
+    ended: bool = False
 
     @property
     def pid(self) -> int:
@@ -79,6 +81,12 @@ class RankProcess:
     @property
     def running(self) -> bool:
         return self.process.returncode is None
+
+    @property
+    def on_gpus(self) -> bool:
+        """Whether a process of the rank may still run: its leader, or what the leader left
+        until `end_leftovers` has stopped it."""
+        return self.running or not self.ended
 
     def signal(self, sig: int) -> None:
         """Signal the rank's whole process group (it runs in a session of its own), so a
@@ -126,6 +134,7 @@ class RankProcess:
             await asyncio.sleep(0.05)
             pids = await asyncio.to_thread(left)
             found |= pids
+        self.ended = True
         return len(found)
 
     async def kill(self, reason: str) -> int:
@@ -294,6 +303,16 @@ def unrecorded_ranks(
             and pgid not in (own_group, 0, 1)
         ):
             found[pgid] = key
+    return found
+
+
+def kill_all(pids: Collection[int]) -> bool:
+    """SIGKILL each of `pids`; whether one was found."""
+    found = False
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            found = True
     return found
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -365,4 +367,35 @@ async def test_a_process_that_left_its_ranks_group_is_stopped_through_its_cgroup
         worker = int((tmp_path / "work" / JOB / "a1" / "rank-0" / "worker.pid").read_text())
         assert not _alive(worker)
     finally:
+        await agent.shutdown()
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or isolation.cgroup_version() is None,
+    reason="ranks get cgroups of their own only from an agent that is root, on a host with them",
+)
+async def test_a_restarted_agent_stops_a_rank_that_removed_its_pid_file(
+    settings: Settings, store: EventStore, tmp_path: Path
+) -> None:
+    # attack6: rank.pid lies in the directory the rank owns; a rank that removed it (or wrote
+    # another of its processes' pids there) was recorded as ended by the restarted agent
+    # ("rank lost") and ran on, unsandboxed, on GPUs the scheduler then gave to another gang.
+    agent = unsandboxed_agent(settings, store, tmp_path)
+    wait = "while [ ! -s rank.pid ]; do sleep 0.05; done"  # written once the rank started
+    command = ["sh", "-c", f"{wait}; rm rank.pid; echo $$ > own.pid; exec sleep 600"]
+    await handle(agent, await reserve(store, command, ["n0000"]))
+    pid_file = tmp_path / "work" / JOB / "a1" / "rank-0" / "own.pid"
+
+    async def pid_file_gone() -> bool:
+        return pid_file.exists() and not (pid_file.parent / "rank.pid").exists()
+
+    await until(pid_file_gone, "the rank removed its pid file")
+    rank = int(pid_file.read_text())
+    # The agent "crashes" (its ranks run on, unwatched) and a new one starts.
+    assert await unsandboxed_agent(settings, store, tmp_path).reconcile() == 1
+    try:
+        assert not _alive(rank)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rank, signal.SIGKILL)
         await agent.shutdown()
