@@ -115,7 +115,14 @@ class RankProcess:
         processes it found."""
 
         def left() -> set[int]:
-            return {*_group_members(self.process.pid), *also()} - {os.getpid()}
+            found = {*also()} - {os.getpid()}
+            try:
+                os.killpg(self.process.pid, 0)
+            except ProcessLookupError:
+                return found  # the usual end: its group is empty, no need to read /proc
+            except PermissionError:
+                pass  # members of another user's: there are some
+            return found | set(_group_members(self.process.pid))
 
         pids = await asyncio.to_thread(left)
         found = set(pids)
