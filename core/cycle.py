@@ -47,7 +47,7 @@ from core.built_events import job_deferred
 from core.context import CycleContext, CycleResult
 from core.fairness import preempt_for_fairness
 from core.fractional import plan_repartitions, sharing_trial
-from core.gating import gate
+from core.gating import DependencyBook, gate
 from core.ordering import OrderBook, order, past_backoff, within_depth
 from core.placement import FreeIndex, Snapshot
 from core.preemption import VictimBook, preempt
@@ -74,7 +74,15 @@ class Planner:
     order of two queues may turn at any instant, and a fresh planner would decide on it.
     """
 
-    __slots__ = ("_behind_memo", "_free_index", "_order_book", "_quiet", "_timers", "_victims")
+    __slots__ = (
+        "_behind_memo",
+        "_dependencies",
+        "_free_index",
+        "_order_book",
+        "_quiet",
+        "_timers",
+        "_victims",
+    )
 
     def __init__(
         self,
@@ -83,6 +91,7 @@ class Planner:
         behind_memo: bool = True,
         kept_order: bool = True,
         kept_victims: bool = True,
+        kept_verdicts: bool = True,
         undo_index: bool = False,
     ) -> None:
         # The free-capacity index; with `undo_index`, what each cycle changed in it is undone
@@ -103,6 +112,9 @@ class Planner:
         # `VictimBook`); without, each cycle that preempts builds its pool from every holding
         # gang (the reference the book is tested against).
         self._victims = VictimBook() if kept_victims else None
+        # The gated jobs' dependency verdicts, kept between cycles (core/gating.py
+        # `DependencyBook`); without, each cycle works out every one (the reference).
+        self._dependencies = DependencyBook() if kept_verdicts else None
         # (state, its version, its moment, next wake-up) of the last cycle that decided
         # nothing; the state held weakly, as by the index: a planner never keeps a state alive.
         self._quiet: tuple[weakref.ref[PlanningSurface], int, float, float] | None = None
@@ -124,6 +136,7 @@ class Planner:
             self._behind_memo,
             self._order_book,
             self._victims,
+            self._dependencies,
         )
         if result.decisions:
             self._quiet = None
@@ -155,6 +168,7 @@ def _run(
     behind_memo: bool,
     order_book: OrderBook | None,
     victims: VictimBook | None,
+    dependencies: DependencyBook | None,
 ) -> CycleResult:
     react(ctx, timers)
     state = ctx.state
@@ -168,7 +182,11 @@ def _run(
         waiting = order(ctx, quota, order_book)
         considered = within_depth(ctx, waiting)
         placed = place(
-            ctx, snap, gate(ctx, past_backoff(ctx, considered)), quota, behind_memo=behind_memo
+            ctx,
+            snap,
+            gate(ctx, past_backoff(ctx, considered), dependencies),
+            quota,
+            behind_memo=behind_memo,
         )
         # MIG geometries for waiting slices, a whole GPU back for gangs (core/fractional.py).
         plan_repartitions(ctx, snap, placed.blocked)

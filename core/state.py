@@ -362,6 +362,14 @@ class WaitingWatch:
     changed: set[str] = field(default_factory=set)
 
 
+@dataclass(slots=True, eq=False)
+class EndWatch:
+    """The jobs that were submitted or reached a terminal state since the watcher last looked
+    (it empties the set): all that a dependency's verdict rests on (core/dependencies.py)."""
+
+    changed: set[str] = field(default_factory=set)
+
+
 # Events that change nothing of a waiting job but its reason, estimated start and reserved
 # nodes: no watcher of the waiting jobs hears of them (a burst's first reasons are ~10,000).
 _ORDER_BLIND: frozenset[type[Event]] = frozenset((JobDeferred, ReservationPlanned))
@@ -423,6 +431,8 @@ class SchedulerState:
         self._holding_watches: list[HoldingWatch] = []
         # Who keeps the waiting jobs ordered between cycles (a planner's ordering phase).
         self._waiting_watches: list[WaitingWatch] = []
+        # Who keeps dependency verdicts between cycles (a planner's gating phase).
+        self._end_watches: list[EndWatch] = []
         self._draining: set[int] = set()
         # Indices of nodes where ranks of released gangs still run (`NodeRecord.lingering`):
         # the head's reservation plans their end without a walk over every node.
@@ -725,6 +735,20 @@ class SchedulerState:
         if watch in self._waiting_watches:
             self._waiting_watches.remove(watch)
 
+    def watch_ends(self) -> EndWatch:
+        """Be told which jobs are submitted or end from now on."""
+        watch = EndWatch()
+        self._end_watches.append(watch)
+        return watch
+
+    def unwatch_ends(self, watch: EndWatch) -> None:
+        if watch in self._end_watches:
+            self._end_watches.remove(watch)
+
+    def _touch_ends(self, job_id: str) -> None:
+        for watch in self._end_watches:
+            watch.changed.add(job_id)
+
     def _touch_waiting(self, job_id: str) -> None:
         for watch in self._waiting_watches:
             watch.changed.add(job_id)
@@ -736,6 +760,7 @@ class SchedulerState:
             "_free_watches": [],
             "_holding_watches": [],
             "_waiting_watches": [],
+            "_end_watches": [],
         }
 
     def _job_view(self, job: CoreJob) -> JobStatus:
@@ -798,6 +823,8 @@ class SchedulerState:
         if new == "preempting":
             self._preempting[job.job_id] = job
         job.state = new
+        if self._end_watches and new in TERMINAL_STATES:
+            self._touch_ends(job.job_id)
         if self._holding_watches and (old in HOLDING_STATES or new in HOLDING_STATES):
             entered = old not in HOLDING_STATES
             for watch in self._holding_watches:
@@ -826,6 +853,8 @@ class SchedulerState:
         job.gated = _gated(job)
         self._jobs[event.job_id] = job
         self._pending += 1
+        if self._end_watches:
+            self._touch_ends(event.job_id)
 
     def _on_admitted(self, event: JobAdmitted, at: float) -> None:
         job = self._jobs.get(event.job_id)

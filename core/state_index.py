@@ -21,12 +21,12 @@ from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from core.policy import SchedulingPolicy
-from core.state import HoldingWatch, WaitingWatch
+from core.state import EndWatch, HoldingWatch, WaitingWatch
 from core.surface import PlanningSurface
 
 __all__ = ["StateIndex"]
 
-W = TypeVar("W", HoldingWatch, WaitingWatch)
+W = TypeVar("W", EndWatch, HoldingWatch, WaitingWatch)
 
 if TYPE_CHECKING:
     # Drops the watch from the state (if it still lives) when the index goes.

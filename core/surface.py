@@ -18,6 +18,7 @@ from core.live_sharing import LiveSharing
 from core.policy import SchedulingPolicy
 from core.state import (
     CoreJob,
+    EndWatch,
     FreeCapacityWatch,
     HoldingWatch,
     HostCapacity,
@@ -106,3 +107,7 @@ class PlanningSurface(Protocol):
     def watch_waiting(self) -> WaitingWatch: ...
 
     def unwatch_waiting(self, watch: WaitingWatch) -> None: ...
+
+    def watch_ends(self) -> EndWatch: ...
+
+    def unwatch_ends(self, watch: EndWatch) -> None: ...

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -78,6 +79,7 @@ from services.agent.ranks import (
     derived_master_port,
     distributed_env,
     infrastructure_ports,
+    kill_all,
     kill_group,
     launch,
     node_address,
@@ -172,6 +174,9 @@ class Agent:
         self._addresses = {node_id: node_address(node) for node_id, node in self.nodes.items()}
         self.root_dir = settings.checkpoint_root.resolve()
         self.work_dir = settings.work_dir.resolve()
+        # Agents of several stacks on one host (simulated fleets, tests) may run jobs of one
+        # id: each names its ranks' cgroups apart, since what is in one is killed at its end.
+        self._cgroup_tag = hashlib.sha256(str(self.work_dir).encode()).hexdigest()[:8]
         self.isolating = isolation.isolating(settings.rank_isolation)
         self.state_dir = isolation.state_dir_of(self.work_dir, self.root_dir)
         if self.isolating:
@@ -228,7 +233,7 @@ class Agent:
     def busy_gpus(self) -> dict[str, set[int]]:
         busy: dict[str, set[int]] = {}
         for rank in self.ranks.values():
-            if rank.running:
+            if rank.on_gpus:
                 busy.setdefault(rank.placement.node_id, set()).update(rank.placement.gpus)
         return busy
 
@@ -467,7 +472,7 @@ class Agent:
         started = TaskStarted(
             job_id=key.job_id, attempt=key.attempt, rank=key.rank, node_id=placement.node_id
         )
-        cgroup_name = f"{key.job_id}-a{key.attempt}-r{key.rank}"
+        cgroup_name = self.cgroup_name(key)
         try:
             bad_names = illegal_env_names(spec.env)
             if bad_names:
@@ -550,7 +555,7 @@ class Agent:
         wanted = set(placement.gpus)
         waited = False
         while any(
-            other.running
+            other.on_gpus
             and other.key != key
             and other.placement.node_id == placement.node_id
             and other.placement.mig is None
@@ -590,6 +595,9 @@ class Agent:
                 raise LookupError(f"rank 0's node {node_id} never registered")
             self._addresses[node_id] = node_address(registered[-1])
         return self._addresses[node_id]
+
+    def cgroup_name(self, key: RankKey) -> str:
+        return f"{key.job_id}-a{key.attempt}-r{key.rank}.{self._cgroup_tag}"
 
     def _release_port_if_done(self, key: RankKey) -> None:
         """The attempt's MASTER_PORT is free again once none of its ranks runs here."""
@@ -671,6 +679,9 @@ class Agent:
     async def _watch(self, rank: RankProcess, meta: Metadata) -> None:
         code = await rank.process.wait()
         cgroup = self._cgroups.pop(rank.key, None)
+        # Its GPUs are handed back by the exit recorded below: nothing of it may run on.
+        also = functools.partial(isolation.cgroup_pids, cgroup) if cgroup is not None else tuple
+        await rank.end_leftovers(self.settings.stop_timeout_s, also)
         oom_kills = self._oom_kills.pop(rank.key, None)
         # A rank the agent stopped ended for that reason, whatever else was killed meanwhile.
         out_of_memory = rank.stop_reason is None and killed_for_memory(
@@ -997,6 +1008,11 @@ class Agent:
             self.launched.add((job_id, attempt, rank))
             workdir = self.work_dir / job_id / f"a{attempt}" / f"rank-{rank}"
             killed = await asyncio.to_thread(stop_orphan, workdir, job_id)
+            # rank.pid lies in the directory the rank owns, which it may have emptied or
+            # filled with another pid: its cgroup, which only root may leave, is asked too.
+            cgroup = self.cgroup_name(RankKey(job_id, attempt, rank))
+            killed = await asyncio.to_thread(kill_all, isolation.cgroup_pids(cgroup)) or killed
+            isolation.remove_cgroup(cgroup)
             exited = TaskExited(
                 job_id=job_id,
                 attempt=attempt,

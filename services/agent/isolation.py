@@ -244,12 +244,25 @@ def _cgroup_v1(name: str, limits: Limits) -> list[Path]:
     return procs
 
 
-def remove_cgroup(name: str) -> None:
-    """Remove the rank's (empty) cgroups once it has exited."""
-    candidates = [CGROUP_ROOT / "gangway" / name] + [
+def _cgroup_dirs(name: str) -> list[Path]:
+    return [CGROUP_ROOT / "gangway" / name] + [
         CGROUP_ROOT / c / "gangway" / name for c in ("pids", "memory", "cpu")
     ]
-    for group in candidates:
+
+
+def cgroup_pids(name: str) -> set[int]:
+    """The processes in the rank's cgroups: a process may leave its process group and its
+    parent's tree (setsid after a double fork), never its cgroup, which only root may move."""
+    pids: set[int] = set()
+    for group in _cgroup_dirs(name):
+        with contextlib.suppress(OSError, ValueError):
+            pids.update(int(line) for line in (group / "cgroup.procs").read_text().split())
+    return pids
+
+
+def remove_cgroup(name: str) -> None:
+    """Remove the rank's (empty) cgroups once it has exited."""
+    for group in _cgroup_dirs(name):
         with contextlib.suppress(OSError):
             group.rmdir()
 

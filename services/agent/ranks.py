@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import errno
 import hashlib
+import logging
 import os
 import signal
 import socket
@@ -32,6 +33,8 @@ from schemas.jobs import RankPlacement
 from schemas.nodes import NodeRegistered
 from services.agent.disk import DiskLimit, limit_file_size
 from services.agent.isolation import Sandbox
+
+log = logging.getLogger(__name__)
 
 # 10000-19999: clear of the well-known ports, of Linux's ephemeral range (32768-60999), from
 # which outgoing connections take theirs, and of the local stack's default ports (PostgreSQL
@@ -68,6 +71,8 @@ class RankProcess:
     sandboxed: bool = False
     # What its working directory may hold (services/agent/disk.py); None: unbounded (tests).
     disk_limit: DiskLimit | None = None
+    # Set once no process of it is left (`end_leftovers`).
+    ended: bool = False
 
     @property
     def pid(self) -> int:
@@ -76,6 +81,12 @@ class RankProcess:
     @property
     def running(self) -> bool:
         return self.process.returncode is None
+
+    @property
+    def on_gpus(self) -> bool:
+        """Whether a process of the rank may still run: its leader, or what the leader left
+        until `end_leftovers` has stopped it."""
+        return self.running or not self.ended
 
     def signal(self, sig: int) -> None:
         """Signal the rank's whole process group (it runs in a session of its own), so a
@@ -92,6 +103,46 @@ class RankProcess:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.process.pid, sig)
+
+    async def end_leftovers(
+        self, timeout_s: float, also: Callable[[], Collection[int]] = tuple
+    ) -> int:
+        """Once the leader has exited: stop what it left running (a worker it started in the
+        background, a child that ignored the stop's SIGTERM; `also`: the rank's processes that
+        left its group, from its cgroup), SIGTERM then SIGKILL after `timeout_s`, and return
+        only when none is left (or after LEFTOVER_KILL_WAIT_S more), so that the rank's
+        recorded exit never hands back GPUs a process of it still uses. Returns how many
+        processes it found."""
+
+        def left() -> set[int]:
+            found = {*also()} - {os.getpid()}
+            try:
+                os.killpg(self.process.pid, 0)
+            except ProcessLookupError:
+                return found  # the usual end: its group is empty, no need to read /proc
+            except PermissionError:
+                pass  # members of another user's: there are some
+            return found | set(_group_members(self.process.pid))
+
+        pids = await asyncio.to_thread(left)
+        found = set(pids)
+        termed: set[int] = set()
+        deadline = time.monotonic() + timeout_s
+        while pids:
+            now = time.monotonic()
+            if now >= deadline + LEFTOVER_KILL_WAIT_S:
+                log.warning("%s: processes %s outlived SIGKILL", self.key, sorted(pids))
+                break
+            killing = now >= deadline
+            for pid in pids if killing else pids - termed:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL if killing else signal.SIGTERM)
+            termed |= pids
+            await asyncio.sleep(0.05)
+            pids = await asyncio.to_thread(left)
+            found |= pids
+        self.ended = True
+        return len(found)
 
     async def kill(self, reason: str) -> int:
         """SIGKILL at once (no grace: a rank past its disk limit writes on meanwhile, and one
@@ -183,7 +234,8 @@ def _write_pid(path: Path, pid: int) -> None:
 
 
 def _group_members(pgid: int) -> list[int]:
-    """The processes of process group `pgid` (from /proc)."""
+    """The live processes of process group `pgid` (from /proc): a zombie, which only waits for
+    its parent (or init) to reap it, runs nothing and holds no GPU."""
     members = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -192,12 +244,16 @@ def _group_members(pgid: int) -> list[int]:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
         except (OSError, IndexError):
             continue
-        if int(fields[2]) == pgid:
+        if int(fields[2]) == pgid and fields[0] not in _DEAD_STATES:
             members.append(int(entry.name))
     return members
 
 
 PID_FILE = "rank.pid"
+# /proc states of a process that has exited (zombie, dead).
+_DEAD_STATES = ("Z", "X")
+# After the SIGKILL, how long a leftover process of a rank may take to be gone.
+LEFTOVER_KILL_WAIT_S = 5.0
 
 
 def stop_orphan(workdir: Path, job_id: str) -> bool:
@@ -254,6 +310,16 @@ def unrecorded_ranks(
             and pgid not in (own_group, 0, 1)
         ):
             found[pgid] = key
+    return found
+
+
+def kill_all(pids: Collection[int]) -> bool:
+    """SIGKILL each of `pids`; whether one was found."""
+    found = False
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+            found = True
     return found
 
 

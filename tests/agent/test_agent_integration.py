@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +17,7 @@ from schemas.checkpoints import CheckpointCommitted, CheckpointCorrupted, Checkp
 from schemas.envelope import EventEnvelope
 from schemas.jobs import (
     GangReserved,
+    JobCancelled,
     JobSpec,
     JobSubmitted,
     PreemptionRequested,
@@ -20,6 +25,7 @@ from schemas.jobs import (
     TaskExited,
     TaskStarted,
 )
+from services.agent import isolation
 from services.agent.agent import Agent
 from services.agent.settings import AgentSettings
 from services.runtime import EventStore, Settings
@@ -48,7 +54,7 @@ async def agent(settings: Settings, store: EventStore, tmp_path: Path) -> AsyncI
     await running.shutdown()
 
 
-def make_agent(settings: Settings, store: EventStore, tmp_path: Path) -> Agent:
+def make_agent(settings: Settings, store: EventStore, tmp_path: Path, **extra: Any) -> Agent:
     agent_settings = AgentSettings(
         **{
             **settings.model_dump(),
@@ -56,6 +62,7 @@ def make_agent(settings: Settings, store: EventStore, tmp_path: Path) -> Agent:
             "checkpoint_root": tmp_path / "checkpoints",
             "fault_dir": tmp_path / "faults",
             "stop_timeout_s": 2.0,
+            **extra,
         },
         _env_file=None,
     )
@@ -271,3 +278,124 @@ async def test_a_rank_that_checkpoints_itself_finds_its_directory_when_signalled
 
     await until(recorded, "the rank's own shard is recorded")
     assert verify(directory, 1).ok
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie waiting for its reaper holds no GPU)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def unsandboxed_agent(settings: Settings, store: EventStore, tmp_path: Path) -> Agent:
+    """An agent on a host where bubblewrap does not work: no PID namespace ends a rank's
+    processes with it, so what its leader leaves behind is the agent's to stop."""
+    return make_agent(settings, store, tmp_path, rank_sandbox="none")
+
+
+async def test_a_rank_whose_leader_exits_leaves_no_process_on_its_gpus(
+    settings: Settings, store: EventStore, tmp_path: Path
+) -> None:
+    # attack6: a launcher script that starts its worker in the background and exits 0 (or
+    # any rank whose child outlives it) left that child running with CUDA_VISIBLE_DEVICES on
+    # GPUs the recorded exit handed back to the scheduler, which bound them to the next gang:
+    # two jobs on one GPU. The exit is recorded only once no process of the rank is left.
+    agent = unsandboxed_agent(settings, store, tmp_path)
+    try:
+        command = ["sh", "-c", "sleep 600 & echo $! > worker.pid; exit 0"]
+        await handle(agent, await reserve(store, command, ["n0000"]))
+
+        async def exited() -> bool:
+            return any(isinstance(e, TaskExited) for e in await job_events(store))
+
+        await until(exited, "the exit recorded")
+        worker = int((tmp_path / "work" / JOB / "a1" / "rank-0" / "worker.pid").read_text())
+        assert not _alive(worker)
+    finally:
+        await agent.shutdown()
+
+
+async def test_a_stopped_rank_leaves_no_process_that_ignored_the_sigterm(
+    settings: Settings, store: EventStore, tmp_path: Path
+) -> None:
+    # attack6: a cancelled rank's leader died of the SIGTERM while a child ignoring it ran on;
+    # the leader's exit ended the wait, so the SIGKILL after the stop timeout never came.
+    agent = unsandboxed_agent(settings, store, tmp_path)
+    try:
+        command = ["sh", "-c", "(trap '' TERM; exec sleep 600) & echo $! > worker.pid; wait"]
+        await handle(agent, await reserve(store, command, ["n0000"]))
+        pid_file = tmp_path / "work" / JOB / "a1" / "rank-0" / "worker.pid"
+
+        async def worker_started() -> bool:
+            return pid_file.exists() and pid_file.read_text().strip() != ""
+
+        await until(worker_started, "the worker started")
+        [envelope] = await store.append(
+            f"job-{JOB}", None, [JobCancelled(job_id=JOB, attempt=1, reason="test")]
+        )
+        await handle(agent, envelope)
+
+        async def exited() -> bool:
+            return any(isinstance(e, TaskExited) for e in await job_events(store))
+
+        await until(exited, "the exit recorded")
+        assert not _alive(int(pid_file.read_text()))
+    finally:
+        await agent.shutdown()
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or isolation.cgroup_version() is None,
+    reason="ranks get cgroups of their own only from an agent that is root, on a host with them",
+)
+async def test_a_process_that_left_its_ranks_group_is_stopped_through_its_cgroup(
+    settings: Settings, store: EventStore, tmp_path: Path
+) -> None:
+    # attack6: without bubblewrap, `setsid` after a fork leaves the rank's process group and
+    # its tree; it cannot leave the cgroup the agent put the rank in.
+    agent = unsandboxed_agent(settings, store, tmp_path)
+    try:
+        command = ["sh", "-c", "setsid sh -c 'sleep 600 & echo $! > worker.pid'; exit 0"]
+        await handle(agent, await reserve(store, command, ["n0000"]))
+
+        async def exited() -> bool:
+            return any(isinstance(e, TaskExited) for e in await job_events(store))
+
+        await until(exited, "the exit recorded")
+        worker = int((tmp_path / "work" / JOB / "a1" / "rank-0" / "worker.pid").read_text())
+        assert not _alive(worker)
+    finally:
+        await agent.shutdown()
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or isolation.cgroup_version() is None,
+    reason="ranks get cgroups of their own only from an agent that is root, on a host with them",
+)
+async def test_a_restarted_agent_stops_a_rank_that_removed_its_pid_file(
+    settings: Settings, store: EventStore, tmp_path: Path
+) -> None:
+    # attack6: rank.pid lies in the directory the rank owns; a rank that removed it (or wrote
+    # another of its processes' pids there) was recorded as ended by the restarted agent
+    # ("rank lost") and ran on, unsandboxed, on GPUs the scheduler then gave to another gang.
+    agent = unsandboxed_agent(settings, store, tmp_path)
+    wait = "while [ ! -s rank.pid ]; do sleep 0.05; done"  # written once the rank started
+    command = ["sh", "-c", f"{wait}; rm rank.pid; echo $$ > own.pid; exec sleep 600"]
+    await handle(agent, await reserve(store, command, ["n0000"]))
+    pid_file = tmp_path / "work" / JOB / "a1" / "rank-0" / "own.pid"
+
+    async def pid_file_gone() -> bool:
+        return pid_file.exists() and not (pid_file.parent / "rank.pid").exists()
+
+    await until(pid_file_gone, "the rank removed its pid file")
+    rank = int(pid_file.read_text())
+    # The agent "crashes" (its ranks run on, unwatched) and a new one starts.
+    assert await unsandboxed_agent(settings, store, tmp_path).reconcile() == 1
+    try:
+        assert not _alive(rank)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rank, signal.SIGKILL)
+        await agent.shutdown()

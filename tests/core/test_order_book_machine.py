@@ -1,6 +1,7 @@
 """The order kept between cycles (core/ordering.py `OrderBook`) decides as the order computed
 afresh, cycle after cycle, over histories richer than test_order_memo.py's: two planners, one
-with the book and one without (`Planner(kept_order=False)`), plan every cycle of one state, and
+with the books and one without (`Planner(kept_order=False, kept_verdicts=False)`: the order and
+the dependency verdicts, core/gating.py `DependencyBook`), plan every cycle of one state, and
 their results (decisions, wake-up, counts, head) must be equal. Between cycles the state moves
 in every way that can change a waiting job's place in line: priority updates, holds and
 releases, dependencies that end or can no longer hold, arrays bounded by `max_parallel`,
@@ -64,7 +65,7 @@ class KeptAgainstFresh(RuleBasedStateMachine):
         super().__init__()
         self.history = History("3x8:1:1")
         self.kept = Planner()
-        self.fresh = Planner(kept_order=False)
+        self.fresh = Planner(kept_order=False, kept_verdicts=False)
         self.arrays = 0
 
     @initialize(
