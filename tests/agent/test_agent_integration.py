@@ -289,6 +289,13 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+async def exit_recorded(store: EventStore) -> None:
+    async def exited() -> bool:
+        return any(isinstance(e, TaskExited) for e in await job_events(store))
+
+    await until(exited, "the exit recorded")
+
+
 def unsandboxed_agent(settings: Settings, store: EventStore, tmp_path: Path) -> Agent:
     """An agent on a host where bubblewrap does not work: no PID namespace ends a rank's
     processes with it, so what its leader leaves behind is the agent's to stop."""
@@ -307,10 +314,7 @@ async def test_a_rank_whose_leader_exits_leaves_no_process_on_its_gpus(
         command = ["sh", "-c", "sleep 600 & echo $! > worker.pid; exit 0"]
         await handle(agent, await reserve(store, command, ["n0000"]))
 
-        async def exited() -> bool:
-            return any(isinstance(e, TaskExited) for e in await job_events(store))
-
-        await until(exited, "the exit recorded")
+        await exit_recorded(store)
         worker = int((tmp_path / "work" / JOB / "a1" / "rank-0" / "worker.pid").read_text())
         assert not _alive(worker)
     finally:
@@ -337,10 +341,7 @@ async def test_a_stopped_rank_leaves_no_process_that_ignored_the_sigterm(
         )
         await handle(agent, envelope)
 
-        async def exited() -> bool:
-            return any(isinstance(e, TaskExited) for e in await job_events(store))
-
-        await until(exited, "the exit recorded")
+        await exit_recorded(store)
         assert not _alive(int(pid_file.read_text()))
     finally:
         await agent.shutdown()
@@ -360,10 +361,7 @@ async def test_a_process_that_left_its_ranks_group_is_stopped_through_its_cgroup
         command = ["sh", "-c", "setsid sh -c 'sleep 600 & echo $! > worker.pid'; exit 0"]
         await handle(agent, await reserve(store, command, ["n0000"]))
 
-        async def exited() -> bool:
-            return any(isinstance(e, TaskExited) for e in await job_events(store))
-
-        await until(exited, "the exit recorded")
+        await exit_recorded(store)
         worker = int((tmp_path / "work" / JOB / "a1" / "rank-0" / "worker.pid").read_text())
         assert not _alive(worker)
     finally:
