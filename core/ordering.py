@@ -313,13 +313,13 @@ class OrderBook(StateIndex[WaitingWatch]):
             self._rebuild(state)
         elif watch.changed:
             changed = watch.changed
-            watch.changed = set()
+            watch.changed = {}
             waiting = state.waiting_jobs
             # A job the book does not keep yet (a burst's ~9,400 new jobs) has nothing to
             # remove: only those it keeps are looked for, found in C.
             for kept in (self._where, self._loose, self._aged):
                 if kept:
-                    for job_id in changed & kept.keys():
+                    for job_id in changed.keys() & kept.keys():
                         self._remove(job_id)
             added = [waiting[job_id] for job_id in changed if job_id in waiting]
             # In arrival order: a burst's arrivals enter each group as one sorted run (their

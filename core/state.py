@@ -357,9 +357,12 @@ class HoldingWatch:
 @dataclass(slots=True, eq=False)
 class WaitingWatch:
     """The jobs that entered or left the waiting jobs, or whose fields that order them may
-    have changed while waiting, since the watcher last looked (it empties the set)."""
+    have changed while waiting, since the watcher last looked (it empties them), in the order
+    first noted: a burst's arrivals come in nearly in submission order, which the order book
+    sorts them by in about one comparison each (a set's order cost ~2 ms of sorting for a
+    burst of ~9,400)."""
 
-    changed: set[str] = field(default_factory=set)
+    changed: dict[str, None] = field(default_factory=dict)
 
 
 @dataclass(slots=True, eq=False)
@@ -751,7 +754,7 @@ class SchedulerState:
 
     def _touch_waiting(self, job_id: str) -> None:
         for watch in self._waiting_watches:
-            watch.changed.add(job_id)
+            watch.changed[job_id] = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Watchers belong to the live process's planners; a thawed state starts with none.

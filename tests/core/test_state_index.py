@@ -126,3 +126,16 @@ def test_an_index_is_kept_while_the_clock_stands_or_goes_on(kind: Kind) -> None:
     for later in (now, now + 10, now + 10, now + 3600):
         index._sync(indexed.state, later)
         assert indexed.watches(kind) == [watch]
+
+
+def test_the_waiting_watch_notes_jobs_in_the_order_first_noted() -> None:
+    # The order book sorts a burst's arrivals by submission: noted in arrival order, they
+    # come nearly sorted (about one comparison each), where a set's order cost a burst of
+    # ~9,400 some 2 ms of a cycle's sorting.
+    history = History("1x8:1:1")
+    watch = history.state.watch_waiting()
+    arrivals = history.submit(*(a_job().gpus(8) for _ in range(40)))
+    first = arrivals[0]
+    history.suspend(first)  # noted again: it keeps its first place
+
+    assert list(watch.changed) == arrivals
