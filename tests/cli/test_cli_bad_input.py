@@ -72,3 +72,51 @@ def test_a_token_no_http_header_can_carry_is_one_line_naming_it(
     err = one_line(capsys)
     assert "GANGWAY_TOKEN" in err and "cannot reach" not in err
     assert token not in err  # a token is never echoed, even a broken one
+
+
+@pytest.mark.parametrize(
+    ("content", "key"),
+    [
+        pytest.param(SPEC + "gpus_per_task: 8\n", "gpus_per_task", id="top-level"),
+        pytest.param(SPEC + "env: {A: '1', A: '2'}\n", "A", id="nested"),
+        pytest.param(
+            SPEC + "---\n" + SPEC.replace("name: x", "name: y") + "team: cv\n",
+            "team",
+            id="second-document",
+        ),
+    ],
+)
+def test_a_key_written_twice_is_refused_in_one_line_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, key: str
+) -> None:
+    """The API refuses a JSON body with a key twice (400 duplicate-key); YAML forbids it too.
+    Read as PyYAML does by default, the last one silently won: a spec whose two
+    `gpus_per_task` lines disagree ran on the GPU count of whichever came last."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text(content)
+    assert main(["submit", str(spec)]) == 2
+    err = one_line(capsys)
+    assert f"'{key}' appears twice" in err and "cannot reach" not in err
+
+
+def test_a_merge_key_overridden_is_not_a_key_written_twice(tmp_path: Path) -> None:
+    spec = tmp_path / "job.yaml"
+    spec.write_text(SPEC + "env: {<<: {A: '1', B: '2'}, A: '3'}\n")
+    [loaded] = load_specs(str(spec))
+    assert loaded["env"] == {"A": "3", "B": "2"}
+
+
+def test_a_file_of_aliases_expanding_past_any_request_is_refused_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A few hundred bytes of nested aliases ("billion laughs") expand to more values than a
+    request can carry: the check walked and the client serialised every one of them (9^8
+    values: minutes of CPU and gigabytes before the API could refuse it)."""
+    lines = ['l0: &l0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    for level in range(1, 6):
+        lines.append(f"l{level}: &l{level} [" + ", ".join([f"*l{level - 1}"] * 9) + "]")
+    spec = tmp_path / "job.yaml"
+    spec.write_text(SPEC + "\n".join(lines) + "\n")
+    assert main(["submit", str(spec)]) == 2
+    err = one_line(capsys)
+    assert "expands to more than" in err and "cannot reach" not in err
