@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -73,12 +74,38 @@ def placement(value: Mapping[str, Any]) -> str:
     return " ".join(f"{node}:{','.join(str(g) for g in gpus)}" for node, gpus in value.items())
 
 
+def at_least_one(text: str) -> int:
+    """An argparse type: a count of things (a limit, redraws), 1 or more. A negative one read
+    as a slice's end kept all but that many; 0 was read as 1 by paging."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a count: at least 1")
+    return value
+
+
+def seconds_between(text: str) -> float:
+    """An argparse type: a redraw's pause, positive and finite (time.sleep raises on a
+    negative, NaN or infinite one after the first drawing; 0 asks the API without pause)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text} is not a pause: a positive number of seconds")
+    return value
+
+
 def add_redraw_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--interval", type=float, default=2.0, help="seconds between redraws")
+    parser.add_argument(
+        "--interval", type=seconds_between, default=2.0, help="seconds between redraws"
+    )
     parser.add_argument(
         "-n",
         "--iterations",
-        type=int,
+        type=at_least_one,
         default=None,
         metavar="N",
         help="stop after N redraws (default: until interrupted)",

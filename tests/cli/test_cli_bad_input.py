@@ -120,3 +120,32 @@ def test_a_file_of_aliases_expanding_past_any_request_is_refused_at_once(
     assert main(["submit", str(spec)]) == 2
     err = one_line(capsys)
     assert "expands to more than" in err and "cannot reach" not in err
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        pytest.param(["top", "--interval", "-1", "-n", "2"], id="interval-negative"),
+        pytest.param(["top", "--interval", "nan", "-n", "2"], id="interval-nan"),
+        pytest.param(["jobs", "--watch", "--interval", "inf", "-n", "2"], id="interval-inf"),
+        pytest.param(["jobs", "--watch", "--interval", "0", "-n", "2"], id="interval-zero"),
+        pytest.param(["top", "-n", "-1"], id="iterations-negative"),
+        pytest.param(["jobs", "--limit", "-5"], id="jobs-limit-negative"),
+        pytest.param(["events", "--limit", "0"], id="events-limit-zero"),
+        pytest.param(["events", "--limit", "-3"], id="events-limit-negative"),
+        pytest.param(["audit", "--limit", "-1"], id="audit-limit-negative"),
+        pytest.param(["events", "-f", "--interval", "-1"], id="events-interval-negative"),
+    ],
+)
+def test_a_count_or_interval_out_of_range_is_refused_before_any_request(
+    capsys: pytest.CaptureFixture[str], arguments: list[str]
+) -> None:
+    """`--interval -1`, `nan` or `inf` ended in time.sleep's traceback after the first
+    drawing, `0` redrew (and asked the API) without pause; `--limit -5` listed all but the 5
+    oldest jobs, and `events --limit 0` printed one event."""
+    with pytest.raises(SystemExit) as exited:
+        main(arguments)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "cannot reach" not in err
+    assert arguments[-1] in err or arguments[-3] in err
