@@ -60,11 +60,26 @@ _SpecLoader.yaml_implicit_resolvers = {
 }
 
 
+# A spec file is read no further: the API takes 1 MiB of JSON at most, and YAML's comments
+# and indentation do not make a spec eight times that (`/dev/zero` or an endless pipe would
+# otherwise be read until memory ran out).
+MAX_FILE_BYTES = 8 * 1024 * 1024
+
+
 def load_specs(file: str) -> list[dict[str, Any]]:
     """The specs of the file: one per YAML document (empty documents skipped), or each item
     of a top-level list."""
     try:
-        text = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
+        if file == "-":
+            data = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
+        else:
+            with Path(file).open("rb") as opened:
+                data = opened.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise InputError(
+                f"{file} is larger than {MAX_FILE_BYTES} bytes: more than any request carries"
+            )
+        text = data.decode("utf-8")
     except OSError as error:
         raise InputError(f"cannot read {file}: {error.strerror or error}") from error
     except UnicodeDecodeError as error:

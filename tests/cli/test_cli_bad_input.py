@@ -4,6 +4,7 @@ unreachable address proves it)."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -149,3 +150,23 @@ def test_a_count_or_interval_out_of_range_is_refused_before_any_request(
     err = capsys.readouterr().err
     assert "Traceback" not in err and "cannot reach" not in err
     assert arguments[-1] in err or arguments[-3] in err
+
+
+def test_a_spec_file_past_the_size_read_is_refused_unread(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`gangway submit /dev/zero` (or an endless pipe on stdin) read until memory ran out:
+    a file is read only up to a bound (made small here), and refused past it."""
+    from gangway.commands import submit
+
+    monkeypatch.setattr(submit, "MAX_FILE_BYTES", len(SPEC) + 10)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(SPEC + "#" * 11)
+    assert main(["submit", str(spec)]) == 2
+    err = one_line(capsys)
+    assert "job.yaml is larger than" in err and "cannot reach" not in err
+    spec.write_text(SPEC + "#" * 10)
+    assert load_specs(str(spec))[0]["name"] == "x"
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO((SPEC + "#" * 11).encode())))
+    assert main(["submit", "-"]) == 2
+    assert "- is larger than" in one_line(capsys)
