@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -13,6 +14,7 @@ from typing import Any
 
 from rich.console import Console, RenderableType
 from rich.live import Live
+from rich.text import Text
 
 from gangway.client import ClientConfig, ClientError, GangwayClient
 
@@ -72,6 +74,17 @@ def placement(value: Mapping[str, Any]) -> str:
     if not value:
         return "-"
     return " ".join(f"{node}:{','.join(str(g) for g in gpus)}" for node, gpus in value.items())
+
+
+def literal(text: str) -> Text:
+    """`text` as written, for a terminal: never rich markup, and each control character (an
+    escape sequence's ESC, BEL, CR…) spelled out as \\xNN. A team's command is any text but NUL,
+    and whoever looks at its job (an admin looks at every team's) must not have their screen
+    cleared or their terminal retitled by it."""
+    return Text(_CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text))
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 def at_least_one(text: str) -> int:
