@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -12,6 +14,7 @@ from typing import Any
 
 from rich.console import Console, RenderableType
 from rich.live import Live
+from rich.text import Text
 
 from gangway.client import ClientConfig, ClientError, GangwayClient
 
@@ -73,12 +76,49 @@ def placement(value: Mapping[str, Any]) -> str:
     return " ".join(f"{node}:{','.join(str(g) for g in gpus)}" for node, gpus in value.items())
 
 
+def literal(text: str) -> Text:
+    """`text` as written, for a terminal: never rich markup, and each control character (an
+    escape sequence's ESC, BEL, CR…) spelled out as \\xNN. A team's command is any text but NUL,
+    and whoever looks at its job (an admin looks at every team's) must not have their screen
+    cleared or their terminal retitled by it."""
+    return Text(_CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text))
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def at_least_one(text: str) -> int:
+    """An argparse type: a count of things (a limit, redraws), 1 or more. A negative one read
+    as a slice's end kept all but that many; 0 was read as 1 by paging."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a count: at least 1")
+    return value
+
+
+def seconds_between(text: str) -> float:
+    """An argparse type: a redraw's pause, positive and finite (time.sleep raises on a
+    negative, NaN or infinite one after the first drawing; 0 asks the API without pause)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text} is not a pause: a positive number of seconds")
+    return value
+
+
 def add_redraw_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--interval", type=float, default=2.0, help="seconds between redraws")
+    parser.add_argument(
+        "--interval", type=seconds_between, default=2.0, help="seconds between redraws"
+    )
     parser.add_argument(
         "-n",
         "--iterations",
-        type=int,
+        type=at_least_one,
         default=None,
         metavar="N",
         help="stop after N redraws (default: until interrupted)",

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from core import Auditor, SchedulingPolicy, Violation
 from core.audit import RULES
-from gangway.commands._common import console, one_line_errors
+from gangway.commands._common import at_least_one, console, one_line_errors
 from gangway.commands._log import open_log
 
 HELP = "check the invariants and scheduling promises over the whole event log"
@@ -34,7 +34,9 @@ def describe(violation: Violation) -> tuple[str, str]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--limit", type=int, default=50, help="violations shown (default 50)")
+    parser.add_argument(
+        "--limit", type=at_least_one, default=50, help="violations shown (default 50)"
+    )
 
 
 async def audit_log() -> tuple[list[Violation], int, float]:

@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from gangway.commands._common import client, one_line_errors, when
+from gangway.commands._common import at_least_one, client, one_line_errors, seconds_between, when
 
 HELP = "print the event log (--follow keeps printing new events)"
 
@@ -31,10 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--after", type=int, default=0, metavar="POSITION", help="start after it")
     parser.add_argument("--type", action="append", metavar="TYPE", help="only events of TYPE")
     parser.add_argument("--stream", help="only events of this stream (job-<id>, node-<id> …)")
-    parser.add_argument("--limit", type=int, default=None, help="stop after this many events")
+    parser.add_argument(
+        "--limit", type=at_least_one, default=None, help="stop after this many events"
+    )
     parser.add_argument("--follow", "-f", action="store_true", help="keep printing new events")
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
-    parser.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
+    parser.add_argument("--interval", type=seconds_between, default=1.0, help=argparse.SUPPRESS)
 
 
 def line(event: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from rich.table import Table
 
-from gangway.commands._common import client, console, one_line_errors, placement, when
+from gangway.commands._common import client, console, literal, one_line_errors, placement, when
 from gangway.commands.jobs import age
 
 HELP = "show one job"
@@ -50,6 +50,6 @@ def run(args: argparse.Namespace) -> int:
         ("command", shlex.join(command) if command else "-"),
         ("logs", logs),
     ):
-        table.add_row(f"[bold]{label}[/bold]", str(value))
+        table.add_row(f"[bold]{label}[/bold]", literal(str(value)))
     console().print(table)
     return 0

@@ -20,6 +20,7 @@ from rich.table import Table
 from gangway.client import GangwayClient
 from gangway.commands._common import (
     add_redraw_arguments,
+    at_least_one,
     client,
     console,
     one_line_errors,
@@ -41,7 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--state", choices=JOB_STATES, action="append", help="only jobs in this state (repeatable)"
     )
-    parser.add_argument("--limit", type=int, default=None, help="at most this many (newest)")
+    parser.add_argument(
+        "--limit", type=at_least_one, default=None, help="at most this many (newest)"
+    )
     parser.add_argument(
         "-o", "--output", choices=("table", "wide", "json"), default="table", help="output format"
     )

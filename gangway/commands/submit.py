@@ -30,7 +30,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 class _SpecLoader(yaml.SafeLoader):
     """YAML read as JSON can carry it: a date or time (2026-01-01) stays the text written,
-    since JSON has no type for it and no field of a spec is one."""
+    since JSON has no type for it and no field of a spec is one. A key written twice in one
+    mapping is refused, as the API refuses it in JSON: PyYAML would keep the last silently."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: set[object] = set()
+            # Before the merge keys (<<) are folded in: a key that overrides a merged one is
+            # YAML's way of changing it, not a second writing.
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: the base class says what is wrong
+                    continue
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key {key!r} appears twice", key_node.start_mark
+                    )
+        return super().construct_mapping(node, deep)
 
 
 _SpecLoader.yaml_implicit_resolvers = {
@@ -39,11 +60,26 @@ _SpecLoader.yaml_implicit_resolvers = {
 }
 
 
+# A spec file is read no further: the API takes 1 MiB of JSON at most, and YAML's comments
+# and indentation do not make a spec eight times that (`/dev/zero` or an endless pipe would
+# otherwise be read until memory ran out).
+MAX_FILE_BYTES = 8 * 1024 * 1024
+
+
 def load_specs(file: str) -> list[dict[str, Any]]:
     """The specs of the file: one per YAML document (empty documents skipped), or each item
     of a top-level list."""
     try:
-        text = sys.stdin.read() if file == "-" else Path(file).read_text(encoding="utf-8")
+        if file == "-":
+            data = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
+        else:
+            with Path(file).open("rb") as opened:
+                data = opened.read(MAX_FILE_BYTES + 1)
+        if len(data) > MAX_FILE_BYTES:
+            raise InputError(
+                f"{file} is larger than {MAX_FILE_BYTES} bytes: more than any request carries"
+            )
+        text = data.decode("utf-8")
     except OSError as error:
         raise InputError(f"cannot read {file}: {error.strerror or error}") from error
     except UnicodeDecodeError as error:
@@ -59,17 +95,30 @@ def load_specs(file: str) -> list[dict[str, Any]]:
         documents = documents[0]
     if not documents or not all(isinstance(doc, dict) for doc in documents):
         raise InputError(f"{file} does not hold job specs (mappings of fields)")
+    budget = [_MAX_VALUES]
     for index, document in enumerate(documents):
         where = f"document {index + 1}: " if len(documents) > 1 else ""
-        problem = _not_json(document, "", ())
+        problem = _not_json(document, "", (), budget)
         if problem is not None:
             raise InputError(f"{file}: {where}{problem}")
     return documents
 
 
-def _not_json(value: object, path: str, parents: tuple[int, ...]) -> str | None:
+# Every value takes two bytes of JSON at least (`1,`): more than this many cannot fit in a
+# request the API accepts (1 MiB), and a few lines of nested aliases can name billions.
+_MAX_VALUES = 512 * 1024
+
+
+def _not_json(value: object, path: str, parents: tuple[int, ...], budget: list[int]) -> str | None:
     """Why `value` (at `path`) cannot be sent as JSON, or None: a number that is not finite
-    (.nan, .inf), a YAML alias inside its own anchor, a YAML type JSON lacks (!!binary …)."""
+    (.nan, .inf), a YAML alias inside its own anchor, a YAML type JSON lacks (!!binary …),
+    more values, aliases expanded, than `budget` has left (a one-item list, spent as counted)."""
+    budget[0] -= 1
+    if budget[0] < 0:
+        return (
+            f"the file expands to more than {_MAX_VALUES} values (YAML aliases counted as "
+            "written out): no request can carry it"
+        )
     if isinstance(value, float) and not math.isfinite(value):
         return f"{path or 'the spec'}: {value} is not a number the API accepts"
     if isinstance(value, dict | list):
@@ -77,7 +126,9 @@ def _not_json(value: object, path: str, parents: tuple[int, ...]) -> str | None:
             return f"{path or 'the spec'} refers to itself (a YAML alias inside its own anchor)"
         items = value.items() if isinstance(value, dict) else enumerate(value)
         for key, item in items:
-            found = _not_json(item, f"{path}.{key}" if path else str(key), (*parents, id(value)))
+            found = _not_json(
+                item, f"{path}.{key}" if path else str(key), (*parents, id(value)), budget
+            )
             if found is not None:
                 return found
         return None

@@ -4,6 +4,7 @@ unreachable address proves it)."""
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,100 @@ def test_a_token_no_http_header_can_carry_is_one_line_naming_it(
     err = one_line(capsys)
     assert "GANGWAY_TOKEN" in err and "cannot reach" not in err
     assert token not in err  # a token is never echoed, even a broken one
+
+
+@pytest.mark.parametrize(
+    ("content", "key"),
+    [
+        pytest.param(SPEC + "gpus_per_task: 8\n", "gpus_per_task", id="top-level"),
+        pytest.param(SPEC + "env: {A: '1', A: '2'}\n", "A", id="nested"),
+        pytest.param(
+            SPEC + "---\n" + SPEC.replace("name: x", "name: y") + "team: cv\n",
+            "team",
+            id="second-document",
+        ),
+    ],
+)
+def test_a_key_written_twice_is_refused_in_one_line_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, key: str
+) -> None:
+    """The API refuses a JSON body with a key twice (400 duplicate-key); YAML forbids it too.
+    Read as PyYAML does by default, the last one silently won: a spec whose two
+    `gpus_per_task` lines disagree ran on the GPU count of whichever came last."""
+    spec = tmp_path / "job.yaml"
+    spec.write_text(content)
+    assert main(["submit", str(spec)]) == 2
+    err = one_line(capsys)
+    assert f"'{key}' appears twice" in err and "cannot reach" not in err
+
+
+def test_a_merge_key_overridden_is_not_a_key_written_twice(tmp_path: Path) -> None:
+    spec = tmp_path / "job.yaml"
+    spec.write_text(SPEC + "env: {<<: {A: '1', B: '2'}, A: '3'}\n")
+    [loaded] = load_specs(str(spec))
+    assert loaded["env"] == {"A": "3", "B": "2"}
+
+
+def test_a_file_of_aliases_expanding_past_any_request_is_refused_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A few hundred bytes of nested aliases ("billion laughs") expand to more values than a
+    request can carry: the check walked and the client serialised every one of them (9^8
+    values: minutes of CPU and gigabytes before the API could refuse it)."""
+    lines = ['l0: &l0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    for level in range(1, 6):
+        lines.append(f"l{level}: &l{level} [" + ", ".join([f"*l{level - 1}"] * 9) + "]")
+    spec = tmp_path / "job.yaml"
+    spec.write_text(SPEC + "\n".join(lines) + "\n")
+    assert main(["submit", str(spec)]) == 2
+    err = one_line(capsys)
+    assert "expands to more than" in err and "cannot reach" not in err
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        pytest.param(["top", "--interval", "-1", "-n", "2"], id="interval-negative"),
+        pytest.param(["top", "--interval", "nan", "-n", "2"], id="interval-nan"),
+        pytest.param(["jobs", "--watch", "--interval", "inf", "-n", "2"], id="interval-inf"),
+        pytest.param(["jobs", "--watch", "--interval", "0", "-n", "2"], id="interval-zero"),
+        pytest.param(["top", "-n", "-1"], id="iterations-negative"),
+        pytest.param(["jobs", "--limit", "-5"], id="jobs-limit-negative"),
+        pytest.param(["events", "--limit", "0"], id="events-limit-zero"),
+        pytest.param(["events", "--limit", "-3"], id="events-limit-negative"),
+        pytest.param(["audit", "--limit", "-1"], id="audit-limit-negative"),
+        pytest.param(["events", "-f", "--interval", "-1"], id="events-interval-negative"),
+    ],
+)
+def test_a_count_or_interval_out_of_range_is_refused_before_any_request(
+    capsys: pytest.CaptureFixture[str], arguments: list[str]
+) -> None:
+    """`--interval -1`, `nan` or `inf` ended in time.sleep's traceback after the first
+    drawing, `0` redrew (and asked the API) without pause; `--limit -5` listed all but the 5
+    oldest jobs, and `events --limit 0` printed one event."""
+    with pytest.raises(SystemExit) as exited:
+        main(arguments)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "cannot reach" not in err
+    assert arguments[-1] in err or arguments[-3] in err
+
+
+def test_a_spec_file_past_the_size_read_is_refused_unread(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`gangway submit /dev/zero` (or an endless pipe on stdin) read until memory ran out:
+    a file is read only up to a bound (made small here), and refused past it."""
+    from gangway.commands import submit
+
+    monkeypatch.setattr(submit, "MAX_FILE_BYTES", len(SPEC) + 10)
+    spec = tmp_path / "job.yaml"
+    spec.write_text(SPEC + "#" * 11)
+    assert main(["submit", str(spec)]) == 2
+    err = one_line(capsys)
+    assert "job.yaml is larger than" in err and "cannot reach" not in err
+    spec.write_text(SPEC + "#" * 10)
+    assert load_specs(str(spec))[0]["name"] == "x"
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO((SPEC + "#" * 11).encode())))
+    assert main(["submit", "-"]) == 2
+    assert "- is larger than" in one_line(capsys)

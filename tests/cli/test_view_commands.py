@@ -159,3 +159,21 @@ def test_job_shows_the_command_elapsed_time_and_where_the_logs_are(
     assert "torchrun train.py" in out
     assert f"gangway logs {job_id}" in out
     assert "elapsed" in out
+
+
+def test_job_shows_a_command_as_written_never_as_terminal_codes_or_markup(
+    api_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A team's command is any text but NUL: shown raw, its escape sequences cleared the
+    screen or retitled the terminal of whoever looked (an admin looks at every team's), and
+    its rich markup ([bold red]…[/]) was drawn as style, the brackets gone."""
+    spec = (
+        "name: esc\nteam: nlp\ngpus_per_task: 1\n"
+        'command: ["echo", "\\e[2J\\e]0;owned\\a", "[bold]x[/]"]\n'
+    )
+    job_id = submit(tmp_path, capsys, spec)
+    assert main(["job", job_id]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\a" not in out
+    assert "\\x1b[2J\\x1b]0;owned\\x07" in out
+    assert "[bold]x[/]" in out
