@@ -106,13 +106,12 @@ class RankProcess:
 
     async def end_leftovers(
         self, timeout_s: float, also: Callable[[], Collection[int]] = tuple
-    ) -> int:
+    ) -> None:
         """Once the leader has exited: stop what it left running (a worker it started in the
         background, a child that ignored the stop's SIGTERM; `also`: the rank's processes that
         left its group, from its cgroup), SIGTERM then SIGKILL after `timeout_s`, and return
         only when none is left (or after LEFTOVER_KILL_WAIT_S more), so that the rank's
-        recorded exit never hands back GPUs a process of it still uses. Returns how many
-        processes it found."""
+        recorded exit never hands back GPUs a process of it still uses."""
 
         def left() -> set[int]:
             found = {*also()} - {os.getpid()}
@@ -125,7 +124,6 @@ class RankProcess:
             return found | set(_group_members(self.process.pid))
 
         pids = await asyncio.to_thread(left)
-        found = set(pids)
         termed: set[int] = set()
         deadline = time.monotonic() + timeout_s
         while pids:
@@ -140,9 +138,7 @@ class RankProcess:
             termed |= pids
             await asyncio.sleep(0.05)
             pids = await asyncio.to_thread(left)
-            found |= pids
         self.ended = True
-        return len(found)
 
     async def kill(self, reason: str) -> int:
         """SIGKILL at once (no grace: a rank past its disk limit writes on meanwhile, and one

@@ -296,6 +296,15 @@ async def exit_recorded(store: EventStore) -> None:
     await until(exited, "the exit recorded")
 
 
+async def worker_after_exit(
+    agent: Agent, store: EventStore, tmp_path: Path, command: list[str]
+) -> int:
+    """The pid a rank running `command` wrote to worker.pid, once its exit is recorded."""
+    await handle(agent, await reserve(store, command, ["n0000"]))
+    await exit_recorded(store)
+    return int((tmp_path / "work" / JOB / "a1" / "rank-0" / "worker.pid").read_text())
+
+
 def unsandboxed_agent(settings: Settings, store: EventStore, tmp_path: Path) -> Agent:
     """An agent on a host where bubblewrap does not work: no PID namespace ends a rank's
     processes with it, so what its leader leaves behind is the agent's to stop."""
@@ -312,11 +321,7 @@ async def test_a_rank_whose_leader_exits_leaves_no_process_on_its_gpus(
     agent = unsandboxed_agent(settings, store, tmp_path)
     try:
         command = ["sh", "-c", "sleep 600 & echo $! > worker.pid; exit 0"]
-        await handle(agent, await reserve(store, command, ["n0000"]))
-
-        await exit_recorded(store)
-        worker = int((tmp_path / "work" / JOB / "a1" / "rank-0" / "worker.pid").read_text())
-        assert not _alive(worker)
+        assert not _alive(await worker_after_exit(agent, store, tmp_path, command))
     finally:
         await agent.shutdown()
 
@@ -359,11 +364,7 @@ async def test_a_process_that_left_its_ranks_group_is_stopped_through_its_cgroup
     agent = unsandboxed_agent(settings, store, tmp_path)
     try:
         command = ["sh", "-c", "setsid sh -c 'sleep 600 & echo $! > worker.pid'; exit 0"]
-        await handle(agent, await reserve(store, command, ["n0000"]))
-
-        await exit_recorded(store)
-        worker = int((tmp_path / "work" / JOB / "a1" / "rank-0" / "worker.pid").read_text())
-        assert not _alive(worker)
+        assert not _alive(await worker_after_exit(agent, store, tmp_path, command))
     finally:
         await agent.shutdown()
 
