@@ -10,7 +10,7 @@ from services.agent.heartbeats import NvmlSampler
 from services.agent.log_server import LogServer, create_app
 from services.agent.settings import AgentSettings
 from services.runtime.consumer import wait_started
-from services.runtime.discovery import discover
+from services.runtime.discovery import discover, import_nvml
 from services.runtime.metrics import ConsumerLag, start_metrics_server
 from services.runtime.store import EventStore
 
@@ -27,9 +27,7 @@ async def run(settings: AgentSettings, stop: asyncio.Event) -> None:
     )
     sampler = None
     if nodes and nodes[0].discovered_by == "nvml":
-        import pynvml
-
-        sampler = NvmlSampler(pynvml)
+        sampler = NvmlSampler(import_nvml())
     server = LogServer(settings.log_host, settings.log_port)
     store = await EventStore.connect(settings, producer="agent")
     agent = Agent(settings, store, nodes, sampler=sampler)

@@ -31,6 +31,18 @@ def load_cluster_spec(value: str) -> list[NodeRegistered]:
     return parse_cluster_spec(value)
 
 
+def import_nvml() -> Any:
+    """The pynvml module (nvidia-ml-py's API), or None where it is not installed."""
+    try:
+        # The pynvml shim warns that nvidia-ml-py supersedes it; both give the same API.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            import pynvml
+    except ImportError:
+        return None
+    return pynvml
+
+
 def nvml_node(
     *,
     node_id: str | None = None,
@@ -44,14 +56,9 @@ def nvml_node(
     `nvml` is the pynvml module (a parameter so a fake driver can stand in for it).
     """
     if nvml is None:
-        try:
-            # The pynvml shim warns that nvidia-ml-py supersedes it; both give the same API.
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", FutureWarning)
-                import pynvml
-        except ImportError:
+        nvml = import_nvml()
+        if nvml is None:
             return None
-        nvml = pynvml
     try:
         nvml.nvmlInit()
     except Exception as error:  # NVMLError_LibraryNotFound, _DriverNotLoaded … : no GPUs here

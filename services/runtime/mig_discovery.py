@@ -2,12 +2,15 @@
 device UUIDs. Read-only: nothing here creates, destroys or changes MIG (that is opt-in,
 `GANGWAY_MIG_MANAGE=1`, and never done by tests).
 
-`nvml` is the pynvml module or a stand-in serving the same calls (tests serve the table read
-from a real H100 80GB).
+`nvml` is the pynvml module (nvidia-ml-py) or a stand-in serving the same calls with the same
+signatures (tests serve the table read from a real H100 80GB). The calls that list placements
+and instances are NVML's C calls as they are: the caller passes a ctypes array and a count by
+reference, which the driver fills.
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import os
@@ -57,16 +60,18 @@ def read_mig(nvml: Any, handle: Any, index: int) -> NvmlMigGpu:
         return NvmlMigGpu(index=index, capable=False, enabled=False)
     profiles: list[NvmlMigProfile] = []
     by_id: dict[int, str] = {}
+    capacity: dict[int, int] = {}
     for number in range(int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", _PROFILE_COUNT))):
         try:
             info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, number)
         except Exception:  # the profile does not exist on this model
             continue
         name = _profile_name(nvml, handle, number, info)
-        placements = tuple(
-            (int(p.start), int(p.size))
-            for p in nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, int(info.id))
-        )
+        try:
+            placements = _possible_placements(nvml, handle, int(info.id))
+        except Exception:  # a driver that will not say: the profile is of no use to us
+            log.warning("GPU %d: MIG profile %s has no readable placements", index, name)
+            continue
         profiles.append(
             NvmlMigProfile(
                 name=name,
@@ -78,7 +83,8 @@ def read_mig(nvml: Any, handle: Any, index: int) -> NvmlMigGpu:
             )
         )
         by_id[int(info.id)] = name
-    instances = _instances(nvml, handle, by_id) if current else ()
+        capacity[int(info.id)] = int(info.instanceCount)
+    instances = _instances(nvml, handle, by_id, capacity) if current else ()
     return NvmlMigGpu(
         index=index,
         capable=True,
@@ -103,13 +109,37 @@ def _profile_name(nvml: Any, handle: Any, number: int, info: Any) -> str:
     return f"{int(info.sliceCount)}g.{memory_gb}gb{suffix}"
 
 
-def _instances(nvml: Any, handle: Any, by_id: dict[int, str]) -> tuple[NvmlMigInstance, ...]:
+def _possible_placements(nvml: Any, handle: Any, profile_id: int) -> tuple[tuple[int, int], ...]:
+    """(start, size) of each place the profile may take. A profile's placements may outnumber
+    its instances (1g.10gb+me: one instance, seven places), so the driver is asked their number
+    first (a NULL array) and then fills an array of that size."""
+    count = ctypes.c_uint(0)
+    nvml.nvmlDeviceGetGpuInstancePossiblePlacements(handle, profile_id, None, ctypes.byref(count))
+    placements = (nvml.c_nvmlGpuInstancePlacement_t * max(count.value, 1))()
+    nvml.nvmlDeviceGetGpuInstancePossiblePlacements(
+        handle, profile_id, placements, ctypes.byref(count)
+    )
+    return tuple((int(p.start), int(p.size)) for p in placements[: count.value])
+
+
+def _gpu_instances(nvml: Any, handle: Any, profile_id: int, capacity: int) -> list[Any]:
+    """The GPU instances of one profile; the array holds as many as the profile allows."""
+    count = ctypes.c_uint(max(capacity, 1))
+    instances = (nvml.c_nvmlGpuInstance_t * count.value)()
+    nvml.nvmlDeviceGetGpuInstances(handle, profile_id, instances, ctypes.byref(count))
+    return list(instances[: count.value])
+
+
+def _instances(
+    nvml: Any, handle: Any, by_id: dict[int, str], capacity: dict[int, int]
+) -> tuple[NvmlMigInstance, ...]:
     """The GPU instances that exist, with the MIG device UUID of each (by GPU instance id)."""
     starts: dict[int, tuple[str, int]] = {}
     for profile_id, name in by_id.items():
         try:
-            handles = nvml.nvmlDeviceGetGpuInstances(handle, profile_id)
+            handles = _gpu_instances(nvml, handle, profile_id, capacity[profile_id])
         except Exception:
+            log.debug("GPU instances of profile %d unreadable", profile_id, exc_info=True)
             continue
         for instance in handles:
             info = nvml.nvmlGpuInstanceGetInfo(instance)

@@ -4,6 +4,7 @@ instances and their MIG device UUIDs. Read-only: nothing here changes MIG."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,9 +13,10 @@ from typing import Any
 import pytest
 
 from core.mig import H100_80GB
-from services.runtime.discovery import nvml_node
+from services.runtime.discovery import import_nvml, nvml_node
 from services.runtime.mig_discovery import mig_uuids, read_mig
 
+pynvml = import_nvml()
 HARDWARE = Path(__file__).parents[1] / "fixtures" / "hardware" / "h100-80gb-hbm3.nvml.json"
 
 
@@ -49,9 +51,27 @@ class NvmlError(Exception):
     pass
 
 
+def _filled(count_ref: Any, array: Any, rows: list[Any]) -> None:
+    """What NVML's C calls do with a caller's array and count: a NULL array asks the count, a
+    short one is refused, else the rows are written and the count says how many."""
+    count = count_ref._obj  # the c_uint that ctypes.byref wraps
+    if array is None:
+        count.value = len(rows)
+        return
+    if count.value < len(rows) or len(array) < count.value:
+        raise NvmlError("Insufficient Size")
+    for slot, row in enumerate(rows):
+        array[slot] = row
+    count.value = len(rows)
+
+
 class StoredH100:
-    """The NVML calls discovery makes, answered from the stored real H100 table; `instances`
-    (profile name, start) stand for GPU instances created on a MIG-enabled GPU."""
+    """The NVML calls discovery makes, with nvidia-ml-py's signatures, answered from the stored
+    real H100 table; `instances` (profile name, start) stand for GPU instances created on a
+    MIG-enabled GPU (a GPU instance handle is its number here)."""
+
+    c_nvmlGpuInstancePlacement_t = pynvml.c_nvmlGpuInstancePlacement_t
+    c_nvmlGpuInstance_t = ctypes.c_uint
 
     def __init__(self, instances: tuple[tuple[str, int], ...] = ()) -> None:
         self.table = json.loads(HARDWARE.read_text())
@@ -100,20 +120,29 @@ class StoredH100:
         return info
 
     def nvmlDeviceGetGpuInstancePossiblePlacements(
-        self, handle: int, profile_id: int
-    ) -> list[Placement]:
+        self, handle: int, profile_id: int, placements: Any, count: Any
+    ) -> int:
         for row in self.table["profiles"]:
             if row["id"] == profile_id:
-                return [Placement(p["start"], p["size"]) for p in row["placements"]]
+                places = [
+                    pynvml.c_nvmlGpuInstancePlacement_t(p["start"], p["size"])
+                    for p in row["placements"]
+                ]
+                _filled(count, placements, places)
+                return 0
         raise NvmlError("Invalid Argument")
 
     def _id_of(self, name: str) -> int:
         return int(next(r["id"] for r in self.table["profiles"] if r["name"] == f"MIG {name}"))
 
-    def nvmlDeviceGetGpuInstances(self, handle: int, profile_id: int) -> list[int]:
-        return [
+    def nvmlDeviceGetGpuInstances(
+        self, handle: int, profile_id: int, instances: Any, count: Any
+    ) -> int:
+        found = [
             gi for gi, (name, _) in enumerate(self.instances) if self._id_of(name) == profile_id
         ]
+        _filled(count, instances, found)
+        return 0
 
     def nvmlGpuInstanceGetInfo(self, gi: int) -> InstanceInfo:
         name, start = self.instances[gi]
