@@ -83,8 +83,15 @@ class NvmlSampler:
                 data = self.nvml.nvmlEventSetWait_v2(self.event_set, 0)
             except Exception:  # NVML_ERROR_TIMEOUT: nothing more pending
                 return found
-            index = self.handles.index(data.device) if data.device in self.handles else 0
-            found.setdefault(index, []).append(int(data.eventData))
+            # The event's device is a new ctypes pointer, equal to none of our handles (ctypes
+            # compares pointers by identity): its GPU is asked of NVML.
+            try:
+                indices = [int(self.nvml.nvmlDeviceGetIndex(data.device))]
+            except Exception:  # an XID of a GPU NVML cannot name: lost nowhere, blamed on all
+                log.warning("XID %s on a GPU NVML cannot name", data.eventData, exc_info=True)
+                indices = list(range(len(self.handles)))
+            for index in indices:
+                found.setdefault(index, []).append(int(data.eventData))
 
     def heartbeat(self, node_id: str, at: datetime, fault: Fault = HEALTHY) -> NodeHeartbeat:
         nvml = self.nvml

@@ -23,9 +23,17 @@ class Memory:
     used: int
 
 
+@dataclass(eq=False)
+class DeviceRef:
+    """GPU `index` as an NVML event names it: a new ctypes pointer, equal to no handle the
+    sampler holds (ctypes compares pointers by identity)."""
+
+    index: int
+
+
 @dataclass
 class XidEvent:
-    device: int
+    device: DeviceRef
     eventData: int  # NVML's field name
 
 
@@ -59,6 +67,9 @@ class FakeDriver:
     def nvmlDeviceRegisterEvents(self, handle: int, kinds: int, event_set: str) -> None:
         pass
 
+    def nvmlDeviceGetIndex(self, handle: int | DeviceRef) -> int:
+        return handle.index if isinstance(handle, DeviceRef) else handle
+
     def nvmlEventSetWait_v2(self, event_set: str, timeout_ms: int) -> XidEvent:
         if not self.pending:
             raise Timeout
@@ -88,10 +99,21 @@ def test_a_healthy_host_reports_every_gpu_and_nothing_for_health_to_record() -> 
 def test_an_xid_event_is_reported_once_with_its_gpu() -> None:
     driver = FakeDriver(4)
     sampler = NvmlSampler(driver)
-    driver.pending.append(XidEvent(device=3, eventData=79))
+    driver.pending.append(XidEvent(device=DeviceRef(3), eventData=79))
     first = sampler.heartbeat("host-a", NOW)
     assert first.gpus[3].xid_errors == [79]
     assert all(not g.xid_errors for g in sampler.heartbeat("host-a", NOW).gpus)
+
+
+def test_an_xid_of_a_gpu_nvml_cannot_name_is_reported_on_every_gpu_not_lost() -> None:
+    class Unnamed(FakeDriver):
+        def nvmlDeviceGetIndex(self, handle: int | DeviceRef) -> int:
+            raise Timeout  # any NVML error
+
+    driver = Unnamed(2)
+    sampler = NvmlSampler(driver)
+    driver.pending.append(XidEvent(device=DeviceRef(1), eventData=48))
+    assert [g.xid_errors for g in sampler.heartbeat("host-a", NOW).gpus] == [[48], [48]]
 
 
 def test_uncorrected_ecc_counts_reach_the_heartbeat() -> None:
