@@ -48,6 +48,7 @@ from schemas.jobs import (
 from schemas.nodes import NodeRegistered
 from schemas.telemetry import StepTimeSample
 from services.agent import isolation, logs
+from services.agent.devices import MigUuids
 from services.agent.disk import (
     DISK_LIMIT_REASON,
     SIGXFSZ_EXIT_CODES,
@@ -104,6 +105,7 @@ from services.runtime.consumer import EventConsumer, EventHandler, telemetry_rec
 from services.runtime.errors import DATABASE_UNAVAILABLE, DomainError
 from services.runtime.kafka import make_producer, start_producer, stop_producer
 from services.runtime.metrics import new_registry
+from services.runtime.mig_discovery import mig_uuids, read_mig
 from services.runtime.records import Metadata
 from services.runtime.retry import Outage, until_available
 from services.runtime.store import EventStore
@@ -114,6 +116,8 @@ log = logging.getLogger(__name__)
 LAUNCH_FAILED_EXIT_CODE = 127
 # How often a launch waiting for its GPUs (`_gpus_free`) looks again.
 GPU_FREE_POLL_S = 0.05
+# Where the MPS control daemon keeps its pipes unless CUDA_MPS_PIPE_DIRECTORY says otherwise.
+MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"
 
 T = TypeVar("T")
 
@@ -454,6 +458,15 @@ class Agent:
     ) -> RankProcess | None:
         key = RankKey(reserved.job_id, reserved.attempt, placement.rank)
         workdir = self.work_dir / key.job_id / f"a{key.attempt}" / f"rank-{key.rank}"
+        node = self.nodes[placement.node_id]
+        # A real node's GPUs go by their UUIDs (services/agent/devices.py); a slice's MIG
+        # device UUID is read from NVML at launch, as the instance is now.
+        gpu_uuids = {g.index: g.uuid for g in node.gpus} if node.discovered_by == "nvml" else None
+        mig_uuids = (
+            await asyncio.to_thread(self._mig_uuids, spec, placement)
+            if gpu_uuids is not None
+            else None
+        )
         env = rank_env(
             spec=spec,
             job_id=key.job_id,
@@ -464,7 +477,9 @@ class Agent:
             checkpoint_request=workdir / REQUEST,
             step_file=workdir / STEP_FILE,
             agent_env=os.environ,
-            gpu_memory_mb={g.index: g.memory_mb for g in self.nodes[placement.node_id].gpus},
+            gpu_memory_mb={g.index: g.memory_mb for g in node.gpus},
+            mig_uuids=mig_uuids,
+            gpu_uuids=gpu_uuids,
             checkpoint_interval_s=reserved.checkpoint_interval_s,
         )
         if view.array_index is not None:
@@ -480,8 +495,9 @@ class Agent:
             env.update(await self._from_log(starting, lambda: resolve_secret_env(self.store, spec)))
             master_addr, master_port = await self._master(starting, reserved)
             env.update(distributed_env(reserved.ranks, key.rank, master_addr, master_port))
+            gpus = [] if gpu_uuids is None else [gpu_uuids[gpu] for gpu in placement.gpus]
             sandbox = await asyncio.to_thread(
-                self._sandbox, spec, list(spec.command), env, workdir, cgroup_name
+                self._sandbox, spec, list(spec.command), env, workdir, cgroup_name, gpus
             )
             cgroup = cgroup_name if sandbox is not None and sandbox.cgroup_procs else None
             # Counted before the start, so an OOM kill at the very start is seen too.
@@ -611,8 +627,10 @@ class Agent:
         env: dict[str, str],
         workdir: Path,
         cgroup_name: str,
+        gpus: Sequence[str] = (),
     ) -> isolation.Sandbox | None:
-        """How the rank starts: as its team's user, in its cgroups and sandbox (isolation.py).
+        """How the rank starts: as its team's user, in its cgroups and sandbox (isolation.py),
+        which holds the device nodes of its real GPUs (`gpus`, by UUID) and of no other.
         None when the agent does not isolate (it is not root, or told not to). Raises
         IsolationError (the launch fails) rather than start a rank as root."""
         if not self.isolating:
@@ -646,10 +664,30 @@ class Agent:
             self.settings.rank_sandbox == "auto" and isolation.bwrap_works()
         )
         if sandboxed:
+            binds = [workdir, checkpoints]
+            mps_pipes = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", MPS_PIPE_DIRECTORY))
+            if gpus and "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in env and mps_pipes.is_dir():
+                # The MPS control daemon's pipes, which the sandbox's private /tmp would hide.
+                binds.append(mps_pipes)
+                env["CUDA_MPS_PIPE_DIRECTORY"] = str(mps_pipes)
             argv = isolation.bwrap_argv(
-                argv, state_dir=self.state_dir, binds=[workdir, checkpoints], workdir=workdir
+                argv,
+                state_dir=self.state_dir,
+                binds=binds,
+                workdir=workdir,
+                devices=isolation.gpu_device_nodes(gpus),
             )
         return isolation.Sandbox(argv, user, procs, sandboxed)
+
+    def _mig_uuids(self, spec: JobSpec, placement: RankPlacement) -> MigUuids | None:
+        """The MIG device UUIDs of a slice rank's GPU, as NVML lists its instances now."""
+        slice_rank = placement.mig is not None or spec.mig_profile is not None
+        if not slice_rank or self.sampler is None or not placement.gpus:
+            return None
+        gpu = placement.gpus[0]
+        if gpu >= len(self.sampler.handles):
+            return None
+        return mig_uuids([read_mig(self.sampler.nvml, self.sampler.handles[gpu], gpu)])
 
     async def usable_checkpoint(self, starting: Launch, meta: Metadata) -> Path | None:
         """The newest committed checkpoint whose shards still hold what was committed. One that

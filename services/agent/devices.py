@@ -1,6 +1,9 @@
 """Which devices a rank sees: whole GPUs, a MIG slice's device UUID, or an MPS share's limits.
 
-- A whole-GPU rank: `CUDA_VISIBLE_DEVICES` lists its GPU indices (as before).
+- A whole-GPU rank: `CUDA_VISIBLE_DEVICES` lists its GPU indices on a simulated node, and its
+  GPUs' UUIDs (`GPU-…`) on a real one: CUDA numbers GPUs fastest first, not as NVML does, and
+  inside the rank's sandbox it sees only its own GPUs, numbered from 0, so only the UUID names
+  the same GPU for NVML, the scheduler and CUDA alike.
 - A slice rank: `CUDA_VISIBLE_DEVICES` holds the MIG device UUID (`MIG-…`) of its GPU instance.
   On a real node the UUID is NVML's (services/runtime/mig_discovery.py); a simulated node
   derives a stable synthetic one from (node, GPU, profile, start slot), the same on every
@@ -27,6 +30,8 @@ _MIG_NAMESPACE = uuid.UUID("6b1f3c52-5d0e-4b53-9d1c-2f0a3a7e9c41")
 
 # Real MIG device UUIDs by (GPU index, start slot of the GPU instance).
 MigUuids = Mapping[tuple[int, int], str]
+# Real GPUs' UUIDs by index (NVML's); none for a simulated node.
+GpuUuids = Mapping[int, str]
 
 
 def synthetic_mig_uuid(node_id: str, gpu: int, profile: str, start: int) -> str:
@@ -39,9 +44,13 @@ def device_env(
     *,
     gpu_memory_mb: Mapping[int, int] | None = None,
     mig_uuids: MigUuids | None = None,
+    gpu_uuids: GpuUuids | None = None,
 ) -> dict[str, str]:
     """The rank's device variables (they override anything the job's env says)."""
-    gpus = ",".join(str(gpu) for gpu in placement.gpus)
+    gpus = ",".join(
+        gpu_uuids[gpu] if gpu_uuids is not None and gpu in gpu_uuids else str(gpu)
+        for gpu in placement.gpus
+    )
     env = {"CUDA_VISIBLE_DEVICES": gpus}
     profile = placement.mig.profile if placement.mig is not None else spec.mig_profile
     if profile is not None and placement.gpus:

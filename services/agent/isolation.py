@@ -32,6 +32,17 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 PRIVATE_STATE = ("logs", "pids")
 # Every rank's process limit: a fork bomb stays inside its own cgroup.
 DEFAULT_PIDS_MAX = 4096
+# Where the NVIDIA driver lists its GPUs (one directory per PCI address, an `information` file).
+NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
+# What every CUDA process opens besides its own GPUs' /dev/nvidiaN: the control device, unified
+# memory, and (for MIG instances) the access capabilities, whose modes say who may use them.
+NVIDIA_SHARED_NODES = (
+    "nvidiactl",
+    "nvidia-uvm",
+    "nvidia-uvm-tools",
+    "nvidia-modeset",
+    "nvidia-caps",
+)
 
 
 class IsolationError(RuntimeError):
@@ -271,6 +282,41 @@ def remove_cgroup(name: str) -> None:
 
 
 @cache
+def gpu_minor(information: str) -> tuple[str, int] | None:
+    """(UUID, device minor) from a driver's `information` file; None when it names neither."""
+    fields: dict[str, str] = {}
+    for line in information.splitlines():
+        name, colon, value = line.partition(":")
+        if colon:
+            fields[name.strip()] = value.strip()
+    uuid, minor = fields.get("GPU UUID"), fields.get("Device Minor")
+    if not uuid or minor is None or not minor.isdigit():
+        return None
+    return uuid, int(minor)
+
+
+def gpu_device_nodes(
+    uuids: Sequence[str], *, gpus: Path = NVIDIA_GPUS, dev: Path = Path("/dev")
+) -> list[Path]:
+    """The device nodes a rank on the GPUs `uuids` needs inside its sandbox, and no other GPU's:
+    the driver's shared nodes and each GPU's /dev/nvidiaN (N, the minor the driver gives it,
+    need not be NVML's index). Raises IsolationError when the driver does not know a GPU."""
+    if not uuids:
+        return []  # a CPU-only rank opens no GPU device at all
+    minors: dict[str, int] = {}
+    for information in sorted(gpus.glob("*/information")):
+        with contextlib.suppress(OSError):
+            found = gpu_minor(information.read_text())
+            if found is not None:
+                minors[found[0]] = found[1]
+    unknown = [uuid for uuid in uuids if uuid not in minors]
+    if unknown:
+        raise IsolationError(f"the NVIDIA driver lists no GPU {unknown[0]}")
+    nodes = [dev / name for name in NVIDIA_SHARED_NODES]
+    nodes += [dev / f"nvidia{minors[uuid]}" for uuid in uuids]
+    return [node for node in nodes if node.exists()]
+
+
 def bwrap_works() -> bool:
     """Whether bubblewrap is installed and may create its namespaces here (user namespaces
     may be off, or the container may forbid them)."""
@@ -303,11 +349,14 @@ def bwrap_argv(
     binds: Sequence[Path],
     workdir: Path,
     keep: Sequence[Path] | None = None,
+    devices: Sequence[Path] = (),
 ) -> list[str]:
     """`argv` inside a sandbox: its own PID/IPC/UTS namespaces (no other process is visible
     or reachable by signal), the root file system read-only, a private /tmp, and the agent's
     state directory replaced by an empty one except for `binds` (the job's own directories).
-    `keep`: what of /tmp stays visible, read-only (default: the agent's installation there)."""
+    `keep`: what of /tmp stays visible, read-only (default: the agent's installation there).
+    `devices`: the host's device nodes the rank may open (its GPUs'); the sandbox's /dev holds
+    only the harmless ones (null, zero, random, tty …) besides."""
     bwrap = shutil.which("bwrap") or "bwrap"
     wrapped = [
         bwrap,
@@ -320,6 +369,10 @@ def bwrap_argv(
         "/",
         "--dev",
         "/dev",
+    ]
+    for device in devices:
+        wrapped += ["--dev-bind", str(device), str(device)]
+    wrapped += [
         "--proc",
         "/proc",
         "--tmpfs",

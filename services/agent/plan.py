@@ -22,7 +22,7 @@ from schemas.jobs import (
     TaskExited,
     TaskStarted,
 )
-from services.agent.devices import MigUuids, device_env
+from services.agent.devices import GpuUuids, MigUuids, device_env
 
 # The env a rank inherits from the agent, whatever the job sets: enough to find its program.
 INHERITED_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER", "VIRTUAL_ENV")
@@ -158,6 +158,7 @@ def rank_env(
     step_file: Path | None = None,
     gpu_memory_mb: Mapping[int, int] | None = None,
     mig_uuids: MigUuids | None = None,
+    gpu_uuids: GpuUuids | None = None,
     checkpoint_interval_s: float | None = None,
 ) -> dict[str, str]:
     """The rank's environment: a few of the agent's variables, the job's env, then Gangway's
@@ -174,7 +175,6 @@ def rank_env(
     env.update(spec.env)
     env.update(
         {
-            "CUDA_VISIBLE_DEVICES": ",".join(str(gpu) for gpu in placement.gpus),
             "GANGWAY_JOB_ID": job_id,
             "GANGWAY_RANK": str(placement.rank),
             "GANGWAY_WORLD_SIZE": str(world_size),
@@ -188,7 +188,15 @@ def rank_env(
     if step_file is not None:
         env["GANGWAY_STEP_FILE"] = str(step_file)
     # A slice's MIG device, an MPS share's limits (services/agent/devices.py).
-    env.update(device_env(spec, placement, gpu_memory_mb=gpu_memory_mb, mig_uuids=mig_uuids))
+    env.update(
+        device_env(
+            spec,
+            placement,
+            gpu_memory_mb=gpu_memory_mb,
+            mig_uuids=mig_uuids,
+            gpu_uuids=gpu_uuids,
+        )
+    )
     return env
 
 

@@ -84,3 +84,35 @@ def test_the_rank_environment_carries_the_device_variables_over_the_job_s_env(
         agent_env={},
     )
     assert env["CUDA_VISIBLE_DEVICES"] == synthetic_mig_uuid("n0000", 1, "2g.20gb", 4)
+
+
+H100_UUIDS = {
+    0: "GPU-57f0c059-4aa7-8e33-d17a-8f91c82e20d2",
+    1: "GPU-0b1e6a2f-3c4d-4e5f-8a9b-0c1d2e3f4a5b",
+}
+
+
+def test_a_real_node_names_whole_gpus_and_shares_by_uuid_as_cuda_numbers_them_otherwise() -> None:
+    whole = RankPlacement(rank=0, node_id="gpu-host", gpus=[1, 0])
+    env = device_env(spec(gpus_per_task=2), whole, gpu_uuids=H100_UUIDS)
+    assert env == {"CUDA_VISIBLE_DEVICES": f"{H100_UUIDS[1]},{H100_UUIDS[0]}"}
+    share = RankPlacement(
+        rank=0,
+        node_id="gpu-host",
+        gpus=[1],
+        share=GpuShare(thousandths=500, memory_mb=40_000, sharing="mps"),
+    )
+    env = device_env(spec(gpu_fraction=0.5), share, gpu_uuids=H100_UUIDS)
+    assert env["CUDA_VISIBLE_DEVICES"] == H100_UUIDS[1]
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=40000M"  # device 0: the one it sees
+
+
+def test_a_real_node_s_slice_keeps_its_mig_device_over_its_gpu_s_uuid() -> None:
+    placement = RankPlacement(
+        rank=0, node_id="gpu-host", gpus=[0], mig=MigSlice(profile="1g.10gb", start=6)
+    )
+    real = {(0, 6): "MIG-11111111-2222-5333-8444-555555555555"}
+    env = device_env(
+        spec(mig_profile="1g.10gb"), placement, mig_uuids=real, gpu_uuids=H100_UUIDS
+    )
+    assert env["CUDA_VISIBLE_DEVICES"] == real[(0, 6)]

@@ -1,0 +1,89 @@
+"""Which device nodes a sandboxed rank may open: its own GPUs' and the driver's shared ones.
+
+On a real H100 host a rank in bubblewrap saw no GPU at all (`RuntimeError: No CUDA GPUs are
+available`): the sandbox's fresh /dev holds no /dev/nvidia* node. The driver's listing and
+/dev are built here in tmp_path as the driver lays them out (the `information` text is what a
+real H100 80GB host's driver printed)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.agent import isolation
+
+H100_INFORMATION = """Model: \t\t NVIDIA H100 80GB HBM3
+IRQ:   \t\t 41
+GPU UUID: \t GPU-57f0c059-4aa7-8e33-d17a-8f91c82e20d2
+Video BIOS: \t 96.00.da.00.0c
+Bus Type: \t PCIe
+DMA Size: \t 52 bits
+DMA Mask: \t 0xfffffffffffff
+Bus Location: \t 0000:00:06.0
+Device Minor: \t 0
+GPU Firmware: \t 580.159.04
+GPU Excluded:\t No
+"""
+FIRST = "GPU-57f0c059-4aa7-8e33-d17a-8f91c82e20d2"
+SECOND = "GPU-0b1e6a2f-3c4d-4e5f-8a9b-0c1d2e3f4a5b"
+
+
+def _host(tmp_path: Path) -> tuple[Path, Path]:
+    """Two GPUs whose minors are not their PCI order (minor 3 comes first), and /dev."""
+    gpus, dev = tmp_path / "gpus", tmp_path / "dev"
+    for address, text in (
+        ("0000:00:06.0", H100_INFORMATION.replace("Minor: \t 0", "Minor: \t 3")),
+        ("0000:00:07.0", H100_INFORMATION.replace(FIRST, SECOND)),
+    ):
+        (gpus / address).mkdir(parents=True)
+        (gpus / address / "information").write_text(text)
+    dev.mkdir()
+    for name in ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia0", "nvidia3"):
+        (dev / name).touch()
+    (dev / "nvidia-caps").mkdir()
+    return gpus, dev
+
+
+def test_the_driver_s_information_gives_a_gpu_s_uuid_and_device_minor() -> None:
+    assert isolation.gpu_minor(H100_INFORMATION) == (FIRST, 0)
+    assert isolation.gpu_minor("Model: NVIDIA H100\n") is None
+
+
+def test_a_rank_gets_its_own_gpus_nodes_by_minor_and_the_shared_ones_and_no_other(
+    tmp_path: Path,
+) -> None:
+    gpus, dev = _host(tmp_path)
+    nodes = isolation.gpu_device_nodes([FIRST], gpus=gpus, dev=dev)
+    assert sorted(node.name for node in nodes) == [
+        "nvidia-caps",
+        "nvidia-uvm",
+        "nvidia-uvm-tools",
+        "nvidia3",  # the first GPU's minor, not its index
+        "nvidiactl",
+    ]
+    other = isolation.gpu_device_nodes([SECOND], gpus=gpus, dev=dev)
+    assert dev / "nvidia0" in other and dev / "nvidia3" not in other
+
+
+def test_a_cpu_only_rank_opens_no_gpu_device(tmp_path: Path) -> None:
+    gpus, dev = _host(tmp_path)
+    assert isolation.gpu_device_nodes([], gpus=gpus, dev=dev) == []
+
+
+def test_a_gpu_the_driver_does_not_list_fails_the_launch(tmp_path: Path) -> None:
+    gpus, dev = _host(tmp_path)
+    with pytest.raises(isolation.IsolationError, match="lists no GPU GPU-dead"):
+        isolation.gpu_device_nodes(["GPU-dead"], gpus=gpus, dev=dev)
+
+
+def test_the_sandbox_binds_the_rank_s_devices_into_its_fresh_dev(tmp_path: Path) -> None:
+    nodes = [Path("/dev/nvidiactl"), Path("/dev/nvidia3")]
+    argv = isolation.bwrap_argv(
+        ["python"], state_dir=None, binds=[], workdir=tmp_path, keep=[], devices=nodes
+    )
+    fresh = argv.index("--dev")
+    binds = [argv[i + 1] for i, word in enumerate(argv) if word == "--dev-bind"]
+    assert binds == ["/dev/nvidiactl", "/dev/nvidia3"]
+    # bwrap applies its arguments in order: a bind before --dev would be covered by it.
+    assert all(i > fresh for i, word in enumerate(argv) if word == "--dev-bind")
