@@ -1,0 +1,209 @@
+"""On a host with NVIDIA GPUs: discovery, heartbeats and a sandboxed rank against the real
+driver, read-only (nothing here changes MIG mode, clocks or any setting).
+
+Skipped where no driver loads (CI, the simulated fleet); run on a GPU host as root with
+`python -m pytest tests/gpu`. Each check here once failed on a real H100 while passing against
+the stand-in drivers of tests/inventory and tests/agent: discovery crashed on NVML's C-style
+placement call, and a sandboxed rank saw no GPU at all."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.mig import mig_model
+from schemas.jobs import JobSpec, RankPlacement
+from services.agent import isolation
+from services.agent.devices import device_env
+from services.agent.heartbeats import NvmlSampler
+from services.agent.ranks import RankKey, launch
+from services.runtime.discovery import discover, gpu_type_of, import_nvml
+from services.runtime.mig_discovery import read_mig
+
+
+def _driver() -> Any:
+    nvml = import_nvml()
+    if nvml is None:
+        return None
+    try:
+        nvml.nvmlInit()
+    except Exception:  # no driver loaded: the simulated fleet's hosts
+        return None
+    if int(nvml.nvmlDeviceGetCount()) == 0:
+        return None
+    return nvml
+
+
+NVML = _driver()
+pytestmark = pytest.mark.skipif(NVML is None, reason="no NVIDIA driver or GPU on this host")
+
+
+def _cuda_python() -> bool:
+    """Whether this interpreter's torch can run CUDA work (the load and the rank need it)."""
+    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"
+    return subprocess.run([sys.executable, "-c", probe], check=False).returncode == 0
+
+
+needs_cuda = pytest.mark.skipif(NVML is None or not _cuda_python(), reason="no CUDA torch")
+
+
+def _uuid(index: int) -> str:
+    value = NVML.nvmlDeviceGetUUID(NVML.nvmlDeviceGetHandleByIndex(index))
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _gpu_pids(index: int) -> set[int]:
+    handle = NVML.nvmlDeviceGetHandleByIndex(index)
+    return {int(p.pid) for p in NVML.nvmlDeviceGetComputeRunningProcesses(handle)}
+
+
+def test_discovery_registers_this_host_as_the_driver_sees_it() -> None:
+    (node,) = discover("", mode="nvml")
+    count = int(NVML.nvmlDeviceGetCount())
+    assert node.discovered_by == "nvml"
+    assert [g.index for g in node.gpus] == list(range(count))
+    assert [g.uuid for g in node.gpus] == [_uuid(i) for i in range(count)]
+    name = NVML.nvmlDeviceGetName(NVML.nvmlDeviceGetHandleByIndex(0))
+    model = name.decode() if isinstance(name, bytes) else str(name)
+    assert node.gpu_type == gpu_type_of(model)
+    assert all(g.memory_mb > 1024 for g in node.gpus)
+    assert node.cpus == os.cpu_count()
+
+
+def test_the_mig_profile_table_the_driver_reports_is_the_core_s() -> None:
+    handle = NVML.nvmlDeviceGetHandleByIndex(0)
+    name = NVML.nvmlDeviceGetName(handle)
+    table = mig_model(name.decode() if isinstance(name, bytes) else str(name))
+    gpu = read_mig(NVML, handle, 0)
+    if table is None or not gpu.capable:
+        pytest.skip("this GPU has no MIG table in core/mig.py")
+    read = {
+        p.name: (p.profile_id, p.slice_count, p.instance_count, p.memory_mb, p.placements)
+        for p in gpu.profiles
+    }
+    core = {
+        name: (p.profile_id, p.compute_slices, p.instance_count, p.memory_mb, p.placements)
+        for name, p in table.profiles.items()
+    }
+    assert read == core
+
+
+@pytest.fixture
+def busy_gpu() -> Iterator[subprocess.Popen[bytes]]:
+    """GPU 0 multiplying matrices for a while, in a process of its own."""
+    program = textwrap.dedent(
+        """
+        import time, torch
+        x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            y = x @ x
+            torch.cuda.synchronize()
+        """
+    )
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": _uuid(0)}
+    process = subprocess.Popen([sys.executable, "-c", program], env=env)
+    yield process
+    process.kill()
+    process.wait()
+
+
+@needs_cuda
+def test_heartbeats_see_a_busy_gpu_its_memory_and_its_sm_activity(
+    busy_gpu: subprocess.Popen[bytes],
+) -> None:
+    sampler = NvmlSampler(NVML)
+    samples = []
+    for _ in range(8):
+        time.sleep(1.0)
+        samples.append(sampler.heartbeat("gpu-host", datetime.now(UTC)).gpus[0])
+    busy = [s for s in samples if s.utilization is not None and s.utilization > 50]
+    assert busy, [s.model_dump() for s in samples]
+    assert max(s.memory_used_mb or 0 for s in busy) > 256  # the matrices are on the GPU
+    assert all(s.temperature_c is not None and 0 < s.temperature_c < 110 for s in samples)
+    assert all(s.xid_errors == [] for s in samples)
+    if sampler.gpm.handles:  # Hopper and later: SM activity between two heartbeats
+        assert max(s.sm_activity or 0.0 for s in busy) > 10.0
+    assert busy_gpu.pid in _gpu_pids(0)
+
+
+RANK_PROGRAM = textwrap.dedent(
+    """
+    import os, time, torch
+    x = torch.ones(1024, 1024, device="cuda")
+    print("gpus", torch.cuda.device_count(), os.environ["CUDA_VISIBLE_DEVICES"], float(x.sum()))
+    time.sleep(60)
+    """
+)
+
+
+async def _rank_on_gpu_0(workdir: Path, devices: list[Path]) -> tuple[int, str, set[int]]:
+    """A rank started as the agent starts one on GPU 0 of a real node, in bubblewrap with
+    `devices`: its exit code (or 0 while it still runs), its log, and the pids NVML said held
+    GPU 0 while it ran."""
+    placement = RankPlacement(rank=0, node_id="gpu-host", gpus=[0])
+    spec = JobSpec.model_validate({"name": "probe", "team": "vision", "gpus_per_task": 1})
+    env = {"PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1"}
+    env.update(device_env(spec, placement, gpu_uuids={0: _uuid(0)}))
+    argv = isolation.bwrap_argv(
+        [sys.executable, "-c", RANK_PROGRAM],
+        state_dir=None,
+        binds=[workdir],
+        workdir=workdir,
+        devices=devices,
+    )
+    sandbox = isolation.Sandbox(argv, None, [], sandboxed=True)
+    rank = await launch(RankKey("probe", 1, 0), placement, 1, argv, env, workdir, sandbox)
+    holders: set[int] = set()
+    deadline = time.monotonic() + 60
+    log = workdir / "rank.log"
+    while rank.running and time.monotonic() < deadline:
+        holders = _gpu_pids(0) & _group(rank.pid)
+        if holders and "gpus " in log.read_text():
+            break
+        await asyncio.sleep(0.2)
+    code = 0 if rank.running else int(rank.process.returncode or 0)
+    await rank.kill("probe over")
+    await rank.end_leftovers(5.0)
+    return code, log.read_text(), holders
+
+
+def _group(pgid: int) -> set[int]:
+    members = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getpgid(int(entry.name)) == pgid:
+                    members.add(int(entry.name))
+            except ProcessLookupError:
+                continue
+    return members
+
+
+@needs_cuda
+@pytest.mark.skipif(not isolation.bwrap_works(), reason="no working bubblewrap here")
+def test_a_sandboxed_rank_holds_its_gpu_while_it_runs_and_nothing_once_stopped(
+    tmp_path: Path,
+) -> None:
+    devices = isolation.gpu_device_nodes([_uuid(0)])
+    code, output, holders = asyncio.run(_rank_on_gpu_0(tmp_path / "with", devices))
+    assert code == 0, output
+    assert f"gpus 1 {_uuid(0)} 1048576.0" in output
+    assert holders, "NVML never listed a process of the rank on GPU 0"
+    deadline = time.monotonic() + 15
+    while _gpu_pids(0) & holders and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _gpu_pids(0) & holders, "the stopped rank still holds GPU 0"
+    # The fault this guards against: the sandbox's fresh /dev alone holds no GPU.
+    code, output, _ = asyncio.run(_rank_on_gpu_0(tmp_path / "without", []))
+    assert code != 0 and "No CUDA GPUs are available" in output
