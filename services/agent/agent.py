@@ -116,8 +116,6 @@ log = logging.getLogger(__name__)
 LAUNCH_FAILED_EXIT_CODE = 127
 # How often a launch waiting for its GPUs (`_gpus_free`) looks again.
 GPU_FREE_POLL_S = 0.05
-# Where the MPS control daemon keeps its pipes unless CUDA_MPS_PIPE_DIRECTORY says otherwise.
-MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"
 
 T = TypeVar("T")
 
@@ -664,16 +662,11 @@ class Agent:
             self.settings.rank_sandbox == "auto" and isolation.bwrap_works()
         )
         if sandboxed:
-            binds = [workdir, checkpoints]
-            mps_pipes = Path(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", MPS_PIPE_DIRECTORY))
-            if gpus and "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" in env and mps_pipes.is_dir():
-                # The MPS control daemon's pipes, which the sandbox's private /tmp would hide.
-                binds.append(mps_pipes)
-                env["CUDA_MPS_PIPE_DIRECTORY"] = str(mps_pipes)
+            pipes = isolation.mps_pipes(env, os.environ) if gpus else []
             argv = isolation.bwrap_argv(
                 argv,
                 state_dir=self.state_dir,
-                binds=binds,
+                binds=[workdir, checkpoints, *pipes],
                 workdir=workdir,
                 devices=isolation.gpu_device_nodes(gpus),
             )

@@ -20,7 +20,7 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -36,6 +36,8 @@ DEFAULT_PIDS_MAX = 4096
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
 # What every CUDA process opens besides its own GPUs' /dev/nvidiaN: the control device, unified
 # memory, and (for MIG instances) the access capabilities, whose modes say who may use them.
+# Where the MPS control daemon keeps its pipes unless CUDA_MPS_PIPE_DIRECTORY says otherwise.
+MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"
 NVIDIA_SHARED_NODES = (
     "nvidiactl",
     "nvidia-uvm",
@@ -315,6 +317,20 @@ def gpu_device_nodes(
     nodes = [dev / name for name in NVIDIA_SHARED_NODES]
     nodes += [dev / f"nvidia{minors[uuid]}" for uuid in uuids]
     return [node for node in nodes if node.exists()]
+
+
+def mps_pipes(env: dict[str, str], agent_env: Mapping[str, str]) -> list[Path]:
+    """The MPS control daemon's pipe directory, for an MPS share's sandbox to bind (its private
+    /tmp would hide the default one, and with it the daemon): the agent's
+    CUDA_MPS_PIPE_DIRECTORY, else NVIDIA's default, where it exists. Sets the rank's variable to
+    it, so the rank looks where the daemon listens."""
+    if "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env:
+        return []
+    pipes = Path(agent_env.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DIRECTORY)
+    if not pipes.is_dir():
+        return []
+    env["CUDA_MPS_PIPE_DIRECTORY"] = str(pipes)
+    return [pipes]
 
 
 def bwrap_works() -> bool:

@@ -112,7 +112,5 @@ def test_a_real_node_s_slice_keeps_its_mig_device_over_its_gpu_s_uuid() -> None:
         rank=0, node_id="gpu-host", gpus=[0], mig=MigSlice(profile="1g.10gb", start=6)
     )
     real = {(0, 6): "MIG-11111111-2222-5333-8444-555555555555"}
-    env = device_env(
-        spec(mig_profile="1g.10gb"), placement, mig_uuids=real, gpu_uuids=H100_UUIDS
-    )
+    env = device_env(spec(mig_profile="1g.10gb"), placement, mig_uuids=real, gpu_uuids=H100_UUIDS)
     assert env["CUDA_VISIBLE_DEVICES"] == real[(0, 6)]

@@ -87,3 +87,16 @@ def test_the_sandbox_binds_the_rank_s_devices_into_its_fresh_dev(tmp_path: Path)
     assert binds == ["/dev/nvidiactl", "/dev/nvidia3"]
     # bwrap applies its arguments in order: a bind before --dev would be covered by it.
     assert all(i > fresh for i, word in enumerate(argv) if word == "--dev-bind")
+
+
+def test_an_mps_share_binds_the_daemon_s_pipes_and_looks_for_it_there(tmp_path: Path) -> None:
+    pipes = tmp_path / "mps"
+    pipes.mkdir()
+    share = {"CUDA_VISIBLE_DEVICES": FIRST, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
+    assert isolation.mps_pipes(share, {"CUDA_MPS_PIPE_DIRECTORY": str(pipes)}) == [pipes]
+    assert share["CUDA_MPS_PIPE_DIRECTORY"] == str(pipes)
+    whole = {"CUDA_VISIBLE_DEVICES": FIRST}
+    assert isolation.mps_pipes(whole, {"CUDA_MPS_PIPE_DIRECTORY": str(pipes)}) == []
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in whole
+    no_daemon = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
+    assert isolation.mps_pipes(no_daemon, {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "no")}) == []

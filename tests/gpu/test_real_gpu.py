@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -22,7 +23,7 @@ from typing import Any
 import pytest
 
 from core.mig import mig_model
-from schemas.jobs import JobSpec, RankPlacement
+from schemas.jobs import GpuShare, JobSpec, RankPlacement
 from services.agent import isolation
 from services.agent.devices import device_env
 from services.agent.heartbeats import NvmlSampler
@@ -142,23 +143,31 @@ RANK_PROGRAM = textwrap.dedent(
     import os, time, torch
     x = torch.ones(1024, 1024, device="cuda")
     print("gpus", torch.cuda.device_count(), os.environ["CUDA_VISIBLE_DEVICES"], float(x.sum()))
+    print("done", flush=True)
     time.sleep(60)
     """
 )
 
 
-async def _rank_on_gpu_0(workdir: Path, devices: list[Path]) -> tuple[int, str, set[int]]:
-    """A rank started as the agent starts one on GPU 0 of a real node, in bubblewrap with
-    `devices`: its exit code (or 0 while it still runs), its log, and the pids NVML said held
-    GPU 0 while it ran."""
-    placement = RankPlacement(rank=0, node_id="gpu-host", gpus=[0])
+async def _rank_on_gpu_0(
+    workdir: Path,
+    devices: list[Path],
+    program: str = RANK_PROGRAM,
+    share: GpuShare | None = None,
+    agent_env: dict[str, str] | None = None,
+) -> tuple[int, str, set[int]]:
+    """A rank started as the agent starts one on GPU 0 of a real node (a whole GPU, or
+    `share` of it), in bubblewrap with `devices`: its exit code (or 0 while it still runs),
+    its log, and the pids NVML said held GPU 0 while it ran."""
+    placement = RankPlacement(rank=0, node_id="gpu-host", gpus=[0], share=share)
     spec = JobSpec.model_validate({"name": "probe", "team": "vision", "gpus_per_task": 1})
     env = {"PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1"}
     env.update(device_env(spec, placement, gpu_uuids={0: _uuid(0)}))
+    pipes = isolation.mps_pipes(env, agent_env or {})
     argv = isolation.bwrap_argv(
-        [sys.executable, "-c", RANK_PROGRAM],
+        [sys.executable, "-c", program],
         state_dir=None,
-        binds=[workdir],
+        binds=[workdir, *pipes],
         workdir=workdir,
         devices=devices,
     )
@@ -169,7 +178,7 @@ async def _rank_on_gpu_0(workdir: Path, devices: list[Path]) -> tuple[int, str, 
     log = workdir / "rank.log"
     while rank.running and time.monotonic() < deadline:
         holders = _gpu_pids(0) & _group(rank.pid)
-        if holders and "gpus " in log.read_text():
+        if holders and "done" in log.read_text():
             break
         await asyncio.sleep(0.2)
     code = 0 if rank.running else int(rank.process.returncode or 0)
@@ -207,3 +216,52 @@ def test_a_sandboxed_rank_holds_its_gpu_while_it_runs_and_nothing_once_stopped(
     # The fault this guards against: the sandbox's fresh /dev alone holds no GPU.
     code, output, _ = asyncio.run(_rank_on_gpu_0(tmp_path / "without", []))
     assert code != 0 and "No CUDA GPUs are available" in output
+
+
+MPS_PROGRAM = textwrap.dedent(
+    """
+    import time, torch
+    within = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
+    print("512 MiB allocated", flush=True)
+    try:
+        over = torch.empty(3 * 2**30, dtype=torch.uint8, device="cuda")
+        print("3 GiB allocated", flush=True)
+    except torch.OutOfMemoryError:
+        print("3 GiB refused", flush=True)
+    print("done", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+@pytest.fixture
+def mps_daemon(tmp_path: Path) -> Iterator[dict[str, str]]:
+    """An MPS control daemon of this test's own (its pipes and log in tmp_path): the agent's
+    environment naming it."""
+    control = shutil.which("nvidia-cuda-mps-control")
+    if control is None:
+        pytest.skip("no nvidia-cuda-mps-control on this host")
+    env = {
+        **os.environ,
+        "CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "mps-pipes"),
+        "CUDA_MPS_LOG_DIRECTORY": str(tmp_path / "mps-log"),
+    }
+    for name in ("mps-pipes", "mps-log"):
+        (tmp_path / name).mkdir()
+    subprocess.run([control, "-d"], env=env, check=True, timeout=30)
+    yield {"CUDA_MPS_PIPE_DIRECTORY": env["CUDA_MPS_PIPE_DIRECTORY"]}
+    subprocess.run([control], input=b"quit\n", env=env, check=False, timeout=30)
+
+
+@needs_cuda
+@pytest.mark.skipif(not isolation.bwrap_works(), reason="no working bubblewrap here")
+def test_a_sandboxed_mps_share_reaches_the_daemon_and_is_held_to_its_memory(
+    tmp_path: Path, mps_daemon: dict[str, str]
+) -> None:
+    share = GpuShare(thousandths=250, memory_mb=2_000, sharing="mps")
+    devices = isolation.gpu_device_nodes([_uuid(0)])
+    code, output, _ = asyncio.run(
+        _rank_on_gpu_0(tmp_path / "mps", devices, MPS_PROGRAM, share, mps_daemon)
+    )
+    assert code == 0, output
+    assert "512 MiB allocated" in output and "3 GiB refused" in output, output
