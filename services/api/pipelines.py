@@ -176,11 +176,21 @@ def _resolve(
             f"depends_on names {count} jobs (array elements count one each); "
             f"at most {MAX_DEPENDENCIES}",
         )
-    depends = [
-        Dependency(job=job, condition=dependency.condition)
-        for dependency, jobs in chosen
-        for job in (_ids_of(specs[jobs], ids[jobs]) if isinstance(jobs, int) else jobs)
-    ]
+    # Each (job, condition) once: a job named twice, or by its name and by its id, or as an
+    # array and as one of its elements, is one dependency.
+    conditions: dict[tuple[str, str], None] = {}
+    for dependency, jobs in chosen:
+        for job in _ids_of(specs[jobs], ids[jobs]) if isinstance(jobs, int) else jobs:
+            conditions[(job, dependency.condition)] = None
+    for job, condition in conditions:
+        if condition == "succeeded" and (job, "failed") in conditions:
+            raise ProblemError(
+                422,
+                "contradictory-dependency",
+                f"depends_on asks job {job!r} to have both succeeded and failed: the job "
+                "could never start",
+            )
+    depends = [Dependency(job=job, condition=condition) for job, condition in conditions]
     return depends, refs
 
 

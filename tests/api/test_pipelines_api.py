@@ -76,6 +76,26 @@ async def test_a_dependency_on_an_unknown_or_foreign_job_is_refused(
     assert await store.head() == before
 
 
+async def test_a_job_named_twice_is_one_dependency_and_contradictory_conditions_are_refused(
+    api: Api, store: EventStore
+) -> None:
+    nlp = await api.create_team("nlp")
+    prep = await api.submit(nlp, name="prep")
+    twice = [{"job": prep, "condition": "succeeded"}, {"job": prep, "condition": "succeeded"}]
+    response = await api.client.post("/v1/jobs", json=spec("train", depends_on=twice), headers=nlp)
+    assert response.status_code == 201, response.text
+    event = await submitted(store, response.json()["id"])
+    assert [(d.job, d.condition) for d in event.spec.depends_on] == [(prep, "succeeded")]
+    before = await store.head()
+    both = [{"job": prep, "condition": "succeeded"}, {"job": prep, "condition": "failed"}]
+    response = await api.client.post("/v1/jobs", json=spec("eval", depends_on=both), headers=nlp)
+    assert response.status_code == 422, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json()["type"].endswith("/contradictory-dependency")
+    assert prep in response.json()["detail"]
+    assert await store.head() == before
+
+
 async def test_a_request_naming_more_unseen_jobs_than_one_job_may_depend_on_is_refused(
     api: Api, store: EventStore
 ) -> None:
