@@ -28,6 +28,7 @@ from services.agent import isolation
 from services.agent.devices import device_env
 from services.agent.heartbeats import NvmlSampler
 from services.agent.ranks import RankKey, launch
+from services.health.rules import HealthMonitor
 from services.runtime.discovery import discover, gpu_type_of, import_nvml
 from services.runtime.mig_discovery import read_mig
 
@@ -136,6 +137,9 @@ def test_heartbeats_see_a_busy_gpu_its_memory_and_its_sm_activity(
     if sampler.gpm.handles:  # Hopper and later: SM activity between two heartbeats
         assert max(s.sm_activity or 0.0 for s in busy) > 10.0
     assert busy_gpu.pid in _gpu_pids(0)
+    # A busy, healthy GPU is nothing for health to record (no false drain under load).
+    monitor = HealthMonitor()
+    assert [monitor.observe_heartbeat(sampler.heartbeat("gpu-host", datetime.now(UTC)))] == [[]]
 
 
 RANK_PROGRAM = textwrap.dedent(
