@@ -31,6 +31,7 @@ from services.agent.ranks import RankKey, launch
 from services.health.rules import HealthMonitor
 from services.runtime.discovery import discover, gpu_type_of, import_nvml
 from services.runtime.mig_discovery import read_mig
+from tests.inventory.test_mig_discovery import core_table, read_table
 
 
 def _driver() -> Any:
@@ -89,15 +90,7 @@ def test_the_mig_profile_table_the_driver_reports_is_the_core_s() -> None:
     gpu = read_mig(NVML, handle, 0)
     if table is None or not gpu.capable:
         pytest.skip("this GPU has no MIG table in core/mig.py")
-    read = {
-        p.name: (p.profile_id, p.slice_count, p.instance_count, p.memory_mb, p.placements)
-        for p in gpu.profiles
-    }
-    core = {
-        name: (p.profile_id, p.compute_slices, p.instance_count, p.memory_mb, p.placements)
-        for name, p in table.profiles.items()
-    }
-    assert read == core
+    assert read_table(gpu) == core_table(table)
 
 
 @pytest.fixture

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from core.mig import H100_80GB
+from core.mig import H100_80GB, MigModel
 from services.runtime.discovery import import_nvml, nvml_node
-from services.runtime.mig_discovery import mig_uuids, read_mig
+from services.runtime.mig_discovery import NvmlMigGpu, mig_uuids, read_mig
 
 pynvml = import_nvml()
 HARDWARE = Path(__file__).parents[1] / "fixtures" / "hardware" / "h100-80gb-hbm3.nvml.json"
@@ -160,18 +160,29 @@ class StoredH100:
         return device[1]
 
 
-def test_the_profile_table_nvml_reports_is_the_core_s_h100_table() -> None:
-    gpu = read_mig(StoredH100(), 0, 0)
-    assert (gpu.capable, gpu.enabled, gpu.instances) == (True, False, ())
-    read = {
+Row = tuple[int, int, int, int, tuple[tuple[int, int], ...]]
+
+
+def read_table(gpu: NvmlMigGpu) -> dict[str, Row]:
+    """The profile table NVML gave, as (profile id, slices, instances, MB, placements) by name."""
+    return {
         p.name: (p.profile_id, p.slice_count, p.instance_count, p.memory_mb, p.placements)
         for p in gpu.profiles
     }
-    core = {
+
+
+def core_table(model: MigModel) -> dict[str, Row]:
+    """core/mig.py's table of `model`, in the same shape."""
+    return {
         name: (p.profile_id, p.compute_slices, p.instance_count, p.memory_mb, p.placements)
-        for name, p in H100_80GB.profiles.items()
+        for name, p in model.profiles.items()
     }
-    assert read == core
+
+
+def test_the_profile_table_nvml_reports_is_the_core_s_h100_table() -> None:
+    gpu = read_mig(StoredH100(), 0, 0)
+    assert (gpu.capable, gpu.enabled, gpu.instances) == (True, False, ())
+    assert read_table(gpu) == core_table(H100_80GB)
 
 
 def test_existing_instances_and_their_mig_device_uuids_are_read() -> None:
