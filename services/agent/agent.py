@@ -48,7 +48,7 @@ from schemas.jobs import (
 from schemas.nodes import NodeRegistered
 from schemas.telemetry import StepTimeSample
 from services.agent import isolation, logs
-from services.agent.devices import MigUuids
+from services.agent.devices import MigUuids, require_mig_device
 from services.agent.disk import (
     DISK_LIMIT_REASON,
     SIGXFSZ_EXIT_CODES,
@@ -490,6 +490,8 @@ class Agent:
             bad_names = illegal_env_names(spec.env)
             if bad_names:
                 raise ValueError(f"illegal environment variable name {bad_names[0]!r}")
+            if mig_uuids is not None:
+                require_mig_device(placement, mig_uuids)
             env.update(await self._from_log(starting, lambda: resolve_secret_env(self.store, spec)))
             master_addr, master_port = await self._master(starting, reserved)
             env.update(distributed_env(reserved.ranks, key.rank, master_addr, master_port))
@@ -673,14 +675,19 @@ class Agent:
         return isolation.Sandbox(argv, user, procs, sandboxed)
 
     def _mig_uuids(self, spec: JobSpec, placement: RankPlacement) -> MigUuids | None:
-        """The MIG device UUIDs of a slice rank's GPU, as NVML lists its instances now."""
+        """The MIG device UUIDs of a slice rank's GPU, as NVML lists its instances now; empty
+        when NVML cannot say; None for a rank that is no slice (or a host without NVML)."""
         slice_rank = placement.mig is not None or spec.mig_profile is not None
         if not slice_rank or self.sampler is None or not placement.gpus:
             return None
         gpu = placement.gpus[0]
         if gpu >= len(self.sampler.handles):
-            return None
-        return mig_uuids([read_mig(self.sampler.nvml, self.sampler.handles[gpu], gpu)])
+            return {}
+        try:
+            return mig_uuids([read_mig(self.sampler.nvml, self.sampler.handles[gpu], gpu)])
+        except Exception:  # a GPU gone from the bus, a driver error: the launch fails, not us
+            log.warning("MIG instances of GPU %d unreadable", gpu, exc_info=True)
+            return {}
 
     async def usable_checkpoint(self, starting: Launch, meta: Metadata) -> Path | None:
         """The newest committed checkpoint whose shards still hold what was committed. One that

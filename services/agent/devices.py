@@ -73,3 +73,20 @@ def device_env(
     if memory is not None:
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={memory}M"
     return env
+
+
+class MigDeviceMissing(OSError):
+    """A slice rank's GPU instance is not on the real GPU (anymore): a synthetic device would
+    leave the rank without any GPU, so the launch fails with what NVML lists instead."""
+
+
+def require_mig_device(placement: RankPlacement, known: MigUuids) -> None:
+    """Raises MigDeviceMissing unless the real GPU holds the slice rank's instance."""
+    gpu = placement.gpus[0]
+    start = placement.mig.start if placement.mig is not None else 0
+    if (gpu, start) not in known:
+        listed = sorted(slot for index, slot in known if index == gpu)
+        raise MigDeviceMissing(
+            f"GPU {gpu} has no MIG instance at slice {start} (NVML lists instances at "
+            f"{listed or 'none'})"
+        )
