@@ -8,6 +8,7 @@ import logging
 from services.agent.agent import Agent
 from services.agent.heartbeats import NvmlSampler
 from services.agent.log_server import LogServer, create_app
+from services.agent.nic import FabricLinks
 from services.agent.settings import AgentSettings
 from services.runtime.consumer import wait_started
 from services.runtime.discovery import discover, import_nvml
@@ -27,7 +28,7 @@ async def run(settings: AgentSettings, stop: asyncio.Event) -> None:
     )
     sampler = None
     if nodes and nodes[0].discovered_by == "nvml":
-        sampler = NvmlSampler(import_nvml())
+        sampler = NvmlSampler(import_nvml(), links=FabricLinks())
     server = LogServer(settings.log_host, settings.log_port)
     store = await EventStore.connect(settings, producer="agent")
     agent = Agent(settings, store, nodes, sampler=sampler)

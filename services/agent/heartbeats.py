@@ -10,6 +10,7 @@ from schemas.nodes import NodeRegistered
 from schemas.telemetry import GpuSample, NodeHeartbeat
 from services.agent.faults import HEALTHY, Fault
 from services.agent.gpm import GpmSmActivity
+from services.agent.nic import FabricLinks
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +50,17 @@ def synthetic_heartbeat(
 
 
 class NvmlSampler:
-    """Reads temperature, utilisation, memory and ECC counters of the host's GPUs, and their
-    SM activity through NVML GPM where the GPU offers it (services/agent/gpm.py).
+    """Reads temperature, utilisation, memory and ECC counters of the host's GPUs, their SM
+    activity through NVML GPM where the GPU offers it (services/agent/gpm.py), and the host's
+    network links from the kernel (`links`, services/agent/nic.py).
 
     XIDs reach NVML as events; the sampler registers for them once and drains what arrived
     since the last heartbeat.
     """
 
-    def __init__(self, nvml: Any) -> None:
+    def __init__(self, nvml: Any, links: FabricLinks | None = None) -> None:
         self.nvml = nvml
+        self.links = links
         nvml.nvmlInit()
         self.handles = [
             nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())
@@ -119,4 +122,9 @@ class NvmlSampler:
                 log.debug("NVML reading of GPU %d incomplete", index, exc_info=True)
             readings.update(fault.gpus.get(index, {}))
             gpus.append(GpuSample.model_validate(readings))
-        return NodeHeartbeat(node_id=node_id, at=at, gpus=gpus)
+        nic_gbps, expected = self.links.read() if self.links is not None else (None, None)
+        if fault.nic_gbps is not None:
+            nic_gbps, expected = fault.nic_gbps, expected or NIC_EXPECTED_GBPS
+        return NodeHeartbeat(
+            node_id=node_id, at=at, gpus=gpus, nic_gbps=nic_gbps, nic_expected_gbps=expected
+        )
