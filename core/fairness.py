@@ -35,12 +35,10 @@ from core.fairness_pools import Pool, forget_changes, pool_of
 from core.placement import Snapshot, find_placement
 from core.preemption import (
     Eviction,
-    _by_node,
-    _greedy,
     _quota_room,
-    _single,
     credit_leaving,
     request_evictions,
+    search_victims,
 )
 from core.quota import QuotaBook
 from core.state import CoreJob
@@ -345,11 +343,7 @@ def _plan(
         return None
     with snap.trial() as planning:
         planning.reserved = frozenset()
-        chosen = (
-            _single(planning, shape, victims)
-            or _by_node(planning, shape, victims)
-            or _greedy(planning, shape, victims)
-        )
+        chosen = search_victims(planning, shape, victims)
     if chosen is not None and excess:
         chosen = _quota_room(quota, excess, victims, chosen)
     return chosen

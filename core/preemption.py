@@ -470,11 +470,7 @@ def plan_preemption(
         for victims in tiers:
             if not victims:
                 continue
-            chosen = (
-                _single(planning, shape, victims)
-                or _by_node(planning, shape, victims)
-                or _greedy(planning, shape, victims)
-            )
+            chosen = search_victims(planning, shape, victims)
             if chosen is not None and excess:
                 chosen = _quota_room(quota, excess, victims, chosen)
             if chosen is not None:
@@ -549,7 +545,50 @@ def _single(planning: Snapshot, shape: Shape, victims: list[CoreJob]) -> list[Co
     return None
 
 
-def _by_node(planning: Snapshot, shape: Shape, victims: list[CoreJob]) -> list[CoreJob] | None:
+# Node index -> the victims' gangs with ranks there and the GPUs each holds there, in victim order.
+OnNode = dict[int, list[tuple[CoreJob, int]]]
+
+
+def search_victims(
+    planning: Snapshot, shape: Shape, victims: list[CoreJob]
+) -> list[CoreJob] | None:
+    """The victims (in their order of preference) to evict so that the shape fits, or None:
+    a single gang, else chosen node by node, else greedily. A set of victims that could not
+    make room even all evicted together is passed over before the searches that release
+    them: a 4,096-GPU gang facing a few hundred scattered victims released them all, node by
+    node and then greedily, only to learn that (a third of a busy cycle late in a long run,
+    docs/benchmarks.md)."""
+    chosen = _single(planning, shape, victims)
+    if chosen is not None:
+        return chosen
+    on_node = _on_node(victims)
+    if _units_at_most(planning, shape, on_node) < shape.min_units:
+        return None
+    return _by_node(planning, shape, on_node) or _greedy(planning, shape, victims)
+
+
+def _on_node(victims: list[CoreJob]) -> OnNode:
+    on_node: OnNode = {}
+    for victim in victims:
+        for index, mask in victim.ranks:
+            on_node.setdefault(index, []).append((victim, popcount(mask)))
+    return on_node
+
+
+def _units_at_most(planning: Snapshot, shape: Shape, on_node: OnNode) -> int:
+    """The most whole units the shape could find were every victim gone: each node's free
+    GPUs with the victims' there (a gang's GPUs are never free, so they add up). An upper bound:
+    it counts no host, health or topology limit."""
+    unit = shape.unit_gpus
+    count = planning.count
+    units = _free_units(planning, shape)
+    for index, held in on_node.items():
+        free = count.get(index, 0)
+        units += (free + sum(here for _, here in held)) // unit - free // unit
+    return units
+
+
+def _by_node(planning: Snapshot, shape: Shape, on_node: OnNode) -> list[CoreJob] | None:
     """Victims chosen node by node: the nodes that evictions free most cheaply first.
 
     A gang's units each need one node. Small victims taken in pool order are scattered over
@@ -564,10 +603,6 @@ def _by_node(planning: Snapshot, shape: Shape, victims: list[CoreJob]) -> list[C
     further gang.
     """
     unit = shape.unit_gpus
-    on_node: dict[int, list[tuple[CoreJob, int]]] = {}
-    for victim in victims:
-        for index, mask in victim.ranks:
-            on_node.setdefault(index, []).append((victim, popcount(mask)))
     options: list[tuple[GpuAmount, int, list[CoreJob], int]] = []
     for index in sorted(on_node):
         free = planning.count.get(index, 0)
