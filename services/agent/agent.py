@@ -48,7 +48,7 @@ from schemas.jobs import (
 from schemas.nodes import NodeRegistered
 from schemas.telemetry import StepTimeSample
 from services.agent import isolation, logs
-from services.agent.devices import MigUuids
+from services.agent.devices import MigUuids, mps_share
 from services.agent.disk import (
     DISK_LIMIT_REASON,
     SIGXFSZ_EXIT_CODES,
@@ -495,7 +495,14 @@ class Agent:
             env.update(distributed_env(reserved.ranks, key.rank, master_addr, master_port))
             gpus = [] if gpu_uuids is None else [gpu_uuids[gpu] for gpu in placement.gpus]
             sandbox = await asyncio.to_thread(
-                self._sandbox, spec, list(spec.command), env, workdir, cgroup_name, gpus
+                self._sandbox,
+                spec,
+                list(spec.command),
+                env,
+                workdir,
+                cgroup_name,
+                gpus,
+                mps_share(spec, placement),
             )
             cgroup = cgroup_name if sandbox is not None and sandbox.cgroup_procs else None
             # Counted before the start, so an OOM kill at the very start is seen too.
@@ -626,9 +633,11 @@ class Agent:
         workdir: Path,
         cgroup_name: str,
         gpus: Sequence[str] = (),
+        mps: bool = False,
     ) -> isolation.Sandbox | None:
         """How the rank starts: as its team's user, in its cgroups and sandbox (isolation.py),
-        which holds the device nodes of its real GPUs (`gpus`, by UUID) and of no other.
+        which holds the device nodes of its real GPUs (`gpus`, by UUID) and of no other, and
+        the MPS daemon's pipes only where the ledger placed it as an MPS share (`mps`).
         None when the agent does not isolate (it is not root, or told not to). Raises
         IsolationError (the launch fails) rather than start a rank as root."""
         if not self.isolating:
@@ -662,7 +671,7 @@ class Agent:
             self.settings.rank_sandbox == "auto" and isolation.bwrap_works()
         )
         if sandboxed:
-            pipes = isolation.mps_pipes(env, os.environ) if gpus else []
+            pipes = isolation.mps_pipes(env, os.environ, share=mps) if gpus else []
             argv = isolation.bwrap_argv(
                 argv,
                 state_dir=self.state_dir,

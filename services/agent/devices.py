@@ -61,11 +61,10 @@ def device_env(
             placement.node_id, gpu, profile, start
         )
         return env
-    share = placement.share
-    sharing = share.sharing if share is not None else spec.sharing
-    thousandths = share.thousandths if share is not None else spec.gpu_thousandths
-    if sharing != "mps" or not thousandths or not placement.gpus:
+    if not mps_share(spec, placement):
         return env
+    share = placement.share
+    thousandths = share.thousandths if share is not None else spec.gpu_thousandths
     memory = share.memory_mb if share is not None else spec.gpu_memory_mb
     if memory is None and gpu_memory_mb is not None and placement.gpus[0] in gpu_memory_mb:
         memory = thousandths * gpu_memory_mb[placement.gpus[0]] // 1000
@@ -73,3 +72,15 @@ def device_env(
     if memory is not None:
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={memory}M"
     return env
+
+
+def mps_share(spec: JobSpec, placement: RankPlacement) -> bool:
+    """Whether the rank is an MPS share of its GPU, as the ledger placed it: only such a rank
+    reaches the host's MPS daemon (services/agent/isolation.py `mps_pipes`). Never read from
+    the rank's environment, which the job's `env` writes."""
+    if placement.mig is not None or spec.mig_profile is not None or not placement.gpus:
+        return False
+    share = placement.share
+    sharing = share.sharing if share is not None else spec.sharing
+    thousandths = share.thousandths if share is not None else spec.gpu_thousandths
+    return sharing == "mps" and bool(thousandths)

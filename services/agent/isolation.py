@@ -319,12 +319,17 @@ def gpu_device_nodes(
     return [node for node in nodes if node.exists()]
 
 
-def mps_pipes(env: dict[str, str], agent_env: Mapping[str, str]) -> list[Path]:
+def mps_pipes(env: dict[str, str], agent_env: Mapping[str, str], *, share: bool) -> list[Path]:
     """The MPS control daemon's pipe directory, for an MPS share's sandbox to bind (its private
     /tmp would hide the default one, and with it the daemon): the agent's
     CUDA_MPS_PIPE_DIRECTORY, else NVIDIA's default, where it exists. Sets the rank's variable to
-    it, so the rank looks where the daemon listens."""
-    if "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env:
+    it, so the rank looks where the daemon listens.
+
+    `share`: the ledger placed the rank as an MPS share (services/agent/devices.py
+    `mps_share`). Not the rank's env: a job's own `env` may set the MPS variables, and a
+    whole-GPU rank that did reached the daemon, whose server runs outside every sandbox on
+    the GPUs the daemon serves, and queues the MPS clients of every other user behind it."""
+    if not share:
         return []
     pipes = Path(agent_env.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DIRECTORY)
     if not pipes.is_dir():

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from schemas.jobs import GpuShare, JobSpec, RankPlacement
 from services.agent import isolation
+from services.agent.devices import mps_share
+from services.agent.plan import rank_env
 
 H100_INFORMATION = """Model: \t\t NVIDIA H100 80GB HBM3
 IRQ:   \t\t 41
@@ -92,11 +95,61 @@ def test_the_sandbox_binds_the_rank_s_devices_into_its_fresh_dev(tmp_path: Path)
 def test_an_mps_share_binds_the_daemon_s_pipes_and_looks_for_it_there(tmp_path: Path) -> None:
     pipes = tmp_path / "mps"
     pipes.mkdir()
+    agent_env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipes)}
     share = {"CUDA_VISIBLE_DEVICES": FIRST, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
-    assert isolation.mps_pipes(share, {"CUDA_MPS_PIPE_DIRECTORY": str(pipes)}) == [pipes]
+    assert isolation.mps_pipes(share, agent_env, share=True) == [pipes]
     assert share["CUDA_MPS_PIPE_DIRECTORY"] == str(pipes)
     whole = {"CUDA_VISIBLE_DEVICES": FIRST}
-    assert isolation.mps_pipes(whole, {"CUDA_MPS_PIPE_DIRECTORY": str(pipes)}) == []
+    assert isolation.mps_pipes(whole, agent_env, share=False) == []
     assert "CUDA_MPS_PIPE_DIRECTORY" not in whole
     no_daemon = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25"}
-    assert isolation.mps_pipes(no_daemon, {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "no")}) == []
+    no = {"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "no")}
+    assert isolation.mps_pipes(no_daemon, no, share=True) == []
+
+
+def test_a_whole_gpu_rank_whose_job_sets_the_mps_variables_gets_no_daemon(
+    tmp_path: Path,
+) -> None:
+    """Attack: a whole-GPU job of team A sets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in its own
+    `env`. The sandbox bound the MPS daemon's pipes into its rank because the rank's env
+    held the variable: its CUDA then ran in an MPS server outside the sandbox, on whatever
+    GPUs the host's daemon serves, and queued another team's MPS shares behind it (one
+    user's server at a time per daemon). Only the ledger's MPS share reaches the daemon."""
+    pipes = tmp_path / "mps"
+    pipes.mkdir()
+    job = JobSpec(
+        name="t",
+        team="a",
+        tasks=1,
+        gpus_per_task=1,
+        command=["python"],
+        env={"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "1"},
+    )
+    whole = RankPlacement(rank=0, node_id="gpu-host", gpus=[0])
+    env = rank_env(
+        spec=job,
+        job_id="j1",
+        attempt=1,
+        placement=whole,
+        world_size=1,
+        checkpoint_dir=None,
+        checkpoint_request=tmp_path / "req.json",
+        agent_env={},
+        gpu_uuids={0: FIRST},
+    )
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "1"  # the job's own, as it asked
+    agent_env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipes)}
+    assert isolation.mps_pipes(env, agent_env, share=mps_share(job, whole)) == []
+    share = RankPlacement(
+        rank=0,
+        node_id="gpu-host",
+        gpus=[0],
+        share=GpuShare(thousandths=250, memory_mb=2000, sharing="mps"),
+    )
+    fraction = job.model_copy(update={"gpus_per_task": 1, "gpu_fraction": 0.25, "env": {}})
+    assert mps_share(fraction, share)
+    assert not mps_share(fraction, share.model_copy(update={"share": None, "gpus": []}))
+    timeslice = share.model_copy(
+        update={"share": GpuShare(thousandths=250, memory_mb=None, sharing="timeslice")}
+    )
+    assert not mps_share(fraction, timeslice)
