@@ -292,7 +292,8 @@ def gpu_minor(information: str) -> tuple[str, int] | None:
         if colon:
             fields[name.strip()] = value.strip()
     uuid, minor = fields.get("GPU UUID"), fields.get("Device Minor")
-    if not uuid or minor is None or not minor.isdigit():
+    # isdigit() alone admits '²' (int() refuses it) and other scripts' digits.
+    if not uuid or minor is None or not (minor.isascii() and minor.isdigit()):
         return None
     return uuid, int(minor)
 
@@ -307,16 +308,23 @@ def gpu_device_nodes(
         return []  # a CPU-only rank opens no GPU device at all
     minors: dict[str, int] = {}
     for information in sorted(gpus.glob("*/information")):
-        with contextlib.suppress(OSError):
+        # Another GPU's unreadable or undecodable listing is no reason to fail this rank's
+        # launch (a UnicodeDecodeError failed every launch on the host, as permanent).
+        with contextlib.suppress(OSError, ValueError):
             found = gpu_minor(information.read_text())
             if found is not None:
                 minors[found[0]] = found[1]
     unknown = [uuid for uuid in uuids if uuid not in minors]
     if unknown:
         raise IsolationError(f"the NVIDIA driver lists no GPU {unknown[0]}")
-    nodes = [dev / name for name in NVIDIA_SHARED_NODES]
-    nodes += [dev / f"nvidia{minors[uuid]}" for uuid in uuids]
-    return [node for node in nodes if node.exists()]
+    own = [dev / f"nvidia{minors[uuid]}" for uuid in uuids]
+    missing = [node for node in own if not node.exists()]
+    if missing:
+        # Left out, the rank started without its GPU and died of CUDA's 'no GPU', a failure
+        # of the job's own rather than of the host's.
+        raise IsolationError(f"GPU {uuids[own.index(missing[0])]} has no device node {missing[0]}")
+    shared = [dev / name for name in NVIDIA_SHARED_NODES]
+    return [node for node in shared if node.exists()] + own
 
 
 def mps_pipes(env: dict[str, str], agent_env: Mapping[str, str], *, share: bool) -> list[Path]:

@@ -153,3 +153,39 @@ def test_a_whole_gpu_rank_whose_job_sets_the_mps_variables_gets_no_daemon(
         update={"share": GpuShare(thousandths=250, memory_mb=None, sharing="timeslice")}
     )
     assert not mps_share(fraction, timeslice)
+
+
+def test_odd_digits_in_the_driver_s_listing_name_no_minor() -> None:
+    """'²'.isdigit() is True and int('²') raises: a listing with it failed the launch with a
+    ValueError rather than naming no GPU."""
+    for odd in ("²", "٣", "-1", "3a", ""):
+        text = H100_INFORMATION.replace("Minor: \t 0", f"Minor: \t {odd}")
+        assert isolation.gpu_minor(text) is None, odd
+
+
+def test_another_gpu_s_undecodable_listing_does_not_fail_this_rank_s_launch(
+    tmp_path: Path,
+) -> None:
+    """The UnicodeDecodeError of one GPU's `information` (a ValueError, which the launch
+    counts as a permanent failure) failed every launch on the host."""
+    gpus, dev = _host(tmp_path)
+    (gpus / "0000:00:07.0" / "information").write_bytes(b"GPU UUID: \xff\xfe\nDevice Minor: 0\n")
+    (gpus / "0000:00:08.0").mkdir()
+    (gpus / "0000:00:08.0" / "information").symlink_to(gpus / "0000:00:08.0" / "information")
+    (gpus / "0000:00:09.0").mkdir()
+    (gpus / "0000:00:09.0" / "information").mkdir()
+    nodes = isolation.gpu_device_nodes([FIRST], gpus=gpus, dev=dev)
+    assert dev / "nvidia3" in nodes and dev / "nvidia0" not in nodes
+
+
+def test_a_gpu_without_its_device_node_fails_the_launch_rather_than_starting_without_it(
+    tmp_path: Path,
+) -> None:
+    """A GPU the driver still lists but whose /dev/nvidia<minor> is gone (fallen off the bus
+    and removed, or never created in a container): its node was silently left out, and the
+    rank started with no GPU at all, to fail as if its own program had."""
+    gpus, dev = _host(tmp_path)
+    (dev / "nvidia3").unlink()
+    with pytest.raises(isolation.IsolationError, match=r"no device node .*nvidia3"):
+        isolation.gpu_device_nodes([FIRST], gpus=gpus, dev=dev)
+    assert dev / "nvidia0" in isolation.gpu_device_nodes([SECOND], gpus=gpus, dev=dev)
