@@ -142,7 +142,13 @@ def _instances(
             log.debug("GPU instances of profile %d unreadable", profile_id, exc_info=True)
             continue
         for instance in handles:
-            info = nvml.nvmlGpuInstanceGetInfo(instance)
+            # One instance NVML will not describe (a GPU falling off the bus answers
+            # NVML_ERROR_GPU_IS_LOST) is left out, not the host's whole discovery.
+            try:
+                info = nvml.nvmlGpuInstanceGetInfo(instance)
+            except Exception:
+                log.warning("a GPU instance of profile %d unreadable", profile_id, exc_info=True)
+                continue
             starts[int(info.id)] = (name, int(info.placement.start))
     uuids: dict[int, str] = {}
     try:
@@ -154,10 +160,13 @@ def _instances(
             device = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, number)
         except Exception:  # an empty MIG device slot
             continue
-        uuid = nvml.nvmlDeviceGetUUID(device)
-        uuids[int(nvml.nvmlDeviceGetGpuInstanceId(device))] = (
-            uuid.decode() if isinstance(uuid, bytes) else str(uuid)
-        )
+        try:
+            uuid = nvml.nvmlDeviceGetUUID(device)
+            gi = int(nvml.nvmlDeviceGetGpuInstanceId(device))
+        except Exception:  # its instance is listed without a UUID, which no rank is given
+            log.warning("MIG device %d unreadable", number, exc_info=True)
+            continue
+        uuids[gi] = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
     return tuple(
         sorted(
             (NvmlMigInstance(name, start, uuids.get(gi)) for gi, (name, start) in starts.items()),

@@ -198,3 +198,30 @@ def test_a_host_node_declares_its_model_mig_mode_cpus_and_memory(
     monkeypatch.setenv("GANGWAY_MIG_MANAGE", "1")
     managed = nvml_node(rack="r0", block="b0", nvml=StoredH100())
     assert managed is not None and managed.mig == "dynamic"
+
+
+@pytest.mark.parametrize(
+    "call", ["nvmlGpuInstanceGetInfo", "nvmlDeviceGetUUID", "nvmlDeviceGetGpuInstanceId"]
+)
+def test_an_instance_nvml_cannot_read_leaves_it_out_not_the_host(call: str) -> None:
+    """NVML answering an error (NVML_ERROR_GPU_IS_LOST, say) for one GPU instance or MIG device
+    raised out of read_mig: the agent could not discover its host at all, and a slice's
+    launch (which reads the instances again) raised out of the launch."""
+    driver = StoredH100(instances=(("3g.40gb", 4), ("4g.40gb", 0)))
+    real = getattr(driver, call)
+
+    def lost(*args: Any) -> Any:
+        if call == "nvmlDeviceGetUUID" and not isinstance(args[0], tuple):
+            return real(*args)  # the GPU's own UUID reads; its MIG devices' do not
+        if call == "nvmlGpuInstanceGetInfo" and args[0] == 0:
+            return real(*args)  # the 3g.40gb instance (the first) reads, the 4g.40gb not
+        raise NvmlError("GPU is lost")
+
+    setattr(driver, call, lost)
+    gpu = read_mig(driver, 0, 0)
+    if call == "nvmlGpuInstanceGetInfo":
+        assert [(i.profile, i.start) for i in gpu.instances] == [("3g.40gb", 4)]
+    else:
+        assert {(i.profile, i.start) for i in gpu.instances} == {("3g.40gb", 4), ("4g.40gb", 0)}
+        assert mig_uuids([gpu]) == {}
+    assert nvml_node(rack="r0", block="b0", nvml=driver) is not None
