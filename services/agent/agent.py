@@ -456,37 +456,39 @@ class Agent:
     ) -> RankProcess | None:
         key = RankKey(reserved.job_id, reserved.attempt, placement.rank)
         workdir = self.work_dir / key.job_id / f"a{key.attempt}" / f"rank-{key.rank}"
-        node = self.nodes[placement.node_id]
-        # A real node's GPUs go by their UUIDs (services/agent/devices.py); a slice's MIG
-        # device UUID is read from NVML at launch, as the instance is now.
-        gpu_uuids = {g.index: g.uuid for g in node.gpus} if node.discovered_by == "nvml" else None
-        mig_uuids = (
-            await asyncio.to_thread(self._mig_uuids, spec, placement)
-            if gpu_uuids is not None
-            else None
-        )
-        env = rank_env(
-            spec=spec,
-            job_id=key.job_id,
-            attempt=key.attempt,
-            placement=placement,
-            world_size=world_size,
-            checkpoint_dir=resume,
-            checkpoint_request=workdir / REQUEST,
-            step_file=workdir / STEP_FILE,
-            agent_env=os.environ,
-            gpu_memory_mb={g.index: g.memory_mb for g in node.gpus},
-            mig_uuids=mig_uuids,
-            gpu_uuids=gpu_uuids,
-            checkpoint_interval_s=reserved.checkpoint_interval_s,
-        )
-        if view.array_index is not None:
-            env["GANGWAY_ARRAY_INDEX"] = str(view.array_index)
         started = TaskStarted(
             job_id=key.job_id, attempt=key.attempt, rank=key.rank, node_id=placement.node_id
         )
         cgroup_name = self.cgroup_name(key)
         try:
+            node = self.nodes[placement.node_id]
+            # A real node's GPUs go by their UUIDs (services/agent/devices.py); a slice's MIG
+            # device UUID is read from NVML at launch, as the instance is now.
+            gpu_uuids = (
+                {g.index: g.uuid for g in node.gpus} if node.discovered_by == "nvml" else None
+            )
+            mig_uuids = (
+                await asyncio.to_thread(self._mig_uuids, spec, placement)
+                if gpu_uuids is not None
+                else None
+            )
+            env = rank_env(
+                spec=spec,
+                job_id=key.job_id,
+                attempt=key.attempt,
+                placement=placement,
+                world_size=world_size,
+                checkpoint_dir=resume,
+                checkpoint_request=workdir / REQUEST,
+                step_file=workdir / STEP_FILE,
+                agent_env=os.environ,
+                gpu_memory_mb={g.index: g.memory_mb for g in node.gpus},
+                mig_uuids=mig_uuids,
+                gpu_uuids=gpu_uuids,
+                checkpoint_interval_s=reserved.checkpoint_interval_s,
+            )
+            if view.array_index is not None:
+                env["GANGWAY_ARRAY_INDEX"] = str(view.array_index)
             bad_names = illegal_env_names(spec.env)
             if bad_names:
                 raise ValueError(f"illegal environment variable name {bad_names[0]!r}")
@@ -682,13 +684,14 @@ class Agent:
         return isolation.Sandbox(argv, user, procs, sandboxed)
 
     def _mig_uuids(self, spec: JobSpec, placement: RankPlacement) -> MigUuids | None:
-        """The MIG device UUIDs of a slice rank's GPU, as NVML lists its instances now."""
+        """The MIG device UUIDs of a slice rank's GPU, as NVML lists its instances now (none
+        where NVML cannot say: the launch then fails, services/agent/devices.py)."""
         slice_rank = placement.mig is not None or spec.mig_profile is not None
-        if not slice_rank or self.sampler is None or not placement.gpus:
+        if not slice_rank or not placement.gpus:
             return None
         gpu = placement.gpus[0]
-        if gpu >= len(self.sampler.handles):
-            return None
+        if self.sampler is None or gpu >= len(self.sampler.handles):
+            return {}
         return mig_uuids([read_mig(self.sampler.nvml, self.sampler.handles[gpu], gpu)])
 
     async def usable_checkpoint(self, starting: Launch, meta: Metadata) -> Path | None:

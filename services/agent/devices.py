@@ -5,7 +5,8 @@
   inside the rank's sandbox it sees only its own GPUs, numbered from 0, so only the UUID names
   the same GPU for NVML, the scheduler and CUDA alike.
 - A slice rank: `CUDA_VISIBLE_DEVICES` holds the MIG device UUID (`MIG-…`) of its GPU instance.
-  On a real node the UUID is NVML's (services/runtime/mig_discovery.py); a simulated node
+  On a real node the UUID is NVML's (services/runtime/mig_discovery.py), and a slice whose
+  instance NVML does not list at launch fails to start (LookupError); a simulated node
   derives a stable synthetic one from (node, GPU, profile, start slot), the same on every
   launch, so that a rank and its restarts see the same device.
 - An MPS share: its GPU, plus `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (its compute share, in whole
@@ -56,10 +57,17 @@ def device_env(
     if profile is not None and placement.gpus:
         gpu = placement.gpus[0]
         start = placement.mig.start if placement.mig is not None else 0
-        real = (mig_uuids or {}).get((gpu, start))
-        env["CUDA_VISIBLE_DEVICES"] = real or synthetic_mig_uuid(
-            placement.node_id, gpu, profile, start
-        )
+        if mig_uuids is None:
+            env["CUDA_VISIBLE_DEVICES"] = synthetic_mig_uuid(placement.node_id, gpu, profile, start)
+            return env
+        # A real node: a synthetic UUID names no device CUDA knows, and the rank would start
+        # only to die of 'no CUDA GPUs', a failure counted against the job.
+        real = mig_uuids.get((gpu, start))
+        if real is None:
+            raise LookupError(
+                f"GPU {gpu} holds no MIG instance {profile} at slot {start} that NVML names now"
+            )
+        env["CUDA_VISIBLE_DEVICES"] = real
         return env
     if not mps_share(spec, placement):
         return env

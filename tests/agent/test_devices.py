@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from schemas.jobs import GpuShare, JobSpec, MigSlice, RankPlacement
 from services.agent.devices import device_env, synthetic_mig_uuid
 from services.agent.plan import rank_env
@@ -114,3 +116,14 @@ def test_a_real_node_s_slice_keeps_its_mig_device_over_its_gpu_s_uuid() -> None:
     real = {(0, 6): "MIG-11111111-2222-5333-8444-555555555555"}
     env = device_env(spec(mig_profile="1g.10gb"), placement, mig_uuids=real, gpu_uuids=H100_UUIDS)
     assert env["CUDA_VISIBLE_DEVICES"] == real[(0, 6)]
+
+
+def test_a_real_node_s_slice_nvml_does_not_list_is_refused_not_given_a_made_up_device() -> None:
+    placement = RankPlacement(
+        rank=0, node_id="gpu-host", gpus=[0], mig=MigSlice(profile="1g.10gb", start=6)
+    )
+    listed = {(0, 5): "MIG-11111111-2222-5333-8444-555555555555"}
+    with pytest.raises(LookupError, match=r"no MIG instance 1g\.10gb at slot 6"):
+        device_env(spec(mig_profile="1g.10gb"), placement, mig_uuids=listed, gpu_uuids=H100_UUIDS)
+    simulated = device_env(spec(mig_profile="1g.10gb"), placement)
+    assert simulated["CUDA_VISIBLE_DEVICES"] == synthetic_mig_uuid("gpu-host", 0, "1g.10gb", 6)
