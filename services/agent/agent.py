@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
@@ -48,7 +48,7 @@ from schemas.jobs import (
 from schemas.nodes import NodeRegistered
 from schemas.telemetry import StepTimeSample
 from services.agent import isolation, logs
-from services.agent.devices import MigUuids, mps_share
+from services.agent.devices import mig_slot, mps_share
 from services.agent.disk import (
     DISK_LIMIT_REASON,
     SIGXFSZ_EXIT_CODES,
@@ -105,7 +105,7 @@ from services.runtime.consumer import EventConsumer, EventHandler, telemetry_rec
 from services.runtime.errors import DATABASE_UNAVAILABLE, DomainError
 from services.runtime.kafka import make_producer, start_producer, stop_producer
 from services.runtime.metrics import new_registry
-from services.runtime.mig_discovery import mig_uuids, read_mig
+from services.runtime.mig_discovery import NvmlMigGpu, mig_uuids, read_mig
 from services.runtime.records import Metadata
 from services.runtime.retry import Outage, until_available
 from services.runtime.store import EventStore
@@ -467,8 +467,8 @@ class Agent:
             gpu_uuids = (
                 {g.index: g.uuid for g in node.gpus} if node.discovered_by == "nvml" else None
             )
-            mig_uuids = (
-                await asyncio.to_thread(self._mig_uuids, spec, placement)
+            listing = (
+                await asyncio.to_thread(self._mig_listing, spec, placement)
                 if gpu_uuids is not None
                 else None
             )
@@ -483,7 +483,7 @@ class Agent:
                 step_file=workdir / STEP_FILE,
                 agent_env=os.environ,
                 gpu_memory_mb={g.index: g.memory_mb for g in node.gpus},
-                mig_uuids=mig_uuids,
+                mig_uuids=None if listing is None else mig_uuids([listing]),
                 gpu_uuids=gpu_uuids,
                 checkpoint_interval_s=reserved.checkpoint_interval_s,
             )
@@ -505,6 +505,7 @@ class Agent:
                 cgroup_name,
                 gpus,
                 mps_share(spec, placement),
+                None if listing is None else _slice_ids(listing, mig_slot(spec, placement)),
             )
             cgroup = cgroup_name if sandbox is not None and sandbox.cgroup_procs else None
             # Counted before the start, so an OOM kill at the very start is seen too.
@@ -636,10 +637,12 @@ class Agent:
         cgroup_name: str,
         gpus: Sequence[str] = (),
         mps: bool = False,
+        mig: tuple[int, int] | Literal["unknown"] | None = None,
     ) -> isolation.Sandbox | None:
         """How the rank starts: as its team's user, in its cgroups and sandbox (isolation.py),
         which holds the device nodes of its real GPUs (`gpus`, by UUID) and of no other, and
-        the MPS daemon's pipes only where the ledger placed it as an MPS share (`mps`).
+        the MPS daemon's pipes only where the ledger placed it as an MPS share (`mps`), and a
+        slice rank's (`mig`: its GPU and compute instance ids) access to its slice alone.
         None when the agent does not isolate (it is not root, or told not to). Raises
         IsolationError (the launch fails) rather than start a rank as root."""
         if not self.isolating:
@@ -679,20 +682,20 @@ class Agent:
                 state_dir=self.state_dir,
                 binds=[workdir, checkpoints, *pipes],
                 workdir=workdir,
-                devices=isolation.gpu_device_nodes(gpus),
+                devices=isolation.gpu_device_nodes(gpus, mig=_known_slice(mig)),
             )
         return isolation.Sandbox(argv, user, procs, sandboxed)
 
-    def _mig_uuids(self, spec: JobSpec, placement: RankPlacement) -> MigUuids | None:
-        """The MIG device UUIDs of a slice rank's GPU, as NVML lists its instances now (none
-        where NVML cannot say: the launch then fails, services/agent/devices.py)."""
-        slice_rank = placement.mig is not None or spec.mig_profile is not None
-        if not slice_rank or not placement.gpus:
+    def _mig_listing(self, spec: JobSpec, placement: RankPlacement) -> NvmlMigGpu | None:
+        """A slice rank's GPU's MIG instances, as NVML lists them now (none where NVML cannot
+        say: the launch then fails, services/agent/devices.py); None for any other rank."""
+        slot = mig_slot(spec, placement)
+        if slot is None:
             return None
-        gpu = placement.gpus[0]
+        gpu = slot[0]
         if self.sampler is None or gpu >= len(self.sampler.handles):
-            return {}
-        return mig_uuids([read_mig(self.sampler.nvml, self.sampler.handles[gpu], gpu)])
+            return NvmlMigGpu(index=gpu, capable=False, enabled=False)
+        return read_mig(self.sampler.nvml, self.sampler.handles[gpu], gpu)
 
     async def usable_checkpoint(self, starting: Launch, meta: Metadata) -> Path | None:
         """The newest committed checkpoint whose shards still hold what was committed. One that
@@ -1126,3 +1129,25 @@ def _device(path: Path) -> int | None:
         return path.stat().st_dev
     except OSError:
         return None  # not made yet, or gone
+
+
+def _slice_ids(
+    listing: NvmlMigGpu, slot: tuple[int, int] | None
+) -> tuple[int, int] | Literal["unknown"] | None:
+    """The (GPU instance, compute instance) ids of the slice at `slot`, as NVML lists it."""
+    if slot is None:
+        return None
+    for instance in listing.instances:
+        if instance.start == slot[1]:
+            if instance.gpu_instance is None or instance.compute_instance is None:
+                break
+            return instance.gpu_instance, instance.compute_instance
+    return "unknown"
+
+
+def _known_slice(mig: tuple[int, int] | Literal["unknown"] | None) -> tuple[int, int] | None:
+    """A slice rank's ids for its sandbox; a slice whose ids NVML would not give cannot have
+    one (with all of the GPU's capabilities it could use another team's slice)."""
+    if mig == "unknown":
+        raise isolation.IsolationError("NVML names no GPU and compute instance of the slice")
+    return mig

@@ -53,10 +53,11 @@ def device_env(
         for gpu in placement.gpus
     )
     env = {"CUDA_VISIBLE_DEVICES": gpus}
-    profile = placement.mig.profile if placement.mig is not None else spec.mig_profile
-    if profile is not None and placement.gpus:
-        gpu = placement.gpus[0]
-        start = placement.mig.start if placement.mig is not None else 0
+    slot = mig_slot(spec, placement)
+    if slot is not None:
+        gpu, start = slot
+        profile = placement.mig.profile if placement.mig is not None else spec.mig_profile
+        assert profile is not None  # mig_slot says so
         if mig_uuids is None:
             env["CUDA_VISIBLE_DEVICES"] = synthetic_mig_uuid(placement.node_id, gpu, profile, start)
             return env
@@ -92,3 +93,11 @@ def mps_share(spec: JobSpec, placement: RankPlacement) -> bool:
     sharing = share.sharing if share is not None else spec.sharing
     thousandths = share.thousandths if share is not None else spec.gpu_thousandths
     return sharing == "mps" and bool(thousandths)
+
+
+def mig_slot(spec: JobSpec, placement: RankPlacement) -> tuple[int, int] | None:
+    """(GPU, start slot) of a slice rank's GPU instance; None for any other rank."""
+    profile = placement.mig.profile if placement.mig is not None else spec.mig_profile
+    if profile is None or not placement.gpus:
+        return None
+    return placement.gpus[0], placement.mig.start if placement.mig is not None else 0

@@ -34,16 +34,20 @@ PRIVATE_STATE = ("logs", "pids")
 DEFAULT_PIDS_MAX = 4096
 # Where the NVIDIA driver lists its GPUs (one directory per PCI address, an `information` file).
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
-# What every CUDA process opens besides its own GPUs' /dev/nvidiaN: the control device, unified
-# memory, and (for MIG instances) the access capabilities, whose modes say who may use them.
+# Where the driver says which /dev/nvidia-caps/nvidia-cap<minor> grants access to a MIG
+# slice: gpu<GPU minor>/mig/gi<id>/access and gpu<GPU minor>/mig/gi<id>/ci<id>/access.
+NVIDIA_CAPABILITIES = Path("/proc/driver/nvidia/capabilities")
 # Where the MPS control daemon keeps its pipes unless CUDA_MPS_PIPE_DIRECTORY says otherwise.
 MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"
+# What every CUDA process opens besides its own GPUs' /dev/nvidiaN: the control device and
+# unified memory. Not /dev/nvidia-caps: its nodes are the access capabilities of every MIG
+# slice of the host (mode 0444 by default), and a slice rank holding them all could run on
+# another team's slice of its GPU; a slice rank gets its own two (mig_cap_nodes).
 NVIDIA_SHARED_NODES = (
     "nvidiactl",
     "nvidia-uvm",
     "nvidia-uvm-tools",
     "nvidia-modeset",
-    "nvidia-caps",
 )
 
 
@@ -299,11 +303,18 @@ def gpu_minor(information: str) -> tuple[str, int] | None:
 
 
 def gpu_device_nodes(
-    uuids: Sequence[str], *, gpus: Path = NVIDIA_GPUS, dev: Path = Path("/dev")
+    uuids: Sequence[str],
+    *,
+    mig: tuple[int, int] | None = None,
+    gpus: Path = NVIDIA_GPUS,
+    dev: Path = Path("/dev"),
+    capabilities: Path = NVIDIA_CAPABILITIES,
 ) -> list[Path]:
     """The device nodes a rank on the GPUs `uuids` needs inside its sandbox, and no other GPU's:
     the driver's shared nodes and each GPU's /dev/nvidiaN (N, the minor the driver gives it,
-    need not be NVML's index). Raises IsolationError when the driver does not know a GPU."""
+    need not be NVML's index); for a slice rank (`mig`: its GPU instance and compute instance
+    ids on its one GPU) the access capabilities of that slice and of no other.
+    Raises IsolationError when the driver does not know a GPU."""
     if not uuids:
         return []  # a CPU-only rank opens no GPU device at all
     minors: dict[str, int] = {}
@@ -324,7 +335,38 @@ def gpu_device_nodes(
         # of the job's own rather than of the host's.
         raise IsolationError(f"GPU {uuids[own.index(missing[0])]} has no device node {missing[0]}")
     shared = [dev / name for name in NVIDIA_SHARED_NODES]
-    return [node for node in shared if node.exists()] + own
+    caps = [] if mig is None else mig_cap_nodes(minors[uuids[0]], *mig, capabilities, dev)
+    return [node for node in shared if node.exists()] + own + caps
+
+
+def mig_cap_nodes(
+    gpu_minor: int, gpu_instance: int, compute_instance: int, capabilities: Path, dev: Path
+) -> list[Path]:
+    """/dev/nvidia-caps/nvidia-cap<minor> of one slice's GPU instance and compute instance, as
+    the driver's capability files name them (`DeviceFileMinor: <minor>`). None where the driver
+    checks access through /proc rather than device nodes (nv_cap_enable_devfs=0): there is no
+    node to give or withhold. Raises IsolationError when the driver lists no such slice."""
+    gi = capabilities / f"gpu{gpu_minor}" / "mig" / f"gi{gpu_instance}"
+    nodes = []
+    for access in (gi / "access", gi / f"ci{compute_instance}" / "access"):
+        try:
+            text = access.read_text()
+        except (OSError, ValueError) as error:
+            raise IsolationError(f"the NVIDIA driver lists no MIG capability {access}") from error
+        minor = _field(text, "DeviceFileMinor")
+        if minor is None or not (minor.isascii() and minor.isdigit()):
+            raise IsolationError(f"the NVIDIA driver's {access} names no device minor")
+        nodes.append(dev / "nvidia-caps" / f"nvidia-cap{int(minor)}")
+    return [node for node in nodes if node.exists()]
+
+
+def _field(text: str, wanted: str) -> str | None:
+    """The value of `wanted: value` in a driver's /proc text."""
+    for line in text.splitlines():
+        name, colon, value = line.partition(":")
+        if colon and name.strip() == wanted:
+            return value.strip()
+    return None
 
 
 def mps_pipes(env: dict[str, str], agent_env: Mapping[str, str], *, share: bool) -> list[Path]:

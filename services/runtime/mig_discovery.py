@@ -40,6 +40,10 @@ class NvmlMigInstance:
     profile: str
     start: int
     uuid: str | None  # the MIG device's UUID, where a compute instance exposes one
+    # The GPU instance's id and its MIG device's compute instance id: the driver's access
+    # capabilities (/dev/nvidia-caps) of the slice are named by them.
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +154,7 @@ def _instances(
                 log.warning("a GPU instance of profile %d unreadable", profile_id, exc_info=True)
                 continue
             starts[int(info.id)] = (name, int(info.placement.start))
-    uuids: dict[int, str] = {}
+    uuids: dict[int, tuple[str, int | None]] = {}
     try:
         count = int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))
     except Exception:
@@ -166,10 +170,24 @@ def _instances(
         except Exception:  # its instance is listed without a UUID, which no rank is given
             log.warning("MIG device %d unreadable", number, exc_info=True)
             continue
-        uuids[gi] = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
+        try:
+            ci: int | None = int(nvml.nvmlDeviceGetComputeInstanceId(device))
+        except Exception:  # its UUID still names it to CUDA; its sandbox cannot be built
+            log.warning("MIG device %d: compute instance unreadable", number, exc_info=True)
+            ci = None
+        uuids[gi] = (uuid.decode() if isinstance(uuid, bytes) else str(uuid), ci)
     return tuple(
         sorted(
-            (NvmlMigInstance(name, start, uuids.get(gi)) for gi, (name, start) in starts.items()),
+            (
+                NvmlMigInstance(
+                    name,
+                    start,
+                    uuids[gi][0] if gi in uuids else None,
+                    gpu_instance=gi,
+                    compute_instance=uuids[gi][1] if gi in uuids else None,
+                )
+                for gi, (name, start) in starts.items()
+            ),
             key=lambda i: i.start,
         )
     )

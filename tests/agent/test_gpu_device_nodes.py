@@ -59,7 +59,6 @@ def test_a_rank_gets_its_own_gpus_nodes_by_minor_and_the_shared_ones_and_no_othe
     gpus, dev = _host(tmp_path)
     nodes = isolation.gpu_device_nodes([FIRST], gpus=gpus, dev=dev)
     assert sorted(node.name for node in nodes) == [
-        "nvidia-caps",
         "nvidia-uvm",
         "nvidia-uvm-tools",
         "nvidia3",  # the first GPU's minor, not its index
@@ -189,3 +188,60 @@ def test_a_gpu_without_its_device_node_fails_the_launch_rather_than_starting_wit
     with pytest.raises(isolation.IsolationError, match=r"no device node .*nvidia3"):
         isolation.gpu_device_nodes([FIRST], gpus=gpus, dev=dev)
     assert dev / "nvidia0" in isolation.gpu_device_nodes([SECOND], gpus=gpus, dev=dev)
+
+
+def _access(minor: int) -> str:
+    """A capability's `access` file as the driver prints it."""
+    return f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n"
+
+
+def _mig_host(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """The first GPU (minor 3) in MIG mode holding two slices, GPU instances 1 and 2 (each with
+    compute instance 0), of two teams; the config and monitor capabilities besides."""
+    gpus, dev = _host(tmp_path)
+    capabilities = tmp_path / "capabilities"
+    for gi, ci_minor in ((1, 12), (2, 21)):
+        (capabilities / "gpu3" / "mig" / f"gi{gi}" / "ci0").mkdir(parents=True)
+        (capabilities / "gpu3" / "mig" / f"gi{gi}" / "access").write_text(_access(ci_minor - 1))
+        (capabilities / "gpu3" / "mig" / f"gi{gi}" / "ci0" / "access").write_text(_access(ci_minor))
+    for minor in (1, 2, 11, 12, 20, 21):
+        (dev / "nvidia-caps" / f"nvidia-cap{minor}").touch()
+    return gpus, dev, capabilities
+
+
+def test_a_slice_rank_gets_its_own_slice_s_capabilities_and_no_other_slice_s(
+    tmp_path: Path,
+) -> None:
+    """Attack: two teams' slices on one GPU (MIG slices may mix teams, DESIGN). The sandbox
+    bound the whole /dev/nvidia-caps, whose nodes grant access to every slice of the host
+    (mode 0444 by default): team A's rank, holding the GPU's /dev/nvidia<minor> too, could
+    name team B's MIG device in its CUDA_VISIBLE_DEVICES and run on B's slice."""
+    gpus, dev, capabilities = _mig_host(tmp_path)
+    nodes = isolation.gpu_device_nodes(
+        [FIRST], mig=(1, 0), gpus=gpus, dev=dev, capabilities=capabilities
+    )
+    caps = [node.name for node in nodes if node.parent.name == "nvidia-caps"]
+    assert caps == ["nvidia-cap11", "nvidia-cap12"]  # its GPU instance's, its compute's
+    assert dev / "nvidia-caps" not in nodes
+    other = isolation.gpu_device_nodes(
+        [FIRST], mig=(2, 0), gpus=gpus, dev=dev, capabilities=capabilities
+    )
+    assert [node.name for node in other if node.parent.name == "nvidia-caps"] == [
+        "nvidia-cap20",
+        "nvidia-cap21",
+    ]
+    whole = isolation.gpu_device_nodes([SECOND], gpus=gpus, dev=dev, capabilities=capabilities)
+    assert not [node for node in whole if "nvidia-cap" in str(node)]
+
+
+def test_a_slice_the_driver_lists_no_capability_of_fails_the_launch(tmp_path: Path) -> None:
+    gpus, dev, capabilities = _mig_host(tmp_path)
+    with pytest.raises(isolation.IsolationError, match="no MIG capability"):
+        isolation.gpu_device_nodes(
+            [FIRST], mig=(5, 0), gpus=gpus, dev=dev, capabilities=capabilities
+        )
+    (capabilities / "gpu3" / "mig" / "gi1" / "access").write_text("DeviceFileMinor: ²\n")
+    with pytest.raises(isolation.IsolationError, match="names no device minor"):
+        isolation.gpu_device_nodes(
+            [FIRST], mig=(1, 0), gpus=gpus, dev=dev, capabilities=capabilities
+        )

@@ -159,6 +159,9 @@ class StoredH100:
     def nvmlDeviceGetGpuInstanceId(self, device: tuple[int, int]) -> int:
         return device[1]
 
+    def nvmlDeviceGetComputeInstanceId(self, device: tuple[int, int]) -> int:
+        return 0  # one compute instance of the whole GPU instance, as Gangway creates them
+
 
 def test_the_profile_table_nvml_reports_is_the_core_s_h100_table() -> None:
     gpu = read_mig(StoredH100(), 0, 0)
