@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
@@ -105,7 +105,7 @@ from services.runtime.consumer import EventConsumer, EventHandler, telemetry_rec
 from services.runtime.errors import DATABASE_UNAVAILABLE, DomainError
 from services.runtime.kafka import make_producer, start_producer, stop_producer
 from services.runtime.metrics import new_registry
-from services.runtime.mig_discovery import NvmlMigGpu, mig_uuids, read_mig
+from services.runtime.mig_discovery import NvmlMigGpu, mig_instance_ids, mig_uuids, read_mig
 from services.runtime.records import Metadata
 from services.runtime.retry import Outage, until_available
 from services.runtime.store import EventStore
@@ -467,6 +467,7 @@ class Agent:
             gpu_uuids = (
                 {g.index: g.uuid for g in node.gpus} if node.discovered_by == "nvml" else None
             )
+            slot = mig_slot(spec, placement)
             listing = (
                 await asyncio.to_thread(self._mig_listing, spec, placement)
                 if gpu_uuids is not None
@@ -505,7 +506,8 @@ class Agent:
                 cgroup_name,
                 gpus,
                 mps_share(spec, placement),
-                None if listing is None else _slice_ids(listing, mig_slot(spec, placement)),
+                listing is not None,
+                None if slot is None or listing is None else mig_instance_ids(listing, slot[1]),
             )
             cgroup = cgroup_name if sandbox is not None and sandbox.cgroup_procs else None
             # Counted before the start, so an OOM kill at the very start is seen too.
@@ -637,7 +639,8 @@ class Agent:
         cgroup_name: str,
         gpus: Sequence[str] = (),
         mps: bool = False,
-        mig: tuple[int, int] | Literal["unknown"] | None = None,
+        slice_rank: bool = False,
+        mig: tuple[int, int] | None = None,
     ) -> isolation.Sandbox | None:
         """How the rank starts: as its team's user, in its cgroups and sandbox (isolation.py),
         which holds the device nodes of its real GPUs (`gpus`, by UUID) and of no other, and
@@ -675,6 +678,10 @@ class Agent:
         sandboxed = self.settings.rank_sandbox == "bwrap" or (
             self.settings.rank_sandbox == "auto" and isolation.bwrap_works()
         )
+        if sandboxed and slice_rank and mig is None:
+            # Without its ids only all of the GPU's capabilities would do, and with them the
+            # rank could run on another team's slice.
+            raise isolation.IsolationError("NVML names no GPU and compute instance of the slice")
         if sandboxed:
             pipes = isolation.mps_pipes(env, os.environ, share=mps) if gpus else []
             argv = isolation.bwrap_argv(
@@ -682,7 +689,7 @@ class Agent:
                 state_dir=self.state_dir,
                 binds=[workdir, checkpoints, *pipes],
                 workdir=workdir,
-                devices=isolation.gpu_device_nodes(gpus, mig=_known_slice(mig)),
+                devices=isolation.gpu_device_nodes(gpus, mig=mig),
             )
         return isolation.Sandbox(argv, user, procs, sandboxed)
 
@@ -1129,25 +1136,3 @@ def _device(path: Path) -> int | None:
         return path.stat().st_dev
     except OSError:
         return None  # not made yet, or gone
-
-
-def _slice_ids(
-    listing: NvmlMigGpu, slot: tuple[int, int] | None
-) -> tuple[int, int] | Literal["unknown"] | None:
-    """The (GPU instance, compute instance) ids of the slice at `slot`, as NVML lists it."""
-    if slot is None:
-        return None
-    for instance in listing.instances:
-        if instance.start == slot[1]:
-            if instance.gpu_instance is None or instance.compute_instance is None:
-                break
-            return instance.gpu_instance, instance.compute_instance
-    return "unknown"
-
-
-def _known_slice(mig: tuple[int, int] | Literal["unknown"] | None) -> tuple[int, int] | None:
-    """A slice rank's ids for its sandbox; a slice whose ids NVML would not give cannot have
-    one (with all of the GPU's capabilities it could use another team's slice)."""
-    if mig == "unknown":
-        raise isolation.IsolationError("NVML names no GPU and compute instance of the slice")
-    return mig

@@ -204,6 +204,17 @@ def mig_uuids(gpus: list[NvmlMigGpu]) -> dict[tuple[int, int], str]:
     }
 
 
+def mig_instance_ids(gpu: NvmlMigGpu, start: int) -> tuple[int, int] | None:
+    """(GPU instance id, compute instance id) of the slice at `start`, as the driver's access
+    capabilities name it; None where NVML listed no such slice or not both ids."""
+    for instance in gpu.instances:
+        if instance.start == start:
+            if instance.gpu_instance is None or instance.compute_instance is None:
+                return None
+            return instance.gpu_instance, instance.compute_instance
+    return None
+
+
 def mig_managed() -> bool:
     """Whether the operator lets Gangway create and destroy MIG instances on this host."""
     return os.environ.get("GANGWAY_MIG_MANAGE", "") == "1"

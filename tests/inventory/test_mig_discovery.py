@@ -14,7 +14,7 @@ import pytest
 
 from core.mig import H100_80GB
 from services.runtime.discovery import import_nvml, nvml_node
-from services.runtime.mig_discovery import mig_uuids, read_mig
+from services.runtime.mig_discovery import mig_instance_ids, mig_uuids, read_mig
 
 pynvml = import_nvml()
 HARDWARE = Path(__file__).parents[1] / "fixtures" / "hardware" / "h100-80gb-hbm3.nvml.json"
@@ -228,3 +228,21 @@ def test_an_instance_nvml_cannot_read_leaves_it_out_not_the_host(call: str) -> N
         assert {(i.profile, i.start) for i in gpu.instances} == {("3g.40gb", 4), ("4g.40gb", 0)}
         assert mig_uuids([gpu]) == {}
     assert nvml_node(rack="r0", block="b0", nvml=driver) is not None
+
+
+def test_a_slice_s_gpu_and_compute_instance_ids_are_read_for_its_sandbox() -> None:
+    """The ids the driver's access capabilities of a slice are named by (the sandbox binds
+    those two nodes of /dev/nvidia-caps and no other slice's)."""
+    driver = StoredH100(instances=(("3g.40gb", 4), ("2g.20gb", 0)))
+    gpu = read_mig(driver, 0, 0)
+    assert mig_instance_ids(gpu, 4) == (0, 0)
+    assert mig_instance_ids(gpu, 0) == (1, 0)
+    assert mig_instance_ids(gpu, 2) is None  # no slice there
+
+    class NoComputeId(StoredH100):
+        def nvmlDeviceGetComputeInstanceId(self, device: tuple[int, int]) -> int:
+            raise NvmlError("GPU is lost")
+
+    unnamed = read_mig(NoComputeId(instances=(("3g.40gb", 4),)), 0, 0)
+    assert mig_instance_ids(unnamed, 4) is None
+    assert mig_uuids([unnamed]) == {(0, 4): "MIG-00000000-aaaa-bbbb-cccc-dddddddddddd"}
