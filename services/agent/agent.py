@@ -689,6 +689,7 @@ class Agent:
                 state_dir=self.state_dir,
                 binds=[workdir, checkpoints, *pipes],
                 workdir=workdir,
+                hide=isolation.mps_hidden(os.environ, share=bool(pipes)),
                 devices=isolation.gpu_device_nodes(gpus, mig=mig),
             )
         return isolation.Sandbox(argv, user, procs, sandboxed)

@@ -379,13 +379,26 @@ def mps_pipes(env: dict[str, str], agent_env: Mapping[str, str], *, share: bool)
     `mps_share`). Not the rank's env: a job's own `env` may set the MPS variables, and a
     whole-GPU rank that did reached the daemon, whose server runs outside every sandbox on
     the GPUs the daemon serves, and queues the MPS clients of every other user behind it."""
-    if not share:
-        return []
-    pipes = Path(agent_env.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DIRECTORY)
-    if not pipes.is_dir():
+    pipes = _mps_directory(agent_env)
+    if not share or pipes is None:
         return []
     env["CUDA_MPS_PIPE_DIRECTORY"] = str(pipes)
     return [pipes]
+
+
+def mps_hidden(agent_env: Mapping[str, str], *, share: bool) -> list[Path]:
+    """The MPS daemon's pipe directory, for any other rank's sandbox to cover with an empty
+    one: outside /tmp (CUDA_MPS_PIPE_DIRECTORY=/var/run/nvidia-mps, say) the read-only root
+    showed it to every rank, and a rank naming it in its own environment reached the daemon."""
+    pipes = _mps_directory(agent_env)
+    return [] if share or pipes is None else [pipes]
+
+
+def _mps_directory(agent_env: Mapping[str, str]) -> Path | None:
+    """Where the host's MPS control daemon listens (the agent's CUDA_MPS_PIPE_DIRECTORY, else
+    NVIDIA's default), where it exists."""
+    pipes = Path(agent_env.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DIRECTORY)
+    return pipes if pipes.is_dir() else None
 
 
 def bwrap_works() -> bool:
@@ -421,13 +434,15 @@ def bwrap_argv(
     workdir: Path,
     keep: Sequence[Path] | None = None,
     devices: Sequence[Path] = (),
+    hide: Sequence[Path] = (),
 ) -> list[str]:
     """`argv` inside a sandbox: its own PID/IPC/UTS namespaces (no other process is visible
     or reachable by signal), the root file system read-only, a private /tmp, and the agent's
     state directory replaced by an empty one except for `binds` (the job's own directories).
     `keep`: what of /tmp stays visible, read-only (default: the agent's installation there).
     `devices`: the host's device nodes the rank may open (its GPUs'); the sandbox's /dev holds
-    only the harmless ones (null, zero, random, tty …) besides."""
+    only the harmless ones (null, zero, random, tty …) besides. `hide`: directories of the
+    host the rank sees empty (another rank's way to the MPS daemon)."""
     bwrap = shutil.which("bwrap") or "bwrap"
     wrapped = [
         bwrap,
@@ -453,6 +468,8 @@ def bwrap_argv(
         wrapped += ["--ro-bind", str(kept), str(kept)]
     if state_dir is not None:
         wrapped += ["--tmpfs", str(state_dir)]
+    for hidden in hide:
+        wrapped += ["--tmpfs", str(hidden)]
     for path in binds:
         wrapped += ["--bind", str(path), str(path)]
     wrapped += ["--chdir", str(workdir), "--", *argv]
