@@ -377,8 +377,9 @@ def mps_pipes(env: dict[str, str], agent_env: Mapping[str, str], *, share: bool)
 
     `share`: the ledger placed the rank as an MPS share (services/agent/devices.py
     `mps_share`). Not the rank's env: a job's own `env` may set the MPS variables, and a
-    whole-GPU rank that did reached the daemon, whose server runs outside every sandbox on
-    the GPUs the daemon serves, and queues the MPS clients of every other user behind it."""
+    whole-GPU rank that did became a client of the daemon, which runs one user's server at a
+    time: every other team's MPS shares on the host, on any GPU, queued behind it (an MPS
+    client still needs its GPU's device node: on an H100 one without it found no GPU)."""
     pipes = _mps_directory(agent_env)
     if not share or pipes is None:
         return []

@@ -111,9 +111,9 @@ def test_a_whole_gpu_rank_whose_job_sets_the_mps_variables_gets_no_daemon(
 ) -> None:
     """Attack: a whole-GPU job of team A sets CUDA_MPS_ACTIVE_THREAD_PERCENTAGE in its own
     `env`. The sandbox bound the MPS daemon's pipes into its rank because the rank's env
-    held the variable: its CUDA then ran in an MPS server outside the sandbox, on whatever
-    GPUs the host's daemon serves, and queued another team's MPS shares behind it (one
-    user's server at a time per daemon). Only the ledger's MPS share reaches the daemon."""
+    held the variable: its CUDA then ran as a client of the host's daemon, which runs one
+    user's server at a time, and queued every other team's MPS shares behind it, on any GPU.
+    Only the ledger's MPS share reaches the daemon."""
     pipes = tmp_path / "mps"
     pipes.mkdir()
     job = JobSpec(

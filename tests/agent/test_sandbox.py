@@ -73,8 +73,8 @@ def test_the_mps_daemon_s_pipes_outside_tmp_are_hidden_from_every_rank_but_a_sha
 ) -> None:
     """Attack: the host's MPS daemon listens in /var/…, outside the private /tmp. The read-only
     root showed its pipes to every rank: a whole-GPU rank naming the directory in its own
-    CUDA_MPS_PIPE_DIRECTORY became a client of the daemon, whose server runs outside the
-    sandbox on the GPUs the daemon serves. Only an MPS share sees them."""
+    CUDA_MPS_PIPE_DIRECTORY became a client of the daemon and queued other teams' MPS shares
+    behind its own server (one user's at a time). Only an MPS share sees them."""
     work = tmp_path / "work"
     work.mkdir()
     with tempfile.TemporaryDirectory(dir="/var/tmp") as pipes:

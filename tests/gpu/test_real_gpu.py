@@ -279,8 +279,8 @@ def test_a_whole_gpu_rank_setting_the_mps_variables_does_not_reach_the_daemon(
 ) -> None:
     """A whole-GPU job that sets the MPS variables in its own env: were the daemon's pipes
     bound into its sandbox, its CUDA would run as an MPS client (held here to the 1,000 MB it
-    asked itself, so 3 GiB refused), in a server outside the sandbox on the GPUs the daemon
-    serves. It runs on its own GPU directly instead."""
+    asked itself, so 3 GiB refused), and other teams' MPS shares would queue behind its
+    server. It runs on its own GPU directly instead."""
     job_env = {
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "10",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=1000M",
