@@ -48,7 +48,7 @@ from schemas.jobs import (
 from schemas.nodes import NodeRegistered
 from schemas.telemetry import StepTimeSample
 from services.agent import isolation, logs
-from services.agent.devices import MigUuids, require_mig_device
+from services.agent.devices import mig_slot, mps_share
 from services.agent.disk import (
     DISK_LIMIT_REASON,
     SIGXFSZ_EXIT_CODES,
@@ -105,7 +105,7 @@ from services.runtime.consumer import EventConsumer, EventHandler, telemetry_rec
 from services.runtime.errors import DATABASE_UNAVAILABLE, DomainError
 from services.runtime.kafka import make_producer, start_producer, stop_producer
 from services.runtime.metrics import new_registry
-from services.runtime.mig_discovery import mig_uuids, read_mig
+from services.runtime.mig_discovery import NvmlMigGpu, mig_instance_ids, mig_uuids, read_mig
 from services.runtime.records import Metadata
 from services.runtime.retry import Outage, until_available
 from services.runtime.store import EventStore
@@ -456,48 +456,58 @@ class Agent:
     ) -> RankProcess | None:
         key = RankKey(reserved.job_id, reserved.attempt, placement.rank)
         workdir = self.work_dir / key.job_id / f"a{key.attempt}" / f"rank-{key.rank}"
-        node = self.nodes[placement.node_id]
-        # A real node's GPUs go by their UUIDs (services/agent/devices.py); a slice's MIG
-        # device UUID is read from NVML at launch, as the instance is now.
-        gpu_uuids = {g.index: g.uuid for g in node.gpus} if node.discovered_by == "nvml" else None
-        mig_uuids = (
-            await asyncio.to_thread(self._mig_uuids, spec, placement)
-            if gpu_uuids is not None
-            else None
-        )
-        env = rank_env(
-            spec=spec,
-            job_id=key.job_id,
-            attempt=key.attempt,
-            placement=placement,
-            world_size=world_size,
-            checkpoint_dir=resume,
-            checkpoint_request=workdir / REQUEST,
-            step_file=workdir / STEP_FILE,
-            agent_env=os.environ,
-            gpu_memory_mb={g.index: g.memory_mb for g in node.gpus},
-            mig_uuids=mig_uuids,
-            gpu_uuids=gpu_uuids,
-            checkpoint_interval_s=reserved.checkpoint_interval_s,
-        )
-        if view.array_index is not None:
-            env["GANGWAY_ARRAY_INDEX"] = str(view.array_index)
         started = TaskStarted(
             job_id=key.job_id, attempt=key.attempt, rank=key.rank, node_id=placement.node_id
         )
         cgroup_name = self.cgroup_name(key)
         try:
+            node = self.nodes[placement.node_id]
+            # A real node's GPUs go by their UUIDs (services/agent/devices.py); a slice's MIG
+            # device UUID is read from NVML at launch, as the instance is now.
+            gpu_uuids = (
+                {g.index: g.uuid for g in node.gpus} if node.discovered_by == "nvml" else None
+            )
+            slot = mig_slot(spec, placement)
+            listing = (
+                await asyncio.to_thread(self._mig_listing, spec, placement)
+                if gpu_uuids is not None
+                else None
+            )
+            env = rank_env(
+                spec=spec,
+                job_id=key.job_id,
+                attempt=key.attempt,
+                placement=placement,
+                world_size=world_size,
+                checkpoint_dir=resume,
+                checkpoint_request=workdir / REQUEST,
+                step_file=workdir / STEP_FILE,
+                agent_env=os.environ,
+                gpu_memory_mb={g.index: g.memory_mb for g in node.gpus},
+                mig_uuids=None if listing is None else mig_uuids([listing]),
+                gpu_uuids=gpu_uuids,
+                checkpoint_interval_s=reserved.checkpoint_interval_s,
+            )
+            if view.array_index is not None:
+                env["GANGWAY_ARRAY_INDEX"] = str(view.array_index)
             bad_names = illegal_env_names(spec.env)
             if bad_names:
                 raise ValueError(f"illegal environment variable name {bad_names[0]!r}")
-            if mig_uuids is not None:
-                require_mig_device(placement, mig_uuids)
             env.update(await self._from_log(starting, lambda: resolve_secret_env(self.store, spec)))
             master_addr, master_port = await self._master(starting, reserved)
             env.update(distributed_env(reserved.ranks, key.rank, master_addr, master_port))
             gpus = [] if gpu_uuids is None else [gpu_uuids[gpu] for gpu in placement.gpus]
             sandbox = await asyncio.to_thread(
-                self._sandbox, spec, list(spec.command), env, workdir, cgroup_name, gpus
+                self._sandbox,
+                spec,
+                list(spec.command),
+                env,
+                workdir,
+                cgroup_name,
+                gpus,
+                mps_share(spec, placement),
+                listing is not None,
+                None if slot is None or listing is None else mig_instance_ids(listing, slot[1]),
             )
             cgroup = cgroup_name if sandbox is not None and sandbox.cgroup_procs else None
             # Counted before the start, so an OOM kill at the very start is seen too.
@@ -628,9 +638,14 @@ class Agent:
         workdir: Path,
         cgroup_name: str,
         gpus: Sequence[str] = (),
+        mps: bool = False,
+        slice_rank: bool = False,
+        mig: tuple[int, int] | None = None,
     ) -> isolation.Sandbox | None:
         """How the rank starts: as its team's user, in its cgroups and sandbox (isolation.py),
-        which holds the device nodes of its real GPUs (`gpus`, by UUID) and of no other.
+        which holds the device nodes of its real GPUs (`gpus`, by UUID) and of no other, and
+        the MPS daemon's pipes only where the ledger placed it as an MPS share (`mps`), and a
+        slice rank's (`mig`: its GPU and compute instance ids) access to its slice alone.
         None when the agent does not isolate (it is not root, or told not to). Raises
         IsolationError (the launch fails) rather than start a rank as root."""
         if not self.isolating:
@@ -663,31 +678,32 @@ class Agent:
         sandboxed = self.settings.rank_sandbox == "bwrap" or (
             self.settings.rank_sandbox == "auto" and isolation.bwrap_works()
         )
+        if sandboxed and slice_rank and mig is None:
+            # Without its ids only all of the GPU's capabilities would do, and with them the
+            # rank could run on another team's slice.
+            raise isolation.IsolationError("NVML names no GPU and compute instance of the slice")
         if sandboxed:
-            pipes = isolation.mps_pipes(env, os.environ) if gpus else []
+            pipes = isolation.mps_pipes(env, os.environ, share=mps) if gpus else []
             argv = isolation.bwrap_argv(
                 argv,
                 state_dir=self.state_dir,
                 binds=[workdir, checkpoints, *pipes],
                 workdir=workdir,
-                devices=isolation.gpu_device_nodes(gpus),
+                hide=isolation.mps_hidden(os.environ, share=bool(pipes)),
+                devices=isolation.gpu_device_nodes(gpus, mig=mig),
             )
         return isolation.Sandbox(argv, user, procs, sandboxed)
 
-    def _mig_uuids(self, spec: JobSpec, placement: RankPlacement) -> MigUuids | None:
-        """The MIG device UUIDs of a slice rank's GPU, as NVML lists its instances now; empty
-        when NVML cannot say; None for a rank that is no slice (or a host without NVML)."""
-        slice_rank = placement.mig is not None or spec.mig_profile is not None
-        if not slice_rank or self.sampler is None or not placement.gpus:
+    def _mig_listing(self, spec: JobSpec, placement: RankPlacement) -> NvmlMigGpu | None:
+        """A slice rank's GPU's MIG instances, as NVML lists them now (none where NVML cannot
+        say: the launch then fails, services/agent/devices.py); None for any other rank."""
+        slot = mig_slot(spec, placement)
+        if slot is None:
             return None
-        gpu = placement.gpus[0]
-        if gpu >= len(self.sampler.handles):
-            return {}
-        try:
-            return mig_uuids([read_mig(self.sampler.nvml, self.sampler.handles[gpu], gpu)])
-        except Exception:  # a GPU gone from the bus, a driver error: the launch fails, not us
-            log.warning("MIG instances of GPU %d unreadable", gpu, exc_info=True)
-            return {}
+        gpu = slot[0]
+        if self.sampler is None or gpu >= len(self.sampler.handles):
+            return NvmlMigGpu(index=gpu, capable=False, enabled=False)
+        return read_mig(self.sampler.nvml, self.sampler.handles[gpu], gpu)
 
     async def usable_checkpoint(self, starting: Launch, meta: Metadata) -> Path | None:
         """The newest committed checkpoint whose shards still hold what was committed. One that

@@ -5,7 +5,8 @@
   inside the rank's sandbox it sees only its own GPUs, numbered from 0, so only the UUID names
   the same GPU for NVML, the scheduler and CUDA alike.
 - A slice rank: `CUDA_VISIBLE_DEVICES` holds the MIG device UUID (`MIG-…`) of its GPU instance.
-  On a real node the UUID is NVML's (services/runtime/mig_discovery.py); a simulated node
+  On a real node the UUID is NVML's (services/runtime/mig_discovery.py), and a slice whose
+  instance NVML does not list at launch fails to start (LookupError); a simulated node
   derives a stable synthetic one from (node, GPU, profile, start slot), the same on every
   launch, so that a rank and its restarts see the same device.
 - An MPS share: its GPU, plus `CUDA_MPS_ACTIVE_THREAD_PERCENTAGE` (its compute share, in whole
@@ -52,20 +53,27 @@ def device_env(
         for gpu in placement.gpus
     )
     env = {"CUDA_VISIBLE_DEVICES": gpus}
-    profile = placement.mig.profile if placement.mig is not None else spec.mig_profile
-    if profile is not None and placement.gpus:
-        gpu = placement.gpus[0]
-        start = placement.mig.start if placement.mig is not None else 0
-        real = (mig_uuids or {}).get((gpu, start))
-        env["CUDA_VISIBLE_DEVICES"] = real or synthetic_mig_uuid(
-            placement.node_id, gpu, profile, start
-        )
+    slot = mig_slot(spec, placement)
+    if slot is not None:
+        gpu, start = slot
+        profile = placement.mig.profile if placement.mig is not None else spec.mig_profile
+        assert profile is not None  # mig_slot says so
+        if mig_uuids is None:
+            env["CUDA_VISIBLE_DEVICES"] = synthetic_mig_uuid(placement.node_id, gpu, profile, start)
+            return env
+        # A real node: a synthetic UUID names no device CUDA knows, and the rank would start
+        # only to die of 'no CUDA GPUs', a failure counted against the job.
+        real = mig_uuids.get((gpu, start))
+        if real is None:
+            raise LookupError(
+                f"GPU {gpu} holds no MIG instance {profile} at slot {start} that NVML names now"
+            )
+        env["CUDA_VISIBLE_DEVICES"] = real
+        return env
+    if not mps_share(spec, placement):
         return env
     share = placement.share
-    sharing = share.sharing if share is not None else spec.sharing
     thousandths = share.thousandths if share is not None else spec.gpu_thousandths
-    if sharing != "mps" or not thousandths or not placement.gpus:
-        return env
     memory = share.memory_mb if share is not None else spec.gpu_memory_mb
     if memory is None and gpu_memory_mb is not None and placement.gpus[0] in gpu_memory_mb:
         memory = thousandths * gpu_memory_mb[placement.gpus[0]] // 1000
@@ -75,18 +83,21 @@ def device_env(
     return env
 
 
-class MigDeviceMissing(OSError):
-    """A slice rank's GPU instance is not on the real GPU (anymore): a synthetic device would
-    leave the rank without any GPU, so the launch fails with what NVML lists instead."""
+def mps_share(spec: JobSpec, placement: RankPlacement) -> bool:
+    """Whether the rank is an MPS share of its GPU, as the ledger placed it: only such a rank
+    reaches the host's MPS daemon (services/agent/isolation.py `mps_pipes`). Never read from
+    the rank's environment, which the job's `env` writes."""
+    if placement.mig is not None or spec.mig_profile is not None or not placement.gpus:
+        return False
+    share = placement.share
+    sharing = share.sharing if share is not None else spec.sharing
+    thousandths = share.thousandths if share is not None else spec.gpu_thousandths
+    return sharing == "mps" and bool(thousandths)
 
 
-def require_mig_device(placement: RankPlacement, known: MigUuids) -> None:
-    """Raises MigDeviceMissing unless the real GPU holds the slice rank's instance."""
-    gpu = placement.gpus[0]
-    start = placement.mig.start if placement.mig is not None else 0
-    if (gpu, start) not in known:
-        listed = sorted(slot for index, slot in known if index == gpu)
-        raise MigDeviceMissing(
-            f"GPU {gpu} has no MIG instance at slice {start} (NVML lists instances at "
-            f"{listed or 'none'})"
-        )
+def mig_slot(spec: JobSpec, placement: RankPlacement) -> tuple[int, int] | None:
+    """(GPU, start slot) of a slice rank's GPU instance; None for any other rank."""
+    profile = placement.mig.profile if placement.mig is not None else spec.mig_profile
+    if profile is None or not placement.gpus:
+        return None
+    return placement.gpus[0], placement.mig.start if placement.mig is not None else 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -49,6 +50,25 @@ def synthetic_heartbeat(
     )
 
 
+# What a heartbeat reads of each GPU through NVML: (GpuSample field, reader).
+_READINGS: tuple[tuple[str, Callable[[Any, Any], float | int]], ...] = (
+    (
+        "temperature_c",
+        lambda nvml, h: float(nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)),
+    ),
+    ("utilization", lambda nvml, h: float(nvml.nvmlDeviceGetUtilizationRates(h).gpu)),
+    ("memory_used_mb", lambda nvml, h: int(nvml.nvmlDeviceGetMemoryInfo(h).used) >> 20),
+    (
+        "ecc_uncorrected",
+        lambda nvml, h: int(
+            nvml.nvmlDeviceGetTotalEccErrors(
+                h, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
+            )
+        ),
+    ),
+)
+
+
 class NvmlSampler:
     """Reads temperature, utilisation, memory and ECC counters of the host's GPUs, their SM
     activity through NVML GPM where the GPU offers it (services/agent/gpm.py), and the host's
@@ -92,6 +112,10 @@ class NvmlSampler:
                 indices = [int(self.nvml.nvmlDeviceGetIndex(data.device))]
             except Exception:  # an XID of a GPU NVML cannot name: lost nowhere, blamed on all
                 log.warning("XID %s on a GPU NVML cannot name", data.eventData, exc_info=True)
+                indices = []
+            if not all(0 <= index < len(self.handles) for index in indices) or not indices:
+                # A GPU the sampler holds no handle of (none of its heartbeat's GPUs) would
+                # lose the XID as surely as one NVML cannot name.
                 indices = list(range(len(self.handles)))
             for index in indices:
                 found.setdefault(index, []).append(int(data.eventData))
@@ -107,19 +131,13 @@ class NvmlSampler:
                 "xid_errors": xids.get(index, []),
                 "sm_activity": sm_activity.get(index),
             }
-            try:
-                readings["temperature_c"] = float(
-                    nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
-                )
-                readings["utilization"] = float(nvml.nvmlDeviceGetUtilizationRates(handle).gpu)
-                readings["memory_used_mb"] = int(nvml.nvmlDeviceGetMemoryInfo(handle).used) >> 20
-                readings["ecc_uncorrected"] = int(
-                    nvml.nvmlDeviceGetTotalEccErrors(
-                        handle, nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nvml.NVML_VOLATILE_ECC
-                    )
-                )
-            except Exception:  # a GPU without ECC, or one gone: report what could be read
-                log.debug("NVML reading of GPU %d incomplete", index, exc_info=True)
+            # Each reading on its own: one NVML refuses (utilisation on a MIG-enabled GPU is
+            # NOT_SUPPORTED) took the ones after it along, the uncorrected ECC count too.
+            for field, read in _READINGS:
+                try:
+                    readings[field] = read(nvml, handle)
+                except Exception:  # a GPU without ECC, or one gone: report what could be read
+                    log.debug("NVML %s of GPU %d unreadable", field, index, exc_info=True)
             readings.update(fault.gpus.get(index, {}))
             gpus.append(GpuSample.model_validate(readings))
         nic_gbps, expected = self.links.read() if self.links is not None else (None, None)

@@ -34,16 +34,20 @@ PRIVATE_STATE = ("logs", "pids")
 DEFAULT_PIDS_MAX = 4096
 # Where the NVIDIA driver lists its GPUs (one directory per PCI address, an `information` file).
 NVIDIA_GPUS = Path("/proc/driver/nvidia/gpus")
-# What every CUDA process opens besides its own GPUs' /dev/nvidiaN: the control device, unified
-# memory, and (for MIG instances) the access capabilities, whose modes say who may use them.
+# Where the driver says which /dev/nvidia-caps/nvidia-cap<minor> grants access to a MIG
+# slice: gpu<GPU minor>/mig/gi<id>/access and gpu<GPU minor>/mig/gi<id>/ci<id>/access.
+NVIDIA_CAPABILITIES = Path("/proc/driver/nvidia/capabilities")
 # Where the MPS control daemon keeps its pipes unless CUDA_MPS_PIPE_DIRECTORY says otherwise.
 MPS_PIPE_DIRECTORY = "/tmp/nvidia-mps"
+# What every CUDA process opens besides its own GPUs' /dev/nvidiaN: the control device and
+# unified memory. Not /dev/nvidia-caps: its nodes are the access capabilities of every MIG
+# slice of the host (mode 0444 by default), and a slice rank holding them all could run on
+# another team's slice of its GPU; a slice rank gets its own two (mig_cap_nodes).
 NVIDIA_SHARED_NODES = (
     "nvidiactl",
     "nvidia-uvm",
     "nvidia-uvm-tools",
     "nvidia-modeset",
-    "nvidia-caps",
 )
 
 
@@ -292,45 +296,110 @@ def gpu_minor(information: str) -> tuple[str, int] | None:
         if colon:
             fields[name.strip()] = value.strip()
     uuid, minor = fields.get("GPU UUID"), fields.get("Device Minor")
-    if not uuid or minor is None or not minor.isdigit():
+    # isdigit() alone admits '²' (int() refuses it) and other scripts' digits.
+    if not uuid or minor is None or not (minor.isascii() and minor.isdigit()):
         return None
     return uuid, int(minor)
 
 
 def gpu_device_nodes(
-    uuids: Sequence[str], *, gpus: Path = NVIDIA_GPUS, dev: Path = Path("/dev")
+    uuids: Sequence[str],
+    *,
+    mig: tuple[int, int] | None = None,
+    gpus: Path = NVIDIA_GPUS,
+    dev: Path = Path("/dev"),
+    capabilities: Path = NVIDIA_CAPABILITIES,
 ) -> list[Path]:
     """The device nodes a rank on the GPUs `uuids` needs inside its sandbox, and no other GPU's:
     the driver's shared nodes and each GPU's /dev/nvidiaN (N, the minor the driver gives it,
-    need not be NVML's index). Raises IsolationError when the driver does not know a GPU."""
+    need not be NVML's index); for a slice rank (`mig`: its GPU instance and compute instance
+    ids on its one GPU) the access capabilities of that slice and of no other.
+    Raises IsolationError when the driver does not know a GPU."""
     if not uuids:
         return []  # a CPU-only rank opens no GPU device at all
     minors: dict[str, int] = {}
     for information in sorted(gpus.glob("*/information")):
-        with contextlib.suppress(OSError):
+        # Another GPU's unreadable or undecodable listing is no reason to fail this rank's
+        # launch (a UnicodeDecodeError failed every launch on the host, as permanent).
+        with contextlib.suppress(OSError, ValueError):
             found = gpu_minor(information.read_text())
             if found is not None:
                 minors[found[0]] = found[1]
     unknown = [uuid for uuid in uuids if uuid not in minors]
     if unknown:
         raise IsolationError(f"the NVIDIA driver lists no GPU {unknown[0]}")
-    nodes = [dev / name for name in NVIDIA_SHARED_NODES]
-    nodes += [dev / f"nvidia{minors[uuid]}" for uuid in uuids]
+    own = [dev / f"nvidia{minors[uuid]}" for uuid in uuids]
+    missing = [node for node in own if not node.exists()]
+    if missing:
+        # Left out, the rank started without its GPU and died of CUDA's 'no GPU', a failure
+        # of the job's own rather than of the host's.
+        raise IsolationError(f"GPU {uuids[own.index(missing[0])]} has no device node {missing[0]}")
+    shared = [dev / name for name in NVIDIA_SHARED_NODES]
+    caps = [] if mig is None else mig_cap_nodes(minors[uuids[0]], *mig, capabilities, dev)
+    return [node for node in shared if node.exists()] + own + caps
+
+
+def mig_cap_nodes(
+    gpu_minor: int, gpu_instance: int, compute_instance: int, capabilities: Path, dev: Path
+) -> list[Path]:
+    """/dev/nvidia-caps/nvidia-cap<minor> of one slice's GPU instance and compute instance, as
+    the driver's capability files name them (`DeviceFileMinor: <minor>`). None where the driver
+    checks access through /proc rather than device nodes (nv_cap_enable_devfs=0): there is no
+    node to give or withhold. Raises IsolationError when the driver lists no such slice."""
+    gi = capabilities / f"gpu{gpu_minor}" / "mig" / f"gi{gpu_instance}"
+    nodes = []
+    for access in (gi / "access", gi / f"ci{compute_instance}" / "access"):
+        try:
+            text = access.read_text()
+        except (OSError, ValueError) as error:
+            raise IsolationError(f"the NVIDIA driver lists no MIG capability {access}") from error
+        minor = _field(text, "DeviceFileMinor")
+        if minor is None or not (minor.isascii() and minor.isdigit()):
+            raise IsolationError(f"the NVIDIA driver's {access} names no device minor")
+        nodes.append(dev / "nvidia-caps" / f"nvidia-cap{int(minor)}")
     return [node for node in nodes if node.exists()]
 
 
-def mps_pipes(env: dict[str, str], agent_env: Mapping[str, str]) -> list[Path]:
+def _field(text: str, wanted: str) -> str | None:
+    """The value of `wanted: value` in a driver's /proc text."""
+    for line in text.splitlines():
+        name, colon, value = line.partition(":")
+        if colon and name.strip() == wanted:
+            return value.strip()
+    return None
+
+
+def mps_pipes(env: dict[str, str], agent_env: Mapping[str, str], *, share: bool) -> list[Path]:
     """The MPS control daemon's pipe directory, for an MPS share's sandbox to bind (its private
     /tmp would hide the default one, and with it the daemon): the agent's
     CUDA_MPS_PIPE_DIRECTORY, else NVIDIA's default, where it exists. Sets the rank's variable to
-    it, so the rank looks where the daemon listens."""
-    if "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env:
-        return []
-    pipes = Path(agent_env.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DIRECTORY)
-    if not pipes.is_dir():
+    it, so the rank looks where the daemon listens.
+
+    `share`: the ledger placed the rank as an MPS share (services/agent/devices.py
+    `mps_share`). Not the rank's env: a job's own `env` may set the MPS variables, and a
+    whole-GPU rank that did became a client of the daemon, which runs one user's server at a
+    time: every other team's MPS shares on the host, on any GPU, queued behind it (an MPS
+    client still needs its GPU's device node: on an H100 one without it found no GPU)."""
+    pipes = _mps_directory(agent_env)
+    if not share or pipes is None:
         return []
     env["CUDA_MPS_PIPE_DIRECTORY"] = str(pipes)
     return [pipes]
+
+
+def mps_hidden(agent_env: Mapping[str, str], *, share: bool) -> list[Path]:
+    """The MPS daemon's pipe directory, for any other rank's sandbox to cover with an empty
+    one: outside /tmp (CUDA_MPS_PIPE_DIRECTORY=/var/run/nvidia-mps, say) the read-only root
+    showed it to every rank, and a rank naming it in its own environment reached the daemon."""
+    pipes = _mps_directory(agent_env)
+    return [] if share or pipes is None else [pipes]
+
+
+def _mps_directory(agent_env: Mapping[str, str]) -> Path | None:
+    """Where the host's MPS control daemon listens (the agent's CUDA_MPS_PIPE_DIRECTORY, else
+    NVIDIA's default), where it exists."""
+    pipes = Path(agent_env.get("CUDA_MPS_PIPE_DIRECTORY") or MPS_PIPE_DIRECTORY)
+    return pipes if pipes.is_dir() else None
 
 
 def bwrap_works() -> bool:
@@ -366,13 +435,15 @@ def bwrap_argv(
     workdir: Path,
     keep: Sequence[Path] | None = None,
     devices: Sequence[Path] = (),
+    hide: Sequence[Path] = (),
 ) -> list[str]:
     """`argv` inside a sandbox: its own PID/IPC/UTS namespaces (no other process is visible
     or reachable by signal), the root file system read-only, a private /tmp, and the agent's
     state directory replaced by an empty one except for `binds` (the job's own directories).
     `keep`: what of /tmp stays visible, read-only (default: the agent's installation there).
     `devices`: the host's device nodes the rank may open (its GPUs'); the sandbox's /dev holds
-    only the harmless ones (null, zero, random, tty …) besides."""
+    only the harmless ones (null, zero, random, tty …) besides. `hide`: directories of the
+    host the rank sees empty (another rank's way to the MPS daemon)."""
     bwrap = shutil.which("bwrap") or "bwrap"
     wrapped = [
         bwrap,
@@ -398,6 +469,8 @@ def bwrap_argv(
         wrapped += ["--ro-bind", str(kept), str(kept)]
     if state_dir is not None:
         wrapped += ["--tmpfs", str(state_dir)]
+    for hidden in hide:
+        wrapped += ["--tmpfs", str(hidden)]
     for path in binds:
         wrapped += ["--bind", str(path), str(path)]
     wrapped += ["--chdir", str(workdir), "--", *argv]

@@ -40,6 +40,10 @@ class NvmlMigInstance:
     profile: str
     start: int
     uuid: str | None  # the MIG device's UUID, where a compute instance exposes one
+    # The GPU instance's id and its MIG device's compute instance id: the driver's access
+    # capabilities (/dev/nvidia-caps) of the slice are named by them.
+    gpu_instance: int | None = None
+    compute_instance: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,9 +146,15 @@ def _instances(
             log.debug("GPU instances of profile %d unreadable", profile_id, exc_info=True)
             continue
         for instance in handles:
-            info = nvml.nvmlGpuInstanceGetInfo(instance)
+            # One instance NVML will not describe (a GPU falling off the bus answers
+            # NVML_ERROR_GPU_IS_LOST) is left out, not the host's whole discovery.
+            try:
+                info = nvml.nvmlGpuInstanceGetInfo(instance)
+            except Exception:
+                log.warning("a GPU instance of profile %d unreadable", profile_id, exc_info=True)
+                continue
             starts[int(info.id)] = (name, int(info.placement.start))
-    uuids: dict[int, str] = {}
+    uuids: dict[int, tuple[str, int | None]] = {}
     try:
         count = int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))
     except Exception:
@@ -154,13 +164,30 @@ def _instances(
             device = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, number)
         except Exception:  # an empty MIG device slot
             continue
-        uuid = nvml.nvmlDeviceGetUUID(device)
-        uuids[int(nvml.nvmlDeviceGetGpuInstanceId(device))] = (
-            uuid.decode() if isinstance(uuid, bytes) else str(uuid)
-        )
+        try:
+            uuid = nvml.nvmlDeviceGetUUID(device)
+            gi = int(nvml.nvmlDeviceGetGpuInstanceId(device))
+        except Exception:  # its instance is listed without a UUID, which no rank is given
+            log.warning("MIG device %d unreadable", number, exc_info=True)
+            continue
+        try:
+            ci: int | None = int(nvml.nvmlDeviceGetComputeInstanceId(device))
+        except Exception:  # its UUID still names it to CUDA; its sandbox cannot be built
+            log.warning("MIG device %d: compute instance unreadable", number, exc_info=True)
+            ci = None
+        uuids[gi] = (uuid.decode() if isinstance(uuid, bytes) else str(uuid), ci)
     return tuple(
         sorted(
-            (NvmlMigInstance(name, start, uuids.get(gi)) for gi, (name, start) in starts.items()),
+            (
+                NvmlMigInstance(
+                    name,
+                    start,
+                    uuids[gi][0] if gi in uuids else None,
+                    gpu_instance=gi,
+                    compute_instance=uuids[gi][1] if gi in uuids else None,
+                )
+                for gi, (name, start) in starts.items()
+            ),
             key=lambda i: i.start,
         )
     )
@@ -175,6 +202,17 @@ def mig_uuids(gpus: list[NvmlMigGpu]) -> dict[tuple[int, int], str]:
         for instance in gpu.instances
         if instance.uuid is not None
     }
+
+
+def mig_instance_ids(gpu: NvmlMigGpu, start: int) -> tuple[int, int] | None:
+    """(GPU instance id, compute instance id) of the slice at `start`, as the driver's access
+    capabilities name it; None where NVML listed no such slice or not both ids."""
+    for instance in gpu.instances:
+        if instance.start == start:
+            if instance.gpu_instance is None or instance.compute_instance is None:
+                return None
+            return instance.gpu_instance, instance.compute_instance
+    return None
 
 
 def mig_managed() -> bool:

@@ -7,13 +7,8 @@ from pathlib import Path
 import pytest
 
 from schemas.jobs import GpuShare, JobSpec, MigSlice, RankPlacement
-from services.agent.devices import (
-    MigDeviceMissing,
-    device_env,
-    require_mig_device,
-    synthetic_mig_uuid,
-)
-from services.agent.plan import launch_failure, rank_env
+from services.agent.devices import device_env, synthetic_mig_uuid
+from services.agent.plan import rank_env
 
 
 def spec(**fields: object) -> JobSpec:
@@ -123,20 +118,12 @@ def test_a_real_node_s_slice_keeps_its_mig_device_over_its_gpu_s_uuid() -> None:
     assert env["CUDA_VISIBLE_DEVICES"] == real[(0, 6)]
 
 
-def test_a_real_slice_whose_instance_is_gone_fails_its_launch_saying_what_nvml_lists() -> None:
+def test_a_real_node_s_slice_nvml_does_not_list_is_refused_not_given_a_made_up_device() -> None:
     placement = RankPlacement(
-        rank=0, node_id="gpu-host", gpus=[0], mig=MigSlice(profile="1g.10gb", start=2)
+        rank=0, node_id="gpu-host", gpus=[0], mig=MigSlice(profile="1g.10gb", start=6)
     )
-    present = {(0, 2): "MIG-11111111-2222-5333-8444-555555555555"}
-    require_mig_device(placement, present)  # the instance is there: nothing to say
-    gone = {(0, 0): "MIG-a", (0, 4): "MIG-b", (1, 2): "MIG-c"}
-    with pytest.raises(MigDeviceMissing) as missing:
-        require_mig_device(placement, gone)
-    reason, permanent = launch_failure("gpu-host", 0, missing.value)
-    assert reason == (
-        "launch failed on gpu-host rank 0: GPU 0 has no MIG instance at slice 2 "
-        "(NVML lists instances at [0, 4])"
-    )
-    assert not permanent  # the operator may cut the GPU again: the retry policy decides
-    with pytest.raises(MigDeviceMissing, match=r"at none\)"):
-        require_mig_device(placement, {})
+    listed = {(0, 5): "MIG-11111111-2222-5333-8444-555555555555"}
+    with pytest.raises(LookupError, match=r"no MIG instance 1g\.10gb at slot 6"):
+        device_env(spec(mig_profile="1g.10gb"), placement, mig_uuids=listed, gpu_uuids=H100_UUIDS)
+    simulated = device_env(spec(mig_profile="1g.10gb"), placement)
+    assert simulated["CUDA_VISIBLE_DEVICES"] == synthetic_mig_uuid("gpu-host", 0, "1g.10gb", 6)

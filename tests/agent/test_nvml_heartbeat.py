@@ -249,3 +249,28 @@ def test_a_driver_without_gpm_reports_no_sm_activity() -> None:
     sampler = NvmlSampler(FakeDriver(2))
     sampler.heartbeat("host-a", NOW)
     assert [g.sm_activity for g in sampler.heartbeat("host-a", NOW).gpus] == [None, None]
+
+
+def test_a_reading_nvml_refuses_does_not_take_the_ecc_count_with_it() -> None:
+    """On a MIG-enabled GPU NVML answers NOT_SUPPORTED for utilisation: the readings after it
+    (memory, the uncorrected ECC count) were never taken, so health could not see the ECC
+    errors of a MIG GPU at all."""
+
+    class MigEnabled(FakeDriver):
+        def nvmlDeviceGetUtilizationRates(self, handle: int) -> Utilization:
+            raise Timeout  # any NVML error
+
+    driver = MigEnabled(2)
+    driver.ecc[1] = 3
+    heartbeat = NvmlSampler(driver).heartbeat("host-a", NOW)
+    assert [g.utilization for g in heartbeat.gpus] == [None, None]
+    assert [g.ecc_uncorrected for g in heartbeat.gpus] == [0, 3]
+    assert [g.memory_used_mb for g in heartbeat.gpus] == [4096, 4096]
+    assert heartbeat.gpus[1].temperature_c == 61
+
+
+def test_an_xid_of_a_gpu_the_sampler_holds_no_handle_of_is_not_lost() -> None:
+    driver = FakeDriver(2)
+    sampler = NvmlSampler(driver)
+    driver.pending.append(XidEvent(device=DeviceRef(5), eventData=79))
+    assert [g.xid_errors for g in sampler.heartbeat("host-a", NOW).gpus] == [[79], [79]]

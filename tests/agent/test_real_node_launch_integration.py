@@ -1,47 +1,34 @@
-"""An agent on a real GPU host (its node discovered through NVML; a stand-in driver serving the
-stored H100's table holds one MIG instance): whole GPUs are named by UUID, a slice rank gets its
-instance's MIG device UUID as NVML lists it, and a slice whose instance is not on the GPU fails
-its launch saying what NVML lists, rather than starting with a device that does not exist."""
+"""A real (NVML-discovered) node's slice ranks: their MIG device is the one NVML lists at
+launch, and a slice whose instance NVML does not list fails to start, recorded, instead of
+starting on a made-up device. The stored H100's table stands in for the driver."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from schemas.jobs import (
-    GangReserved,
-    JobSpec,
-    JobSubmitted,
-    MigSlice,
-    RankPlacement,
-    TaskExited,
-)
-from schemas.nodes import NodeRegistered
+from schemas.jobs import GangReserved, JobSpec, JobSubmitted, MigSlice, RankPlacement, TaskExited
 from services.agent.agent import Agent
 from services.agent.heartbeats import NvmlSampler
 from services.agent.settings import AgentSettings
 from services.runtime import EventStore, Settings
-from services.runtime.discovery import load_cluster_spec
+from services.runtime.discovery import nvml_node
+from tests.agent.test_agent_integration import until
+from tests.agent.test_agent_launch_integration import deliver, events_of
 from tests.integration.conftest import settings, stack, store
 from tests.inventory.test_mig_discovery import StoredH100
 
 pytestmark = pytest.mark.integration
 __all__ = ["settings", "stack", "store"]
 
-SHOW_DEVICES = ["sh", "-c", 'echo "CVD=$CUDA_VISIBLE_DEVICES"']
-# The stand-in names the first instance's MIG device so (tests/inventory).
-INSTANCE_AT_4 = "MIG-00000000-aaaa-bbbb-cccc-dddddddddddd"
-
 
 @pytest.fixture
-async def host(
-    settings: Settings, store: EventStore, tmp_path: Path
-) -> AsyncIterator[tuple[Agent, NodeRegistered]]:
-    [spec_node] = load_cluster_spec("1x1")
-    node = spec_node.model_copy(update={"discovered_by": "nvml"})
+async def real_agent(settings: Settings, store: EventStore, tmp_path: Path) -> AsyncIterator[Agent]:
+    driver = StoredH100(instances=(("3g.40gb", 4), ("4g.40gb", 0)))
+    node = nvml_node(node_id="gpu-host", rack="r0", block="b0", nvml=driver)
+    assert node is not None and node.discovered_by == "nvml"
     agent_settings = AgentSettings(
         **{
             **settings.model_dump(),
@@ -49,74 +36,67 @@ async def host(
             "checkpoint_root": tmp_path / "checkpoints",
             "fault_dir": tmp_path / "faults",
             "stop_timeout_s": 2.0,
-            # The device nodes come from the real driver's /proc listing, which this host lacks.
-            "rank_sandbox": "none",
+            # No sandbox: this host has no /proc/driver/nvidia to find the GPU's node in.
+            "rank_isolation": "off",
         },
         _env_file=None,
     )
-    await store.append(node.stream, None, [node])
-    sampler = NvmlSampler(StoredH100(instances=(("3g.40gb", 4),)))
-    agent = Agent(agent_settings, store, [node], sampler=sampler)
-    yield agent, node
+    agent = Agent(agent_settings, store, [node], sampler=NvmlSampler(driver))
+    yield agent
     await agent.shutdown()
 
 
-async def _run(
-    agent: Agent, store: EventStore, job: str, spec: JobSpec, placement: RankPlacement
-) -> TaskExited:
-    await store.append(f"job-{job}", None, [JobSubmitted(job_id=job, spec=spec, submitted_by="t")])
-    [envelope] = await store.append(
-        f"job-{job}", None, [GangReserved(job_id=job, attempt=1, ranks=[placement])]
+async def submit_slice(store: EventStore, job_id: str, start: int, seen: Path) -> GangReserved:
+    spec = JobSpec(
+        name="t",
+        team="ml",
+        tasks=1,
+        mig_profile="3g.40gb",
+        command=["sh", "-c", f'echo "$CUDA_VISIBLE_DEVICES" > {seen}; exec sleep 600'],
     )
-    async with agent.store.pool.acquire() as conn:
-        await agent.handlers()["GangReserved"](envelope, conn)
-    await agent.launches_done()
-    async with asyncio.timeout(30):
-        while True:
-            exits = [
-                e.payload
-                for e in await store.read_stream(f"job-{job}")
-                if isinstance(e.payload, TaskExited)
-            ]
-            if exits:
-                return exits[0]
-            await asyncio.sleep(0.05)
+    await store.append(
+        f"job-{job_id}", None, [JobSubmitted(job_id=job_id, spec=spec, submitted_by="t")]
+    )
+    return GangReserved(
+        job_id=job_id,
+        attempt=1,
+        ranks=[
+            RankPlacement(
+                rank=0, node_id="gpu-host", gpus=[0], mig=MigSlice(profile="3g.40gb", start=start)
+            )
+        ],
+    )
 
 
-def _devices(tmp_path: Path, job: str) -> str:
-    return (tmp_path / "work" / job / "a1" / "rank-0" / "rank.log").read_text().strip()
-
-
-async def test_a_real_host_names_gpus_by_uuid_and_slices_by_nvml_s_mig_device(
-    host: tuple[Agent, NodeRegistered], store: EventStore, tmp_path: Path
+async def test_a_slice_runs_on_the_mig_device_nvml_lists_now(
+    real_agent: Agent, store: EventStore, tmp_path: Path
 ) -> None:
-    agent, node = host
-    whole = JobSpec(name="w", team="ml", gpus_per_task=1, command=SHOW_DEVICES)
-    exited = await _run(
-        agent, store, "jwhole", whole, RankPlacement(rank=0, node_id=node.node_id, gpus=[0])
-    )
-    assert exited.exit_code == 0, exited.reason
-    assert _devices(tmp_path, "jwhole") == f"CVD={node.gpus[0].uuid}"
+    seen = tmp_path / "seen"
+    await deliver(real_agent, store, "listed", await submit_slice(store, "listed", 4, seen))
 
-    sliced = JobSpec(name="s", team="ml", mig_profile="3g.40gb", command=SHOW_DEVICES)
-    slot_4 = RankPlacement(
-        rank=0, node_id=node.node_id, gpus=[0], mig=MigSlice(profile="3g.40gb", start=4)
-    )
-    exited = await _run(agent, store, "jslice", sliced, slot_4)
-    assert exited.exit_code == 0, exited.reason
-    assert _devices(tmp_path, "jslice") == f"CVD={INSTANCE_AT_4}"
+    async def written() -> bool:
+        return seen.exists() and bool(seen.read_text().strip())
+
+    await until(written, "the slice rank wrote its device")
+    assert seen.read_text().strip() == StoredH100().nvmlDeviceGetUUID((0, 0))
 
 
-async def test_a_slice_whose_instance_is_not_on_the_gpu_fails_its_launch_with_the_reason(
-    host: tuple[Agent, NodeRegistered], store: EventStore
+async def test_a_slice_whose_instance_nvml_does_not_list_fails_its_launch(
+    real_agent: Agent, store: EventStore, tmp_path: Path
 ) -> None:
-    agent, node = host
-    sliced = JobSpec(name="s", team="ml", mig_profile="3g.40gb", command=SHOW_DEVICES)
-    slot_0 = RankPlacement(
-        rank=0, node_id=node.node_id, gpus=[0], mig=MigSlice(profile="3g.40gb", start=0)
-    )
-    exited = await _run(agent, store, "jgone", sliced, slot_0)
-    assert exited.exit_code == 127
-    assert exited.reason is not None
-    assert "GPU 0 has no MIG instance at slice 0 (NVML lists instances at [4])" in exited.reason
-    assert not exited.permanent
+    """The instance was destroyed (or its GPU lost) between the reservation and the launch:
+    the rank started with a synthetic MIG UUID, which no real device has, and died in CUDA's
+    initialisation as if its own program had failed; the LookupError of a real node's
+    missing UUID was raised outside the launch's error handling."""
+    seen = tmp_path / "seen"
+    await deliver(real_agent, store, "gone", await submit_slice(store, "gone", 2, seen))
+    await real_agent.launches_done()
+
+    async def exited() -> list[TaskExited]:
+        return await events_of(store, "gone", TaskExited)
+
+    await until(exited, "the launch failure recorded")
+    [failure] = await exited()
+    assert "no MIG instance 3g.40gb at slot 2" in (failure.reason or "")
+    assert not failure.permanent  # the instance may be there again, or the gang placed elsewhere
+    assert not seen.exists()

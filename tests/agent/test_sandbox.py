@@ -65,3 +65,35 @@ def test_the_rest_of_tmp_stays_private_even_when_the_command_names_it(tmp_path: 
         result = _sandboxed(["/bin/cat", f"{other}/secret"], work)
     assert result.returncode != 0
     assert "another job's scratch" not in result.stdout
+
+
+@needs_bwrap
+def test_the_mps_daemon_s_pipes_outside_tmp_are_hidden_from_every_rank_but_a_share(
+    tmp_path: Path,
+) -> None:
+    """Attack: the host's MPS daemon listens in /var/…, outside the private /tmp. The read-only
+    root showed its pipes to every rank: a whole-GPU rank naming the directory in its own
+    CUDA_MPS_PIPE_DIRECTORY became a client of the daemon and queued other teams' MPS shares
+    behind its own server (one user's at a time). Only an MPS share sees them."""
+    work = tmp_path / "work"
+    work.mkdir()
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as pipes:
+        (Path(pipes) / "control").write_text("the daemon's control pipe\n")
+        agent_env = {"CUDA_MPS_PIPE_DIRECTORY": pipes}
+        seen = {}
+        for share in (False, True):
+            env: dict[str, str] = {}
+            binds = isolation.mps_pipes(env, agent_env, share=share)
+            wrapped = isolation.bwrap_argv(
+                ["/bin/ls", pipes],
+                state_dir=None,
+                binds=[work, *binds],
+                workdir=work,
+                hide=isolation.mps_hidden(agent_env, share=share),
+            )
+            result = subprocess.run(
+                wrapped, capture_output=True, text=True, timeout=60, check=False
+            )
+            assert result.returncode == 0, result.stderr
+            seen[share] = result.stdout.split()
+    assert seen == {False: [], True: ["control"]}

@@ -25,7 +25,7 @@ import pytest
 from core.mig import mig_model
 from schemas.jobs import GpuShare, JobSpec, RankPlacement
 from services.agent import isolation
-from services.agent.devices import device_env
+from services.agent.devices import device_env, mps_share
 from services.agent.heartbeats import NvmlSampler
 from services.agent.ranks import RankKey, launch
 from services.health.rules import HealthMonitor
@@ -152,15 +152,16 @@ async def _rank_on_gpu_0(
     program: str = RANK_PROGRAM,
     share: GpuShare | None = None,
     agent_env: dict[str, str] | None = None,
+    job_env: dict[str, str] | None = None,
 ) -> tuple[int, str, set[int]]:
     """A rank started as the agent starts one on GPU 0 of a real node (a whole GPU, or
     `share` of it), in bubblewrap with `devices`: its exit code (or 0 while it still runs),
     its log, and the pids NVML said held GPU 0 while it ran."""
     placement = RankPlacement(rank=0, node_id="gpu-host", gpus=[0], share=share)
     spec = JobSpec.model_validate({"name": "probe", "team": "vision", "gpus_per_task": 1})
-    env = {"PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1"}
+    env = {"PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1", **(job_env or {})}
     env.update(device_env(spec, placement, gpu_uuids={0: _uuid(0)}))
-    pipes = isolation.mps_pipes(env, agent_env or {})
+    pipes = isolation.mps_pipes(env, agent_env or {}, share=mps_share(spec, placement))
     argv = isolation.bwrap_argv(
         [sys.executable, "-c", program],
         state_dir=None,
@@ -262,3 +263,24 @@ def test_a_sandboxed_mps_share_reaches_the_daemon_and_is_held_to_its_memory(
     )
     assert code == 0, output
     assert "512 MiB allocated" in output and "3 GiB refused" in output, output
+
+
+@needs_cuda
+@pytest.mark.skipif(not isolation.bwrap_works(), reason="no working bubblewrap here")
+def test_a_whole_gpu_rank_setting_the_mps_variables_does_not_reach_the_daemon(
+    tmp_path: Path, mps_daemon: dict[str, str]
+) -> None:
+    """A whole-GPU job that sets the MPS variables in its own env: were the daemon's pipes
+    bound into its sandbox, its CUDA would run as an MPS client (held here to the 1,000 MB it
+    asked itself, so 3 GiB refused), and other teams' MPS shares would queue behind its
+    server. It runs on its own GPU directly instead."""
+    job_env = {
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "10",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=1000M",
+    }
+    devices = isolation.gpu_device_nodes([_uuid(0)])
+    code, output, _ = asyncio.run(
+        _rank_on_gpu_0(tmp_path / "whole", devices, MPS_PROGRAM, None, mps_daemon, job_env)
+    )
+    assert code == 0, output
+    assert "3 GiB allocated" in output, output

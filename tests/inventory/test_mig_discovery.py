@@ -14,7 +14,7 @@ import pytest
 
 from core.mig import H100_80GB, MigModel
 from services.runtime.discovery import import_nvml, nvml_node
-from services.runtime.mig_discovery import NvmlMigGpu, mig_uuids, read_mig
+from services.runtime.mig_discovery import NvmlMigGpu, mig_instance_ids, mig_uuids, read_mig
 
 pynvml = import_nvml()
 HARDWARE = Path(__file__).parents[1] / "fixtures" / "hardware" / "h100-80gb-hbm3.nvml.json"
@@ -159,6 +159,9 @@ class StoredH100:
     def nvmlDeviceGetGpuInstanceId(self, device: tuple[int, int]) -> int:
         return device[1]
 
+    def nvmlDeviceGetComputeInstanceId(self, device: tuple[int, int]) -> int:
+        return 0  # one compute instance of the whole GPU instance, as Gangway creates them
+
 
 Row = tuple[int, int, int, int, tuple[tuple[int, int], ...]]
 
@@ -209,3 +212,48 @@ def test_a_host_node_declares_its_model_mig_mode_cpus_and_memory(
     monkeypatch.setenv("GANGWAY_MIG_MANAGE", "1")
     managed = nvml_node(rack="r0", block="b0", nvml=StoredH100())
     assert managed is not None and managed.mig == "dynamic"
+
+
+@pytest.mark.parametrize(
+    "call", ["nvmlGpuInstanceGetInfo", "nvmlDeviceGetUUID", "nvmlDeviceGetGpuInstanceId"]
+)
+def test_an_instance_nvml_cannot_read_leaves_it_out_not_the_host(call: str) -> None:
+    """NVML answering an error (NVML_ERROR_GPU_IS_LOST, say) for one GPU instance or MIG device
+    raised out of read_mig: the agent could not discover its host at all, and a slice's
+    launch (which reads the instances again) raised out of the launch."""
+    driver = StoredH100(instances=(("3g.40gb", 4), ("4g.40gb", 0)))
+    real = getattr(driver, call)
+
+    def lost(*args: Any) -> Any:
+        if call == "nvmlDeviceGetUUID" and not isinstance(args[0], tuple):
+            return real(*args)  # the GPU's own UUID reads; its MIG devices' do not
+        if call == "nvmlGpuInstanceGetInfo" and args[0] == 0:
+            return real(*args)  # the 3g.40gb instance (the first) reads, the 4g.40gb not
+        raise NvmlError("GPU is lost")
+
+    setattr(driver, call, lost)
+    gpu = read_mig(driver, 0, 0)
+    if call == "nvmlGpuInstanceGetInfo":
+        assert [(i.profile, i.start) for i in gpu.instances] == [("3g.40gb", 4)]
+    else:
+        assert {(i.profile, i.start) for i in gpu.instances} == {("3g.40gb", 4), ("4g.40gb", 0)}
+        assert mig_uuids([gpu]) == {}
+    assert nvml_node(rack="r0", block="b0", nvml=driver) is not None
+
+
+def test_a_slice_s_gpu_and_compute_instance_ids_are_read_for_its_sandbox() -> None:
+    """The ids the driver's access capabilities of a slice are named by (the sandbox binds
+    those two nodes of /dev/nvidia-caps and no other slice's)."""
+    driver = StoredH100(instances=(("3g.40gb", 4), ("2g.20gb", 0)))
+    gpu = read_mig(driver, 0, 0)
+    assert mig_instance_ids(gpu, 4) == (0, 0)
+    assert mig_instance_ids(gpu, 0) == (1, 0)
+    assert mig_instance_ids(gpu, 2) is None  # no slice there
+
+    class NoComputeId(StoredH100):
+        def nvmlDeviceGetComputeInstanceId(self, device: tuple[int, int]) -> int:
+            raise NvmlError("GPU is lost")
+
+    unnamed = read_mig(NoComputeId(instances=(("3g.40gb", 4),)), 0, 0)
+    assert mig_instance_ids(unnamed, 4) is None
+    assert mig_uuids([unnamed]) == {(0, 4): "MIG-00000000-aaaa-bbbb-cccc-dddddddddddd"}
