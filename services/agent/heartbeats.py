@@ -69,6 +69,21 @@ _READINGS: tuple[tuple[str, Callable[[Any, Any], float | int]], ...] = (
 )
 
 
+# What the driver logs when a GPU falls off the bus (NVML then answers GPU_IS_LOST for it): a
+# GPU lost before the agent started is reported with it, as it would have been had it fallen
+# while the agent watched.
+GPU_LOST_XID = 79
+
+
+def _handle(nvml: Any, index: int) -> Any:
+    """GPU `index`'s NVML handle, or None when NVML cannot give one (the GPU is lost)."""
+    try:
+        return nvml.nvmlDeviceGetHandleByIndex(index)
+    except Exception as error:  # NVMLError_GpuIsLost, _Unknown …
+        log.warning("GPU %d has no NVML handle (%s): reported lost", index, error)
+        return None
+
+
 class NvmlSampler:
     """Reads temperature, utilisation, memory and ECC counters of the host's GPUs, their SM
     activity through NVML GPM where the GPU offers it (services/agent/gpm.py), and the host's
@@ -82,19 +97,25 @@ class NvmlSampler:
         self.nvml = nvml
         self.links = links
         nvml.nvmlInit()
-        self.handles = [
-            nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())
+        # None: a GPU lost (fallen off the bus) before the agent started; it is reported so.
+        self.handles: list[Any] = [
+            _handle(nvml, index) for index in range(nvml.nvmlDeviceGetCount())
         ]
         self.event_set: Any = None
         try:
             self.event_set = nvml.nvmlEventSetCreate()
-            for handle in self.handles:
+        except Exception:  # not every driver supports XID events
+            log.warning("NVML XID events unavailable", exc_info=True)
+        for handle in self.handles:
+            if self.event_set is None or handle is None:
+                continue
+            try:
                 nvml.nvmlDeviceRegisterEvents(
                     handle, nvml.nvmlEventTypeXidCriticalError, self.event_set
                 )
-        except Exception:  # not every driver or GPU supports XID events
-            log.warning("NVML XID events unavailable", exc_info=True)
-            self.event_set = None
+            except Exception:  # a GPU that offers none: its XIDs come from no event
+                log.warning("NVML XID events of a GPU unavailable", exc_info=True)
+        # A lost GPU's None fails GPM's support query: no SM activity for it, indices kept.
         self.gpm = GpmSmActivity(nvml, self.handles)
 
     def _xids(self) -> dict[int, list[int]]:
@@ -131,9 +152,11 @@ class NvmlSampler:
                 "xid_errors": xids.get(index, []),
                 "sm_activity": sm_activity.get(index),
             }
+            if handle is None:
+                readings["xid_errors"] = [*readings["xid_errors"], GPU_LOST_XID]
             # Each reading on its own: one NVML refuses (utilisation on a MIG-enabled GPU is
             # NOT_SUPPORTED) took the ones after it along, the uncorrected ECC count too.
-            for field, read in _READINGS:
+            for field, read in _READINGS if handle is not None else ():
                 try:
                     readings[field] = read(nvml, handle)
                 except Exception:  # a GPU without ECC, or one gone: report what could be read

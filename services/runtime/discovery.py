@@ -67,18 +67,23 @@ def nvml_node(
     try:
         count = int(nvml.nvmlDeviceGetCount())
         gpus = []
+        lost: list[int] = []
         migs: list[NvmlMigGpu] = []
         for index in range(count):
-            handle = nvml.nvmlDeviceGetHandleByIndex(index)
-            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-            gpus.append(
-                GpuInfo(
+            try:
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                gpu = GpuInfo(
                     index=index,
                     uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
                     model=_text(nvml.nvmlDeviceGetName(handle)),
                     memory_mb=int(memory.total) // (1024 * 1024),
                 )
-            )
+            except Exception as error:  # NVMLError_GpuIsLost …: the GPU fell off the bus
+                log.warning("GPU %d unreadable at discovery (%s): registered as lost", index, error)
+                lost.append(index)
+                continue
+            gpus.append(gpu)
             migs.append(read_mig(nvml, handle, index))
     finally:
         try:
@@ -86,9 +91,19 @@ def nvml_node(
         except Exception:  # shutting down a half-initialised driver is not worth failing for
             log.debug("nvmlShutdown failed", exc_info=True)
     if not gpus:
+        if lost:
+            # Not the cluster spec's fleet in its place: this host has GPUs, none readable.
+            raise RuntimeError(f"NVML lists {count} GPUs on this host and none can be read")
         return None
     hostname = socket.gethostname()
     name = node_id or hostname
+    # A lost GPU keeps its place (NVML's index) and is reported lost by every heartbeat
+    # (services/agent/heartbeats.py), which health turns into GpuUnhealthy and a drain.
+    for index in lost:
+        gpus.append(
+            GpuInfo(index=index, uuid=f"GPU-lost-{index}", model=gpus[0].model, memory_mb=0)
+        )
+    gpus.sort(key=lambda gpu: gpu.index)
     table = mig_model(gpus[0].model)
     mig, profiles = _mig_of(migs, table)
     cpus, memory_mb = host_resources()

@@ -116,6 +116,25 @@ def test_an_xid_of_a_gpu_nvml_cannot_name_is_reported_on_every_gpu_not_lost() ->
     assert [g.xid_errors for g in sampler.heartbeat("host-a", NOW).gpus] == [[48], [48]]
 
 
+def test_a_gpu_lost_before_the_agent_started_is_reported_fallen_off_the_bus_and_drains() -> None:
+    class Lost(FakeDriver):
+        def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+            if index == 1:
+                raise Timeout  # NVMLError_GpuIsLost
+            return index
+
+    sampler = NvmlSampler(Lost(3))
+    heartbeat = sampler.heartbeat("host-a", NOW)
+    assert [g.xid_errors for g in heartbeat.gpus] == [[], [79], []]
+    assert heartbeat.gpus[1].temperature_c is None
+    assert heartbeat.gpus[2].temperature_c == 62  # the others read as ever
+    events = HealthMonitor().observe_heartbeat(heartbeat)
+    assert [(type(e).__name__, getattr(e, "gpu_index", None)) for e in events][:1] == [
+        ("GpuUnhealthy", 1)
+    ]
+    assert "NodeDrainRequested" in {type(e).__name__ for e in events}
+
+
 def test_uncorrected_ecc_counts_reach_the_heartbeat() -> None:
     driver = FakeDriver(2)
     driver.ecc[1] = 2

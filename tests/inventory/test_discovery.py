@@ -93,6 +93,35 @@ def test_nvml_discovery_reports_every_gpu_of_the_host() -> None:
     assert driver.shut_down
 
 
+class LostGpus(FakeDriver):
+    """GPUs `lost` fell off the bus: NVML answers GPU_IS_LOST for them."""
+
+    def __init__(self, count: int, lost: set[int]) -> None:
+        super().__init__(count)
+        self.lost = lost
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        if index in self.lost:
+            raise NoDriver.NVMLError("GPU is lost")
+        return index
+
+
+def test_a_gpu_lost_before_discovery_keeps_its_place_and_the_host_is_still_a_node() -> None:
+    node = nvml_node(node_id="host-a", rack="r0", block="b0", nvml=LostGpus(4, lost={2}))
+    assert node is not None
+    assert [(g.index, g.uuid, g.memory_mb) for g in node.gpus] == [
+        (0, "GPU-00000000", 80 * 1024),
+        (1, "GPU-00000001", 80 * 1024),
+        (2, "GPU-lost-2", 0),
+        (3, "GPU-00000003", 80 * 1024),
+    ]
+
+
+def test_a_host_whose_every_gpu_is_lost_is_an_error_not_the_spec_s_fleet() -> None:
+    with pytest.raises(RuntimeError, match="NVML lists 2 GPUs on this host and none can be read"):
+        discover("16x8", mode="auto", nvml=LostGpus(2, lost={0, 1}))
+
+
 def test_a_host_whose_driver_sees_no_gpu_is_not_a_node() -> None:
     assert nvml_node(rack="r0", block="b0", nvml=FakeDriver(count=0)) is None
 
