@@ -141,6 +141,7 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
         "test_leaving_credit",
         "test_preemption_attempts",
         "test_victim_book",
+        "test_preemption_bound",
     ),
     "shape": (
         "test_shape_rules",
