@@ -141,6 +141,17 @@ class NvmlSampler:
             for index in indices:
                 found.setdefault(index, []).append(int(data.eventData))
 
+    def _links(self) -> tuple[float | None, float | None]:
+        """The links' reading; none when sysfs will not give one (a heartbeat without it beats
+        no heartbeat: a round that raised would silence the node, and silence drains it)."""
+        if self.links is None:
+            return None, None
+        try:
+            return self.links.read()
+        except Exception:
+            log.warning("network links unreadable", exc_info=True)
+            return None, None
+
     def heartbeat(self, node_id: str, at: datetime, fault: Fault = HEALTHY) -> NodeHeartbeat:
         nvml = self.nvml
         xids = self._xids()
@@ -163,7 +174,7 @@ class NvmlSampler:
                     log.debug("NVML %s of GPU %d unreadable", field, index, exc_info=True)
             readings.update(fault.gpus.get(index, {}))
             gpus.append(GpuSample.model_validate(readings))
-        nic_gbps, expected = self.links.read() if self.links is not None else (None, None)
+        nic_gbps, expected = self._links()
         if fault.nic_gbps is not None:
             nic_gbps, expected = fault.nic_gbps, expected or NIC_EXPECTED_GBPS
         return NodeHeartbeat(

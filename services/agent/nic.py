@@ -54,7 +54,8 @@ def link_rates(sys_root: Path = Path("/sys")) -> dict[str, float]:
             rates[interface.name] = 0.0
             continue
         speed = _read(interface / "speed")
-        if speed is not None and speed.lstrip("-").isdigit() and int(speed) > 0:
+        # isascii: isdigit() alone admits digits int() refuses ('²').
+        if speed is not None and speed.isascii() and speed.isdigit() and int(speed) > 0:
             rates[interface.name] = int(speed) / 1000
     return rates
 

@@ -93,3 +93,19 @@ def test_an_injected_nic_fault_overrides_a_real_host_s_reading(tmp_path: Path) -
     sampler = NvmlSampler(FakeDriver(1), links=FabricLinks(tmp_path))  # no links known
     heartbeat = sampler.heartbeat("gpu-host", NOW, parse_fault('{"nic_gbps": 40}'))
     assert (heartbeat.nic_gbps, heartbeat.nic_expected_gbps) == (40.0, 400.0)
+
+
+def test_odd_speeds_are_no_rate_and_a_link_reading_that_raises_costs_only_the_nic(
+    tmp_path: Path,
+) -> None:
+    interface(tmp_path, "eth0", "²")  # digits int() refuses
+    interface(tmp_path, "eth1", "-1000")
+    assert link_rates(tmp_path) == {}
+
+    class Broken(FabricLinks):
+        def read(self) -> tuple[float | None, float | None]:
+            raise OSError("sysfs gone")
+
+    heartbeat = NvmlSampler(FakeDriver(2), links=Broken(tmp_path)).heartbeat("gpu-host", NOW)
+    assert (heartbeat.nic_gbps, heartbeat.nic_expected_gbps) == (None, None)
+    assert len(heartbeat.gpus) == 2
