@@ -469,8 +469,8 @@ class Agent:
             )
             slot = mig_slot(spec, placement)
             listing = (
-                await asyncio.to_thread(self._mig_listing, spec, placement)
-                if gpu_uuids is not None
+                await asyncio.to_thread(self._mig_listing, slot[0])
+                if gpu_uuids is not None and slot is not None
                 else None
             )
             env = rank_env(
@@ -694,13 +694,9 @@ class Agent:
             )
         return isolation.Sandbox(argv, user, procs, sandboxed)
 
-    def _mig_listing(self, spec: JobSpec, placement: RankPlacement) -> NvmlMigGpu | None:
+    def _mig_listing(self, gpu: int) -> NvmlMigGpu:
         """A slice rank's GPU's MIG instances, as NVML lists them now (none where NVML cannot
-        say: the launch then fails, services/agent/devices.py); None for any other rank."""
-        slot = mig_slot(spec, placement)
-        if slot is None:
-            return None
-        gpu = slot[0]
+        say: the launch then fails, services/agent/devices.py)."""
         if self.sampler is None or gpu >= len(self.sampler.handles):
             return NvmlMigGpu(index=gpu, capable=False, enabled=False)
         return read_mig(self.sampler.nvml, self.sampler.handles[gpu], gpu)

@@ -130,15 +130,14 @@ class NvmlSampler:
             # The event's device is a new ctypes pointer, equal to none of our handles (ctypes
             # compares pointers by identity): its GPU is asked of NVML.
             try:
-                indices = [int(self.nvml.nvmlDeviceGetIndex(data.device))]
-            except Exception:  # an XID of a GPU NVML cannot name: lost nowhere, blamed on all
+                named: int | None = int(self.nvml.nvmlDeviceGetIndex(data.device))
+            except Exception:
                 log.warning("XID %s on a GPU NVML cannot name", data.eventData, exc_info=True)
-                indices = []
-            if not all(0 <= index < len(self.handles) for index in indices) or not indices:
-                # A GPU the sampler holds no handle of (none of its heartbeat's GPUs) would
-                # lose the XID as surely as one NVML cannot name.
-                indices = list(range(len(self.handles)))
-            for index in indices:
+                named = None
+            # A GPU NVML cannot name, or one the sampler holds no handle of (none of its
+            # heartbeat's GPUs): the XID is lost nowhere, blamed on every GPU.
+            everyone = range(len(self.handles))
+            for index in [named] if named is not None and named in everyone else everyone:
                 found.setdefault(index, []).append(int(data.eventData))
 
     def _links(self) -> tuple[float | None, float | None]:
@@ -165,13 +164,14 @@ class NvmlSampler:
             }
             if handle is None:
                 readings["xid_errors"] = [*readings["xid_errors"], GPU_LOST_XID]
-            # Each reading on its own: one NVML refuses (utilisation on a MIG-enabled GPU is
-            # NOT_SUPPORTED) took the ones after it along, the uncorrected ECC count too.
-            for field, read in _READINGS if handle is not None else ():
-                try:
-                    readings[field] = read(nvml, handle)
-                except Exception:  # a GPU without ECC, or one gone: report what could be read
-                    log.debug("NVML %s of GPU %d unreadable", field, index, exc_info=True)
+            else:
+                # Each reading on its own: one NVML refuses (utilisation on a MIG-enabled GPU
+                # is NOT_SUPPORTED) took the ones after it along, the uncorrected ECC count too.
+                for field, read in _READINGS:
+                    try:
+                        readings[field] = read(nvml, handle)
+                    except Exception:  # a GPU without ECC, or one gone: what could be read
+                        log.debug("NVML %s of GPU %d unreadable", field, index, exc_info=True)
             readings.update(fault.gpus.get(index, {}))
             gpus.append(GpuSample.model_validate(readings))
         nic_gbps, expected = self._links()

@@ -45,9 +45,8 @@ def link_rates(sys_root: Path = Path("/sys")) -> dict[str, float]:
             rates[f"{port.parent.parent.name}/{port.name}"] = rate if "ACTIVE" in state else 0.0
     if rates:
         return rates
-    for interface in sorted(
-        (sys_root / "class" / "net").iterdir() if (sys_root / "class" / "net").is_dir() else ()
-    ):
+    net = sys_root / "class" / "net"
+    for interface in sorted(net.iterdir()) if net.is_dir() else []:
         if not (interface / "device").exists():
             continue  # lo, bridges, veths, tunnels: no fabric
         if _read(interface / "operstate") == "down":

@@ -154,7 +154,8 @@ def _instances(
                 log.warning("a GPU instance of profile %d unreadable", profile_id, exc_info=True)
                 continue
             starts[int(info.id)] = (name, int(info.placement.start))
-    uuids: dict[int, tuple[str, int | None]] = {}
+    # GPU instance id -> its MIG device's UUID and compute instance id.
+    devices: dict[int, tuple[str | None, int | None]] = {}
     try:
         count = int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))
     except Exception:
@@ -175,22 +176,12 @@ def _instances(
         except Exception:  # its UUID still names it to CUDA; its sandbox cannot be built
             log.warning("MIG device %d: compute instance unreadable", number, exc_info=True)
             ci = None
-        uuids[gi] = (uuid.decode() if isinstance(uuid, bytes) else str(uuid), ci)
-    return tuple(
-        sorted(
-            (
-                NvmlMigInstance(
-                    name,
-                    start,
-                    uuids[gi][0] if gi in uuids else None,
-                    gpu_instance=gi,
-                    compute_instance=uuids[gi][1] if gi in uuids else None,
-                )
-                for gi, (name, start) in starts.items()
-            ),
-            key=lambda i: i.start,
-        )
-    )
+        devices[gi] = (uuid.decode() if isinstance(uuid, bytes) else str(uuid), ci)
+    found = []
+    for gi, (name, start) in starts.items():
+        named, compute = devices.get(gi, (None, None))
+        found.append(NvmlMigInstance(name, start, named, gpu_instance=gi, compute_instance=compute))
+    return tuple(sorted(found, key=lambda instance: instance.start))
 
 
 def mig_uuids(gpus: list[NvmlMigGpu]) -> dict[tuple[int, int], str]:
