@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import codecs
 import functools
 import math
 import re
@@ -81,10 +82,32 @@ def literal(text: str) -> Text:
     escape sequence's ESC, BEL, CR…) spelled out as \\xNN. A team's command is any text but NUL,
     and whoever looks at its job (an admin looks at every team's) must not have their screen
     cleared or their terminal retitled by it."""
-    return Text(_CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text))
+    return Text(_CONTROL.sub(_spelled, text))
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+# A rank's output keeps its lines and tabs; every other control character is spelled out.
+_OUTPUT_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+class TerminalOutput:
+    """A rank's output on its way to a terminal, chunk by chunk: UTF-8 as written, lines and
+    tabs kept, every other control character (an escape sequence's ESC, BEL, CR…) and each
+    byte that is not UTF-8 spelled out as \\xNN. A rank writes any bytes, and whoever reads its
+    output (an admin reads every team's) must not have their screen rewritten, a line hidden
+    by a carriage return, or their terminal retitled. A character split between two chunks
+    is held until its end arrives."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="backslashreplace")
+
+    def write(self, chunk: bytes, *, final: bool = False) -> bytes:
+        text = self._decoder.decode(chunk, final)
+        return _OUTPUT_CONTROL.sub(_spelled, text).encode("utf-8")
+
+
+def _spelled(found: re.Match[str]) -> str:
+    return f"\\x{ord(found.group()):02x}"
 
 
 def at_least_one(text: str) -> int:

@@ -1,11 +1,13 @@
-"""`gangway logs JOB [--rank N] [--attempt A] [-f] [--tail N]`: a rank's output, through the API."""
+"""`gangway logs JOB [--rank N] [--attempt A] [-f] [--tail N] [--raw]`: a rank's output, through
+the API. On a terminal its control characters are spelled out (TerminalOutput); piped or
+redirected, or with --raw, it is written byte for byte."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from gangway.commands._common import client, one_line_errors
+from gangway.commands._common import TerminalOutput, client, one_line_errors
 
 HELP = "print a rank's output (stdout and stderr); -f follows it until the attempt ends"
 
@@ -16,11 +18,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attempt", type=int, default=None, help="the attempt (default latest)")
     parser.add_argument("--follow", "-f", action="store_true", help="keep printing new output")
     parser.add_argument("--tail", type=int, default=None, metavar="N", help="the last N lines")
+    parser.add_argument(
+        "--raw",
+        action="store_true",
+        help="write the output byte for byte, escape sequences too, even to a terminal",
+    )
 
 
 @one_line_errors
 def run(args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
+    terminal = None if args.raw or not sys.stdout.isatty() else TerminalOutput()
     try:
         with client() as api:
             for chunk in api.logs(
@@ -30,8 +38,12 @@ def run(args: argparse.Namespace) -> int:
                 follow=args.follow,
                 tail=args.tail,
             ):
-                out.write(chunk)
+                out.write(chunk if terminal is None else terminal.write(chunk))
                 out.flush()
     except KeyboardInterrupt:
         return 0
+    finally:
+        if terminal is not None:
+            out.write(terminal.write(b"", final=True))
+            out.flush()
     return 0

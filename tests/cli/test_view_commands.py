@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -75,6 +76,28 @@ def test_logs_prints_a_ranks_output_and_its_tail(
     assert capsys.readouterr().out == "rank 0 step 9\n"
     assert main(["logs", job_id, "--attempt", "2"]) == 1
     assert "not found" in capsys.readouterr().err
+
+
+def test_logs_spells_out_a_ranks_escape_sequences_on_a_terminal_only(
+    api_url: str,
+    settings: Settings,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    job_id = submit(tmp_path, capsys)
+    start(settings, job_id, finish=True)
+    path = logs.rank_log(tmp_path / "agent", job_id, 1, 0).path
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"\x1b]0;retitled\x07\x1b[2Jstep\t1\rhidden\n")
+    # Piped or redirected: byte for byte, as the rank wrote it.
+    assert main(["logs", job_id]) == 0
+    assert capsys.readouterr().out == "\x1b]0;retitled\x07\x1b[2Jstep\t1\rhidden\n"
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    assert main(["logs", job_id]) == 0
+    assert capsys.readouterr().out == "\\x1b]0;retitled\\x07\\x1b[2Jstep\t1\\x0dhidden\n"
+    assert main(["logs", job_id, "--raw"]) == 0
+    assert capsys.readouterr().out == "\x1b]0;retitled\x07\x1b[2Jstep\t1\rhidden\n"
 
 
 def test_usage_prints_a_table_and_csv_for_finance(
