@@ -69,6 +69,7 @@ MAX_FILE_BYTES = 8 * 1024 * 1024
 def load_specs(file: str) -> list[dict[str, Any]]:
     """The specs of the file: one per YAML document (empty documents skipped), or each item
     of a top-level list."""
+    name = "standard input" if file == "-" else file
     try:
         if file == "-":
             data = sys.stdin.buffer.read(MAX_FILE_BYTES + 1)
@@ -77,30 +78,30 @@ def load_specs(file: str) -> list[dict[str, Any]]:
                 data = opened.read(MAX_FILE_BYTES + 1)
         if len(data) > MAX_FILE_BYTES:
             raise InputError(
-                f"{file} is larger than {MAX_FILE_BYTES} bytes: more than any request carries"
+                f"{name} is larger than {MAX_FILE_BYTES} bytes: more than any request carries"
             )
         text = data.decode("utf-8")
     except OSError as error:
-        raise InputError(f"cannot read {file}: {error.strerror or error}") from error
+        raise InputError(f"cannot read {name}: {error.strerror or error}") from error
     except UnicodeDecodeError as error:
-        raise InputError(f"{file} is not UTF-8 text (byte {error.start})") from error
+        raise InputError(f"{name} is not UTF-8 text (byte {error.start})") from error
     try:
         # JSON is YAML.
         documents = [doc for doc in yaml.load_all(text, Loader=_SpecLoader) if doc is not None]
     except yaml.YAMLError as error:
-        raise InputError(f"{file} is neither YAML nor JSON: {error}".splitlines()[0]) from error
+        raise InputError(f"{name} is neither YAML nor JSON: {error}".splitlines()[0]) from error
     except RecursionError as error:
-        raise InputError(f"{file} nests too deeply to be a job spec") from error
+        raise InputError(f"{name} nests too deeply to be a job spec") from error
     if len(documents) == 1 and isinstance(documents[0], list):
         documents = documents[0]
     if not documents or not all(isinstance(doc, dict) for doc in documents):
-        raise InputError(f"{file} does not hold job specs (mappings of fields)")
+        raise InputError(f"{name} does not hold job specs (mappings of fields)")
     budget = [_MAX_VALUES]
     for index, document in enumerate(documents):
         where = f"document {index + 1}: " if len(documents) > 1 else ""
         problem = _not_json(document, "", (), budget)
         if problem is not None:
-            raise InputError(f"{file}: {where}{problem}")
+            raise InputError(f"{name}: {where}{problem}")
     return documents
 
 

@@ -169,4 +169,4 @@ def test_a_spec_file_past_the_size_read_is_refused_unread(
     assert load_specs(str(spec))[0]["name"] == "x"
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO((SPEC + "#" * 11).encode())))
     assert main(["submit", "-"]) == 2
-    assert "- is larger than" in one_line(capsys)
+    assert "standard input is larger than" in one_line(capsys)
