@@ -3,7 +3,7 @@ gang would take past a ceiling, and who is within a guarantee or borrowing."""
 
 from __future__ import annotations
 
-from core.quota import MAX_DEPTH, QuotaBook
+from core.quota import MAX_DEPTH, HostRoom, QuotaBook
 from core.state import QueueRecord
 
 
@@ -134,3 +134,30 @@ def test_a_guarantee_of_one_gpu_is_a_guarantee() -> None:
 
     assert quota.within_guarantee("small", 1)
     assert not quota.within_guarantee("small", 2)
+
+
+def test_the_guaranteed_queues_are_those_configured_with_at_least_one_gpu() -> None:
+    quota = book(
+        record("one", guaranteed=1),
+        record("many", guaranteed=64),
+        record("none"),
+        record("unconfigured", guaranteed=8, configured=False),
+    )
+
+    assert quota.guaranteed() == {"one", "many"}
+
+
+def test_host_room_names_the_queue_resource_and_ceiling_that_bound_it() -> None:
+    parent = record("org")
+    parent.max_memory_mb = 10_000
+    child = record("team", parent="org")
+    child.max_cpus_milli = 8_000
+    quota = book(child, parent)
+
+    # 4 CPUs and 1,000 MB a task: the team's 8 CPUs allow 2, the org's 10,000 MB allow 10.
+    assert quota.host_room("team", 4_000, 1_000) == HostRoom(2, "team", "cpus", 8_000)
+    # 4,000 MB a task: the org's memory allows 2, the team's CPUs 8; memory bounds first.
+    assert quota.host_room("team", 1_000, 4_000) == HostRoom(2, "org", "memory", 10_000)
+    # A task asking no memory is bounded by CPUs alone.
+    assert quota.host_room("team", 1_000, 0) == HostRoom(8, "team", "cpus", 8_000)
+    assert quota.host_room("org", 1_000, 0) == HostRoom(None, None, None, None)
