@@ -103,7 +103,9 @@ async def run_control(
         )
     try:
         await asyncio.wait_for(process.communicate(stdin), timeout_s)
-    except TimeoutError:
+    except BaseException:
+        # Timed out, or the agent's task cancelled: in a session of its own, it would outlive
+        # the agent (a `quit` to a daemon that died waits on its pipe for ever).
         with contextlib.suppress(ProcessLookupError):
             process.kill()
         await process.wait()

@@ -61,8 +61,13 @@ else:
     if not os.path.exists(control):
         print("Cannot find MPS control daemon process", file=sys.stderr)
         sys.exit(1)
-    with open(control, "w") as daemon:
-        daemon.write(command)
+    try:  # a pipe whose daemon died has no reader: refused, as the real one's socket is
+        daemon = os.open(control, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        print("Cannot find MPS control daemon process", file=sys.stderr)
+        sys.exit(1)
+    os.write(daemon, command.encode())
+    os.close(daemon)
 """
 
 
