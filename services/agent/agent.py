@@ -198,6 +198,8 @@ class Agent:
                 timeout_s=settings.mps_control_timeout_s,
             )
             self.mps.prepare()
+            if self.isolating:  # a share's user reaches its GPU's pipes, unsandboxed too
+                isolation.make_traversable(self.mps.root)
         registry = new_registry()
         self.registry = registry
         self.heartbeats_sent = Counter(
@@ -1131,6 +1133,9 @@ class Agent:
             log.warning(
                 "%s/%d rank %d on %s: %s", job_id, attempt, rank, event.node_id, exited.reason
             )
+        if self.mps is not None:
+            # Its MPS daemons, their clients stopped just now (a `quit` waits for them).
+            await self.mps.quit_leftovers()
         await self._resume_launches(latest.values(), ever_started)
         return len(started) + len(strays)
 

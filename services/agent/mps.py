@@ -10,8 +10,8 @@ soft-shared GPU to one team at a time, so one daemon never has two users' client
 
 - A GPU's daemon starts (`nvidia-cuda-mps-control -d`) before its first MPS share starts and
   is quit (`quit` on the control's standard input) once its last share there has ended.
-- A pipe directory found at a daemon's start is a daemon left over by an agent that died: it
-  is quit, and the directory made afresh.
+- A pipe directory found at the agent's start (`quit_leftovers`) or at a daemon's start is a
+  daemon left over by an agent that died: it is quit, and the directory made afresh.
 - The pipe and log directories belong to the user whose shares the daemon serves (their
   team's, where the agent isolates ranks), mode 0700: the MPS server, which the daemon starts
   as its client's user, makes its pipes and writes its log there, and no other team's user can
@@ -190,6 +190,23 @@ class MpsDaemons:
                 if self._holders.pop(uuid, None) is not None:
                     self._owners.pop(uuid, None)
                     await self._quit(uuid)
+
+    async def quit_leftovers(self) -> list[str]:
+        """Quit the daemons an earlier agent left (their pipe directories are here, and this
+        agent started none of them): at the agent's start, once its predecessor's ranks are
+        stopped. Returns their GPUs."""
+        try:
+            found = sorted(entry.name for entry in self.root.iterdir() if entry.is_dir())
+        except OSError:
+            return []
+        quit = []
+        for uuid in found:
+            async with self._lock(uuid):
+                if uuid not in self._holders and self.directories(uuid).pipe.is_dir():
+                    log.warning("GPU %s: quitting an MPS daemon left by an earlier agent", uuid)
+                    await self._quit(uuid)
+                    quit.append(uuid)
+        return quit
 
     def _lock(self, uuid: str) -> asyncio.Lock:
         return self._locks.setdefault(uuid, asyncio.Lock())

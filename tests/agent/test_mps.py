@@ -161,3 +161,18 @@ def test_the_daemon_sees_none_of_the_agent_s_own_mps_variables(tmp_path: Path) -
     assert env["CUDA_VISIBLE_DEVICES"] == GPU_A
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "mps" / GPU_A / "pipe")
     assert mps.MPS_CONTROL == "nvidia-cuda-mps-control"
+
+
+async def test_at_its_start_an_agent_quits_every_daemon_its_predecessor_left(
+    tmp_path: Path, record: Path
+) -> None:
+    crashed = daemons(tmp_path)
+    await crashed.acquire(GPU_A, "a rank of the agent that died")
+    await crashed.acquire(GPU_B, "another")
+    left = list(mps_standin.live(record))
+    fresh = daemons(tmp_path)
+    assert await fresh.quit_leftovers() == [GPU_A, GPU_B]
+    for pid in left:
+        await until_quit(record, pid)
+    assert await fresh.quit_leftovers() == []  # nothing left to quit
+    assert fresh.running() == []

@@ -313,3 +313,21 @@ async def test_a_simulated_node_starts_no_daemon(
         _env_file=None,
     )
     assert Agent(agent_settings, store, NODES).mps is None
+
+
+async def test_a_restarted_agent_quits_the_daemons_its_predecessor_left(
+    real_agent: MakeAgent, store: EventStore, tmp_path: Path, record: Path
+) -> None:
+    """Its reconcile, once the predecessor's ranks are stopped: a GPU that never hosts
+    another share does not keep a daemon nobody quits."""
+    crashed = real_agent()
+    show = f"{SHOW}; exec sleep 600"
+    await deliver(crashed, store, "s", await submit(store, "s", "vision", 2, show))
+    await said(tmp_path, "s", 1)
+    [leftover] = mps_standin.live(record)
+    crashed.mps = None  # it dies: nothing of it quits its daemons
+    successor = real_agent()
+    await successor.reconcile()
+    await until_quit(record, leftover)
+    assert mps_standin.live(record) == {}
+    assert not (tmp_path / "mps" / UUIDS[2] / "pipe").exists()
