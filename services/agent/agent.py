@@ -1134,7 +1134,7 @@ class Agent:
                 "%s/%d rank %d on %s: %s", job_id, attempt, rank, event.node_id, exited.reason
             )
         if self.mps is not None:
-            # Its MPS daemons, their clients stopped just now (a `quit` waits for them).
+            # Its MPS daemons, once their clients (its ranks) are stopped.
             await self.mps.quit_leftovers()
         await self._resume_launches(latest.values(), ever_started)
         return len(started) + len(strays)
