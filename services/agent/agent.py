@@ -64,6 +64,7 @@ from services.agent.disk import (
 from services.agent.exits import OOM_REASON, killed_for_memory, oom_kill_count
 from services.agent.faults import HEALTHY, Fault, FaultReader
 from services.agent.heartbeats import NvmlSampler, synthetic_heartbeat
+from services.agent.mps import MPS_CONTROL, MpsDaemons, mps_mode
 from services.agent.plan import (
     CHECKPOINT_SIGNAL_ENV,
     AgentJob,
@@ -183,6 +184,22 @@ class Agent:
         self.state_dir = isolation.state_dir_of(self.work_dir, self.root_dir)
         if self.isolating:
             isolation.hide_state(self.state_dir, self.work_dir, self.root_dir)
+        # A real node's MPS shares each reach their own GPU's daemon (services/agent/mps.py),
+        # or the operator's one (`host`); the GPU (UUID) whose daemon each rank holds.
+        self.mps: MpsDaemons | None = None
+        self._mps_held: dict[RankKey, str] = {}
+        real = any(node.discovered_by == "nvml" for node in nodes)
+        control = shutil.which(MPS_CONTROL)
+        if real and mps_mode(settings.mps_daemon, control) == "per-gpu":
+            state = self.state_dir or self.work_dir.parent
+            self.mps = MpsDaemons(
+                (settings.mps_dir or state / "mps").resolve(),
+                control=control or MPS_CONTROL,
+                timeout_s=settings.mps_control_timeout_s,
+            )
+            self.mps.prepare()
+            if self.isolating:  # a share's user reaches its GPU's pipes, unsandboxed too
+                isolation.make_traversable(self.mps.root)
         registry = new_registry()
         self.registry = registry
         self.heartbeats_sent = Counter(
@@ -497,6 +514,8 @@ class Agent:
             master_addr, master_port = await self._master(starting, reserved)
             env.update(distributed_env(reserved.ranks, key.rank, master_addr, master_port))
             gpus = [] if gpu_uuids is None else [gpu_uuids[gpu] for gpu in placement.gpus]
+            mps = mps_share(spec, placement)
+            pipe = await self._mps_pipe(key, spec, gpus, env) if mps else None
             sandbox = await asyncio.to_thread(
                 self._sandbox,
                 spec,
@@ -505,9 +524,10 @@ class Agent:
                 workdir,
                 cgroup_name,
                 gpus,
-                mps_share(spec, placement),
+                mps,
                 listing is not None,
                 None if slot is None or listing is None else mig_instance_ids(listing, slot[1]),
+                pipe,
             )
             cgroup = cgroup_name if sandbox is not None and sandbox.cgroup_procs else None
             # Counted before the start, so an OOM kill at the very start is seen too.
@@ -524,8 +544,10 @@ class Agent:
                 key, placement, world_size, list(spec.command), env, workdir, sandbox, limit
             )
         except _Released:
+            await self._release_mps(key)
             raise
         except Exception as error:
+            await self._release_mps(key)
             # Any failure to start ends the attempt with a reason a person understands;
             # the core's retry policy decides what comes next. A rank marked launched but
             # never recorded would hold the gang's GPUs with no process at all.
@@ -556,6 +578,7 @@ class Agent:
             # The agent stops while the log is away: a rank the log never saw started is
             # stopped unrecorded, and the next agent's reconcile starts its gang again.
             await rank.stop("agent stopped", self.settings.stop_timeout_s)
+            await self._release_mps(key)
             self._release_port_if_done(key)
             return None
         self.ranks[key] = rank
@@ -622,6 +645,30 @@ class Agent:
             self._addresses[node_id] = node_address(registered[-1])
         return self._addresses[node_id]
 
+    async def _mps_pipe(
+        self, key: RankKey, spec: JobSpec, gpus: Sequence[str], env: dict[str, str]
+    ) -> Path | None:
+        """An MPS share's own GPU's daemon, started if none runs (services/agent/mps.py): its
+        pipe directory, set as the rank's CUDA_MPS_PIPE_DIRECTORY, sandboxed or not. None on a
+        simulated node, or where the operator's host daemon serves the shares (`host`).
+        Raises MpsDaemonError (a transient launch failure) when the daemon does not come up."""
+        if self.mps is None or not gpus:
+            return None
+        owner = None
+        if self.isolating:
+            user = await asyncio.to_thread(isolation.team_user, spec.team)
+            owner = (user.uid, user.gid)
+        pipe = await self.mps.acquire(gpus[0], key, owner)
+        self._mps_held[key] = gpus[0]
+        env["CUDA_MPS_PIPE_DIRECTORY"] = str(pipe)
+        return pipe
+
+    async def _release_mps(self, key: RankKey) -> None:
+        """The rank no longer uses its GPU's daemon, which is quit if it served no other."""
+        uuid = self._mps_held.pop(key, None)
+        if uuid is not None and self.mps is not None:
+            await self.mps.release(uuid, key)
+
     def cgroup_name(self, key: RankKey) -> str:
         return f"{key.job_id}-a{key.attempt}-r{key.rank}.{self._cgroup_tag}"
 
@@ -641,11 +688,14 @@ class Agent:
         mps: bool = False,
         slice_rank: bool = False,
         mig: tuple[int, int] | None = None,
+        mps_pipe: Path | None = None,
     ) -> isolation.Sandbox | None:
         """How the rank starts: as its team's user, in its cgroups and sandbox (isolation.py),
         which holds the device nodes of its real GPUs (`gpus`, by UUID) and of no other, and
-        the MPS daemon's pipes only where the ledger placed it as an MPS share (`mps`), and a
-        slice rank's (`mig`: its GPU and compute instance ids) access to its slice alone.
+        the MPS daemon's pipes only where the ledger placed it as an MPS share (`mps`): its own
+        GPU's daemon's (`mps_pipe`) where the agent runs one per GPU, every other GPU's hidden,
+        else the host's; and a slice rank's (`mig`: its GPU and compute instance ids) access
+        to its slice alone.
         None when the agent does not isolate (it is not root, or told not to). Raises
         IsolationError (the launch fails) rather than start a rank as root."""
         if not self.isolating:
@@ -683,13 +733,19 @@ class Agent:
             # rank could run on another team's slice.
             raise isolation.IsolationError("NVML names no GPU and compute instance of the slice")
         if sandboxed:
-            pipes = isolation.mps_pipes(env, os.environ, share=mps) if gpus else []
+            if self.mps is None:
+                pipes = isolation.mps_pipes(env, os.environ, share=mps) if gpus else []
+                hide = isolation.mps_hidden(os.environ, share=bool(pipes))
+            else:
+                # Every GPU's daemon hidden, the host's too; the rank's own bound over that.
+                pipes = [] if mps_pipe is None else [mps_pipe]
+                hide = [*isolation.mps_hidden(os.environ, share=False), self.mps.root]
             argv = isolation.bwrap_argv(
                 argv,
                 state_dir=self.state_dir,
                 binds=[workdir, checkpoints, *pipes],
                 workdir=workdir,
-                hide=isolation.mps_hidden(os.environ, share=bool(pipes)),
+                hide=hide,
                 devices=isolation.gpu_device_nodes(gpus, mig=mig),
             )
         return isolation.Sandbox(argv, user, procs, sandboxed)
@@ -732,6 +788,8 @@ class Agent:
         # Its GPUs are handed back by the exit recorded below: nothing of it may run on.
         also = functools.partial(isolation.cgroup_pids, cgroup) if cgroup is not None else tuple
         await rank.end_leftovers(self.settings.stop_timeout_s, also)
+        # Its GPU's MPS daemon is quit before its exit frees the GPU for another team.
+        await self._release_mps(rank.key)
         oom_kills = self._oom_kills.pop(rank.key, None)
         # A rank the agent stopped ended for that reason, whatever else was killed meanwhile.
         out_of_memory = rank.stop_reason is None and killed_for_memory(
@@ -1075,6 +1133,9 @@ class Agent:
             log.warning(
                 "%s/%d rank %d on %s: %s", job_id, attempt, rank, event.node_id, exited.reason
             )
+        if self.mps is not None:
+            # Its MPS daemons, once their clients (its ranks) are stopped.
+            await self.mps.quit_leftovers()
         await self._resume_launches(latest.values(), ever_started)
         return len(started) + len(strays)
 
@@ -1116,6 +1177,8 @@ class Agent:
         )
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=self.settings.stop_timeout_s + 5)
+        if self.mps is not None:
+            await self.mps.stop_all()
 
 
 def _log_failure(task: asyncio.Task[Any]) -> None:

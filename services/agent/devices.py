@@ -85,8 +85,9 @@ def device_env(
 
 def mps_share(spec: JobSpec, placement: RankPlacement) -> bool:
     """Whether the rank is an MPS share of its GPU, as the ledger placed it: only such a rank
-    reaches the host's MPS daemon (services/agent/isolation.py `mps_pipes`). Never read from
-    the rank's environment, which the job's `env` writes."""
+    reaches an MPS daemon, its GPU's own (services/agent/mps.py) or the operator's host one
+    (services/agent/isolation.py `mps_pipes`). Never read from the rank's environment, which
+    the job's `env` writes."""
     if placement.mig is not None or spec.mig_profile is not None or not placement.gpus:
         return False
     share = placement.share

@@ -47,3 +47,14 @@ class AgentSettings(Settings):
     rank_disk_max_mb: int = Field(default=204_800, ge=1)
     rank_disk_max_entries: int = Field(default=100_000, ge=1)
     disk_check_s: float = Field(default=5.0, gt=0)
+    # MPS shares' control daemons (services/agent/mps.py): `per-gpu`, one the agent runs for
+    # each GPU hosting a share; `host`, the operator's one daemon at the agent's
+    # CUDA_MPS_PIPE_DIRECTORY (else /tmp/nvidia-mps), which serves one user at a time, so one
+    # team's share waits for another's on any GPU; `auto`, per GPU where
+    # nvidia-cuda-mps-control is on PATH. Simulated nodes start no daemon.
+    mps_daemon: Literal["auto", "per-gpu", "host"] = "auto"
+    # The per-GPU daemons' directories (`<uuid>/pipe`, `<uuid>/log`); default: `mps` in the
+    # agent's state directory.
+    mps_dir: Path | None = None
+    # How long the control program may take to start or quit a daemon.
+    mps_control_timeout_s: float = Field(default=30.0, gt=0)

@@ -13,9 +13,10 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from schemas.jobs import GpuShare, JobSpec, RankPlacement
 from services.agent import isolation
 from services.agent.devices import device_env, mps_share
 from services.agent.heartbeats import NvmlSampler
+from services.agent.mps import MPS_CONTROL, MpsDaemons
 from services.agent.ranks import RankKey, launch
 from services.health.rules import HealthMonitor
 from services.runtime.discovery import discover, gpu_type_of, import_nvml
@@ -153,10 +155,11 @@ async def _rank_on_gpu_0(
     share: GpuShare | None = None,
     agent_env: dict[str, str] | None = None,
     job_env: dict[str, str] | None = None,
+    hide: Sequence[Path] = (),
 ) -> tuple[int, str, set[int]]:
     """A rank started as the agent starts one on GPU 0 of a real node (a whole GPU, or
-    `share` of it), in bubblewrap with `devices`: its exit code (or 0 while it still runs),
-    its log, and the pids NVML said held GPU 0 while it ran."""
+    `share` of it), in bubblewrap with `devices` (and `hide` seen empty): its exit code (or 0
+    while it still runs), its log, and the pids NVML said held GPU 0 while it ran."""
     placement = RankPlacement(rank=0, node_id="gpu-host", gpus=[0], share=share)
     spec = JobSpec.model_validate({"name": "probe", "team": "vision", "gpus_per_task": 1})
     env = {"PATH": os.environ["PATH"], "PYTHONUNBUFFERED": "1", **(job_env or {})}
@@ -168,6 +171,7 @@ async def _rank_on_gpu_0(
         binds=[workdir, *pipes],
         workdir=workdir,
         devices=devices,
+        hide=hide,
     )
     sandbox = isolation.Sandbox(argv, None, [], sandboxed=True)
     rank = await launch(RankKey("probe", 1, 0), placement, 1, argv, env, workdir, sandbox)
@@ -263,6 +267,44 @@ def test_a_sandboxed_mps_share_reaches_the_daemon_and_is_held_to_its_memory(
     )
     assert code == 0, output
     assert "512 MiB allocated" in output and "3 GiB refused" in output, output
+
+
+@needs_cuda
+@pytest.mark.skipif(not isolation.bwrap_works(), reason="no working bubblewrap here")
+@pytest.mark.skipif(shutil.which(MPS_CONTROL) is None, reason="no nvidia-cuda-mps-control here")
+def test_a_sandboxed_mps_share_reaches_the_agent_s_own_daemon_for_its_gpu(tmp_path: Path) -> None:
+    """The agent's per-GPU daemon (services/agent/mps.py), started for GPU 0 as the agent
+    starts it (that GPU's UUID only, its pipe and log directories of its own): the share,
+    given that GPU's pipe directory and every other's hidden, reaches it and is held to its
+    memory; the daemon is quit after it. The host's one daemon, serving one user at a time,
+    made one team's share wait for another team's on any other GPU."""
+    # Short: the daemon's sockets live in the pipe directory, and a socket's path has at most
+    # 107 bytes (pytest's directories and a GPU's UUID come close).
+    root = Path(tempfile.mkdtemp(prefix="gw-mps-", dir="/tmp"))
+    daemons = MpsDaemons(root)
+    share = GpuShare(thousandths=250, memory_mb=2_000, sharing="mps")
+    devices = isolation.gpu_device_nodes([_uuid(0)])
+
+    async def share_through_the_daemon() -> tuple[Path, tuple[int, str, set[int]]]:
+        pipe = await daemons.acquire(_uuid(0), "probe")
+        try:
+            agent_env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
+            ran = await _rank_on_gpu_0(
+                tmp_path / "mps", devices, MPS_PROGRAM, share, agent_env, hide=[root]
+            )
+        finally:
+            await daemons.release(_uuid(0), "probe")
+        return pipe, ran
+
+    try:
+        pipe, (code, output, _) = asyncio.run(share_through_the_daemon())
+        assert code == 0, output
+        assert "512 MiB allocated" in output and "3 GiB refused" in output, output
+        # The daemon logged where the agent told it to, and its pipes are gone with it.
+        assert (root / _uuid(0) / "log" / "control.log").exists()
+        assert not pipe.exists()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @needs_cuda

@@ -1,0 +1,178 @@
+"""One MPS control daemon per GPU (services/agent/mps.py), against a stand-in control program
+(tests/agent/mps_standin.py): each GPU's daemon sees that GPU only and listens in a pipe
+directory of its own, lives while a share of it runs, and a daemon left over by an earlier
+agent is replaced. With the host's one daemon, which runs one user's server at a time, one
+team's MPS share waited in CUDA's initialisation for another team's on another GPU."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from services.agent import mps
+from services.agent.mps import MpsDaemonError, MpsDaemons, mps_mode
+from tests.agent import mps_standin
+
+GPU_A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
+GPU_B = "GPU-bbbbbbbb-0000-0000-0000-000000000002"
+
+
+@pytest.fixture
+def record(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    path = mps_standin.install(tmp_path, monkeypatch)
+    yield path
+    mps_standin.kill_left(path)
+
+
+async def until_quit(record: Path, pid: int) -> None:
+    """Until the stand-in daemon `pid` has recorded its quit (`quit` returns before)."""
+    for _ in range(1500):
+        if pid not in mps_standin.live(record):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the stand-in daemon {pid} was never quit")
+
+
+def daemons(tmp_path: Path, timeout_s: float = 30.0) -> MpsDaemons:
+    return MpsDaemons(tmp_path / "state" / "mps", timeout_s=timeout_s)
+
+
+def test_auto_runs_a_daemon_per_gpu_only_where_the_control_program_is_installed() -> None:
+    assert mps_mode("auto", "/usr/bin/nvidia-cuda-mps-control") == "per-gpu"
+    assert mps_mode("auto", None) == "host"
+    assert mps_mode("host", "/usr/bin/nvidia-cuda-mps-control") == "host"
+    assert mps_mode("per-gpu", None) == "per-gpu"
+
+
+async def test_two_gpus_get_two_daemons_each_on_its_own_gpu_and_pipes(
+    tmp_path: Path, record: Path
+) -> None:
+    running = daemons(tmp_path)
+    pipe_a = await running.acquire(GPU_A, "rank-a")
+    pipe_b = await running.acquire(GPU_B, "rank-b")
+    assert pipe_a != pipe_b
+    assert pipe_a == tmp_path / "state" / "mps" / GPU_A / "pipe"
+    assert (pipe_a / "control").exists() and (pipe_b / "control").exists()
+    seen = sorted(
+        (start["env"] for start in mps_standin.live(record).values()),
+        key=lambda env: env["CUDA_VISIBLE_DEVICES"],
+    )
+    assert seen == [
+        {
+            "CUDA_VISIBLE_DEVICES": gpu,
+            "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
+            "CUDA_MPS_LOG_DIRECTORY": str(pipe.parent / "log"),
+        }
+        for gpu, pipe in ((GPU_A, pipe_a), (GPU_B, pipe_b))
+    ]
+    # Passed through, never listed; the pipes and the log the daemon's user's alone.
+    assert (pipe_a.parent.parent.stat().st_mode & 0o777) == 0o711
+    assert (pipe_a.parent.stat().st_mode & 0o777) == 0o711
+    assert (pipe_a.stat().st_mode & 0o777) == 0o700
+    await running.stop_all()
+    for pid in list(mps_standin.live(record)):
+        await until_quit(record, pid)
+    assert running.running() == []
+    assert not pipe_a.exists() and not pipe_b.exists()
+
+
+async def test_a_gpu_s_daemon_is_quit_after_its_last_share_and_not_before(
+    tmp_path: Path, record: Path
+) -> None:
+    running = daemons(tmp_path)
+    pipe = await running.acquire(GPU_A, "first")
+    assert await running.acquire(GPU_A, "second") == pipe
+    [pid] = mps_standin.live(record)  # one daemon for both shares
+    await running.release(GPU_A, "first")
+    await running.release(GPU_A, "first")  # twice: still the second's
+    assert list(mps_standin.live(record)) == [pid]
+    assert (pipe / "control").exists()
+    await running.release(GPU_A, "second")
+    await until_quit(record, pid)
+    assert not pipe.exists()
+    # The GPU's next share gets a daemon of its own.
+    await running.acquire(GPU_A, "third")
+    [again] = mps_standin.live(record)
+    assert again != pid
+    await running.stop_all()
+
+
+async def test_a_daemon_left_over_by_an_earlier_agent_is_quit_and_replaced(
+    tmp_path: Path, record: Path
+) -> None:
+    crashed = daemons(tmp_path)
+    await crashed.acquire(GPU_A, "a rank of the agent that died")
+    [leftover] = mps_standin.live(record)
+    fresh = daemons(tmp_path)  # the next agent, knowing nothing of it
+    pipe = await fresh.acquire(GPU_A, "a rank of the new agent")
+    await until_quit(record, leftover)
+    [replacement] = mps_standin.live(record)
+    assert replacement != leftover
+    assert (pipe / "control").exists()
+    await fresh.stop_all()
+
+
+@pytest.mark.parametrize(
+    ("marker", "reason"),
+    [
+        ("fail", "failed (exit 1): stand-in: cannot start the MPS control daemon: no such GPU"),
+        ("silent", "made no"),
+    ],
+)
+async def test_a_daemon_that_does_not_come_up_is_an_error_with_its_reason(
+    tmp_path: Path, record: Path, marker: str, reason: str
+) -> None:
+    await asyncio.to_thread(Path(f"{record}.{marker}").touch)
+    running = daemons(tmp_path, timeout_s=0.3)
+    with pytest.raises(MpsDaemonError, match=re.escape(reason)) as raised:
+        await running.acquire(GPU_A, "rank")
+    assert isinstance(raised.value, LookupError)  # a transient launch failure
+    assert GPU_A in str(raised.value)
+    assert running.running() == []
+    assert not (tmp_path / "state" / "mps" / GPU_A / "pipe").exists()
+
+
+async def test_a_control_program_that_is_not_installed_is_an_error_with_its_reason(
+    tmp_path: Path,
+) -> None:
+    running = MpsDaemons(tmp_path / "mps", control=str(tmp_path / "no-such-program"))
+    with pytest.raises(MpsDaemonError, match="cannot be run"):
+        await running.acquire(GPU_A, "rank")
+
+
+async def test_a_daemon_serving_one_user_refuses_another_s_share(
+    tmp_path: Path, record: Path
+) -> None:
+    running = daemons(tmp_path)
+    await running.acquire(GPU_A, "team a's share", None)
+    with pytest.raises(MpsDaemonError, match="another user"):
+        await running.acquire(GPU_A, "team b's share", (4242, 4242))
+    await running.stop_all()
+
+
+def test_the_daemon_sees_none_of_the_agent_s_own_mps_variables(tmp_path: Path) -> None:
+    agent_env = {"PATH": "/bin", "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps"}
+    running = MpsDaemons(tmp_path / "mps", env={**agent_env, "CUDA_VISIBLE_DEVICES": "0"})
+    env = running._daemon_env(GPU_A)
+    assert env["CUDA_VISIBLE_DEVICES"] == GPU_A
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "mps" / GPU_A / "pipe")
+    assert mps.MPS_CONTROL == "nvidia-cuda-mps-control"
+
+
+async def test_at_its_start_an_agent_quits_every_daemon_its_predecessor_left(
+    tmp_path: Path, record: Path
+) -> None:
+    crashed = daemons(tmp_path)
+    await crashed.acquire(GPU_A, "a rank of the agent that died")
+    await crashed.acquire(GPU_B, "another")
+    left = list(mps_standin.live(record))
+    fresh = daemons(tmp_path)
+    assert await fresh.quit_leftovers() == [GPU_A, GPU_B]
+    for pid in left:
+        await until_quit(record, pid)
+    assert await fresh.quit_leftovers() == []  # nothing left to quit
+    assert fresh.running() == []
