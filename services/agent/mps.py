@@ -5,7 +5,7 @@ until the first user's server has exited (25.9 s on a real H100, docs/gpu-sharin
 run as their team's user, so with the operator's one daemon per host, team B's MPS share on
 GPU 3 hung in CUDA's initialisation for as long as team A's share ran on GPU 1. Here each GPU
 that hosts an MPS share gets a daemon of its own, which sees that GPU only
-(`CUDA_VISIBLE_DEVICES=<its UUID>`) and listens in `<root>/<uuid>/pipe`; the ledger keeps a
+(`CUDA_VISIBLE_DEVICES=<its UUID>`) and listens in `<root>/<gpu>/pipe`; the ledger keeps a
 soft-shared GPU to one team at a time, so one daemon never has two users' clients.
 
 - A GPU's daemon starts (`nvidia-cuda-mps-control -d`) before its first MPS share starts and
@@ -15,7 +15,7 @@ soft-shared GPU to one team at a time, so one daemon never has two users' client
 - The pipe and log directories belong to the user whose shares the daemon serves (their
   team's, where the agent isolates ranks), mode 0700: the MPS server, which the daemon starts
   as its client's user, makes its pipes and writes its log there, and no other team's user can
-  even enter them. `<root>` and `<root>/<uuid>` are 0711, passed through, never listed.
+  even enter them. `<root>` and `<root>/<gpu>` are 0711, passed through, never listed.
 - The control program runs in a session of its own, never waited for longer than `timeout_s`:
   a daemon that does not come up fails its share's launch (MpsDaemonError, a LookupError: a
   transient launch failure), never the agent's loop.
@@ -42,8 +42,12 @@ CONTROL_PIPE = "control"
 # The daemon's variables: the agent's own never reach the daemons it starts.
 MPS_VARIABLES = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
 POLL_S = 0.05
-# What the control program said on standard error, kept in `<root>/<uuid>` for the reason.
+# What the control program said on standard error, kept in `<root>/<gpu>` for the reason.
 CONTROL_ERRORS = "control.err"
+# A Unix socket's path holds 107 bytes at most (sun_path, its NUL besides): the daemon and its
+# servers make theirs in the pipe directory, so that path keeps room for a name of 23 bytes.
+# Past it the daemon could not listen, which the agent would learn only from its timeout.
+MAX_PIPE_DIRECTORY_BYTES = 107 - 24
 
 MpsMode = Literal["per-gpu", "host"]
 # The uid and gid the daemon's directories belong to; None: the agent's own.
@@ -134,9 +138,22 @@ class MpsDaemons:
         self._holders: dict[str, set[Hashable]] = {}
         self._owners: dict[str, Owner] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        # Each GPU's directory name (`_name`), by UUID.
+        self._names: dict[str, str] = {}
 
     def directories(self, uuid: str) -> GpuDirectories:
-        return GpuDirectories(self.root / uuid)
+        return GpuDirectories(self.root / self._name(uuid))
+
+    def _name(self, uuid: str) -> str:
+        """The GPU's directory: its UUID's first 8 hex digits, as `nvidia-smi -L` shows them,
+        or all of it where another GPU of this agent's has those. Its sockets' paths must fit
+        in 107 bytes (MAX_PIPE_DIRECTORY_BYTES): the whole UUID (40 bytes) took most of it."""
+        name = self._names.get(uuid)
+        if name is None:
+            short = uuid.removeprefix("GPU-")[:8]
+            name = uuid if short in self._names.values() else short
+            self._names[uuid] = name
+        return name
 
     def running(self) -> list[str]:
         """The GPUs (UUIDs) whose daemon this agent started and has not quit."""
@@ -164,7 +181,7 @@ class MpsDaemons:
                 return directories.pipe
             if directories.pipe.exists():
                 log.warning("GPU %s: quitting an MPS daemon left over by an earlier agent", uuid)
-                await self._quit(uuid)
+                await self._quit(directories, uuid)
             await self._start(uuid, owner)
             self._holders[uuid] = {holder}
             self._owners[uuid] = owner
@@ -181,7 +198,7 @@ class MpsDaemons:
                 return
             del self._holders[uuid]
             del self._owners[uuid]
-            await self._quit(uuid)
+            await self._quit(self.directories(uuid), uuid)
 
     async def stop_all(self) -> None:
         """Quit every daemon this agent started (at its stop)."""
@@ -189,33 +206,37 @@ class MpsDaemons:
             async with self._lock(uuid):
                 if self._holders.pop(uuid, None) is not None:
                     self._owners.pop(uuid, None)
-                    await self._quit(uuid)
+                    await self._quit(self.directories(uuid), uuid)
 
     async def quit_leftovers(self) -> list[str]:
         """Quit the daemons an earlier agent left (their pipe directories are here, and this
         agent started none of them): at the agent's start, once its predecessor's ranks are
-        stopped. Returns their GPUs."""
+        stopped. Returns their directories' names."""
         try:
             found = sorted(entry.name for entry in self.root.iterdir() if entry.is_dir())
         except OSError:
             return []
         quit = []
-        for uuid in found:
-            async with self._lock(uuid):
-                if uuid not in self._holders and self.directories(uuid).pipe.is_dir():
-                    log.warning("GPU %s: quitting an MPS daemon left by an earlier agent", uuid)
-                    await self._quit(uuid)
-                    quit.append(uuid)
+        for name in found:
+            async with self._lock(name):
+                ours = {self._name(uuid) for uuid in self._holders}
+                directories = GpuDirectories(self.root / name)
+                if name not in ours and directories.pipe.is_dir():
+                    log.warning("GPU %s: quitting an MPS daemon left by an earlier agent", name)
+                    await self._quit(directories, name)
+                    quit.append(name)
         return quit
 
     def _lock(self, uuid: str) -> asyncio.Lock:
         return self._locks.setdefault(uuid, asyncio.Lock())
 
     def _daemon_env(self, uuid: str) -> dict[str, str]:
-        directories = self.directories(uuid)
+        return self._control_env(self.directories(uuid), uuid)
+
+    def _control_env(self, directories: GpuDirectories, gpu: str) -> dict[str, str]:
         return {
             **self._env,
-            "CUDA_VISIBLE_DEVICES": uuid,
+            "CUDA_VISIBLE_DEVICES": gpu,
             "CUDA_MPS_PIPE_DIRECTORY": str(directories.pipe),
             "CUDA_MPS_LOG_DIRECTORY": str(directories.log),
         }
@@ -235,6 +256,13 @@ class MpsDaemons:
         return directories
 
     async def _start(self, uuid: str, owner: Owner) -> None:
+        pipe = self.directories(uuid).pipe
+        if len(os.fsencode(pipe)) > MAX_PIPE_DIRECTORY_BYTES:
+            raise MpsDaemonError(
+                f"GPU {uuid}: the MPS daemon's pipe directory {pipe} is longer than "
+                f"{MAX_PIPE_DIRECTORY_BYTES} bytes, too long for its sockets: set "
+                "GANGWAY_MPS_DIR to a shorter directory"
+            )
         try:
             directories = self._make_directories(uuid, owner)
         except OSError as error:
@@ -252,20 +280,20 @@ class MpsDaemons:
                 errors=errors,
             )
         except TimeoutError:
-            await self._quit(uuid)
+            await self._quit(directories, uuid)
             raise MpsDaemonError(f"{what} did not return within {self.timeout_s:g} s") from None
         except OSError as error:
             shutil.rmtree(directories.pipe, ignore_errors=True)
             raise MpsDaemonError(f"{what} cannot be run: {error}") from None
         if code != 0:
             said = _tail(errors)
-            await self._quit(uuid)
+            await self._quit(directories, uuid)
             raise MpsDaemonError(f"{what} failed (exit {code}){': ' + said if said else ''}")
         control = directories.pipe / CONTROL_PIPE
         deadline = time.monotonic() + self.timeout_s
         while not control.exists():
             if time.monotonic() >= deadline:
-                await self._quit(uuid)
+                await self._quit(directories, uuid)
                 raise MpsDaemonError(
                     f"{what} made no {control} within {self.timeout_s:g} s"
                     f" (its log: {directories.log})"
@@ -273,18 +301,17 @@ class MpsDaemons:
             await asyncio.sleep(POLL_S)
         log.info("GPU %s: MPS control daemon started (pipes in %s)", uuid, directories.pipe)
 
-    async def _quit(self, uuid: str) -> None:
-        """`quit` to the GPU's daemon, then its pipe directory removed (its log is kept for
-        the operator until the GPU's next daemon). Never raises: a daemon that does not
-        answer is logged."""
-        directories = self.directories(uuid)
+    async def _quit(self, directories: GpuDirectories, gpu: str) -> None:
+        """`quit` to the daemon listening in `directories` (GPU `gpu`'s), then its pipe
+        directory removed (its log is kept for the operator until the GPU's next daemon).
+        Never raises: a daemon that does not answer is logged."""
         if not directories.pipe.exists():
             return
         try:
             code = await run_control(
                 self.control,
                 [],
-                self._daemon_env(uuid),
+                self._control_env(directories, gpu),
                 stdin=b"quit\n",
                 timeout_s=self.timeout_s,
                 errors=directories.root / CONTROL_ERRORS,
@@ -292,14 +319,14 @@ class MpsDaemons:
             if code != 0:
                 log.warning(
                     "GPU %s: quitting its MPS daemon failed (exit %d): %s",
-                    uuid,
+                    gpu,
                     code,
                     _tail(directories.root / CONTROL_ERRORS),
                 )
         except (TimeoutError, OSError) as error:
-            log.warning("GPU %s: quitting its MPS daemon failed: %r", uuid, error)
+            log.warning("GPU %s: quitting its MPS daemon failed: %r", gpu, error)
         shutil.rmtree(directories.pipe, ignore_errors=True)
-        log.info("GPU %s: MPS control daemon quit", uuid)
+        log.info("GPU %s: MPS control daemon quit", gpu)
 
 
 def _tail(path: Path, limit: int = 300) -> str:

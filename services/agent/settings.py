@@ -53,8 +53,8 @@ class AgentSettings(Settings):
     # team's share waits for another's on any GPU; `auto`, per GPU where
     # nvidia-cuda-mps-control is on PATH. Simulated nodes start no daemon.
     mps_daemon: Literal["auto", "per-gpu", "host"] = "auto"
-    # The per-GPU daemons' directories (`<uuid>/pipe`, `<uuid>/log`); default: `mps` in the
-    # agent's state directory.
+    # The per-GPU daemons' directories (`<gpu>/pipe`, `<gpu>/log`; `<gpu>`: the UUID's first 8
+    # hex digits); default: `mps` in the agent's state directory. Short: sockets live there.
     mps_dir: Path | None = None
     # How long the control program may take to start or quit a daemon.
     mps_control_timeout_s: float = Field(default=30.0, gt=0)

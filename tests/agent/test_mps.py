@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,14 @@ from tests.agent import mps_standin
 
 GPU_A = "GPU-aaaaaaaa-0000-0000-0000-000000000001"
 GPU_B = "GPU-bbbbbbbb-0000-0000-0000-000000000002"
+
+
+@pytest.fixture
+def tmp_path() -> Iterator[Path]:
+    """A short directory: a daemon's sockets must fit in 107 bytes, and pytest's own
+    per-test directory (/tmp/pytest-of-<user>/pytest-<n>/<test name>) takes most of them."""
+    with tempfile.TemporaryDirectory(prefix="mps-") as short:
+        yield Path(short)
 
 
 @pytest.fixture
@@ -55,7 +64,7 @@ async def test_two_gpus_get_two_daemons_each_on_its_own_gpu_and_pipes(
     pipe_a = await running.acquire(GPU_A, "rank-a")
     pipe_b = await running.acquire(GPU_B, "rank-b")
     assert pipe_a != pipe_b
-    assert pipe_a == tmp_path / "state" / "mps" / GPU_A / "pipe"
+    assert pipe_a == tmp_path / "state" / "mps" / "aaaaaaaa" / "pipe"
     assert (pipe_a / "control").exists() and (pipe_b / "control").exists()
     seen = sorted(
         (start["env"] for start in mps_standin.live(record).values()),
@@ -133,7 +142,7 @@ async def test_a_daemon_that_does_not_come_up_is_an_error_with_its_reason(
     assert isinstance(raised.value, LookupError)  # a transient launch failure
     assert GPU_A in str(raised.value)
     assert running.running() == []
-    assert not (tmp_path / "state" / "mps" / GPU_A / "pipe").exists()
+    assert not (tmp_path / "state" / "mps" / "aaaaaaaa" / "pipe").exists()
 
 
 async def test_a_control_program_that_is_not_installed_is_an_error_with_its_reason(
@@ -159,7 +168,7 @@ def test_the_daemon_sees_none_of_the_agent_s_own_mps_variables(tmp_path: Path) -
     running = MpsDaemons(tmp_path / "mps", env={**agent_env, "CUDA_VISIBLE_DEVICES": "0"})
     env = running._daemon_env(GPU_A)
     assert env["CUDA_VISIBLE_DEVICES"] == GPU_A
-    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "mps" / GPU_A / "pipe")
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "mps" / "aaaaaaaa" / "pipe")
     assert mps.MPS_CONTROL == "nvidia-cuda-mps-control"
 
 
@@ -171,8 +180,34 @@ async def test_at_its_start_an_agent_quits_every_daemon_its_predecessor_left(
     await crashed.acquire(GPU_B, "another")
     left = list(mps_standin.live(record))
     fresh = daemons(tmp_path)
-    assert await fresh.quit_leftovers() == [GPU_A, GPU_B]
+    assert await fresh.quit_leftovers() == ["aaaaaaaa", "bbbbbbbb"]
     for pid in left:
         await until_quit(record, pid)
     assert await fresh.quit_leftovers() == []  # nothing left to quit
     assert fresh.running() == []
+
+
+async def test_a_pipe_directory_too_long_for_a_socket_is_an_error_naming_the_setting(
+    tmp_path: Path, record: Path
+) -> None:
+    deep = tmp_path / ("d" * max(1, mps.MAX_PIPE_DIRECTORY_BYTES - len(str(tmp_path))))
+    running = MpsDaemons(deep)
+    with pytest.raises(MpsDaemonError, match="GANGWAY_MPS_DIR"):
+        await running.acquire(GPU_A, "rank")
+    assert running.running() == [] and not deep.exists()
+    # Where it fits, the same GPU's daemon starts.
+    fitting = MpsDaemons(tmp_path / "mps")
+    assert await fitting.acquire(GPU_A, "rank") == tmp_path / "mps" / "aaaaaaaa" / "pipe"
+    await fitting.stop_all()
+
+
+async def test_two_gpus_whose_uuids_begin_alike_get_directories_of_their_own(
+    tmp_path: Path, record: Path
+) -> None:
+    twin = "GPU-aaaaaaaa-9999-0000-0000-000000000009"
+    running = daemons(tmp_path)
+    first = await running.acquire(GPU_A, "rank-a")
+    second = await running.acquire(twin, "rank-twin")
+    assert first.parent.name == "aaaaaaaa" and second.parent.name == twin
+    assert first != second and first.exists() and second.exists()
+    await running.stop_all()

@@ -41,6 +41,8 @@ pytestmark = pytest.mark.integration
 __all__ = ["settings", "stack", "store"]
 
 UUIDS = [f"GPU-0000000{i}-1111-2222-3333-444444444444" for i in range(3)]
+# Each GPU's daemon directory: its UUID's first 8 hex digits (services/agent/mps.py `_name`).
+DIRECTORIES = [f"0000000{i}" for i in range(3)]
 NODE = NodeRegistered(
     node_id="gpu-host",
     hostname="gpu-host",
@@ -179,18 +181,18 @@ async def test_two_teams_shares_on_two_gpus_each_reach_only_their_own_gpu_s_daem
     await deliver(agent, store, "a", await submit(store, "a", "vision", 1, show))
     await deliver(agent, store, "b", await submit(store, "b", "audio", 2, show))
     await deliver(agent, store, "w", await submit(store, "w", "nlp", 0, show, share=False))
-    pipe_a, pipe_b = root / UUIDS[1] / "pipe", root / UUIDS[2] / "pipe"
+    pipe_a, pipe_b = root / DIRECTORIES[1] / "pipe", root / DIRECTORIES[2] / "pipe"
     assert await said(tmp_path, "a", 5) == [
         f"gpu={UUIDS[1]} pipe={pipe_a}",
         str(root),
-        str(root / UUIDS[1]),
+        str(root / DIRECTORIES[1]),
         str(pipe_a),
         str(pipe_a / "control"),
     ]
     assert await said(tmp_path, "b", 5) == [
         f"gpu={UUIDS[2]} pipe={pipe_b}",
         str(root),
-        str(root / UUIDS[2]),
+        str(root / DIRECTORIES[2]),
         str(pipe_b),
         str(pipe_b / "control"),
     ]
@@ -208,12 +210,12 @@ async def test_two_teams_shares_on_two_gpus_each_reach_only_their_own_gpu_s_daem
         UUIDS[1]: {
             "CUDA_VISIBLE_DEVICES": UUIDS[1],
             "CUDA_MPS_PIPE_DIRECTORY": str(pipe_a),
-            "CUDA_MPS_LOG_DIRECTORY": str(root / UUIDS[1] / "log"),
+            "CUDA_MPS_LOG_DIRECTORY": str(root / DIRECTORIES[1] / "log"),
         },
         UUIDS[2]: {
             "CUDA_VISIBLE_DEVICES": UUIDS[2],
             "CUDA_MPS_PIPE_DIRECTORY": str(pipe_b),
-            "CUDA_MPS_LOG_DIRECTORY": str(root / UUIDS[2] / "log"),
+            "CUDA_MPS_LOG_DIRECTORY": str(root / DIRECTORIES[2] / "log"),
         },
     }
     # Each GPU's pipes are its team's user's alone: no other team's rank can even enter.
@@ -234,7 +236,7 @@ async def test_a_gpu_s_daemon_is_quit_once_its_last_share_has_ended_and_not_befo
     show = f"{SHOW}; exec sleep 600"
     await deliver(agent, store, "one", await submit(store, "one", "vision", 1, show))
     await deliver(agent, store, "two", await submit(store, "two", "vision", 1, show))
-    pipe = tmp_path / "mps" / UUIDS[1] / "pipe"
+    pipe = tmp_path / "mps" / DIRECTORIES[1] / "pipe"
     # Unsandboxed, each still looks where its GPU's daemon listens.
     expected = [f"gpu={UUIDS[1]} pipe={pipe}"]
     assert await said(tmp_path, "one", 1) == expected
@@ -253,7 +255,7 @@ async def test_a_gpu_s_daemon_is_quit_once_its_last_share_has_ended_and_not_befo
 async def test_a_daemon_left_over_by_a_crashed_agent_is_quit_and_started_afresh(
     real_agent: MakeAgent, store: EventStore, tmp_path: Path, record: Path
 ) -> None:
-    pipe = tmp_path / "mps" / UUIDS[1] / "pipe"
+    pipe = tmp_path / "mps" / DIRECTORIES[1] / "pipe"
     pipe.mkdir(parents=True)
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": UUIDS[1], "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
     await asyncio.to_thread(
@@ -330,4 +332,4 @@ async def test_a_restarted_agent_quits_the_daemons_its_predecessor_left(
     await successor.reconcile()
     await until_quit(record, leftover)
     assert mps_standin.live(record) == {}
-    assert not (tmp_path / "mps" / UUIDS[2] / "pipe").exists()
+    assert not (tmp_path / "mps" / DIRECTORIES[2] / "pipe").exists()
