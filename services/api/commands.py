@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from core.queue_rules import Quota, quota_problem
 from core.submit_share import budget_wait, share_wait
 from schemas.base import Event
+from schemas.envelope import EventEnvelope
 from schemas.jobs import (
     MAX_DEPENDENCIES,
     JobCancelRequested,
@@ -75,6 +76,9 @@ MAX_SECRETS_PER_TEAM = 1_000
 # What a decision taken by `_at_head_if_refused` returns.
 _Decided = TypeVar("_Decided")
 JOB_ID_HEX: Final = 12
+# Held by the transaction that checks and writes a change of the quota tree (a team or a
+# queue configured): one such change at a time, in every API process.
+_QUOTA_TREE_LOCK: Final = "SELECT pg_advisory_xact_lock(hashtextextended('gangway.quota_tree', 0))"
 # A team's queue is created with it; an existing queue (an organisation's) is never taken over.
 _QUEUE_TAKEN: Final = (
     "a queue named {name} already exists (an organisation's queue?); a team brings a new queue "
@@ -560,9 +564,6 @@ class Commands:
         await self.feed.sync_stream(f"queue-{body.name}")
         if body.name in self.feed.models.queues:
             raise conflict(_QUEUE_TAKEN.format(name=body.name))
-        self._require_valid_quota(
-            body.name, Quota(body.parent, body.guaranteed_gpus, body.max_gpus)
-        )
         token = new_token()
         team = TeamCreated(
             name=body.name,
@@ -579,9 +580,10 @@ class Commands:
         )
         try:
             # The queue must be new too: a team never takes over an existing queue.
-            envelopes = await self.store.append_many(
+            envelopes = await self._write_quota(
+                body.name,
+                Quota(body.parent, body.guaranteed_gpus, body.max_gpus),
                 [StreamAppend(team.stream, 0, [team]), StreamAppend(queue.stream, 0, [queue])],
-                _metadata(),
             )
         except ConcurrencyConflict as clash:
             if clash.stream == queue.stream:
@@ -591,7 +593,8 @@ class Commands:
         return token
 
     async def configure_queue(self, name: str, body: QueueConfig) -> QueueRecord:
-        self._require_valid_quota(name, Quota(body.parent, body.guaranteed_gpus, body.max_gpus))
+        proposed = Quota(body.parent, body.guaranteed_gpus, body.max_gpus)
+        self._require_valid_quota(name, proposed)  # checked again at the head by the write
         event = QueueConfigured(
             name=name,
             parent=body.parent,
@@ -602,7 +605,10 @@ class Commands:
             max_memory_mb=body.max_memory_mb,
         )
         # Last writer wins: a queue's configuration is a whole value, not a delta.
-        await self._append(event.stream, None, [event])
+        envelopes = await self._write_quota(
+            name, proposed, [StreamAppend(event.stream, None, [event])]
+        )
+        await self.feed.deliver_all(envelopes)
         return self.feed.models.queues[name]
 
     async def _within_limits(self, team: str, count: int = 1) -> None:
@@ -848,6 +854,22 @@ class Commands:
             max_memory_mb=body.max_memory_mb if "max_memory_mb" in given else current.max_memory_mb,
         )
         return await self.configure_queue(name, merged)
+
+    async def _write_quota(
+        self, name: str, proposed: Quota, appends: list[StreamAppend]
+    ) -> list[EventEnvelope]:
+        """Append a change of the quota tree if `proposed` fits the tree at the log's head.
+
+        The check reads every queue while the append writes one stream: two changes that fit
+        alone (a parent each way, two guarantees that together pass the cluster) checked at
+        once were both written, a cycle or an oversubscribed tree kept by the log for good.
+        Every such change, in any API process, is checked and written under one transaction
+        lock, after reaching the log's head (which holds every change committed before it)."""
+        async with self.store.pool.acquire() as conn, conn.transaction():
+            await conn.execute(_QUOTA_TREE_LOCK)
+            await self.feed.reach_head()
+            self._require_valid_quota(name, proposed)
+            return await self.store.append_many(appends, _metadata(), conn=conn)
 
     def _require_valid_quota(self, name: str, proposed: Quota) -> None:
         models = self.feed.models
