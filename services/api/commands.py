@@ -879,7 +879,13 @@ class Commands:
             if queue.name != name
         }
         cluster_gpus = sum(len(node.gpu_indices) for node in models.nodes.values())
-        problem = quota_problem(name, proposed, queues, cluster_gpus)
+        record = models.queues.get(name)
+        current = (
+            None
+            if record is None
+            else Quota(record.parent, record.guaranteed_gpus, record.max_gpus)
+        )
+        problem = quota_problem(name, proposed, queues, cluster_gpus, current)
         if problem is not None:
             raise ProblemError(422, "validation-error", problem)
 

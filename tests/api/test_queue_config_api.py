@@ -132,3 +132,19 @@ async def test_concurrent_teams_never_guarantee_more_than_the_cluster(
         if isinstance(envelope.payload, QueueConfigured) and envelope.payload.parent is None
     }
     assert sum(guarantees.values()) <= 8
+
+
+async def test_guarantees_already_past_the_cluster_can_be_lowered(
+    api: Api, store: EventStore
+) -> None:
+    """A tree the log holds past the cluster (written before the checks were serialised):
+    a change that lowers it is taken, one that adds to it is not."""
+    await store.append("node-n1", 0, [node("n1")])  # 8 GPUs in all
+    await eventually(api, "/v1/nodes", lambda body: len(body["items"]) == 1)
+    for name in ("qa", "qb"):
+        event = QueueConfigured(name=name, parent=None, guaranteed_gpus=8, max_gpus=8)
+        await store.append(event.stream, 0, [event])
+    await eventually(api, "/v1/queues", lambda body: len(body["items"]) == 2)
+    assert (await patch(api, "qa", guaranteed_gpus=9, max_gpus=9)).status_code == 422
+    assert (await patch(api, "qa", weight=2)).status_code == 200
+    assert (await patch(api, "qa", guaranteed_gpus=0)).status_code == 200
