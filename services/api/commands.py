@@ -161,6 +161,9 @@ class Commands:
         # Jobs per team let through the share here and not yet in the read models: a flood's
         # requests held at once and let through together must not all count as none.
         self._in_flight: Counter[str] = Counter()
+        # Per team, the jobs let past the pending cap and not yet in the read models (or
+        # refused after it): the cap's check counts them as pending.
+        self._claimed: Counter[str] = Counter()
 
     async def submit(
         self, principal: Principal, spec: JobSpec, *, idempotency_key: str | None = None
@@ -617,14 +620,17 @@ class Commands:
         its submission rate (a request of several jobs takes one submission's turn)."""
         models = self.feed.models
         policy = models.tenancy.policy_of(team)
-        pending = models.waiting_by_team[team]
+        # Jobs this process let past the cap that its fold does not hold yet count too:
+        # requests checked at once each saw the same count, and all of them passed (60 of a
+        # team's submissions at once against a cap of 5 all landed).
+        pending = models.waiting_by_team[team] + self._claimed[team]
         if policy.max_pending_jobs is not None and pending + count > policy.max_pending_jobs:
             # Jobs that left the queue may be in the log and not yet in this worker's fold (a
             # cancel through another worker, the scheduler's placements): refuse only by the
             # log's head, never by a stale count.
             await self.feed.reach_head()
             policy = models.tenancy.policy_of(team)
-            pending = models.waiting_by_team[team]
+            pending = models.waiting_by_team[team] + self._claimed[team]
         if policy.max_pending_jobs is not None and pending + count > policy.max_pending_jobs:
             more = f" and this request adds {count}" if count > 1 else ""
             raise ProblemError(
@@ -634,23 +640,27 @@ class Commands:
                 f"{policy.max_pending_jobs}",
                 headers={"Retry-After": retry_after(PENDING_RETRY_AFTER_S)},
             )
-        await self._within_share(team, count, policy.jobs_per_second)
-        wait = await self.limiter.take(team, policy.submissions_per_second)
-        if wait is not None:
-            raise rate_limited(
-                f"team {team!r} may make {policy.submissions_per_second:g} submissions per "
-                "second (a batch or an array is one; max_pending_jobs bounds the jobs)",
-                wait,
-            )
+        self._claimed[team] += count
+        try:
+            await self._within_share(team, count, policy.jobs_per_second)
+            wait = await self.limiter.take(team, policy.submissions_per_second)
+            if wait is not None:
+                raise rate_limited(
+                    f"team {team!r} may make {policy.submissions_per_second:g} submissions per "
+                    "second (a batch or an array is one; max_pending_jobs bounds the jobs)",
+                    wait,
+                )
+        except BaseException:
+            _release(self._claimed, team, count)
+            raise
         self._in_flight[team] += count
 
     def _landed(self, passed: dict[str, int]) -> None:
         """The jobs `_within_limits` let through are recorded in the read models, or never
         will be: they no longer count as in flight."""
         for team, count in passed.items():
-            self._in_flight[team] -= count
-            if self._in_flight[team] <= 0:
-                del self._in_flight[team]
+            _release(self._in_flight, team, count)
+            _release(self._claimed, team, count)
 
     async def _within_share(self, team: str, count: int, jobs_per_second: float | None) -> None:
         """Wait (at most `shared_max_wait_s`) until the team's budget of jobs a second, and its
@@ -920,6 +930,12 @@ class Commands:
     async def _append(self, stream: str, expected: int | None, events: list[Event]) -> None:
         envelopes = await self.store.append(stream, expected, events, _metadata())
         await self.feed.deliver_all(envelopes)
+
+
+def _release(counter: Counter[str], team: str, count: int) -> None:
+    counter[team] -= count
+    if counter[team] <= 0:
+        del counter[team]
 
 
 def _require_storable(spec: JobSpec) -> int:
