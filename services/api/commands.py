@@ -803,24 +803,42 @@ class Commands:
         """Seal the value with the team's key and record only the ciphertext."""
         principal.require_team(team)
         await self._known_team(team)
-        await self.feed.sync_stream(f"secrets-{team}")
-        held = self.feed.models.tenancy.secrets.get(team, set())
-        if name not in held and len(held) >= MAX_SECRETS_PER_TEAM:
-            # Each API process keeps every team's secret names, and each agent may resolve them.
-            raise ProblemError(
-                409,
-                "too-many-secrets",
-                f"team {team!r} holds {MAX_SECRETS_PER_TEAM} secrets, its most: delete one first",
-            )
-        async with self.store.pool.acquire() as conn, conn.transaction():
-            # The key stays locked until the sealed value is recorded: a deletion of the key
-            # comes wholly before (a new key seals it) or after (it is forgotten with the rest).
-            key_id, key = await vault.team_key(conn, team)
-            event = TeamSecretSet(
-                team=team, name=name, key_id=key_id, ciphertext=vault.seal(key, team, name, value)
-            )
-            envelopes = await self.store.append(event.stream, None, [event], _metadata(), conn=conn)
-        await self.feed.deliver_all(envelopes)
+        stream = f"secrets-{team}"
+        models = self.feed.models
+        for _ in range(ATTEMPTS):
+            await self.feed.sync_stream(stream)
+            held = models.tenancy.secrets.get(team, set())
+            if name not in held and len(held) >= MAX_SECRETS_PER_TEAM:
+                # Each API process keeps every team's secret names; each agent may resolve them.
+                raise ProblemError(
+                    409,
+                    "too-many-secrets",
+                    f"team {team!r} holds {MAX_SECRETS_PER_TEAM} secrets, its most: "
+                    "delete one first",
+                )
+            # A new name at the version counted: secrets set at once were each counted before
+            # any was written, and all of them passed the bound. A value replaced adds none.
+            version = None if name in held else models.version_of(stream)
+            try:
+                async with self.store.pool.acquire() as conn, conn.transaction():
+                    # The key stays locked until the sealed value is recorded: a deletion of the
+                    # key comes wholly before (a new key seals it) or after (it is forgotten
+                    # with the rest).
+                    key_id, key = await vault.team_key(conn, team)
+                    event = TeamSecretSet(
+                        team=team,
+                        name=name,
+                        key_id=key_id,
+                        ciphertext=vault.seal(key, team, name, value),
+                    )
+                    envelopes = await self.store.append(
+                        stream, version, [event], _metadata(), conn=conn
+                    )
+            except ConcurrencyConflict:
+                continue  # the team's secrets changed meanwhile: count again
+            await self.feed.deliver_all(envelopes)
+            return
+        raise conflict(f"team {team}'s secrets are changing too fast; try again")
 
     def secrets(self, principal: Principal, team: str) -> list[str]:
         principal.require_team(team)
