@@ -164,6 +164,8 @@ class Commands:
         # Per team, the jobs let past the pending cap and not yet in the read models (or
         # refused after it): the cap's check counts them as pending.
         self._claimed: Counter[str] = Counter()
+        # This process's one change of the quota tree at a time (`_write_quota`).
+        self._quota_tree = asyncio.Lock()
 
     async def submit(
         self, principal: Principal, spec: JobSpec, *, idempotency_key: str | None = None
@@ -892,8 +894,15 @@ class Commands:
         alone (a parent each way, two guarantees that together pass the cluster) checked at
         once were both written, a cycle or an oversubscribed tree kept by the log for good.
         Every such change, in any API process, is checked and written under one transaction
-        lock, after reaching the log's head (which holds every change committed before it)."""
-        async with self.store.pool.acquire() as conn, conn.transaction():
+        lock, after reaching the log's head (which holds every change committed before it).
+        One change at a time per process waits for that lock: each waiting on a connection of
+        its own, as many changes as the pool's size took every connection, and the holder
+        could not reach the head (it reads on another): the API answered no one."""
+        async with (
+            self._quota_tree,
+            self.store.pool.acquire() as conn,
+            conn.transaction(),
+        ):
             await conn.execute(_QUOTA_TREE_LOCK)
             await self.feed.reach_head()
             self._require_valid_quota(name, proposed)

@@ -148,3 +148,13 @@ async def test_guarantees_already_past_the_cluster_can_be_lowered(
     assert (await patch(api, "qa", guaranteed_gpus=9, max_gpus=9)).status_code == 422
     assert (await patch(api, "qa", weight=2)).status_code == 200
     assert (await patch(api, "qa", guaranteed_gpus=0)).status_code == 200
+
+
+async def test_many_changes_at_once_all_complete(api: Api) -> None:
+    """Each change waited for the quota tree's lock on a connection of its own, and the one
+    holding the lock needed one more to reach the log's head: twice the pool's size of
+    changes at once took every connection, and the API stopped answering anyone."""
+    assert (await put(api, "nlp", guaranteed_gpus=0)).status_code == 200
+    async with asyncio.timeout(60):
+        answers = await asyncio.gather(*(patch(api, "nlp", weight=1 + n % 5) for n in range(30)))
+    assert [answer.status_code for answer in answers] == [200] * 30
