@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Final, Literal, TypeVar
@@ -166,6 +166,8 @@ class Commands:
         self._claimed: Counter[str] = Counter()
         # This process's one change of the quota tree at a time (`_write_quota`).
         self._quota_tree = asyncio.Lock()
+        # Per team, this process's one set of a secret at a time (`set_secret`).
+        self._secret_sets: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
 
     async def submit(
         self, principal: Principal, spec: JobSpec, *, idempotency_key: str | None = None
@@ -805,6 +807,12 @@ class Commands:
         """Seal the value with the team's key and record only the ciphertext."""
         principal.require_team(team)
         await self._known_team(team)
+        # One set of the team's secrets at a time in this process: those sent at once would
+        # otherwise all but one conflict, and a few such rounds refuse a plain burst.
+        async with self._secret_sets[team]:
+            await self._set_secret(team, name, value)
+
+    async def _set_secret(self, team: str, name: str, value: str) -> None:
         stream = f"secrets-{team}"
         models = self.feed.models
         for _ in range(ATTEMPTS):
