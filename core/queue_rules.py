@@ -21,11 +21,19 @@ class Quota:
 
 
 def quota_problem(
-    name: str, proposed: Quota, queues: Mapping[str, Quota], cluster_gpus: int
+    name: str,
+    proposed: Quota,
+    queues: Mapping[str, Quota],
+    cluster_gpus: int,
+    was: Quota | None = None,
 ) -> str | None:
     """Why `proposed` may not become queue `name`'s configuration (None: it may).
 
+    `queues` are the other queues; `was` is `name`'s configuration now (None: a new queue).
     `cluster_gpus` 0 means no node is known yet: guarantees are then not held to the cluster.
+    Top-level guarantees already past the cluster (a log written before this rule held) refuse
+    only a change that adds to them: one that lowers them must stay possible, or no queue
+    could ever be configured again.
     """
     if proposed.max_gpus is not None and proposed.max_gpus < proposed.guaranteed_gpus:
         return "max_gpus must be at least guaranteed_gpus"
@@ -52,7 +60,12 @@ def quota_problem(
             return problem
     if cluster_gpus > 0:
         top = sum(q.guaranteed_gpus for q in after.values() if q.parent is None)
-        if top > cluster_gpus:
+        before = sum(
+            q.guaranteed_gpus
+            for q in (*queues.values(), *([was] if was is not None else []))
+            if q.parent is None
+        )
+        if top > cluster_gpus and top > before:
             return (
                 f"the top-level queues would be guaranteed {top} GPUs; "
                 f"the cluster has {cluster_gpus}"

@@ -398,6 +398,12 @@ kafka_add_users() {
 kafka_authenticates() { grep -q '^sasl.enabled.mechanisms=' "$KAFKA_CONF" 2>/dev/null; }
 
 kafka_start() {
+    # The broker's directory holds its log segments (every event of every team: job specs,
+    # their env and commands) and its log: only the stack's own user may enter it. Created
+    # with the default umask it was world-readable, and a rank, sandboxed as its team's user
+    # with a read-only view of the host, read any other team's jobs from it.
+    mkdir -p "$KAFKA_DIR"
+    chmod 700 "$KAFKA_DIR"
     if kafka_pid >/dev/null; then
         if kafka_authenticates; then
             log "Kafka already running on 127.0.0.1:$KAFKA_PORT"

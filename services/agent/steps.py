@@ -4,13 +4,18 @@ the file named by GANGWAY_STEP_FILE; the agent forwards them as StepTimeSample t
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from services.runtime.untrusted import open_regular
 
 STEP_FILE = "steps"
-# A rank that writes megabytes of step lines between two rounds is read in slices.
-_MAX_READ = 1 << 20
+# What a heartbeat round forwards of one rank: its newest steps, at most this many, read from
+# at most the file's last _TAIL bytes; an older backlog is passed over. A rank appending a MiB
+# of lines twice a second had each round parse, sign and send 262,144 samples of it, and the
+# fleet's heartbeats, sent by the same rounds, fell silent. The straggler rule keeps 20 steps.
+MAX_STEPS_PER_ROUND = 64
+_TAIL = 4096
 
 
 def parse_steps(chunk: bytes) -> tuple[list[tuple[int, float]], int]:
@@ -40,7 +45,12 @@ def read_new_steps(path: Path, offset: int) -> tuple[list[tuple[int, float]], in
     except OSError:
         return [], offset
     with handle:
-        handle.seek(offset)
-        chunk = handle.read(_MAX_READ)
+        start = max(offset, os.fstat(handle.fileno()).st_size - _TAIL)
+        handle.seek(start)
+        chunk = handle.read(_TAIL)
+    if start > offset:
+        # A backlog passed over: what precedes the first line end is the rest of a line cut.
+        cut = chunk.find(b"\n") + 1
+        chunk, start = chunk[cut:], start + cut
     samples, used = parse_steps(chunk)
-    return samples, offset + used
+    return samples[-MAX_STEPS_PER_ROUND:], start + used

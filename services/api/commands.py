@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Final, Literal, TypeVar
@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from core.queue_rules import Quota, quota_problem
 from core.submit_share import budget_wait, share_wait
 from schemas.base import Event
+from schemas.envelope import EventEnvelope
 from schemas.jobs import (
     MAX_DEPENDENCIES,
     JobCancelRequested,
@@ -75,6 +76,9 @@ MAX_SECRETS_PER_TEAM = 1_000
 # What a decision taken by `_at_head_if_refused` returns.
 _Decided = TypeVar("_Decided")
 JOB_ID_HEX: Final = 12
+# Held by the transaction that checks and writes a change of the quota tree (a team or a
+# queue configured): one such change at a time, in every API process.
+_QUOTA_TREE_LOCK: Final = "SELECT pg_advisory_xact_lock(hashtextextended('gangway.quota_tree', 0))"
 # A team's queue is created with it; an existing queue (an organisation's) is never taken over.
 _QUEUE_TAKEN: Final = (
     "a queue named {name} already exists (an organisation's queue?); a team brings a new queue "
@@ -157,6 +161,13 @@ class Commands:
         # Jobs per team let through the share here and not yet in the read models: a flood's
         # requests held at once and let through together must not all count as none.
         self._in_flight: Counter[str] = Counter()
+        # Per team, the jobs let past the pending cap and not yet in the read models (or
+        # refused after it): the cap's check counts them as pending.
+        self._claimed: Counter[str] = Counter()
+        # This process's one change of the quota tree at a time (`_write_quota`).
+        self._quota_tree = asyncio.Lock()
+        # Per team, this process's one set of a secret at a time (`set_secret`).
+        self._secret_sets: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
 
     async def submit(
         self, principal: Principal, spec: JobSpec, *, idempotency_key: str | None = None
@@ -560,9 +571,6 @@ class Commands:
         await self.feed.sync_stream(f"queue-{body.name}")
         if body.name in self.feed.models.queues:
             raise conflict(_QUEUE_TAKEN.format(name=body.name))
-        self._require_valid_quota(
-            body.name, Quota(body.parent, body.guaranteed_gpus, body.max_gpus)
-        )
         token = new_token()
         team = TeamCreated(
             name=body.name,
@@ -579,9 +587,10 @@ class Commands:
         )
         try:
             # The queue must be new too: a team never takes over an existing queue.
-            envelopes = await self.store.append_many(
+            envelopes = await self._write_quota(
+                body.name,
+                Quota(body.parent, body.guaranteed_gpus, body.max_gpus),
                 [StreamAppend(team.stream, 0, [team]), StreamAppend(queue.stream, 0, [queue])],
-                _metadata(),
             )
         except ConcurrencyConflict as clash:
             if clash.stream == queue.stream:
@@ -591,7 +600,8 @@ class Commands:
         return token
 
     async def configure_queue(self, name: str, body: QueueConfig) -> QueueRecord:
-        self._require_valid_quota(name, Quota(body.parent, body.guaranteed_gpus, body.max_gpus))
+        proposed = Quota(body.parent, body.guaranteed_gpus, body.max_gpus)
+        self._require_valid_quota(name, proposed)  # checked again at the head by the write
         event = QueueConfigured(
             name=name,
             parent=body.parent,
@@ -602,7 +612,10 @@ class Commands:
             max_memory_mb=body.max_memory_mb,
         )
         # Last writer wins: a queue's configuration is a whole value, not a delta.
-        await self._append(event.stream, None, [event])
+        envelopes = await self._write_quota(
+            name, proposed, [StreamAppend(event.stream, None, [event])]
+        )
+        await self.feed.deliver_all(envelopes)
         return self.feed.models.queues[name]
 
     async def _within_limits(self, team: str, count: int = 1) -> None:
@@ -611,14 +624,17 @@ class Commands:
         its submission rate (a request of several jobs takes one submission's turn)."""
         models = self.feed.models
         policy = models.tenancy.policy_of(team)
-        pending = models.waiting_by_team[team]
+        # Jobs this process let past the cap that its fold does not hold yet count too:
+        # requests checked at once each saw the same count, and all of them passed (60 of a
+        # team's submissions at once against a cap of 5 all landed).
+        pending = models.waiting_by_team[team] + self._claimed[team]
         if policy.max_pending_jobs is not None and pending + count > policy.max_pending_jobs:
             # Jobs that left the queue may be in the log and not yet in this worker's fold (a
             # cancel through another worker, the scheduler's placements): refuse only by the
             # log's head, never by a stale count.
             await self.feed.reach_head()
             policy = models.tenancy.policy_of(team)
-            pending = models.waiting_by_team[team]
+            pending = models.waiting_by_team[team] + self._claimed[team]
         if policy.max_pending_jobs is not None and pending + count > policy.max_pending_jobs:
             more = f" and this request adds {count}" if count > 1 else ""
             raise ProblemError(
@@ -628,23 +644,27 @@ class Commands:
                 f"{policy.max_pending_jobs}",
                 headers={"Retry-After": retry_after(PENDING_RETRY_AFTER_S)},
             )
-        await self._within_share(team, count, policy.jobs_per_second)
-        wait = await self.limiter.take(team, policy.submissions_per_second)
-        if wait is not None:
-            raise rate_limited(
-                f"team {team!r} may make {policy.submissions_per_second:g} submissions per "
-                "second (a batch or an array is one; max_pending_jobs bounds the jobs)",
-                wait,
-            )
+        self._claimed[team] += count
+        try:
+            await self._within_share(team, count, policy.jobs_per_second)
+            wait = await self.limiter.take(team, policy.submissions_per_second)
+            if wait is not None:
+                raise rate_limited(
+                    f"team {team!r} may make {policy.submissions_per_second:g} submissions per "
+                    "second (a batch or an array is one; max_pending_jobs bounds the jobs)",
+                    wait,
+                )
+        except BaseException:
+            _release(self._claimed, team, count)
+            raise
         self._in_flight[team] += count
 
     def _landed(self, passed: dict[str, int]) -> None:
         """The jobs `_within_limits` let through are recorded in the read models, or never
         will be: they no longer count as in flight."""
         for team, count in passed.items():
-            self._in_flight[team] -= count
-            if self._in_flight[team] <= 0:
-                del self._in_flight[team]
+            _release(self._in_flight, team, count)
+            _release(self._claimed, team, count)
 
     async def _within_share(self, team: str, count: int, jobs_per_second: float | None) -> None:
         """Wait (at most `shared_max_wait_s`) until the team's budget of jobs a second, and its
@@ -787,24 +807,48 @@ class Commands:
         """Seal the value with the team's key and record only the ciphertext."""
         principal.require_team(team)
         await self._known_team(team)
-        await self.feed.sync_stream(f"secrets-{team}")
-        held = self.feed.models.tenancy.secrets.get(team, set())
-        if name not in held and len(held) >= MAX_SECRETS_PER_TEAM:
-            # Each API process keeps every team's secret names, and each agent may resolve them.
-            raise ProblemError(
-                409,
-                "too-many-secrets",
-                f"team {team!r} holds {MAX_SECRETS_PER_TEAM} secrets, its most: delete one first",
-            )
-        async with self.store.pool.acquire() as conn, conn.transaction():
-            # The key stays locked until the sealed value is recorded: a deletion of the key
-            # comes wholly before (a new key seals it) or after (it is forgotten with the rest).
-            key_id, key = await vault.team_key(conn, team)
-            event = TeamSecretSet(
-                team=team, name=name, key_id=key_id, ciphertext=vault.seal(key, team, name, value)
-            )
-            envelopes = await self.store.append(event.stream, None, [event], _metadata(), conn=conn)
-        await self.feed.deliver_all(envelopes)
+        # One set of the team's secrets at a time in this process: those sent at once would
+        # otherwise all but one conflict, and a few such rounds refuse a plain burst.
+        async with self._secret_sets[team]:
+            await self._set_secret(team, name, value)
+
+    async def _set_secret(self, team: str, name: str, value: str) -> None:
+        stream = f"secrets-{team}"
+        models = self.feed.models
+        for _ in range(ATTEMPTS):
+            await self.feed.sync_stream(stream)
+            held = models.tenancy.secrets.get(team, set())
+            if name not in held and len(held) >= MAX_SECRETS_PER_TEAM:
+                # Each API process keeps every team's secret names; each agent may resolve them.
+                raise ProblemError(
+                    409,
+                    "too-many-secrets",
+                    f"team {team!r} holds {MAX_SECRETS_PER_TEAM} secrets, its most: "
+                    "delete one first",
+                )
+            # A new name at the version counted: secrets set at once were each counted before
+            # any was written, and all of them passed the bound. A value replaced adds none.
+            version = None if name in held else models.version_of(stream)
+            try:
+                async with self.store.pool.acquire() as conn, conn.transaction():
+                    # The key stays locked until the sealed value is recorded: a deletion of the
+                    # key comes wholly before (a new key seals it) or after (it is forgotten
+                    # with the rest).
+                    key_id, key = await vault.team_key(conn, team)
+                    event = TeamSecretSet(
+                        team=team,
+                        name=name,
+                        key_id=key_id,
+                        ciphertext=vault.seal(key, team, name, value),
+                    )
+                    envelopes = await self.store.append(
+                        stream, version, [event], _metadata(), conn=conn
+                    )
+            except ConcurrencyConflict:
+                continue  # the team's secrets changed meanwhile: count again
+            await self.feed.deliver_all(envelopes)
+            return
+        raise conflict(f"team {team}'s secrets are changing too fast; try again")
 
     def secrets(self, principal: Principal, team: str) -> list[str]:
         principal.require_team(team)
@@ -849,6 +893,29 @@ class Commands:
         )
         return await self.configure_queue(name, merged)
 
+    async def _write_quota(
+        self, name: str, proposed: Quota, appends: list[StreamAppend]
+    ) -> list[EventEnvelope]:
+        """Append a change of the quota tree if `proposed` fits the tree at the log's head.
+
+        The check reads every queue while the append writes one stream: two changes that fit
+        alone (a parent each way, two guarantees that together pass the cluster) checked at
+        once were both written, a cycle or an oversubscribed tree kept by the log for good.
+        Every such change, in any API process, is checked and written under one transaction
+        lock, after reaching the log's head (which holds every change committed before it).
+        One change at a time per process waits for that lock: each waiting on a connection of
+        its own, as many changes as the pool's size took every connection, and the holder
+        could not reach the head (it reads on another): the API answered no one."""
+        async with (
+            self._quota_tree,
+            self.store.pool.acquire() as conn,
+            conn.transaction(),
+        ):
+            await conn.execute(_QUOTA_TREE_LOCK)
+            await self.feed.reach_head()
+            self._require_valid_quota(name, proposed)
+            return await self.store.append_many(appends, _metadata(), conn=conn)
+
     def _require_valid_quota(self, name: str, proposed: Quota) -> None:
         models = self.feed.models
         queues = {
@@ -857,7 +924,13 @@ class Commands:
             if queue.name != name
         }
         cluster_gpus = sum(len(node.gpu_indices) for node in models.nodes.values())
-        problem = quota_problem(name, proposed, queues, cluster_gpus)
+        record = models.queues.get(name)
+        current = (
+            None
+            if record is None
+            else Quota(record.parent, record.guaranteed_gpus, record.max_gpus)
+        )
+        problem = quota_problem(name, proposed, queues, cluster_gpus, current)
         if problem is not None:
             raise ProblemError(422, "validation-error", problem)
 
@@ -892,6 +965,12 @@ class Commands:
     async def _append(self, stream: str, expected: int | None, events: list[Event]) -> None:
         envelopes = await self.store.append(stream, expected, events, _metadata())
         await self.feed.deliver_all(envelopes)
+
+
+def _release(counter: Counter[str], team: str, count: int) -> None:
+    counter[team] -= count
+    if counter[team] <= 0:
+        del counter[team]
 
 
 def _require_storable(spec: JobSpec) -> int:

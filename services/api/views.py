@@ -125,7 +125,8 @@ def node_view(node: NodeRecord, models: ReadModels, principal: Principal) -> Nod
         free_gpus=sum(1 for gpu in healthy if gpu not in allocated),
         unhealthy_gpu_indices=sorted(node.unhealthy_gpus),
         degraded_signals=list(node.degraded),
-        reason=node.reason,
+        # A straggler's reason names its job: another team's id is not the viewer's to read.
+        reason=None if node.reason is None else principal.words(node.reason, models.jobs),
         labels=dict(node.labels),
         jobs=visible_jobs,
         gpu_model=node.gpu_model,

@@ -43,3 +43,20 @@ def test_a_step_file_that_is_not_a_regular_file_reads_as_none(tmp_path: Path) ->
 
     for name in ("dir", "link", "fifo"):
         assert read_new_steps(tmp_path / name, 0) == ([], 0)
+
+
+def test_a_flood_of_steps_is_read_as_its_newest_few(tmp_path: Path) -> None:
+    # attack9: one rank appending a MiB of `0 1` lines twice a second had each heartbeat round
+    # parse, sign and send 262,144 samples per rank: the fleet's heartbeats, sent by the same
+    # rounds, fell silent, and health and inventory lagged behind the telemetry topic.
+    path = tmp_path / "steps"
+    flood = b"".join(b"%d 1.0\n" % step for step in range(300_000))
+    path.write_bytes(flood + b"300000 2.")
+    samples, offset = read_new_steps(path, 0)
+    assert 0 < len(samples) <= 64  # a round's worth, not the backlog
+    assert samples[-1] == (299_999, 1.0)
+    assert [step for step, _ in samples] == list(range(300_000 - len(samples), 300_000))
+    assert offset == len(flood)  # the backlog is passed over, the partial line waits
+    with path.open("ab") as handle:
+        handle.write(b"5\n300001 1.5\n")
+    assert read_new_steps(path, offset) == ([(300_000, 2.5), (300_001, 1.5)], path.stat().st_size)

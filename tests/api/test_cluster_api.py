@@ -69,6 +69,8 @@ async def test_nodes_show_their_state_and_the_gangs_on_them(api: Api, store: Eve
 async def test_a_team_does_not_see_other_teams_jobs_on_nodes(api: Api, store: EventStore) -> None:
     nlp = await api.create_team("nlp")
     await store.append("node-n1", 0, [node("n1")])
+    # The node's 8 GPUs are nlp's guarantee already: vision is guaranteed none.
+    await api.create_team("vision", guaranteed_gpus=0)
     job_id = await api.submit(api.as_admin(), team="vision", tasks=1, gpus_per_task=2)
     await store.append(f"job-{job_id}", 1, [reserved(job_id, [("n1", [0, 1])])])
     await eventually(

@@ -3,11 +3,13 @@ a parent queue adds up its children."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
 from schemas.jobs import JobAdmitted
+from schemas.teams import QueueConfigured
 from services.runtime import EventStore
 from tests.api.builders import node, reserved
 from tests.api.conftest import Api
@@ -85,3 +87,74 @@ async def test_a_parent_queue_adds_up_its_children(api: Api, store: EventStore) 
     queues = {queue["name"]: queue for queue in listed["items"]}
     assert queues["nlp"]["allocated_gpus"] == 4
     assert (queues["org"]["allocated_gpus"], queues["org"]["running_jobs"]) == (4, 1)
+
+
+async def test_concurrent_changes_make_no_cycle(api: Api, store: EventStore) -> None:
+    """Two changes that each fit alone but make a cycle together, sent at once: one is
+    refused (each was checked against a tree the other had not reached yet, and both were
+    written)."""
+    for name in ("qa", "qb"):
+        assert (await put(api, name, guaranteed_gpus=0)).status_code == 200
+    answers = await asyncio.gather(
+        put(api, "qa", parent="qb", guaranteed_gpus=0),
+        put(api, "qb", parent="qa", guaranteed_gpus=0),
+    )
+    assert sorted(answer.status_code for answer in answers) == [200, 422]
+    parents = {
+        envelope.payload.name: envelope.payload.parent
+        for envelope in await store.read_all(0)
+        if isinstance(envelope.payload, QueueConfigured)
+    }
+    assert not (parents["qa"] == "qb" and parents["qb"] == "qa")
+
+
+async def test_concurrent_teams_never_guarantee_more_than_the_cluster(
+    api: Api, store: EventStore
+) -> None:
+    await store.append("node-n1", 0, [node("n1")])  # 8 GPUs in all
+    await eventually(api, "/v1/nodes", lambda body: len(body["items"]) == 1)
+    answers = await asyncio.gather(
+        *(
+            api.client.post(
+                "/v1/teams",
+                json={"name": f"t{n}", "guaranteed_gpus": 8, "max_gpus": 8},
+                headers=api.as_admin(),
+            )
+            for n in range(4)
+        ),
+        put(api, "org", guaranteed_gpus=8),
+    )
+    assert sum(answer.status_code in (200, 201) for answer in answers) == 1
+    assert sum(answer.status_code == 422 for answer in answers) == 4
+    guarantees = {
+        envelope.payload.name: envelope.payload.guaranteed_gpus
+        for envelope in await store.read_all(0)
+        if isinstance(envelope.payload, QueueConfigured) and envelope.payload.parent is None
+    }
+    assert sum(guarantees.values()) <= 8
+
+
+async def test_guarantees_already_past_the_cluster_can_be_lowered(
+    api: Api, store: EventStore
+) -> None:
+    """A tree the log holds past the cluster (written before the checks were serialised):
+    a change that lowers it is taken, one that adds to it is not."""
+    await store.append("node-n1", 0, [node("n1")])  # 8 GPUs in all
+    await eventually(api, "/v1/nodes", lambda body: len(body["items"]) == 1)
+    for name in ("qa", "qb"):
+        event = QueueConfigured(name=name, parent=None, guaranteed_gpus=8, max_gpus=8)
+        await store.append(event.stream, 0, [event])
+    await eventually(api, "/v1/queues", lambda body: len(body["items"]) == 2)
+    assert (await patch(api, "qa", guaranteed_gpus=9, max_gpus=9)).status_code == 422
+    assert (await patch(api, "qa", weight=2)).status_code == 200
+    assert (await patch(api, "qa", guaranteed_gpus=0)).status_code == 200
+
+
+async def test_many_changes_at_once_all_complete(api: Api) -> None:
+    """Each change waited for the quota tree's lock on a connection of its own, and the one
+    holding the lock needed one more to reach the log's head: twice the pool's size of
+    changes at once took every connection, and the API stopped answering anyone."""
+    assert (await put(api, "nlp", guaranteed_gpus=0)).status_code == 200
+    async with asyncio.timeout(60):
+        answers = await asyncio.gather(*(patch(api, "nlp", weight=1 + n % 5) for n in range(30)))
+    assert [answer.status_code for answer in answers] == [200] * 30

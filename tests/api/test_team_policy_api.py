@@ -251,3 +251,23 @@ async def test_a_patch_cannot_raise_a_class_the_policy_took_away_through_another
         assert raised.status_code == 403, raised.text
         assert raised.json()["type"] == "https://gangway.dev/problems/priority-not-allowed"
         assert await store.head() == head
+
+
+async def test_submissions_at_once_never_pass_the_pending_cap(api: Api) -> None:
+    """Requests checked at once each saw the same pending count: 60 held submissions sent
+    together against a cap of 5 all landed (attack9)."""
+    nlp = await api.create_team("nlp")
+    await set_policy(api, max_pending_jobs=5, submissions_per_second=1000)
+    held = {**JOB, "hold": True}
+    answers = await asyncio.gather(
+        *(api.client.post("/v1/jobs", json=held, headers=nlp) for _ in range(20)),
+        *(
+            api.client.post("/v1/jobs", json={**held, "array": {"count": 2}}, headers=nlp)
+            for _ in range(5)
+        ),
+    )
+    assert all(answer.status_code in (201, 429) for answer in answers), [
+        answer.text for answer in answers
+    ]
+    policy = await api.client.get("/v1/teams/nlp/policy", headers=api.as_admin())
+    assert 1 <= policy.json()["pending_jobs"] <= 5

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from schemas.jobs import JobAdmitted, JobDeferred, PreemptionRequested
+from schemas.nodes import NodeDegraded, StragglerDetected
 from services.runtime import EventStore
 from tests.api.builders import node, reserved
 from tests.api.conftest import Api
@@ -323,3 +324,45 @@ async def test_a_preemption_names_no_other_teams_job(
     assert (await api.client.get(f"/v1/jobs/{nlp_job}", headers=admin)).json()["reason"] == why
     events = (await api.client.get(f"/v1/jobs/{nlp_job}/events", headers=admin)).json()["items"]
     assert events[-1]["payload"]["preemptor_job_id"] == vision_job
+
+
+async def test_a_stragglers_node_names_no_other_teams_job(
+    api: Api, store: EventStore, world: World
+) -> None:
+    """Health's straggler detail ("rank R of job J steps in …") was every node's reason in
+    every team's view of the nodes and the dashboard: another team's job id (attack9)."""
+    vision_job = world.vision_job
+    detail = f"rank 1 of job {vision_job} steps in 5.00s against a median of 3.00s"
+    await store.append(
+        "node-n1",
+        None,
+        [
+            StragglerDetected(
+                node_id="n1", job_id=vision_job, rank=1, step_time_s=5, median_step_time_s=3
+            ),
+            NodeDegraded(node_id="n1", signal="straggler", detail=detail),
+        ],
+    )
+    async with asyncio.timeout(30):  # the API learns of them from the log, a moment later
+        while True:
+            [n1] = (await api.client.get("/v1/nodes", headers=api.as_admin())).json()["items"]
+            if n1["reason"] == detail:
+                break
+            await asyncio.sleep(0.05)
+    [seen] = (await api.client.get("/v1/nodes", headers=world.nlp)).json()["items"]
+    assert seen["state"] == "degraded" and seen["degraded_signals"] == ["straggler"]
+    assert seen["reason"] == (
+        "rank 1 of a job of another team steps in 5.00s against a median of 3.00s"
+    )
+    [own] = (await api.client.get("/v1/nodes", headers=world.vision)).json()["items"]
+    assert own["reason"] == detail  # its own job, by its id
+    one = (await api.client.get("/v1/nodes/n1", headers=world.nlp)).text
+    board = (await api.client.get("/v1/dashboard", headers=world.nlp)).text
+    assert vision_job not in one and vision_job not in board
+    # A later reason naming no job (an operator's drain) is shown as it is.
+    drain = await api.client.post(
+        "/v1/nodes/n1/drain", json={"reason": "bios update"}, headers=api.as_admin()
+    )
+    assert drain.status_code == 200, drain.text
+    [drained] = (await api.client.get("/v1/nodes", headers=world.nlp)).json()["items"]
+    assert drained["reason"] == "bios update"

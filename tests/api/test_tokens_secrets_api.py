@@ -3,6 +3,7 @@ with a per-team key outside the log; deleting the key forgets them, in old event
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -261,3 +262,34 @@ async def test_a_team_holds_a_bounded_number_of_tokens_and_secrets(
     )
     assert again.status_code in (200, 201, 204), again.text  # a new value of a held name
     assert "2 secrets" in await refused("/v1/teams/nlp/secrets/three", "PUT", {"value": SECRET})
+
+
+async def test_secrets_set_at_once_never_pass_the_bound(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each request checked the team's count before any was written, and all of them were
+    (attack9). The bound is lowered here (1,000 in production)."""
+    monkeypatch.setattr(commands, "MAX_SECRETS_PER_TEAM", 2)
+    nlp = await api.create_team("nlp")
+    answers = await asyncio.gather(
+        *(
+            api.client.put(f"/v1/teams/nlp/secrets/s{n}", json={"value": SECRET}, headers=nlp)
+            for n in range(8)
+        )
+    )
+    assert sorted(answer.status_code for answer in answers) == [200] * 2 + [409] * 6
+    listed = await api.client.get("/v1/teams/nlp/secrets", headers=nlp)
+    assert len(listed.json()["items"]) == 2
+
+
+async def test_a_burst_of_secrets_within_the_bound_is_taken_whole(api: Api) -> None:
+    """Counted at the version they were counted at, secrets sent at once conflicted with each
+    other: of 30 at once, most were refused as 'changing too fast', well within the bound."""
+    nlp = await api.create_team("nlp")
+    answers = await asyncio.gather(
+        *(
+            api.client.put(f"/v1/teams/nlp/secrets/s{n}", json={"value": SECRET}, headers=nlp)
+            for n in range(30)
+        )
+    )
+    assert [answer.status_code for answer in answers] == [200] * 30

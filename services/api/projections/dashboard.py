@@ -74,7 +74,9 @@ def _gpus(
                 "id": node.id,
                 "state": node.state,
                 "gpu_type": node.gpu_type,
-                "reason": node.reason,
+                "reason": None
+                if node.reason is None
+                else principal.words(node.reason, models.jobs),
                 "degraded": list(node.degraded),
                 "gpus": cells,
             }
