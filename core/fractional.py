@@ -34,6 +34,7 @@ from core.quota import QuotaBook
 from core.regeometry import hold_s_of, plan_regeometry
 from core.sharing import (
     FULL,
+    MAX_MPS_CLIENTS_PER_GPU,
     CheapKey,
     NodeLedger,
     Spot,
@@ -648,9 +649,23 @@ def _why_waiting(ctx: CycleContext, ask: TaskAsk, need: str) -> Outcome:
             f"{need}; no GPU has room: the GPUs with room are each soft-shared by another "
             "team, and a soft-shared GPU hosts one team",
         )
+    clients_full = ask.sharing == "mps" and any(
+        gpu.share_team == ask.team
+        and free_thousandths(node, gpu, ctx.now) >= ask.thousandths
+        and not gpu.takes_client(ask)
+        for node_id in trial.sharing_nodes()
+        for node in (ledger.nodes[node_id],)
+        if node.of_type(ask) and node.schedulable
+        for gpu in node.gpus
+    )
+    room = (
+        f"room for another MPS client ({MAX_MPS_CLIENTS_PER_GPU} a GPU)"
+        if clients_full
+        else f"{ask.thousandths}/1000 free"
+    )
     return Outcome(
         "no_gpu_share",
-        f"{need}; no soft-shared GPU of team {ask.team} has {ask.thousandths}/1000 free and "
+        f"{need}; no soft-shared GPU of team {ask.team} has {room} and "
         "no whole GPU is free to share",
     )
 

@@ -97,6 +97,13 @@ def ask_of(spec: JobSpec) -> TaskAsk:
     )
 
 
+# An MPS server serves at most 48 client contexts on a GPU (NVIDIA's MPS documentation, Volta
+# and later); the next client's CUDA initialisation fails. Each MPS share is a rank's client, so
+# a GPU takes no more MPS shares than that, whatever thousandths are left: 200 shares of 0.001
+# went onto one GPU, and every rank past the 48th would have died at its start.
+MAX_MPS_CLIENTS_PER_GPU = 48
+
+
 @dataclass(frozen=True, slots=True)
 class Share:
     team: str
@@ -134,6 +141,14 @@ class GpuLedger:
     @property
     def shared_memory_mb(self) -> int:
         return sum(share.memory_mb for share in self.shares.values())
+
+    def takes_client(self, ask: TaskAsk) -> bool:
+        """Whether the GPU's MPS server has room for one more client, if `ask` is an MPS
+        share (MAX_MPS_CLIENTS_PER_GPU); any other ask is no client."""
+        if ask.sharing != "mps" or len(self.shares) < MAX_MPS_CLIENTS_PER_GPU:
+            return True
+        clients = sum(1 for share in self.shares.values() if share.sharing == "mps")
+        return clients < MAX_MPS_CLIENTS_PER_GPU
 
 
 @dataclass(slots=True)
@@ -239,7 +254,7 @@ def gpu_spots(node: NodeLedger, ask: TaskAsk, now: float) -> Iterator[Spot]:
             continue
         if gpu.shares and gpu.share_team != ask.team:
             continue
-        if gpu.shared_thousandths + ask.thousandths > FULL:
+        if gpu.shared_thousandths + ask.thousandths > FULL or not gpu.takes_client(ask):
             continue
         memory = share_memory_mb(ask, gpu)
         if gpu.shared_memory_mb + memory > gpu.memory_mb:
@@ -293,6 +308,7 @@ def _gpu_usable_by(node: NodeLedger, gpu: GpuLedger, ask: TaskAsk, now: float) -
             and node.mig != "fixed"
             and gpu.whole is None
             and free_thousandths(node, gpu, now) >= ask.thousandths
+            and gpu.takes_client(ask)
         )
     return False
 

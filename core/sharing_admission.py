@@ -18,7 +18,7 @@ from fractions import Fraction
 from typing import Protocol
 
 from core.mig import COMPUTE_SLICES, mig_model, pack
-from core.sharing import FULL
+from core.sharing import FULL, MAX_MPS_CLIENTS_PER_GPU
 from schemas.jobs import JobSpec
 from schemas.reasons import RejectCode
 
@@ -148,6 +148,8 @@ def _shares_on(node: SharingNode, spec: JobSpec) -> int:
     total = 0
     for memory in node.gpu_memory_mb:
         per_gpu = FULL // thousandths if thousandths else 0
+        if spec.sharing == "mps":
+            per_gpu = min(per_gpu, MAX_MPS_CLIENTS_PER_GPU)
         share_memory = spec.gpu_memory_mb or thousandths * memory // FULL
         if share_memory:
             per_gpu = min(per_gpu, memory // share_memory)
