@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.host import host_rejection
+from core.queue_rules import queue_owner
 from core.shape import cpus_text, ranks_per_unit, unit_gpus
 from core.sharing_admission import fraction_rejection
 from schemas.base import Event
@@ -248,7 +249,7 @@ def admit(
     if queue not in catalog.queues:
         return reject("unknown_queue", f"queue {queue!r} does not exist")
     chain = catalog.queue_chain(queue)
-    if spec.queue is not None and spec.team not in {limits.name for limits in chain}:
+    if queue_owner([limits.name for limits in chain], catalog.teams) != spec.team:
         return reject("foreign_queue", f"queue {queue!r} is not under team {spec.team!r}")
     if spec.priority not in priority_classes:
         known = ", ".join(sorted(priority_classes))

@@ -7,7 +7,7 @@ so the API refuses them up front. Pure: the current queues and the cluster's siz
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 MAX_DEPTH = 16
@@ -97,3 +97,11 @@ def _children_fit(holder: str | None, queues: Mapping[str, Quota]) -> str | None
                     f"over the max of its parent {holder} ({record.max_gpus})"
                 )
     return None
+
+
+def queue_owner(chain: Sequence[str], teams: Collection[str]) -> str | None:
+    """The team a queue belongs to: the nearest team queue on its chain (`chain`: the queue
+    and its ancestors, leaf first), None when none is. A team submits only into queues it
+    owns: the admin may place a team's queue under another team's, and the parent team then
+    used the child team's queue, and its guarantee, as its own."""
+    return next((name for name in chain if name in teams), None)

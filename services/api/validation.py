@@ -11,6 +11,7 @@ from typing import Final
 from core.admission import policy_violation
 from core.mig import profile_names
 from core.policy import DEFAULT_PRIORITY_CLASSES
+from core.queue_rules import queue_owner
 from schemas.jobs import JobSpec, illegal_env_names
 from services.api.capacity import capacity_problem
 from services.api.problems import ProblemError
@@ -51,7 +52,7 @@ def check_submission(spec: JobSpec, models: ReadModels) -> None:
     queue = spec.queue or spec.team
     # An unknown queue and another team's queue get the same answer: a team learns nothing
     # of other teams' queue names by trying them.
-    if spec.team not in queue_chain(models, queue):
+    if queue_owner(queue_chain(models, queue), models.teams) != spec.team:
         raise invalid("unknown-queue", f"queue {queue!r} is not a queue of team {spec.team!r}")
     if spec.priority not in PRIORITY_CLASSES:
         known = ", ".join(sorted(PRIORITY_CLASSES))

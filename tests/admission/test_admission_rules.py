@@ -84,6 +84,21 @@ def test_a_sub_queue_of_the_team_is_accepted(catalog: AdmissionCatalog) -> None:
     assert result == JobAdmitted(job_id="j1", queue="nlp-eval", priority="research")
 
 
+def test_a_team_nested_under_another_keeps_its_queue_and_its_subtree(
+    catalog: AdmissionCatalog,
+) -> None:
+    # The admin placed team speech's queue (and a sub-queue of it) under team nlp's.
+    catalog.apply(TeamCreated(name="speech", parent="nlp", guaranteed_gpus=8, token_sha256=SHA))
+    catalog.apply(QueueConfigured(name="speech-eval", parent="speech", guaranteed_gpus=0))
+    for queue in ("speech", "speech-eval"):
+        assert rejection(admit("j1", job(queue=queue), catalog, CLASSES)) == "foreign_queue"
+        result = admit("j2", job(team="speech", queue=queue), catalog, CLASSES)
+        assert result == JobAdmitted(job_id="j2", queue=queue, priority="research")
+    # nlp's own sub-queues stay nlp's.
+    catalog.apply(QueueConfigured(name="nlp-eval", parent="nlp", guaranteed_gpus=0))
+    assert isinstance(admit("j3", job(queue="nlp-eval"), catalog, CLASSES), JobAdmitted)
+
+
 def test_an_unknown_priority_class_is_rejected(catalog: AdmissionCatalog) -> None:
     result = admit("j1", job(priority="urgent"), catalog, CLASSES)
     assert rejection(result) == "unknown_priority"

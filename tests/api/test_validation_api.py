@@ -83,6 +83,31 @@ async def test_another_teams_queue_is_refused_like_an_unknown_one(
 
 
 @pytest.mark.usefixtures("teams")
+async def test_a_team_placed_under_another_keeps_its_queue_from_the_parent_team(
+    api: Api, store: EventStore
+) -> None:
+    response = await api.client.post(
+        "/v1/teams",
+        json={"name": "speech", "parent": "nlp", "guaranteed_gpus": 2, "max_gpus": 8},
+        headers=api.as_admin(),
+    )
+    assert response.status_code == 201, response.text
+    speech = {"Authorization": f"Bearer {response.json()['token']}"}
+    # nlp's token may not use speech's queue, and with it speech's guarantee.
+    problem = await rejected(api, store, {**VALID, "queue": "speech"}, 422, "unknown-queue")
+    assert "is not a queue of team 'nlp'" in str(problem["detail"])
+    response = await api.client.post(
+        "/v1/jobs", json={**VALID, "team": "speech", "queue": "speech"}, headers=speech
+    )
+    assert response.status_code == 201, response.text
+    # Nor may nlp read speech's queue: its quota, its counts.
+    listed = await api.client.get("/v1/queues", headers=api.teams["nlp"])
+    assert [queue["name"] for queue in listed.json()["items"]] == ["nlp"]
+    listed = await api.client.get("/v1/queues", headers=speech)
+    assert [queue["name"] for queue in listed.json()["items"]] == ["speech"]
+
+
+@pytest.mark.usefixtures("teams")
 async def test_an_unknown_priority_class_is_refused(api: Api, store: EventStore) -> None:
     await rejected(api, store, {**VALID, "priority": "urgent"}, 422, "unknown-priority")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
+from core.queue_rules import queue_owner
 from services.api.deps import Caller, Models
 from services.api.models import ClusterView, NodeList, NodeView, QueueList
 from services.api.problems import PROBLEM_RESPONSES, not_found
@@ -35,9 +36,14 @@ async def get_node(node_id: str, caller: Caller, models: Models) -> NodeView:
 @router.get("/queues", operation_id="listQueues", summary="Every queue: quota and usage")
 async def list_queues(caller: Caller, models: Models) -> QueueList:
     queues = sorted(models.queues.values(), key=lambda queue: queue.name)
-    # A team sees its own queues (its own and those under it), never other teams' names,
-    # quotas or counts; the cluster-wide totals are in /v1/cluster.
-    visible = [q for q in queues if caller.is_admin or caller.team in queue_chain(models, q.name)]
+    # A team sees its own queues (its own and those under it that no other team owns), never
+    # other teams' names, quotas or counts, also of a team the admin placed under it; the
+    # cluster-wide totals are in /v1/cluster.
+    visible = [
+        q
+        for q in queues
+        if caller.is_admin or queue_owner(queue_chain(models, q.name), models.teams) == caller.team
+    ]
     return QueueList(items=[queue_view(queue, models) for queue in visible])
 
 
