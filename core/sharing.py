@@ -292,6 +292,9 @@ def alike_key(node: NodeLedger, spot: Spot) -> tuple[object, ...] | None:
         frozenset(gpu.slices),
         gpu.shared_thousandths,
         gpu.shared_memory_mb,
+        # Whether one more MPS share fills its MPS server (`takes_client`): a GPU so filled
+        # loses its free thousandths to MPS shares, one with room for a client does not.
+        len(gpu.shares) + 1 >= MAX_MPS_CLIENTS_PER_GPU and gpu.mps_clients(),
     )
 
 

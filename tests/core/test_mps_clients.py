@@ -135,3 +135,22 @@ def test_the_ledgers_oracle_names_a_gpu_past_48_mps_clients() -> None:
     for i in range(MAX_MPS_CLIENTS_PER_GPU + 1):
         book.bind(f"s{i}", tiny, Spot("n0000", (0,), thousandths=1))
     assert any("MPS" in problem for problem in book.problems()), book.problems()
+
+
+def test_fgd_tells_a_gpu_one_mps_client_short_of_full_from_one_with_room() -> None:
+    # Two GPUs with as many shares, thousandths and memory: GPU 0's 47 shares are all MPS
+    # clients, GPU 1's 46 and a time-sliced one. Another MPS share on GPU 0 fills its MPS
+    # server, and GPU 0's 953 free thousandths are lost to every MPS share after; on GPU 1
+    # nothing is lost. place() dropped GPU 1 as scoring the same as GPU 0 (alike_key).
+    from core.sharing import Spot
+
+    book = ledger("groups:\n  - {count: 1, gpus: 2, gpu_type: H100}\n")
+    mps = TaskAsk(team="nlp", thousandths=1, sharing="mps")
+    timeslice = TaskAsk(team="nlp", thousandths=1, sharing="timeslice")
+    for i in range(47):
+        book.bind(f"a{i}", mps, Spot("n0000", (0,), thousandths=1))
+    for i in range(46):
+        book.bind(f"b{i}", mps, Spot("n0000", (1,), thousandths=1))
+    book.bind("b-ts", timeslice, Spot("n0000", (1,), thousandths=1))
+    spot = book.place(mps, now=0, mix=[(mps.mix_key(), 1.0)])
+    assert spot is not None and spot.gpus == (1,), spot
