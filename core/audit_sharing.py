@@ -7,7 +7,8 @@ GangReserved and the gang-releasing events, and reports, as invariant-1 violatio
   node whose MIG geometry the scheduler may not change;
 - a slice placed outside the GPU's geometry, in an instance already held, or while the GPU is
   being re-partitioned;
-- shares over 1000 thousandths or the GPU's memory, or of two teams on one soft-shared GPU;
+- shares over 1000 thousandths or the GPU's memory, MPS shares past 48 on a GPU (its MPS
+  server's clients), or shares of two teams on one soft-shared GPU;
 - a GPU whole, sliced and shared at once; a node giving more CPUs or memory than it declared.
 """
 

@@ -54,18 +54,15 @@ def quota_problem(
             current = record.parent if record is not None else None
         if len(seen) > MAX_DEPTH:
             return f"queues may nest at most {MAX_DEPTH} deep"
+    before = {**queues, name: was} if was is not None else dict(queues)
     for holder in (parent, name):
-        problem = _children_fit(holder, after)
+        problem = _children_fit(holder, after, before)
         if problem is not None:
             return problem
     if cluster_gpus > 0:
         top = sum(q.guaranteed_gpus for q in after.values() if q.parent is None)
-        before = sum(
-            q.guaranteed_gpus
-            for q in (*queues.values(), *([was] if was is not None else []))
-            if q.parent is None
-        )
-        if top > cluster_gpus and top > before:
+        top_before = sum(q.guaranteed_gpus for q in before.values() if q.parent is None)
+        if top > cluster_gpus and top > top_before:
             return (
                 f"the top-level queues would be guaranteed {top} GPUs; "
                 f"the cluster has {cluster_gpus}"
@@ -73,8 +70,12 @@ def quota_problem(
     return None
 
 
-def _children_fit(holder: str | None, queues: Mapping[str, Quota]) -> str | None:
-    """The children of `holder` are guaranteed no more than it is, and none more than its max."""
+def _children_fit(
+    holder: str | None, queues: Mapping[str, Quota], before: Mapping[str, Quota]
+) -> str | None:
+    """The children of `holder` are guaranteed no more than it is, and none more than its max;
+    a subtree already past either in `before` (a log written before changes of the tree were
+    serialised) refuses only a change that takes it further past, as the top level does."""
     if holder is None:
         return None
     record = queues.get(holder)
@@ -83,20 +84,35 @@ def _children_fit(holder: str | None, queues: Mapping[str, Quota]) -> str | None
     children = sorted(n for n, q in queues.items() if q.parent == holder)
     if not children:
         return None
-    total = sum(queues[child].guaranteed_gpus for child in children)
-    if total > record.guaranteed_gpus:
+    total, over_max = _children_excess(holder, queues)
+    was_total, was_over_max = _children_excess(holder, before)
+    if total > 0 and total > was_total:
         return (
             f"the children of queue {holder} ({', '.join(children)}) would be guaranteed "
-            f"{total} GPUs; {holder} itself is guaranteed {record.guaranteed_gpus}"
+            f"{total + record.guaranteed_gpus} GPUs; {holder} itself is guaranteed "
+            f"{record.guaranteed_gpus}"
         )
-    if record.max_gpus is not None:
-        for child in children:
-            if queues[child].guaranteed_gpus > record.max_gpus:
-                return (
-                    f"queue {child} would be guaranteed {queues[child].guaranteed_gpus} GPUs, "
-                    f"over the max of its parent {holder} ({record.max_gpus})"
-                )
+    if over_max > 0 and over_max > was_over_max:
+        assert record.max_gpus is not None
+        child = max(children, key=lambda c: queues[c].guaranteed_gpus)
+        return (
+            f"queue {child} would be guaranteed {queues[child].guaranteed_gpus} GPUs, "
+            f"over the max of its parent {holder} ({record.max_gpus})"
+        )
     return None
+
+
+def _children_excess(holder: str, queues: Mapping[str, Quota]) -> tuple[int, int]:
+    """By how many GPUs `holder`'s children's guarantees pass its own, and the most any
+    child's passes its max (each <= 0: within; a holder not in `queues`: none)."""
+    record = queues.get(holder)
+    if record is None:
+        return 0, 0
+    guarantees = [q.guaranteed_gpus for q in queues.values() if q.parent == holder]
+    if not guarantees:
+        return 0, 0
+    over_max = 0 if record.max_gpus is None else max(guarantees) - record.max_gpus
+    return sum(guarantees) - record.guaranteed_gpus, over_max
 
 
 def queue_owner(chain: Sequence[str], teams: Collection[str]) -> str | None:

@@ -12,6 +12,7 @@ The rules (DESIGN §8):
 - MIG slices only in instances of a valid geometry of the GPU's model, one task per instance;
   slices of different teams may share a GPU (hardware isolation);
 - soft shares on one GPU sum to at most 1000 thousandths and their memory to at most the GPU's;
+  at most MAX_MPS_CLIENTS_PER_GPU (48) of them are MPS shares (its MPS server's clients);
   a soft-shared GPU never hosts two teams at once (no isolation between co-tenants);
 - a GPU being re-partitioned (until `busy_until`) serves nothing;
 - a node's tasks never ask more CPUs or memory than it declared (undeclared: not limited).
@@ -147,8 +148,11 @@ class GpuLedger:
         share (MAX_MPS_CLIENTS_PER_GPU); any other ask is no client."""
         if ask.sharing != "mps" or len(self.shares) < MAX_MPS_CLIENTS_PER_GPU:
             return True
-        clients = sum(1 for share in self.shares.values() if share.sharing == "mps")
-        return clients < MAX_MPS_CLIENTS_PER_GPU
+        return self.mps_clients() < MAX_MPS_CLIENTS_PER_GPU
+
+    def mps_clients(self) -> int:
+        """How many of the GPU's shares are MPS shares (its MPS server's clients)."""
+        return sum(1 for share in self.shares.values() if share.sharing == "mps")
 
 
 @dataclass(slots=True)
@@ -288,6 +292,9 @@ def alike_key(node: NodeLedger, spot: Spot) -> tuple[object, ...] | None:
         frozenset(gpu.slices),
         gpu.shared_thousandths,
         gpu.shared_memory_mb,
+        # Whether one more MPS share fills its MPS server (`takes_client`): a GPU so filled
+        # loses its free thousandths to MPS shares, one with room for a client does not.
+        len(gpu.shares) + 1 >= MAX_MPS_CLIENTS_PER_GPU and gpu.mps_clients(),
     )
 
 
@@ -359,6 +366,9 @@ def fragmentation_key(node: NodeLedger, now: float) -> tuple[object, ...]:
                 gpu.geometry,
                 frozenset(gpu.slices),
                 len(gpu.shares),
+                # Whether it takes another MPS share (`takes_client`): as many shares, some
+                # time-sliced, may leave it room for one.
+                len(gpu.shares) >= MAX_MPS_CLIENTS_PER_GPU and gpu.mps_clients(),
                 gpu.shared_thousandths,
             )
             for gpu in node.gpus
@@ -751,6 +761,11 @@ def gpu_problems(node: NodeLedger, gpu: GpuLedger) -> list[str]:
         found.append(f"{where}: shares sum to {gpu.shared_thousandths}/1000")
     if gpu.shared_memory_mb > gpu.memory_mb:
         found.append(f"{where}: shares hold {gpu.shared_memory_mb} MB of {gpu.memory_mb}")
+    if len(gpu.shares) > MAX_MPS_CLIENTS_PER_GPU and gpu.mps_clients() > MAX_MPS_CLIENTS_PER_GPU:
+        found.append(
+            f"{where}: {gpu.mps_clients()} MPS shares, past its MPS server's "
+            f"{MAX_MPS_CLIENTS_PER_GPU} clients"
+        )
     teams = {share.team for share in gpu.shares.values()}
     if len(teams) > 1:
         found.append(f"{where}: soft-shared by teams {', '.join(sorted(teams))}")

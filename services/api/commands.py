@@ -589,8 +589,10 @@ class Commands:
             # The queue must be new too: a team never takes over an existing queue.
             envelopes = await self._write_quota(
                 body.name,
-                Quota(body.parent, body.guaranteed_gpus, body.max_gpus),
-                [StreamAppend(team.stream, 0, [team]), StreamAppend(queue.stream, 0, [queue])],
+                lambda: (
+                    Quota(body.parent, body.guaranteed_gpus, body.max_gpus),
+                    [StreamAppend(team.stream, 0, [team]), StreamAppend(queue.stream, 0, [queue])],
+                ),
             )
         except ConcurrencyConflict as clash:
             if clash.stream == queue.stream:
@@ -600,21 +602,30 @@ class Commands:
         return token
 
     async def configure_queue(self, name: str, body: QueueConfig) -> QueueRecord:
-        proposed = Quota(body.parent, body.guaranteed_gpus, body.max_gpus)
-        self._require_valid_quota(name, proposed)  # checked again at the head by the write
-        event = QueueConfigured(
-            name=name,
-            parent=body.parent,
-            guaranteed_gpus=body.guaranteed_gpus,
-            max_gpus=body.max_gpus,
-            weight=body.weight,
-            max_cpus=body.max_cpus,
-            max_memory_mb=body.max_memory_mb,
-        )
-        # Last writer wins: a queue's configuration is a whole value, not a delta.
-        envelopes = await self._write_quota(
-            name, proposed, [StreamAppend(event.stream, None, [event])]
-        )
+        # Refused at once if it does not fit now; checked again at the head by the write.
+        self._require_valid_quota(name, Quota(body.parent, body.guaranteed_gpus, body.max_gpus))
+        return await self._configure_queue(name, lambda: body)
+
+    async def _configure_queue(self, name: str, config: Callable[[], QueueConfig]) -> QueueRecord:
+        """Write `config()`, taken at the log's head under the quota tree's lock, as the
+        queue's whole configuration (last writer wins: a value, not a delta)."""
+
+        def plan() -> tuple[Quota, list[StreamAppend]]:
+            body = config()
+            quota = Quota(body.parent, body.guaranteed_gpus, body.max_gpus)
+            self._require_valid_quota(name, quota)  # a 422 before the event's own check
+            event = QueueConfigured(
+                name=name,
+                parent=body.parent,
+                guaranteed_gpus=body.guaranteed_gpus,
+                max_gpus=body.max_gpus,
+                weight=body.weight,
+                max_cpus=body.max_cpus,
+                max_memory_mb=body.max_memory_mb,
+            )
+            return quota, [StreamAppend(event.stream, None, [event])]
+
+        envelopes = await self._write_quota(name, plan)
         await self.feed.deliver_all(envelopes)
         return self.feed.models.queues[name]
 
@@ -875,28 +886,38 @@ class Commands:
     async def patch_queue(self, name: str, body: QueuePatch) -> QueueRecord:
         """Change only the fields given; the rest keep their configured values."""
         await self.feed.sync_stream(f"queue-{name}")
-        current = self.feed.models.queues.get(name)
-        if current is None:
+        if name not in self.feed.models.queues:
             raise not_found(f"queue {name}")
-        given = body.model_fields_set
-        merged = QueueConfig.model_construct(
-            parent=body.parent if "parent" in given else current.parent,
-            guaranteed_gpus=(
-                body.guaranteed_gpus
-                if "guaranteed_gpus" in given and body.guaranteed_gpus is not None
-                else current.guaranteed_gpus
-            ),
-            max_gpus=body.max_gpus if "max_gpus" in given else current.max_gpus,
-            weight=body.weight if body.weight is not None else current.weight,
-            max_cpus=body.max_cpus if "max_cpus" in given else current.max_cpus,
-            max_memory_mb=body.max_memory_mb if "max_memory_mb" in given else current.max_memory_mb,
-        )
-        return await self.configure_queue(name, merged)
+
+        def merged() -> QueueConfig:
+            # Merged at the head, under the lock: two PATCHes at once each merged what they
+            # read before the other was written, and the later put the other's fields back.
+            current = self.feed.models.queues.get(name)
+            if current is None:
+                raise not_found(f"queue {name}")
+            given = body.model_fields_set
+            return QueueConfig.model_construct(
+                parent=body.parent if "parent" in given else current.parent,
+                guaranteed_gpus=(
+                    body.guaranteed_gpus
+                    if "guaranteed_gpus" in given and body.guaranteed_gpus is not None
+                    else current.guaranteed_gpus
+                ),
+                max_gpus=body.max_gpus if "max_gpus" in given else current.max_gpus,
+                weight=body.weight if body.weight is not None else current.weight,
+                max_cpus=body.max_cpus if "max_cpus" in given else current.max_cpus,
+                max_memory_mb=(
+                    body.max_memory_mb if "max_memory_mb" in given else current.max_memory_mb
+                ),
+            )
+
+        return await self._configure_queue(name, merged)
 
     async def _write_quota(
-        self, name: str, proposed: Quota, appends: list[StreamAppend]
+        self, name: str, plan: Callable[[], tuple[Quota, list[StreamAppend]]]
     ) -> list[EventEnvelope]:
-        """Append a change of the quota tree if `proposed` fits the tree at the log's head.
+        """Append a change of the quota tree, `plan()` (queue `name`'s proposed quota and the
+        appends), taken at the log's head, if the proposal fits the tree there.
 
         The check reads every queue while the append writes one stream: two changes that fit
         alone (a parent each way, two guarantees that together pass the cluster) checked at
@@ -913,6 +934,7 @@ class Commands:
         ):
             await conn.execute(_QUOTA_TREE_LOCK)
             await self.feed.reach_head()
+            proposed, appends = plan()
             self._require_valid_quota(name, proposed)
             return await self.store.append_many(appends, _metadata(), conn=conn)
 

@@ -158,3 +158,17 @@ async def test_many_changes_at_once_all_complete(api: Api) -> None:
     async with asyncio.timeout(60):
         answers = await asyncio.gather(*(patch(api, "nlp", weight=1 + n % 5) for n in range(30)))
     assert [answer.status_code for answer in answers] == [200] * 30
+
+
+async def test_patches_of_different_fields_at_once_each_keep_theirs(api: Api) -> None:
+    """A PATCH changes only what it names: two at once, one of max_cpus and one of weight,
+    each merged what it read before the other was written, and the later one put the other's
+    field back as it was (both answered 200)."""
+    assert (await put(api, "nlp", guaranteed_gpus=0, max_gpus=8)).status_code == 200
+    answers = await asyncio.gather(
+        patch(api, "nlp", max_cpus=10), patch(api, "nlp", weight=3), patch(api, "nlp", max_gpus=4)
+    )
+    assert [answer.status_code for answer in answers] == [200] * 3
+    listed = await api.client.get("/v1/queues", headers=api.as_admin())
+    [nlp] = [queue for queue in listed.json()["items"] if queue["name"] == "nlp"]
+    assert (nlp["max_cpus"], nlp["weight"], nlp["max_gpus"]) == (10, 3, 4), nlp

@@ -97,3 +97,60 @@ def test_admission_refuses_a_gang_of_mps_shares_no_fleet_could_serve() -> None:
     assert "can hold at most 96" in rejection[1]
     # Time-sliced, the thousandths are the bound: 1,000 a GPU.
     assert fraction_rejection(spec(2_000, "timeslice"), nodes, []) is None
+
+
+TWO_NODES = "groups:\n  - {count: 2, gpus: 1, gpu_type: H100}\n"
+
+
+def test_nodes_with_equal_fragmentation_keys_measure_alike_mps_clients_too() -> None:
+    # fragmentation_key's contract: nodes with equal keys measure the same for any mix. A GPU
+    # of 48 MPS shares takes no MPS share more; one of 47 MPS and 1 time-sliced share does,
+    # with the same count of shares and thousandths.
+    from core.sharing import fragmentation_key, node_fragmentation
+
+    book = ledger(TWO_NODES)
+    mps = TaskAsk(team="nlp", thousandths=1, sharing="mps")
+    timeslice = TaskAsk(team="nlp", thousandths=1, sharing="timeslice")
+    full, mixed = book.nodes["n0000"], book.nodes["n0001"]
+    for i in range(48):
+        book.bind(f"a{i}", mps, next(s for s in book.spots(mps, 0) if s.node_id == full.node_id))
+    for i in range(47):
+        book.bind(f"b{i}", mps, next(s for s in book.spots(mps, 0) if s.node_id == mixed.node_id))
+    book.bind(
+        "b-ts", timeslice, next(s for s in book.spots(timeslice, 0) if s.node_id == mixed.node_id)
+    )
+    mix = [(mps, 1.0)]
+    assert node_fragmentation(full, mix, 0) != node_fragmentation(mixed, mix, 0)
+    assert fragmentation_key(full, 0) != fragmentation_key(mixed, 0)
+
+
+def test_the_ledgers_oracle_names_a_gpu_past_48_mps_clients() -> None:
+    # problems() is the auditor's and the property tests' oracle: a log that put a 49th MPS
+    # share on a GPU (placed before the cap held, or by a placement path that forgot it) is
+    # a broken rule, as shares past 1000 thousandths are.
+    from core.sharing import Spot
+
+    book = ledger(ONE_GPU)
+    tiny = TaskAsk(team="nlp", thousandths=1, sharing="mps")
+    for i in range(MAX_MPS_CLIENTS_PER_GPU + 1):
+        book.bind(f"s{i}", tiny, Spot("n0000", (0,), thousandths=1))
+    assert any("MPS" in problem for problem in book.problems()), book.problems()
+
+
+def test_fgd_tells_a_gpu_one_mps_client_short_of_full_from_one_with_room() -> None:
+    # Two GPUs with as many shares, thousandths and memory: GPU 0's 47 shares are all MPS
+    # clients, GPU 1's 46 and a time-sliced one. Another MPS share on GPU 0 fills its MPS
+    # server, and GPU 0's 953 free thousandths are lost to every MPS share after; on GPU 1
+    # nothing is lost. place() dropped GPU 1 as scoring the same as GPU 0 (alike_key).
+    from core.sharing import Spot
+
+    book = ledger("groups:\n  - {count: 1, gpus: 2, gpu_type: H100}\n")
+    mps = TaskAsk(team="nlp", thousandths=1, sharing="mps")
+    timeslice = TaskAsk(team="nlp", thousandths=1, sharing="timeslice")
+    for i in range(47):
+        book.bind(f"a{i}", mps, Spot("n0000", (0,), thousandths=1))
+    for i in range(46):
+        book.bind(f"b{i}", mps, Spot("n0000", (1,), thousandths=1))
+    book.bind("b-ts", timeslice, Spot("n0000", (1,), thousandths=1))
+    spot = book.place(mps, now=0, mix=[(mps.mix_key(), 1.0)])
+    assert spot is not None and spot.gpus == (1,), spot
