@@ -82,8 +82,13 @@ def select(api: GangwayClient, args: argparse.Namespace) -> list[dict[str, Any]]
         states = [None]
     else:
         states = list(ACTIVE_STATES)
-    rows = order(fetch(api, team=args.team, states=states))
-    return rows if args.limit is None else rows[: args.limit]
+    rows = fetch(api, team=args.team, states=states)
+    if args.limit is not None:
+        # The N newest, whatever their state; then listed active ones first. Cutting the
+        # listing instead kept an old running job in place of the newest finished ones.
+        newest = sorted(rows, key=lambda job: (job["submitted_at"], job["id"]), reverse=True)
+        rows = newest[: args.limit]
+    return order(rows)
 
 
 def age(job: dict[str, Any], now: datetime) -> str:

@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from services.runtime.errors import DATABASE_UNAVAILABLE
 
@@ -153,7 +154,30 @@ async def _on_http(request: Request, exc: Exception) -> JSONResponse:
     slug = _SLUGS.get(exc.status_code, "error")
     detail = exc.detail if isinstance(exc.detail, str) else None
     headers = dict(exc.headers) if exc.headers else None
+    allowed = _allowed(request) if exc.status_code == 405 else []
+    if allowed:
+        # Starlette names the methods of the one route it matched (GET for /v1/jobs/{id});
+        # RFC 9110 wants every method the resource has (PATCH too).
+        headers = {**(headers or {}), "Allow": ", ".join(allowed)}
     return problem_response(request, exc.status_code, slug, detail, headers=headers)
+
+
+def _allowed(request: Request) -> list[str]:
+    """Every method some route serves at the request's path."""
+    routes = request.app.router.routes
+    methods = {
+        method
+        for method in _METHODS
+        if any(
+            route.matches({**request.scope, "method": method})[0] == Match.FULL for route in routes
+        )
+    }
+    if "GET" in methods:
+        methods.add("HEAD")  # answered as its GET (head.py)
+    return sorted(methods)
+
+
+_METHODS = ("DELETE", "GET", "PATCH", "POST", "PUT")
 
 
 async def _on_validation(request: Request, exc: Exception) -> JSONResponse:

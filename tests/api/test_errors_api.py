@@ -87,6 +87,18 @@ async def test_a_wrong_method_is_a_405_problem(api: Api) -> None:
     assert (response.status_code, response.headers["content-type"]) == (405, PROBLEM)
 
 
+async def test_a_405_allows_every_method_of_the_resource(api: Api) -> None:
+    # Starlette named the methods of the one route it matched: `Allow: GET` on /v1/jobs/{id},
+    # whose PATCH is a route of its own; RFC 9110 wants them all.
+    response = await api.client.delete("/v1/jobs/abc", headers=api.as_admin())
+    assert response.status_code == 405
+    assert response.headers["allow"] == "GET, HEAD, PATCH"
+    response = await api.client.put("/v1/jobs", headers=api.as_admin())
+    assert response.headers["allow"] == "GET, HEAD, POST"
+    response = await api.client.get("/v1/jobs/abc/cancel", headers=api.as_admin())
+    assert response.headers["allow"] == "POST"
+
+
 async def test_an_invalid_query_parameter_is_a_422_problem(api: Api) -> None:
     response = await api.client.get("/v1/events?limit=-1", headers=api.as_admin())
     assert (response.status_code, response.headers["content-type"]) == (422, PROBLEM)

@@ -2,7 +2,8 @@
 
 Read from the usage book (services/api/projections/usage.py), folded from the log like every
 read model, so a replay gives the same figures. A team's token sees its own team only (asking
-for another is 403); the admin sees every team, or the one asked for.
+for another is 403); the admin sees every team, or the one asked for (a team that does not exist
+is 404).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from fastapi import APIRouter, Query
 
 from services.api.deps import Caller, Models
 from services.api.models import View
-from services.api.problems import PROBLEM_RESPONSES, ProblemError
+from services.api.problems import PROBLEM_RESPONSES, ProblemError, not_found
 from services.api.projections.usage import Bucket, period_start, report
 
 router = APIRouter(prefix="/v1/usage", tags=["usage"], responses=PROBLEM_RESPONSES)
@@ -97,6 +98,9 @@ async def get_usage(
 ) -> UsageReport:
     if team is not None:
         caller.require_team(team)
+        if team not in models.teams:
+            # As GET /v1/teams/{team}: a made-up row of zeros hid a misspelt name.
+            raise not_found(f"team {team}")
     elif not caller.is_admin:
         team = caller.team
     now = datetime.now(UTC)
