@@ -252,13 +252,20 @@ class CheckpointService:
             return None
         directory = checkpoint_dir(self.root, job_id, checkpoint_id)
         deadline = time.monotonic() + wait_s
+        ended: str | None = None
+        looked = time.monotonic()
         while True:
             reported = await asyncio.to_thread(reported_ranks, directory, world)
             failed = await asyncio.to_thread(failed_ranks, directory, world)
-            if len(reported | set(failed)) >= world or time.monotonic() > deadline:
+            if len(reported | set(failed)) >= world or time.monotonic() > deadline or ended:
                 break
             await asyncio.sleep(self.settings.poll_interval_s)
-        result = await self._judge(job_id, attempt, checkpoint_id, directory, world, wait_s)
+            # A job that ended has no rank left to write a shard: judge what is there now
+            # (looked up once a second, not at every poll).
+            if time.monotonic() - looked >= 1.0:
+                looked = time.monotonic()
+                ended = await self.ended(job_id, attempt)
+        result = await self._judge(job_id, attempt, checkpoint_id, directory, world, wait_s, ended)
         if await self._already_recorded(result.stream, checkpoint_id):
             return result
         await self.store.append(result.stream, None, [result], Metadata.caused_by(cause))
@@ -334,6 +341,7 @@ class CheckpointService:
         directory: Path,
         world: int,
         wait_s: float,
+        ended: str | None = None,
     ) -> Verdict:
         reported = await asyncio.to_thread(reported_ranks, directory, world)
         failed = await asyncio.to_thread(failed_ranks, directory, world)
@@ -348,7 +356,10 @@ class CheckpointService:
             missing = [r for r in range(world) if r not in reported and r not in failed]
             if missing:
                 ranks = ", ".join(map(str, missing))
-                reasons.append(f"timed out: no shard from rank {ranks} within {wait_s:g} s")
+                if ended:
+                    reasons.append(f"the job {ended} before rank {ranks} wrote a shard")
+                else:
+                    reasons.append(f"timed out: no shard from rank {ranks} within {wait_s:g} s")
             return failure("; ".join(reasons))
         released = await self.released_before_commit(job_id, attempt)
         if released is not None:
@@ -367,6 +378,19 @@ class CheckpointService:
                 verification=verification,
             )
         return result
+
+    async def ended(self, job_id: str, attempt: int) -> str | None:
+        """How the job ended ('succeeded', 'failed', 'was cancelled') while at `attempt` or
+        after it; None while it has not ended."""
+        for envelope in reversed(await self.store.read_stream(f"job-{job_id}")):
+            event = envelope.payload
+            if isinstance(event, JobSucceeded | JobFailed | JobCancelled):
+                if event.attempt is None or event.attempt >= attempt:
+                    if isinstance(event, JobCancelled):
+                        return "was cancelled"
+                    return event.type.removeprefix("Job").lower()
+                return None
+        return None
 
     async def released_before_commit(self, job_id: str, attempt: int) -> str | None:
         """How the attempt was released other than by the eviction its checkpoint serves (a

@@ -145,6 +145,21 @@ async def test_a_request_no_rank_answers_still_ends_in_a_verdict(
     assert recorded == ["CheckpointRequested", "CheckpointFailed"]
 
 
+async def test_a_request_for_a_job_that_ended_is_judged_then_not_at_its_deadline(
+    settings: Settings, store: EventStore, tmp_path: Path
+) -> None:
+    # A gang asked to checkpoint for a preemption finished its work within the grace period:
+    # no rank is left to write a shard, and the verdict said 'timed out' two minutes after
+    # the job had succeeded (attack11: 44 of 47 CheckpointFailed under a stream of work).
+    cause = await request(store, world=2)
+    directory = checkpoint_dir(tmp_path, JOB, checkpoint_id_for(1, cause.event_id))
+    write_shard(directory, 0, b"x", step=1)
+    await store.append(f"job-{JOB}", None, [JobSucceeded(job_id=JOB, attempt=1)])
+    result = await service(settings, store, tmp_path).collect(JOB, 1, cause, wait_s=600)
+    assert isinstance(result, CheckpointFailed)
+    assert result.reason == "the job succeeded before rank 1 wrote a shard"
+
+
 async def test_a_rank_that_could_not_checkpoint_fails_it_at_once_with_its_reason(
     settings: Settings, store: EventStore, tmp_path: Path
 ) -> None:
