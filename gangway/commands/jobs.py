@@ -124,7 +124,7 @@ def table(rows: list[dict[str, Any]], *, wide: bool) -> Table:
     if wide:
         columns += ["QUEUE", "SUBMITTED", "ATTEMPTS", "EST. START", "NODES"]
     columns.append("REASON")
-    result = Table(*columns, caption=f"{len(rows)} jobs")
+    result = Table(*columns, caption=f"{len(rows)} job{'' if len(rows) == 1 else 's'}")
     result.columns[0].no_wrap = True  # an id is useless cut in two
     for job in rows:
         cells = [
