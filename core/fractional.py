@@ -630,15 +630,16 @@ def _why_waiting(ctx: CycleContext, ask: TaskAsk, need: str) -> Outcome:
         else:
             message += "; no idle GPU may be re-partitioned now"
         return Outcome("no_mig_slice", message)
-    # A share: is there room on GPUs soft-shared by another team?
-    nodes = (ledger.nodes[node_id] for node_id in trial.sharing_nodes())
-    room_with_others = any(
-        gpu.share_team not in (None, ask.team)
-        and free_thousandths(node, gpu, ctx.now) >= ask.thousandths
-        for node in nodes
+    # A share: the GPUs with the thousandths it asks, which another team or a full MPS
+    # server holds.
+    roomy = [
+        gpu
+        for node in map(ledger.nodes.__getitem__, trial.sharing_nodes())
         if node.of_type(ask) and node.schedulable
         for gpu in node.gpus
-    )
+        if free_thousandths(node, gpu, ctx.now) >= ask.thousandths
+    ]
+    room_with_others = any(gpu.share_team not in (None, ask.team) for gpu in roomy)
     # Which teams, how many of them and how many of its tasks found no room are not said:
     # who else runs where is not the waiting team's business (the node view hides other
     # teams' jobs too), and such counts change as shares come and go while the fact the job
@@ -650,13 +651,7 @@ def _why_waiting(ctx: CycleContext, ask: TaskAsk, need: str) -> Outcome:
             "team, and a soft-shared GPU hosts one team",
         )
     clients_full = ask.sharing == "mps" and any(
-        gpu.share_team == ask.team
-        and free_thousandths(node, gpu, ctx.now) >= ask.thousandths
-        and not gpu.takes_client(ask)
-        for node_id in trial.sharing_nodes()
-        for node in (ledger.nodes[node_id],)
-        if node.of_type(ask) and node.schedulable
-        for gpu in node.gpus
+        gpu.share_team == ask.team and not gpu.takes_client(ask) for gpu in roomy
     )
     room = (
         f"room for another MPS client ({MAX_MPS_CLIENTS_PER_GPU} a GPU)"
