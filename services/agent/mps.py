@@ -137,6 +137,8 @@ class MpsDaemons:
         # The ranks each running daemon serves, by GPU UUID, and whose its directories are.
         self._holders: dict[str, set[Hashable]] = {}
         self._owners: dict[str, Owner] = {}
+        # One lock per GPU, by its directory's name: the one key that both a GPU's UUID
+        # (`acquire`, `release`) and a pipe directory found on disk (`quit_leftovers`) lead to.
         self._locks: dict[str, asyncio.Lock] = {}
         # Each GPU's directory name (`_name`), by UUID.
         self._names: dict[str, str] = {}
@@ -169,7 +171,7 @@ class MpsDaemons:
         """The pipe directory of GPU `uuid`'s daemon for `holder` (a rank), the daemon started
         first where none of this agent's runs; a leftover one is quit and replaced. Raises
         MpsDaemonError when it does not come up, or serves another user's shares."""
-        async with self._lock(uuid):
+        async with self._lock(self._name(uuid)):
             directories = self.directories(uuid)
             holders = self._holders.get(uuid)
             if holders is not None:
@@ -189,7 +191,7 @@ class MpsDaemons:
 
     async def release(self, uuid: str, holder: Hashable) -> None:
         """`holder` no longer uses GPU `uuid`'s daemon: the daemon is quit if it was the last."""
-        async with self._lock(uuid):
+        async with self._lock(self._name(uuid)):
             holders = self._holders.get(uuid)
             if holders is None or holder not in holders:
                 return
@@ -203,7 +205,7 @@ class MpsDaemons:
     async def stop_all(self) -> None:
         """Quit every daemon this agent started (at its stop)."""
         for uuid in self.running():
-            async with self._lock(uuid):
+            async with self._lock(self._name(uuid)):
                 if self._holders.pop(uuid, None) is not None:
                     self._owners.pop(uuid, None)
                     await self._quit(self.directories(uuid), uuid)
@@ -227,8 +229,11 @@ class MpsDaemons:
                     quit.append(name)
         return quit
 
-    def _lock(self, uuid: str) -> asyncio.Lock:
-        return self._locks.setdefault(uuid, asyncio.Lock())
+    def _lock(self, name: str) -> asyncio.Lock:
+        """GPU `name`'s (its directory's name) lock, held while its daemon starts or quits:
+        keyed by the UUID, a pipe directory `quit_leftovers` found was quit under a start in
+        progress, taken for a predecessor's since no share held it yet."""
+        return self._locks.setdefault(name, asyncio.Lock())
 
     def _daemon_env(self, uuid: str) -> dict[str, str]:
         return self._control_env(self.directories(uuid), uuid)

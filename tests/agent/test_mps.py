@@ -46,6 +46,26 @@ async def until_quit(record: Path, pid: int) -> None:
     raise AssertionError(f"the stand-in daemon {pid} was never quit")
 
 
+async def until_gone(pid: int) -> None:
+    """Until the stand-in daemon `pid` runs no more, quit or killed."""
+    for _ in range(1500):
+        if not mps_standin.alive(pid):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the stand-in daemon {pid} still runs")
+
+
+async def until_started(record: Path) -> int:
+    """The pid of the one stand-in daemon, once it has recorded its start."""
+    for _ in range(1500):
+        started = list(mps_standin.live(record))
+        if started:
+            [pid] = started
+            return pid
+        await asyncio.sleep(0.02)
+    raise AssertionError("no stand-in daemon started")
+
+
 def daemons(tmp_path: Path, timeout_s: float = 30.0) -> MpsDaemons:
     return MpsDaemons(tmp_path / "state" / "mps", timeout_s=timeout_s)
 
@@ -211,3 +231,27 @@ async def test_two_gpus_whose_uuids_begin_alike_get_directories_of_their_own(
     assert first.parent.name == "aaaaaaaa" and second.parent.name == twin
     assert first != second and first.exists() and second.exists()
     await running.stop_all()
+
+
+async def test_quitting_leftovers_never_takes_a_daemon_being_started_for_a_leftover(
+    tmp_path: Path, record: Path
+) -> None:
+    """`quit_leftovers` and `acquire` on one GPU, together: keyed apart (the directory's name,
+    the GPU's UUID), the first took the second's starting daemon for a predecessor's and
+    removed its pipe directory under it. Reconcile runs it before any share starts; one lock
+    per GPU keeps that from mattering."""
+    hold = Path(f"{record}.hold")
+    await asyncio.to_thread(hold.touch)
+    running = daemons(tmp_path)
+    starting = asyncio.create_task(running.acquire(GPU_A, "rank"))
+    pid = await until_started(record)
+    leftovers = asyncio.create_task(running.quit_leftovers())
+    # Its chance to run while the daemon starts (it waits for the start, where it should).
+    await asyncio.wait({leftovers}, timeout=2.0)
+    await asyncio.to_thread(hold.unlink)
+    pipe = await starting
+    assert await leftovers == []
+    assert (pipe / "control").exists()
+    assert list(mps_standin.live(record)) == [pid]
+    await running.stop_all()
+    await until_quit(record, pid)
