@@ -55,14 +55,11 @@ if sys.argv[1:] == ["-d"]:
         os.dup2(null, fd)
     with open(PID_FILE, "w") as out:
         out.write(str(os.getpid()) + "\\n")
-    held = os.path.exists(RECORD + ".hold")
-    if held:
-        record(event="start", pid=os.getpid(), env={{k: os.environ.get(k) for k in WATCHED}})
+    # Recorded before its pipe is made: whoever finds the pipe finds the record too.
+    record(event="start", pid=os.getpid(), env={{k: os.environ.get(k) for k in WATCHED}})
     while os.path.exists(RECORD + ".hold"):
         time.sleep(0.02)
     os.mkfifo(control)
-    if not held:
-        record(event="start", pid=os.getpid(), env={{k: os.environ.get(k) for k in WATCHED}})
     while True:
         with open(control) as commands:
             for line in commands:

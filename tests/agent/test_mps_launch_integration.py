@@ -263,7 +263,7 @@ async def test_a_daemon_left_over_by_a_crashed_agent_is_quit_and_started_afresh(
     )
 
     async def up() -> bool:
-        return bool(mps_standin.live(record))
+        return bool(mps_standin.live(record)) and (pipe / "control").exists()
 
     await until(up, "the leftover daemon up")
     [leftover] = mps_standin.live(record)
