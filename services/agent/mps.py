@@ -28,6 +28,7 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
 import time
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
@@ -39,6 +40,8 @@ log = logging.getLogger(__name__)
 MPS_CONTROL = "nvidia-cuda-mps-control"
 # What the daemon makes in its pipe directory once it listens.
 CONTROL_PIPE = "control"
+# Where the daemon writes its pid, in its pipe directory (NVIDIA's MPS documentation).
+PID_FILE = "nvidia-cuda-mps-control.pid"
 # The daemon's variables: the agent's own never reach the daemons it starts.
 MPS_VARIABLES = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
 POLL_S = 0.05
@@ -307,11 +310,20 @@ class MpsDaemons:
         log.info("GPU %s: MPS control daemon started (pipes in %s)", uuid, directories.pipe)
 
     async def _quit(self, directories: GpuDirectories, gpu: str) -> None:
-        """`quit` to the daemon listening in `directories` (GPU `gpu`'s), then its pipe
-        directory removed (its log is kept for the operator until the GPU's next daemon).
-        Never raises: a daemon that does not answer is logged."""
+        """`quit` to the daemon listening in `directories` (GPU `gpu`'s), then, once it has
+        exited, its pipe directory removed (its log is kept for the operator until the GPU's
+        next daemon). A daemon that does not take the command, or has not exited `timeout_s`
+        after it, is killed. Never raises: what went wrong is logged.
+
+        `quit` returns once the daemon has the command; the daemon exits after its MPS server
+        has. Its directory removed at once, the GPU's next daemon started beside it (a share
+        arriving meanwhile), two daemons for one GPU, the old one's server still on it and the
+        old one's exit removing the new one's pipes by their paths. Its directory is the only
+        way any agent finds it again: removed with the daemon alive, it ran for good."""
         if not directories.pipe.exists():
             return
+        pid = _daemon_pid(directories.pipe)
+        code: int | None = None
         try:
             code = await run_control(
                 self.control,
@@ -330,8 +342,44 @@ class MpsDaemons:
                 )
         except (TimeoutError, OSError) as error:
             log.warning("GPU %s: quitting its MPS daemon failed: %r", gpu, error)
+        exited = code == 0 and pid is not None and await self._exited(pid, directories.pipe)
+        if pid is not None and not exited and _serves(pid, directories.pipe):
+            # Not yet listening (its start cancelled), hung, or its server never ending:
+            # nothing else would ever end it.
+            log.warning("GPU %s: its MPS daemon (pid %d) did not exit; killed", gpu, pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         shutil.rmtree(directories.pipe, ignore_errors=True)
         log.info("GPU %s: MPS control daemon quit", gpu)
+
+    async def _exited(self, pid: int, pipe: Path) -> bool:
+        """Whether daemon `pid` (of pipe directory `pipe`) exits within `timeout_s`."""
+        deadline = time.monotonic() + self.timeout_s
+        while _serves(pid, pipe):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(POLL_S)
+        return True
+
+
+def _daemon_pid(pipe: Path) -> int | None:
+    """The pid in the pipe directory's pid file, where that process is its daemon."""
+    try:
+        pid = int((pipe / PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if _serves(pid, pipe) else None
+
+
+def _serves(pid: int, pipe: Path) -> bool:
+    """Whether process `pid` runs, a daemon of pipe directory `pipe`: started with it as its
+    CUDA_MPS_PIPE_DIRECTORY. A pid file outlives a reboot, and its pid may be another
+    process's by then; a zombie's environment reads empty."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return b"CUDA_MPS_PIPE_DIRECTORY=" + os.fsencode(pipe) in environ.split(b"\0")
 
 
 def _tail(path: Path, limit: int = 300) -> str:

@@ -66,6 +66,15 @@ async def until_started(record: Path) -> int:
     raise AssertionError("no stand-in daemon started")
 
 
+async def until_event(record: Path, event: str, pid: int) -> None:
+    """Until the stand-in daemon `pid` has recorded `event`."""
+    for _ in range(1500):
+        if any(e["event"] == event and e["pid"] == pid for e in mps_standin.events(record)):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the stand-in daemon {pid} never recorded {event!r}")
+
+
 def daemons(tmp_path: Path, timeout_s: float = 30.0) -> MpsDaemons:
     return MpsDaemons(tmp_path / "state" / "mps", timeout_s=timeout_s)
 
@@ -255,3 +264,27 @@ async def test_quitting_leftovers_never_takes_a_daemon_being_started_for_a_lefto
     assert list(mps_standin.live(record)) == [pid]
     await running.stop_all()
     await until_quit(record, pid)
+
+
+async def test_a_gpu_s_next_daemon_starts_only_once_its_last_one_has_exited(
+    tmp_path: Path, record: Path
+) -> None:
+    """A daemon told to quit exits when its MPS server has (here: never, `linger`): its pipe
+    directory was removed at once and the GPU's next daemon started beside it, two daemons
+    for one GPU, the old one's exit removing the new one's pipe by its path. It is waited
+    for, and killed past the control timeout."""
+    linger = Path(f"{record}.linger")
+    await asyncio.to_thread(linger.touch)
+    running = daemons(tmp_path, timeout_s=0.5)
+    await running.acquire(GPU_A, "last share")
+    [old] = mps_standin.live(record)
+    released = asyncio.create_task(running.release(GPU_A, "last share"))
+    await until_event(record, "quitting", old)  # told to quit; it lingers
+    pipe = await running.acquire(GPU_A, "next share")
+    await released
+    assert not mps_standin.alive(old)
+    [new] = (pid for pid in mps_standin.live(record) if mps_standin.alive(pid))
+    await asyncio.to_thread(linger.unlink)
+    assert (pipe / "control").exists()
+    await running.release(GPU_A, "next share")
+    await until_quit(record, new)
