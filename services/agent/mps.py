@@ -276,6 +276,17 @@ class MpsDaemons:
         except OSError as error:
             message = f"GPU {uuid}: cannot make the MPS daemon's directories: {error}"
             raise MpsDaemonError(message) from error
+        try:
+            await self._run_daemon(directories, uuid)
+        except asyncio.CancelledError:
+            # The agent's task cancelled once `-d` ran: its daemon, up or coming up, is no
+            # share's yet, so neither a release nor `stop_all` would ever quit it. Shielded: a
+            # second cancel leaves the quit to finish on its own.
+            await asyncio.shield(self._quit(directories, uuid))
+            raise
+
+    async def _run_daemon(self, directories: GpuDirectories, uuid: str) -> None:
+        """`-d`, and its daemon's control pipe waited for."""
         errors = directories.root / CONTROL_ERRORS
         what = f"GPU {uuid}'s MPS control daemon ({self.control} -d)"
         try:

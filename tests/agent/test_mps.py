@@ -288,3 +288,22 @@ async def test_a_gpu_s_next_daemon_starts_only_once_its_last_one_has_exited(
     assert (pipe / "control").exists()
     await running.release(GPU_A, "next share")
     await until_quit(record, new)
+
+
+async def test_a_start_cancelled_before_its_daemon_listens_leaves_no_daemon(
+    tmp_path: Path, record: Path
+) -> None:
+    """Cancelled while it waits for the daemon it started (the agent's task cancelled): the
+    daemon, not yet the agent's, was left for ever with its GPU."""
+    hold = Path(f"{record}.hold")
+    await asyncio.to_thread(hold.touch)
+    running = daemons(tmp_path)
+    starting = asyncio.create_task(running.acquire(GPU_A, "rank"))
+    pid = await until_started(record)
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    await asyncio.to_thread(hold.unlink)  # it would now come up, listening for nobody
+    await until_gone(pid)
+    assert running.running() == []
+    assert not (tmp_path / "state" / "mps" / "aaaaaaaa" / "pipe").exists()
