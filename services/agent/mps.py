@@ -145,6 +145,8 @@ class MpsDaemons:
         self._locks: dict[str, asyncio.Lock] = {}
         # Each GPU's directory name (`_name`), by UUID.
         self._names: dict[str, str] = {}
+        # Set by `stop_all`: no daemon starts after it.
+        self._stopping = False
 
     def directories(self, uuid: str) -> GpuDirectories:
         return GpuDirectories(self.root / self._name(uuid))
@@ -175,6 +177,8 @@ class MpsDaemons:
         first where none of this agent's runs; a leftover one is quit and replaced. Raises
         MpsDaemonError when it does not come up, or serves another user's shares."""
         async with self._lock(self._name(uuid)):
+            if self._stopping:
+                raise MpsDaemonError(f"GPU {uuid}: the agent is stopping; no MPS daemon starts")
             directories = self.directories(uuid)
             holders = self._holders.get(uuid)
             if holders is not None:
@@ -206,9 +210,12 @@ class MpsDaemons:
             await self._quit(self.directories(uuid), uuid)
 
     async def stop_all(self) -> None:
-        """Quit every daemon this agent started (at its stop)."""
-        for uuid in self.running():
-            async with self._lock(self._name(uuid)):
+        """Quit every daemon this agent started (at its stop), one still starting once it is
+        up (each GPU's lock waits for it: a start in progress is no share's yet, and was left
+        running); none starts after."""
+        self._stopping = True
+        for uuid, name in sorted(self._names.items()):
+            async with self._lock(name):
                 if self._holders.pop(uuid, None) is not None:
                     self._owners.pop(uuid, None)
                     await self._quit(self.directories(uuid), uuid)

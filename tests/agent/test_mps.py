@@ -307,3 +307,25 @@ async def test_a_start_cancelled_before_its_daemon_listens_leaves_no_daemon(
     await until_gone(pid)
     assert running.running() == []
     assert not (tmp_path / "state" / "mps" / "aaaaaaaa" / "pipe").exists()
+
+
+async def test_the_agent_s_stop_quits_a_daemon_still_starting_and_starts_none_after(
+    tmp_path: Path, record: Path
+) -> None:
+    """`stop_all` while a GPU's daemon starts: it quit only the daemons already up, and the
+    starting one came up after it, listed as running with nothing left to quit it."""
+    hold = Path(f"{record}.hold")
+    await asyncio.to_thread(hold.touch)
+    running = daemons(tmp_path)
+    starting = asyncio.create_task(running.acquire(GPU_A, "rank"))
+    pid = await until_started(record)
+    stopping = asyncio.create_task(running.stop_all())
+    await asyncio.to_thread(hold.unlink)
+    await stopping
+    await asyncio.gather(starting, return_exceptions=True)
+    await until_gone(pid)
+    assert running.running() == []
+    # A share that arrives once the agent is stopping gets no daemon.
+    with pytest.raises(MpsDaemonError, match="stopping"):
+        await running.acquire(GPU_B, "late rank")
+    assert mps_standin.live(record) == {}
