@@ -214,11 +214,15 @@ class MpsDaemons:
         up (each GPU's lock waits for it: a start in progress is no share's yet, and was left
         running); none starts after."""
         self._stopping = True
-        for uuid, name in sorted(self._names.items()):
-            async with self._lock(name):
-                if self._holders.pop(uuid, None) is not None:
-                    self._owners.pop(uuid, None)
-                    await self._quit(self.directories(uuid), uuid)
+        # All at once: one daemon slow to exit (its server's clients) held back the others'
+        # quit, and the agent's stop is cut short (`shutdown_grace_s`) before it ends.
+        await asyncio.gather(*(self._stop(uuid, name) for uuid, name in self._names.items()))
+
+    async def _stop(self, uuid: str, name: str) -> None:
+        async with self._lock(name):
+            if self._holders.pop(uuid, None) is not None:
+                self._owners.pop(uuid, None)
+                await self._quit(self.directories(uuid), uuid)
 
     async def quit_leftovers(self) -> list[str]:
         """Quit the daemons an earlier agent left (their pipe directories are here, and this

@@ -329,3 +329,24 @@ async def test_the_agent_s_stop_quits_a_daemon_still_starting_and_starts_none_af
     with pytest.raises(MpsDaemonError, match="stopping"):
         await running.acquire(GPU_B, "late rank")
     assert mps_standin.live(record) == {}
+
+
+async def test_the_agent_s_stop_tells_every_daemon_to_quit_at_once(
+    tmp_path: Path, record: Path
+) -> None:
+    """One by one, a daemon slow to exit (`linger`: its server's clients) kept the next from
+    being told, for up to the control timeout each, and the agent's stop is cut short after
+    a few seconds (`shutdown_grace_s`): every GPU after the slow one kept its daemon."""
+    running = daemons(tmp_path)
+    await running.acquire(GPU_A, "rank-a")
+    await running.acquire(GPU_B, "rank-b")
+    pids = list(mps_standin.live(record))
+    linger = Path(f"{record}.linger")
+    await asyncio.to_thread(linger.touch)
+    stopping = asyncio.create_task(running.stop_all())
+    for pid in pids:
+        await until_event(record, "quitting", pid)
+    await asyncio.to_thread(linger.unlink)
+    await stopping
+    for pid in pids:
+        await until_quit(record, pid)
