@@ -7,7 +7,9 @@ team's MPS share waited in CUDA's initialisation for another team's on another G
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -350,3 +352,24 @@ async def test_the_agent_s_stop_tells_every_daemon_to_quit_at_once(
     await stopping
     for pid in pids:
         await until_quit(record, pid)
+
+
+async def test_a_daemon_left_by_an_agent_killed_while_it_started_is_ended_not_orphaned(
+    tmp_path: Path, record: Path
+) -> None:
+    """The agent killed (-9) in its daemon's first moments, its successor up before the daemon
+    listens: `quit` cannot reach it, and its directory was removed all the same, the one
+    way any agent finds it; it then ran for good, out of reach. It is killed (its pid file)."""
+    hold = Path(f"{record}.hold")
+    await asyncio.to_thread(hold.touch)
+    pipe = tmp_path / "state" / "mps" / "aaaaaaaa" / "pipe"
+    pipe.mkdir(parents=True)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": GPU_A, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
+    await asyncio.to_thread(
+        subprocess.run, ["nvidia-cuda-mps-control", "-d"], env=env, check=True, timeout=30
+    )
+    pid = await until_started(record)
+    assert await daemons(tmp_path).quit_leftovers() == ["aaaaaaaa"]
+    assert not mps_standin.alive(pid)
+    assert not pipe.exists()
+    await asyncio.to_thread(hold.unlink)
