@@ -9,9 +9,15 @@ that hosts an MPS share gets a daemon of its own, which sees that GPU only
 soft-shared GPU to one team at a time, so one daemon never has two users' clients.
 
 - A GPU's daemon starts (`nvidia-cuda-mps-control -d`) before its first MPS share starts and
-  is quit (`quit` on the control's standard input) once its last share there has ended.
+  is quit (`quit` on the control's standard input) once its last share there has ended. Its
+  directory goes, and the GPU's next daemon may start, only once it has exited (its pid file);
+  one that does not take the command or exit within `timeout_s` is killed. A GPU's daemon
+  starts and quits under one lock per GPU; a start cancelled, or in progress at the agent's
+  stop (`stop_all`), is quit too.
 - A pipe directory found at the agent's start (`quit_leftovers`) or at a daemon's start is a
-  daemon left over by an agent that died: it is quit, and the directory made afresh.
+  daemon left over by an agent that died: it is quit, and the directory made afresh. The
+  directory is the only way an agent finds a daemon again: it is never removed while its
+  daemon runs.
 - The pipe and log directories belong to the user whose shares the daemon serves (their
   team's, where the agent isolates ranks), mode 0700: the MPS server, which the daemon starts
   as its client's user, makes its pipes and writes its log there, and no other team's user can
