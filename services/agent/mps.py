@@ -377,6 +377,8 @@ class MpsDaemons:
             log.warning("GPU %s: its MPS daemon (pid %d) did not exit; killed", gpu, pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+            # A signal is delivered in its own time: gone before the GPU's next daemon starts.
+            await self._exited(pid, directories.pipe)
         shutil.rmtree(directories.pipe, ignore_errors=True)
         log.info("GPU %s: MPS control daemon quit", gpu)
 
