@@ -284,7 +284,7 @@ async def test_a_gpu_s_next_daemon_starts_only_once_its_last_one_has_exited(
     await until_event(record, "quitting", old)  # told to quit; it lingers
     pipe = await running.acquire(GPU_A, "next share")
     await released
-    assert not mps_standin.alive(old)
+    await until_gone(old)  # killed: on its way out, if not yet gone
     [new] = (pid for pid in mps_standin.live(record) if mps_standin.alive(pid))
     await asyncio.to_thread(linger.unlink)
     assert (pipe / "control").exists()
@@ -370,6 +370,6 @@ async def test_a_daemon_left_by_an_agent_killed_while_it_started_is_ended_not_or
     )
     pid = await until_started(record)
     assert await daemons(tmp_path).quit_leftovers() == ["aaaaaaaa"]
-    assert not mps_standin.alive(pid)
+    await until_gone(pid)  # killed: on its way out, if not yet gone
     assert not pipe.exists()
     await asyncio.to_thread(hold.unlink)
