@@ -16,8 +16,8 @@ soft-shared GPU to one team at a time, so one daemon never has two users' client
   stop (`stop_all`), is quit too.
 - A pipe directory found at the agent's start (`quit_leftovers`) or at a daemon's start is a
   daemon left over by an agent that died: it is quit, and the directory made afresh. The
-  directory is the only way an agent finds a daemon again: it is never removed while its
-  daemon runs.
+  directory is the only way an agent finds a daemon again: it is not removed while its daemon
+  is known (its pid file, its environment in /proc) to run.
 - The pipe and log directories belong to the user whose shares the daemon serves (their
   team's, where the agent isolates ranks), mode 0700: the MPS server, which the daemon starts
   as its client's user, makes its pipes and writes its log there, and no other team's user can
@@ -343,11 +343,12 @@ class MpsDaemons:
         next daemon). A daemon that does not take the command, or has not exited `timeout_s`
         after it, is killed. Never raises: what went wrong is logged.
 
-        `quit` returns once the daemon has the command; the daemon exits after its MPS server
-        has. Its directory removed at once, the GPU's next daemon started beside it (a share
-        arriving meanwhile), two daemons for one GPU, the old one's server still on it and the
-        old one's exit removing the new one's pipes by their paths. Its directory is the only
-        way any agent finds it again: removed with the daemon alive, it ran for good."""
+        `quit` returns once the daemon has the command, not once it has exited (which may wait
+        for its MPS server). Its directory removed at once, the GPU's next daemon started
+        beside it (a share arriving meanwhile), two daemons for one GPU, the old one's server
+        still on it and the old one's exit removing the new one's pipes by their paths. Its
+        directory is the only way any agent finds it again: removed with the daemon alive, it
+        ran for good."""
         if not directories.pipe.exists():
             return
         pid = _daemon_pid(directories.pipe)
