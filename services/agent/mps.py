@@ -9,9 +9,15 @@ that hosts an MPS share gets a daemon of its own, which sees that GPU only
 soft-shared GPU to one team at a time, so one daemon never has two users' clients.
 
 - A GPU's daemon starts (`nvidia-cuda-mps-control -d`) before its first MPS share starts and
-  is quit (`quit` on the control's standard input) once its last share there has ended.
+  is quit (`quit` on the control's standard input) once its last share there has ended. Its
+  directory goes, and the GPU's next daemon may start, only once it has exited (its pid file);
+  one that does not take the command or exit within `timeout_s` is killed. A GPU's daemon
+  starts and quits under one lock per GPU; a start cancelled, or in progress at the agent's
+  stop (`stop_all`), is quit too.
 - A pipe directory found at the agent's start (`quit_leftovers`) or at a daemon's start is a
-  daemon left over by an agent that died: it is quit, and the directory made afresh.
+  daemon left over by an agent that died: it is quit, and the directory made afresh. The
+  directory is the only way an agent finds a daemon again: it is not removed while its daemon
+  is known (its pid file, its environment in /proc) to run.
 - The pipe and log directories belong to the user whose shares the daemon serves (their
   team's, where the agent isolates ranks), mode 0700: the MPS server, which the daemon starts
   as its client's user, makes its pipes and writes its log there, and no other team's user can
@@ -28,6 +34,7 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
 import time
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
@@ -39,6 +46,8 @@ log = logging.getLogger(__name__)
 MPS_CONTROL = "nvidia-cuda-mps-control"
 # What the daemon makes in its pipe directory once it listens.
 CONTROL_PIPE = "control"
+# Where the daemon writes its pid, in its pipe directory (NVIDIA's MPS documentation).
+PID_FILE = "nvidia-cuda-mps-control.pid"
 # The daemon's variables: the agent's own never reach the daemons it starts.
 MPS_VARIABLES = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
 POLL_S = 0.05
@@ -137,9 +146,13 @@ class MpsDaemons:
         # The ranks each running daemon serves, by GPU UUID, and whose its directories are.
         self._holders: dict[str, set[Hashable]] = {}
         self._owners: dict[str, Owner] = {}
+        # One lock per GPU, by its directory's name: the one key that both a GPU's UUID
+        # (`acquire`, `release`) and a pipe directory found on disk (`quit_leftovers`) lead to.
         self._locks: dict[str, asyncio.Lock] = {}
         # Each GPU's directory name (`_name`), by UUID.
         self._names: dict[str, str] = {}
+        # Set by `stop_all`: no daemon starts after it.
+        self._stopping = False
 
     def directories(self, uuid: str) -> GpuDirectories:
         return GpuDirectories(self.root / self._name(uuid))
@@ -169,7 +182,9 @@ class MpsDaemons:
         """The pipe directory of GPU `uuid`'s daemon for `holder` (a rank), the daemon started
         first where none of this agent's runs; a leftover one is quit and replaced. Raises
         MpsDaemonError when it does not come up, or serves another user's shares."""
-        async with self._lock(uuid):
+        async with self._lock(self._name(uuid)):
+            if self._stopping:
+                raise MpsDaemonError(f"GPU {uuid}: the agent is stopping; no MPS daemon starts")
             directories = self.directories(uuid)
             holders = self._holders.get(uuid)
             if holders is not None:
@@ -189,7 +204,7 @@ class MpsDaemons:
 
     async def release(self, uuid: str, holder: Hashable) -> None:
         """`holder` no longer uses GPU `uuid`'s daemon: the daemon is quit if it was the last."""
-        async with self._lock(uuid):
+        async with self._lock(self._name(uuid)):
             holders = self._holders.get(uuid)
             if holders is None or holder not in holders:
                 return
@@ -201,12 +216,19 @@ class MpsDaemons:
             await self._quit(self.directories(uuid), uuid)
 
     async def stop_all(self) -> None:
-        """Quit every daemon this agent started (at its stop)."""
-        for uuid in self.running():
-            async with self._lock(uuid):
-                if self._holders.pop(uuid, None) is not None:
-                    self._owners.pop(uuid, None)
-                    await self._quit(self.directories(uuid), uuid)
+        """Quit every daemon this agent started (at its stop), one still starting once it is
+        up (each GPU's lock waits for it: a start in progress is no share's yet, and was left
+        running); none starts after."""
+        self._stopping = True
+        # All at once: one daemon slow to exit (its server's clients) held back the others'
+        # quit, and the agent's stop is cut short (`shutdown_grace_s`) before it ends.
+        await asyncio.gather(*(self._stop(uuid, name) for uuid, name in self._names.items()))
+
+    async def _stop(self, uuid: str, name: str) -> None:
+        async with self._lock(name):
+            if self._holders.pop(uuid, None) is not None:
+                self._owners.pop(uuid, None)
+                await self._quit(self.directories(uuid), uuid)
 
     async def quit_leftovers(self) -> list[str]:
         """Quit the daemons an earlier agent left (their pipe directories are here, and this
@@ -227,8 +249,11 @@ class MpsDaemons:
                     quit.append(name)
         return quit
 
-    def _lock(self, uuid: str) -> asyncio.Lock:
-        return self._locks.setdefault(uuid, asyncio.Lock())
+    def _lock(self, name: str) -> asyncio.Lock:
+        """GPU `name`'s (its directory's name) lock, held while its daemon starts or quits:
+        keyed by the UUID, a pipe directory `quit_leftovers` found was quit under a start in
+        progress, taken for a predecessor's since no share held it yet."""
+        return self._locks.setdefault(name, asyncio.Lock())
 
     def _daemon_env(self, uuid: str) -> dict[str, str]:
         return self._control_env(self.directories(uuid), uuid)
@@ -268,6 +293,17 @@ class MpsDaemons:
         except OSError as error:
             message = f"GPU {uuid}: cannot make the MPS daemon's directories: {error}"
             raise MpsDaemonError(message) from error
+        try:
+            await self._run_daemon(directories, uuid)
+        except asyncio.CancelledError:
+            # The agent's task cancelled once `-d` ran: its daemon, up or coming up, is no
+            # share's yet, so neither a release nor `stop_all` would ever quit it. Shielded: a
+            # second cancel leaves the quit to finish on its own.
+            await asyncio.shield(self._quit(directories, uuid))
+            raise
+
+    async def _run_daemon(self, directories: GpuDirectories, uuid: str) -> None:
+        """`-d`, and its daemon's control pipe waited for."""
         errors = directories.root / CONTROL_ERRORS
         what = f"GPU {uuid}'s MPS control daemon ({self.control} -d)"
         try:
@@ -302,11 +338,21 @@ class MpsDaemons:
         log.info("GPU %s: MPS control daemon started (pipes in %s)", uuid, directories.pipe)
 
     async def _quit(self, directories: GpuDirectories, gpu: str) -> None:
-        """`quit` to the daemon listening in `directories` (GPU `gpu`'s), then its pipe
-        directory removed (its log is kept for the operator until the GPU's next daemon).
-        Never raises: a daemon that does not answer is logged."""
+        """`quit` to the daemon listening in `directories` (GPU `gpu`'s), then, once it has
+        exited, its pipe directory removed (its log is kept for the operator until the GPU's
+        next daemon). A daemon that does not take the command, or has not exited `timeout_s`
+        after it, is killed. Never raises: what went wrong is logged.
+
+        `quit` returns once the daemon has the command, not once it has exited (which may wait
+        for its MPS server). Its directory removed at once, the GPU's next daemon started
+        beside it (a share arriving meanwhile), two daemons for one GPU, the old one's server
+        still on it and the old one's exit removing the new one's pipes by their paths. Its
+        directory is the only way any agent finds it again: removed with the daemon alive, it
+        ran for good."""
         if not directories.pipe.exists():
             return
+        pid = _daemon_pid(directories.pipe)
+        code: int | None = None
         try:
             code = await run_control(
                 self.control,
@@ -325,8 +371,46 @@ class MpsDaemons:
                 )
         except (TimeoutError, OSError) as error:
             log.warning("GPU %s: quitting its MPS daemon failed: %r", gpu, error)
+        exited = code == 0 and pid is not None and await self._exited(pid, directories.pipe)
+        if pid is not None and not exited and _serves(pid, directories.pipe):
+            # Not yet listening (its start cancelled), hung, or its server never ending:
+            # nothing else would ever end it.
+            log.warning("GPU %s: its MPS daemon (pid %d) did not exit; killed", gpu, pid)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            # A signal is delivered in its own time: gone before the GPU's next daemon starts.
+            await self._exited(pid, directories.pipe)
         shutil.rmtree(directories.pipe, ignore_errors=True)
         log.info("GPU %s: MPS control daemon quit", gpu)
+
+    async def _exited(self, pid: int, pipe: Path) -> bool:
+        """Whether daemon `pid` (of pipe directory `pipe`) exits within `timeout_s`."""
+        deadline = time.monotonic() + self.timeout_s
+        while _serves(pid, pipe):
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(POLL_S)
+        return True
+
+
+def _daemon_pid(pipe: Path) -> int | None:
+    """The pid in the pipe directory's pid file, where that process is its daemon."""
+    try:
+        pid = int((pipe / PID_FILE).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if _serves(pid, pipe) else None
+
+
+def _serves(pid: int, pipe: Path) -> bool:
+    """Whether process `pid` runs, a daemon of pipe directory `pipe`: started with it as its
+    CUDA_MPS_PIPE_DIRECTORY. A pid file outlives a reboot, and its pid may be another
+    process's by then; a zombie's environment reads empty."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return b"CUDA_MPS_PIPE_DIRECTORY=" + os.fsencode(pipe) in environ.split(b"\0")
 
 
 def _tail(path: Path, limit: int = 300) -> str:

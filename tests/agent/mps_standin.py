@@ -1,10 +1,15 @@
 """A stand-in `nvidia-cuda-mps-control`, as far as the agent relies on the real one: `-d` returns
-at once and leaves a daemon (in a session of its own) that makes `control` in
-CUDA_MPS_PIPE_DIRECTORY and records the environment it saw; `quit` on the control's standard
-input ends it, and it removes its pipe. A second `-d` on a pipe directory whose daemon runs
-fails, as the real one does. Its record is a JSON line per event in $MPS_STANDIN_RECORD;
-`<record>.fail` makes `-d` fail (exit 1, a message), `<record>.silent` return 0 and start
-nothing."""
+at once and leaves a daemon (in a session of its own) that writes its pid to
+`nvidia-cuda-mps-control.pid` and makes `control` in CUDA_MPS_PIPE_DIRECTORY (as NVIDIA's MPS
+documentation says the real one does) and records the environment it saw; `quit` on the
+control's standard input ends it, and on its way out it removes its pipe and its pid file, by
+their paths. A second `-d` on a pipe directory whose daemon runs fails, as the real one does.
+Its record is a JSON line per event in $MPS_STANDIN_RECORD; `<record>.fail` makes `-d` fail
+(exit 1, a message), `<record>.silent` return 0 and start nothing. Two markers stretch the
+moments a real daemon takes its time in, for as long as they exist: `<record>.hold` holds a new
+daemon (its start recorded, its pid written) before it makes its pipe; `<record>.linger` a
+daemon that was told to quit (recorded as `quitting`) before it removes its files and exits, as
+one waiting for its MPS server to end."""
 
 from __future__ import annotations
 
@@ -17,12 +22,13 @@ from typing import Any
 import pytest
 
 SCRIPT = """#!{python}
-import json, os, sys
+import json, os, sys, time
 
 RECORD = os.environ["MPS_STANDIN_RECORD"]
 WATCHED = ("CUDA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
 pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
 control = os.path.join(pipe, "control")
+PID_FILE = os.path.join(pipe, "nvidia-cuda-mps-control.pid")
 
 
 def record(**event):
@@ -47,13 +53,26 @@ if sys.argv[1:] == ["-d"]:
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    os.mkfifo(control)
+    with open(PID_FILE, "w") as out:
+        out.write(str(os.getpid()) + "\\n")
+    # Recorded before its pipe is made: whoever finds the pipe finds the record too.
     record(event="start", pid=os.getpid(), env={{k: os.environ.get(k) for k in WATCHED}})
+    while os.path.exists(RECORD + ".hold"):
+        time.sleep(0.02)
+    os.mkfifo(control)
     while True:
         with open(control) as commands:
             for line in commands:
                 if line.strip() == "quit":
-                    os.unlink(control)
+                    record(event="quitting", pid=os.getpid())
+                    while os.path.exists(RECORD + ".linger"):
+                        time.sleep(0.02)
+                    # By path, as a daemon cleans up: whatever is there now goes.
+                    for path in (control, PID_FILE):
+                        try:
+                            os.unlink(path)
+                        except FileNotFoundError:
+                            pass
                     record(event="quit", pid=os.getpid(), pipe=pipe)
                     os._exit(0)
 else:
@@ -96,7 +115,7 @@ def live(record: Path) -> dict[int, dict[str, Any]]:
     for event in events(record):
         if event["event"] == "start":
             running[event["pid"]] = event
-        else:
+        elif event["event"] == "quit":
             running.pop(event["pid"], None)
     return running
 
@@ -108,3 +127,13 @@ def kill_left(record: Path) -> None:
             os.kill(pid, 15)
         except ProcessLookupError:
             continue
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs: a daemon killed outright records no quit, and one whose
+    parent is gone may stay a zombie here, which holds nothing."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"

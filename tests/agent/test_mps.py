@@ -7,7 +7,9 @@ team's MPS share waited in CUDA's initialisation for another team's on another G
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -44,6 +46,35 @@ async def until_quit(record: Path, pid: int) -> None:
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"the stand-in daemon {pid} was never quit")
+
+
+async def until_gone(pid: int) -> None:
+    """Until the stand-in daemon `pid` runs no more, quit or killed."""
+    for _ in range(1500):
+        if not mps_standin.alive(pid):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the stand-in daemon {pid} still runs")
+
+
+async def until_started(record: Path) -> int:
+    """The pid of the one stand-in daemon, once it has recorded its start."""
+    for _ in range(1500):
+        started = list(mps_standin.live(record))
+        if started:
+            [pid] = started
+            return pid
+        await asyncio.sleep(0.02)
+    raise AssertionError("no stand-in daemon started")
+
+
+async def until_event(record: Path, event: str, pid: int) -> None:
+    """Until the stand-in daemon `pid` has recorded `event`."""
+    for _ in range(1500):
+        if any(e["event"] == event and e["pid"] == pid for e in mps_standin.events(record)):
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"the stand-in daemon {pid} never recorded {event!r}")
 
 
 def daemons(tmp_path: Path, timeout_s: float = 30.0) -> MpsDaemons:
@@ -211,3 +242,134 @@ async def test_two_gpus_whose_uuids_begin_alike_get_directories_of_their_own(
     assert first.parent.name == "aaaaaaaa" and second.parent.name == twin
     assert first != second and first.exists() and second.exists()
     await running.stop_all()
+
+
+async def test_quitting_leftovers_never_takes_a_daemon_being_started_for_a_leftover(
+    tmp_path: Path, record: Path
+) -> None:
+    """`quit_leftovers` and `acquire` on one GPU, together: keyed apart (the directory's name,
+    the GPU's UUID), the first took the second's starting daemon for a predecessor's and
+    removed its pipe directory under it. Reconcile runs it before any share starts; one lock
+    per GPU keeps that from mattering."""
+    hold = Path(f"{record}.hold")
+    await asyncio.to_thread(hold.touch)
+    running = daemons(tmp_path)
+    starting = asyncio.create_task(running.acquire(GPU_A, "rank"))
+    pid = await until_started(record)
+    leftovers = asyncio.create_task(running.quit_leftovers())
+    # Its chance to run while the daemon starts (it waits for the start, where it should).
+    await asyncio.wait({leftovers}, timeout=2.0)
+    await asyncio.to_thread(hold.unlink)
+    pipe = await starting
+    assert await leftovers == []
+    assert (pipe / "control").exists()
+    assert list(mps_standin.live(record)) == [pid]
+    await running.stop_all()
+    await until_quit(record, pid)
+
+
+async def test_a_gpu_s_next_daemon_starts_only_once_its_last_one_has_exited(
+    tmp_path: Path, record: Path
+) -> None:
+    """A daemon told to quit exits when its MPS server has (here: never, `linger`): its pipe
+    directory was removed at once and the GPU's next daemon started beside it, two daemons
+    for one GPU, the old one's exit removing the new one's pipe by its path. It is waited
+    for, and killed past the control timeout."""
+    linger = Path(f"{record}.linger")
+    await asyncio.to_thread(linger.touch)
+    running = daemons(tmp_path, timeout_s=0.5)
+    await running.acquire(GPU_A, "last share")
+    [old] = mps_standin.live(record)
+    released = asyncio.create_task(running.release(GPU_A, "last share"))
+    await until_event(record, "quitting", old)  # told to quit; it lingers
+    pipe = await running.acquire(GPU_A, "next share")
+    await released
+    await until_gone(old)  # killed: on its way out, if not yet gone
+    [new] = (pid for pid in mps_standin.live(record) if mps_standin.alive(pid))
+    await asyncio.to_thread(linger.unlink)
+    assert (pipe / "control").exists()
+    await running.release(GPU_A, "next share")
+    await until_quit(record, new)
+
+
+async def test_a_start_cancelled_before_its_daemon_listens_leaves_no_daemon(
+    tmp_path: Path, record: Path
+) -> None:
+    """Cancelled while it waits for the daemon it started (the agent's task cancelled): the
+    daemon, not yet the agent's, was left for ever with its GPU."""
+    hold = Path(f"{record}.hold")
+    await asyncio.to_thread(hold.touch)
+    running = daemons(tmp_path)
+    starting = asyncio.create_task(running.acquire(GPU_A, "rank"))
+    pid = await until_started(record)
+    starting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await starting
+    await asyncio.to_thread(hold.unlink)  # it would now come up, listening for nobody
+    await until_gone(pid)
+    assert running.running() == []
+    assert not (tmp_path / "state" / "mps" / "aaaaaaaa" / "pipe").exists()
+
+
+async def test_the_agent_s_stop_quits_a_daemon_still_starting_and_starts_none_after(
+    tmp_path: Path, record: Path
+) -> None:
+    """`stop_all` while a GPU's daemon starts: it quit only the daemons already up, and the
+    starting one came up after it, listed as running with nothing left to quit it."""
+    hold = Path(f"{record}.hold")
+    await asyncio.to_thread(hold.touch)
+    running = daemons(tmp_path)
+    starting = asyncio.create_task(running.acquire(GPU_A, "rank"))
+    pid = await until_started(record)
+    stopping = asyncio.create_task(running.stop_all())
+    await asyncio.to_thread(hold.unlink)
+    await stopping
+    await asyncio.gather(starting, return_exceptions=True)
+    await until_gone(pid)
+    assert running.running() == []
+    # A share that arrives once the agent is stopping gets no daemon.
+    with pytest.raises(MpsDaemonError, match="stopping"):
+        await running.acquire(GPU_B, "late rank")
+    assert mps_standin.live(record) == {}
+
+
+async def test_the_agent_s_stop_tells_every_daemon_to_quit_at_once(
+    tmp_path: Path, record: Path
+) -> None:
+    """One by one, a daemon slow to exit (`linger`: its server's clients) kept the next from
+    being told, for up to the control timeout each, and the agent's stop is cut short after
+    a few seconds (`shutdown_grace_s`): every GPU after the slow one kept its daemon."""
+    running = daemons(tmp_path)
+    await running.acquire(GPU_A, "rank-a")
+    await running.acquire(GPU_B, "rank-b")
+    pids = list(mps_standin.live(record))
+    linger = Path(f"{record}.linger")
+    await asyncio.to_thread(linger.touch)
+    stopping = asyncio.create_task(running.stop_all())
+    for pid in pids:
+        await until_event(record, "quitting", pid)
+    await asyncio.to_thread(linger.unlink)
+    await stopping
+    for pid in pids:
+        await until_quit(record, pid)
+
+
+async def test_a_daemon_left_by_an_agent_killed_while_it_started_is_ended_not_orphaned(
+    tmp_path: Path, record: Path
+) -> None:
+    """The agent killed (-9) in its daemon's first moments, its successor up before the daemon
+    listens: `quit` cannot reach it, and its directory was removed all the same, the one
+    way any agent finds it; it then ran for good, out of reach. It is killed (its pid file)."""
+    hold = Path(f"{record}.hold")
+    await asyncio.to_thread(hold.touch)
+    pipe = tmp_path / "state" / "mps" / "aaaaaaaa" / "pipe"
+    pipe.mkdir(parents=True)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": GPU_A, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
+    await asyncio.to_thread(
+        subprocess.run, ["nvidia-cuda-mps-control", "-d"], env=env, check=True, timeout=30
+    )
+    pid = await until_started(record)
+    assert await daemons(tmp_path).quit_leftovers() == ["aaaaaaaa"]
+    await until_gone(pid)  # killed: on its way out, if not yet gone
+    assert not pipe.exists()
+    await asyncio.to_thread(hold.unlink)

@@ -263,7 +263,7 @@ async def test_a_daemon_left_over_by_a_crashed_agent_is_quit_and_started_afresh(
     )
 
     async def up() -> bool:
-        return bool(mps_standin.live(record))
+        return bool(mps_standin.live(record)) and (pipe / "control").exists()
 
     await until(up, "the leftover daemon up")
     [leftover] = mps_standin.live(record)
@@ -333,3 +333,51 @@ async def test_a_restarted_agent_quits_the_daemons_its_predecessor_left(
     await until_quit(record, leftover)
     assert mps_standin.live(record) == {}
     assert not (tmp_path / "mps" / DIRECTORIES[2] / "pipe").exists()
+
+
+async def daemon_starting(record: Path) -> int:
+    """The pid of the one stand-in daemon, once it has recorded its start."""
+
+    async def started() -> bool:
+        return len(mps_standin.live(record)) == 1
+
+    await until(started, "a stand-in daemon started")
+    [pid] = mps_standin.live(record)
+    return pid
+
+
+async def test_a_share_cancelled_while_its_gpu_s_daemon_starts_leaves_no_daemon(
+    real_agent: MakeAgent, store: EventStore, tmp_path: Path, record: Path
+) -> None:
+    """The launch goes on to the daemon's start (`hold`: still starting when the cancel
+    comes); the share's rank is then stopped, and the daemon quit with it."""
+    hold = Path(f"{record}.hold")
+    await asyncio.to_thread(hold.touch)
+    agent = real_agent()
+    show = f"{SHOW}; exec sleep 600"
+    await deliver(agent, store, "c", await submit(store, "c", "vision", 1, show))
+    pid = await daemon_starting(record)
+    await deliver(agent, store, "c", JobCancelled(job_id="c", attempt=1, reason="user"))
+    await asyncio.to_thread(hold.unlink)
+    await agent.launches_done()
+    await ended(store, "c")
+    await until_quit(record, pid)
+    assert agent.mps is not None and agent.mps.running() == []
+    assert not (tmp_path / "mps" / DIRECTORIES[1] / "pipe").exists()
+
+
+async def test_an_agent_stopped_while_a_gpu_s_daemon_starts_leaves_no_daemon(
+    real_agent: MakeAgent, store: EventStore, tmp_path: Path, record: Path
+) -> None:
+    hold = Path(f"{record}.hold")
+    await asyncio.to_thread(hold.touch)
+    agent = real_agent()
+    show = f"{SHOW}; exec sleep 600"
+    await deliver(agent, store, "s", await submit(store, "s", "vision", 1, show))
+    pid = await daemon_starting(record)
+    stopping = asyncio.create_task(agent.shutdown())
+    await asyncio.to_thread(hold.unlink)
+    await stopping
+    await until_quit(record, pid)
+    assert agent.mps is not None and agent.mps.running() == []
+    assert not (tmp_path / "mps" / DIRECTORIES[1] / "pipe").exists()
