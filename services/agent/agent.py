@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 from prometheus_client import Counter, Gauge
 
 from schemas.checkpoints import (
@@ -314,6 +315,9 @@ class Agent:
     async def heartbeat_loop(self, stop: asyncio.Event) -> None:
         # Started by the first round, and again by the round after one that failed.
         producer: AIOKafkaProducer | None = None
+        # A broker away (stopped, restarting) is an outage, said once, now and then, and when
+        # it is over: a traceback every round filled the log while it was away.
+        bus = Outage(log, "agent: the bus (heartbeats)")
         try:
             interval = self.settings.heartbeat_interval_s
             next_round = time.monotonic()
@@ -322,9 +326,13 @@ class Agent:
                     if producer is None:
                         producer = await self._heartbeat_producer()
                     await self.send_heartbeats(producer)
-                except Exception:
+                    bus.recovered()
+                except Exception as error:
                     # A broker hiccup costs a round, not the agent; inventory tolerates gaps.
-                    log.exception("heartbeat round failed")
+                    if isinstance(error, KafkaError | TimeoutError):
+                        bus.failed(error)
+                    else:
+                        log.exception("heartbeat round failed")
                     # An idempotent producer whose batch failed may hold a broken sequence:
                     # after a broker restart that lost its log's tail, the broker refused every
                     # later batch of some partitions (OutOfOrderSequenceNumber), and those
