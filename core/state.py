@@ -62,7 +62,12 @@ from schemas.nodes import (
     NodeRegistered,
     NodeUndrained,
 )
-from schemas.reasons import FAILURE_REQUEUE_CODES, NOT_CONSIDERED, RESERVED_HEAD
+from schemas.reasons import (
+    AGENT_RESTARTED,
+    FAILURE_REQUEUE_CODES,
+    NOT_CONSIDERED,
+    RESERVED_HEAD,
+)
 from schemas.teams import QueueConfigured, TeamCreated
 
 JobStateName = JobState
@@ -261,6 +266,9 @@ class CoreJob:
     exit_reasons: dict[int, str] = field(default_factory=dict)
     # Started ranks whose node was lost since: gone with it, whatever their gang's fate.
     lost_ranks: set[int] = field(default_factory=set)
+    # Ranks whose agent restarted under them (their exit says AGENT_RESTARTED): gone, but not
+    # by the job's doing, so their exit spends no retry (core/reactions.py, react_to_gang).
+    agent_lost_ranks: set[int] = field(default_factory=set)
     # The last released gang of this attempt: where a rank reported started late still runs.
     released_ranks: list[tuple[int, int]] = field(default_factory=list)
     permanent_failure: bool = False
@@ -1000,6 +1008,7 @@ class SchedulerState:
         job.evicted_ranks = set()
         job.exit_reasons = {}
         job.lost_ranks = set()
+        job.agent_lost_ranks = set()
         job.permanent_failure = False
         job.permanent_reason = None
         job.reserved_at = at
@@ -1073,6 +1082,8 @@ class SchedulerState:
         if event.exit_code != 0 and event.reason:
             job.exit_reasons[event.rank] = event.reason
             job.permanent_failure = job.permanent_failure or event.permanent
+            if event.reason.startswith(AGENT_RESTARTED):
+                job.agent_lost_ranks.add(event.rank)
         if event.out_of_memory and event.exit_code != 0:
             self._ran_out_of_memory(job, event.attempt)
         if event.reason == PREEMPTED_EXIT_REASON:
@@ -1155,6 +1166,7 @@ class SchedulerState:
         job.evicted_ranks = set()
         job.exit_reasons = {}
         job.lost_ranks = set()
+        job.agent_lost_ranks = set()
         job.preempt_requested_at = None
 
     def _keep_running_ranks(self, job: CoreJob) -> None:

@@ -47,6 +47,7 @@ from schemas.jobs import (
     illegal_env_names,
 )
 from schemas.nodes import NodeRegistered
+from schemas.reasons import AGENT_RESTARTED
 from schemas.telemetry import StepTimeSample
 from services.agent import isolation, logs
 from services.agent.devices import mig_slot, mps_share
@@ -1135,7 +1136,7 @@ class Agent:
                 rank=rank,
                 node_id=event.node_id,
                 exit_code=-int(signal.SIGKILL) if killed else -1,
-                reason="agent restarted: rank " + ("stopped" if killed else "lost"),
+                reason=AGENT_RESTARTED + ("stopped" if killed else "lost"),
             )
             await self.store.append(exited.stream, None, [exited])
             log.warning(
