@@ -65,6 +65,7 @@ from schemas.nodes import (
 from schemas.reasons import (
     AGENT_RESTARTED,
     FAILURE_REQUEUE_CODES,
+    LOST_GANG_REQUEUE_CODES,
     NOT_CONSIDERED,
     RESERVED_HEAD,
 )
@@ -1235,6 +1236,11 @@ class SchedulerState:
         if event.code in FAILURE_REQUEUE_CODES:
             job.failures += 1
             job.retry_at = at + retry_delay_s(job.job_id, job.failures, self.policy)
+        elif event.code in LOST_GANG_REQUEUE_CODES:
+            # Its gang was lost, not taken from it: what it had reclaimed went to others in the
+            # cycle that released it. The calm after its evictions guards against thrashing,
+            # not against that: it may reclaim again at once (its victims keep their own calm).
+            job.last_preempting_at = None
         job.started_at = None
         job.queued_at = at
         job.considered = False
