@@ -132,6 +132,9 @@ class Launch:
     attempt: int
     stopped: str | None = None
     released: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set once the launch is over (its ranks started, or not): a preemption that came
+    # meanwhile waits for it.
+    over: asyncio.Event = field(default_factory=asyncio.Event)
 
     def stop(self, reason: str) -> None:
         self.stopped = self.stopped or reason
@@ -391,6 +394,7 @@ class Agent:
         self._launch_tasks.add(task)
         task.add_done_callback(self._launch_tasks.discard)
         task.add_done_callback(lambda _: self._launches.discard(starting))
+        task.add_done_callback(lambda _: starting.over.set())
         task.add_done_callback(_log_failure)
 
     async def launches_done(self) -> None:
@@ -968,9 +972,32 @@ class Agent:
     ) -> None:
         event = envelope.payload
         assert isinstance(event, PreemptionRequested)
+        launching = [
+            s for s in self._launches if s.job_id == event.job_id and s.attempt == event.attempt
+        ]
+        if launching:
+            # Its ranks are being started here (a preemption right after the reservation, or
+            # while a restarted agent starts its gangs): it was dropped, and the ranks, once
+            # up, ran on unasked until the scheduler's grace ran out. Evicted once started.
+            self._spawn(self._preempt_once_started(launching, envelope, event))
+            return
         ranks = self._running(event.job_id, event.attempt)
         if ranks:
             self._spawn(self._preempt(ranks, envelope, event.grace_s))
+
+    async def _preempt_once_started(
+        self, launching: list[Launch], envelope: EventEnvelope, event: PreemptionRequested
+    ) -> None:
+        """`_preempt` the attempt's ranks once its launch here is over, within what is left
+        of the grace."""
+        deadline = time.monotonic() + event.grace_s
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                asyncio.gather(*(s.over.wait() for s in launching)), event.grace_s
+            )
+        ranks = self._running(event.job_id, event.attempt)
+        if ranks:
+            await self._preempt(ranks, envelope, max(0.0, deadline - time.monotonic()))
 
     async def on_checkpoint_requested(
         self, envelope: EventEnvelope, conn: asyncpg.Connection
