@@ -136,9 +136,10 @@ def gate(
                 # whether or not they fit: none may run yet. One wording whatever the count,
                 # so that an array's waiting elements are not each given a new reason (an
                 # event apiece) whenever one of its elements starts or ends.
+                elements = "element" if limit == 1 else "elements"
                 ctx.outcomes[job.job_id] = Outcome(
                     ARRAY_LIMIT,
-                    f"{job.need}; array {job.array_id} starts at most {limit} elements at "
+                    f"{job.need}; array {job.array_id} starts at most {limit} {elements} at "
                     "once (max_parallel): that many hold GPUs or are tried ahead of it",
                 )
                 continue

@@ -26,7 +26,7 @@ from schemas.jobs import (
     PreemptionRequested,
 )
 from schemas.nodes import NodeDrained
-from schemas.reasons import LAUNCH_TIMEOUT, TASK_FAILED, RequeueCode
+from schemas.reasons import LAUNCH_TIMEOUT, NODE_LOST, TASK_FAILED, RequeueCode
 
 
 def react(ctx: CycleContext, timers: GangTimers | None = None) -> None:
@@ -106,8 +106,19 @@ def react_to_gang(ctx: CycleContext, job: CoreJob, flagged: bool) -> None:
         react_to_eviction(ctx, job)
         return
     failed = [rank for rank, code in sorted(codes.items()) if code != 0]
+    own = [rank for rank in failed if rank not in job.agent_lost_ranks]
+    if own:
+        react_to_failure(ctx, job, own[0])
+        return
     if failed:
-        react_to_failure(ctx, job, failed[0])
+        # Lost when their agent restarted (a crash, a kill): as with a lost node, the gang
+        # restarts whole, at once, and the job spends no retry on what it did not do.
+        rank = failed[0]
+        node = ctx.state.node_records[job.ranks[rank][0]].node_id
+        why = f"rank {rank} on {node} was lost when its agent restarted; the gang restarts whole"
+        ctx.release(
+            job, JobRequeued(job_id=job.job_id, attempt=job.attempt, code=NODE_LOST, reason=why)
+        )
         return
     if job.ranks and len(codes) == len(job.ranks):
         ctx.release(job, JobSucceeded(job_id=job.job_id, attempt=job.attempt))

@@ -62,7 +62,13 @@ from schemas.nodes import (
     NodeRegistered,
     NodeUndrained,
 )
-from schemas.reasons import FAILURE_REQUEUE_CODES, NOT_CONSIDERED, RESERVED_HEAD
+from schemas.reasons import (
+    AGENT_RESTARTED,
+    FAILURE_REQUEUE_CODES,
+    LOST_GANG_REQUEUE_CODES,
+    NOT_CONSIDERED,
+    RESERVED_HEAD,
+)
 from schemas.teams import QueueConfigured, TeamCreated
 
 JobStateName = JobState
@@ -261,6 +267,9 @@ class CoreJob:
     exit_reasons: dict[int, str] = field(default_factory=dict)
     # Started ranks whose node was lost since: gone with it, whatever their gang's fate.
     lost_ranks: set[int] = field(default_factory=set)
+    # Ranks whose agent restarted under them (their exit says AGENT_RESTARTED): gone, but not
+    # by the job's doing, so their exit spends no retry (core/reactions.py, react_to_gang).
+    agent_lost_ranks: set[int] = field(default_factory=set)
     # The last released gang of this attempt: where a rank reported started late still runs.
     released_ranks: list[tuple[int, int]] = field(default_factory=list)
     permanent_failure: bool = False
@@ -1000,6 +1009,7 @@ class SchedulerState:
         job.evicted_ranks = set()
         job.exit_reasons = {}
         job.lost_ranks = set()
+        job.agent_lost_ranks = set()
         job.permanent_failure = False
         job.permanent_reason = None
         job.reserved_at = at
@@ -1073,6 +1083,8 @@ class SchedulerState:
         if event.exit_code != 0 and event.reason:
             job.exit_reasons[event.rank] = event.reason
             job.permanent_failure = job.permanent_failure or event.permanent
+            if event.reason.startswith(AGENT_RESTARTED):
+                job.agent_lost_ranks.add(event.rank)
         if event.out_of_memory and event.exit_code != 0:
             self._ran_out_of_memory(job, event.attempt)
         if event.reason == PREEMPTED_EXIT_REASON:
@@ -1155,6 +1167,7 @@ class SchedulerState:
         job.evicted_ranks = set()
         job.exit_reasons = {}
         job.lost_ranks = set()
+        job.agent_lost_ranks = set()
         job.preempt_requested_at = None
 
     def _keep_running_ranks(self, job: CoreJob) -> None:
@@ -1223,6 +1236,11 @@ class SchedulerState:
         if event.code in FAILURE_REQUEUE_CODES:
             job.failures += 1
             job.retry_at = at + retry_delay_s(job.job_id, job.failures, self.policy)
+        elif event.code in LOST_GANG_REQUEUE_CODES:
+            # Its gang was lost, not taken from it: what it had reclaimed went to others in the
+            # cycle that released it. The calm after its evictions guards against thrashing,
+            # not against that: it may reclaim again at once (its victims keep their own calm).
+            job.last_preempting_at = None
         job.started_at = None
         job.queued_at = at
         job.considered = False

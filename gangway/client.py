@@ -196,16 +196,18 @@ class GangwayClient:
         return self._call("GET", "/v1/cluster")
 
     def drain(self, node_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self._call("POST", f"/v1/nodes/{_segment(node_id)}/drain", json=dict(body))
+        return self._call(
+            "POST", f"/v1/nodes/{_segment(node_id, 'node id')}/drain", json=dict(body)
+        )
 
     def undrain(self, node_id: str) -> dict[str, Any]:
-        return self._call("POST", f"/v1/nodes/{_segment(node_id)}/undrain")
+        return self._call("POST", f"/v1/nodes/{_segment(node_id, 'node id')}/undrain")
 
     def create_team(self, body: Mapping[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/v1/teams", json=dict(body))
 
     def configure_queue(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self._call("PUT", f"/v1/queues/{_segment(name)}", json=dict(body))
+        return self._call("PUT", f"/v1/queues/{_segment(name, 'queue name')}", json=dict(body))
 
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         try:
@@ -265,6 +267,10 @@ def _params(**values: object) -> dict[str, Any]:
     return {key: value for key, value in values.items() if value is not None}
 
 
-def _segment(value: str) -> str:
-    """One path segment, escaped: an id with a slash must not reach another route."""
+def _segment(value: str, what: str = "job id") -> str:
+    """One path segment, escaped: an id with a slash must not reach another route. An empty
+    one, `.` or `..` is no segment at all (the URL is normalised without it: `gangway job ''`
+    answered "Temporary Redirect", `gangway job ..` "Not Found"): refused before any request."""
+    if value in ("", ".", ".."):
+        raise ClientError(f"{value!r} is not a {what}")
     return quote(value, safe="")

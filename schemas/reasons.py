@@ -111,6 +111,7 @@ RESERVED_HEAD: DeferCode = "reserved_head"
 QUOTA_CEILING: DeferCode = "quota_ceiling"
 TASK_FAILED: RequeueCode = "task_failed"
 LAUNCH_TIMEOUT: RequeueCode = "launch_timeout"
+NODE_LOST: RequeueCode = "node_lost"
 RETRY_BACKOFF: DeferCode = "retry_backoff"
 NOT_CONSIDERED: DeferCode = "not_considered"
 HELD: DeferCode = "held"
@@ -121,3 +122,9 @@ ARRAY_LIMIT: DeferCode = "array_limit"
 USER_WAIT_CODES: frozenset[DeferCode] = frozenset({HELD, DEPENDENCY, ARRAY_LIMIT})
 # Requeue codes that count as a failure of the job (retries, backoff): not hardware's fault.
 FAILURE_REQUEUE_CODES: frozenset[RequeueCode] = frozenset({TASK_FAILED, LAUNCH_TIMEOUT})
+# Requeue codes of a gang lost under its job (its node, a GPU, its agent): nobody's decision.
+LOST_GANG_REQUEUE_CODES: frozenset[RequeueCode] = frozenset({NODE_LOST, "gpu_unhealthy"})
+# How the TaskExited reason of a rank an agent found at its restart begins ("… lost", "…
+# stopped"): its predecessor died (a crash, a kill, an OOM of the agent), and the rank with it
+# or by its successor's hand. Not the job's doing: no retry is spent on it (as for a lost node).
+AGENT_RESTARTED = "agent restarted: rank "

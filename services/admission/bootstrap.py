@@ -16,9 +16,8 @@ from services.admission.settings import AdmissionSettings
 from services.runtime.collector import settle_started_service
 from services.runtime.consumer import EventConsumer, wait_started
 from services.runtime.metrics import ConsumerLag, new_registry, start_metrics_server
-from services.runtime.migrate import migrate_settings
 from services.runtime.signals import stop_on_signals
-from services.runtime.store import EventStore
+from services.runtime.startup import open_store
 from services.runtime.topics import Topics
 
 log = logging.getLogger("services.admission")
@@ -26,12 +25,17 @@ log = logging.getLogger("services.admission")
 
 async def serve(settings: AdmissionSettings) -> int:
     stop = stop_on_signals()
-    await migrate_settings(settings)
     registry = new_registry()
     decided = Counter("gangway_admission_decisions", "Jobs admitted or rejected", registry=registry)
     consumer_lag = ConsumerLag("admission", registry)
     server = start_metrics_server(settings.metrics_port, registry)
-    store = await EventStore.connect(settings, producer=settings.service_name)
+    # Started while the database is away (a supervisor's restart during an outage): wait.
+    store = await open_store(
+        settings, producer=settings.service_name, log=log, stop=stop, migrate=True
+    )
+    if store is None:
+        server.stop()
+        return 0
     try:
         # The class names the scheduler knows are the ones a job may ask for.
         policy = SchedulingPolicy()

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
 from prometheus_client import Counter, Gauge
 
 from schemas.checkpoints import (
@@ -46,6 +47,7 @@ from schemas.jobs import (
     illegal_env_names,
 )
 from schemas.nodes import NodeRegistered
+from schemas.reasons import AGENT_RESTARTED
 from schemas.telemetry import StepTimeSample
 from services.agent import isolation, logs
 from services.agent.devices import mig_slot, mps_share
@@ -130,6 +132,9 @@ class Launch:
     attempt: int
     stopped: str | None = None
     released: asyncio.Event = field(default_factory=asyncio.Event)
+    # Set once the launch is over (its ranks started, or not): a preemption that came
+    # meanwhile waits for it.
+    over: asyncio.Event = field(default_factory=asyncio.Event)
 
     def stop(self, reason: str) -> None:
         self.stopped = self.stopped or reason
@@ -314,6 +319,9 @@ class Agent:
     async def heartbeat_loop(self, stop: asyncio.Event) -> None:
         # Started by the first round, and again by the round after one that failed.
         producer: AIOKafkaProducer | None = None
+        # A broker away (stopped, restarting) is an outage, said once, now and then, and when
+        # it is over: a traceback every round filled the log while it was away.
+        bus = Outage(log, "agent: the bus (heartbeats)")
         try:
             interval = self.settings.heartbeat_interval_s
             next_round = time.monotonic()
@@ -322,9 +330,13 @@ class Agent:
                     if producer is None:
                         producer = await self._heartbeat_producer()
                     await self.send_heartbeats(producer)
-                except Exception:
+                    bus.recovered()
+                except Exception as error:
                     # A broker hiccup costs a round, not the agent; inventory tolerates gaps.
-                    log.exception("heartbeat round failed")
+                    if isinstance(error, KafkaError | TimeoutError):
+                        bus.failed(error)
+                    else:
+                        log.exception("heartbeat round failed")
                     # An idempotent producer whose batch failed may hold a broken sequence:
                     # after a broker restart that lost its log's tail, the broker refused every
                     # later batch of some partitions (OutOfOrderSequenceNumber), and those
@@ -382,6 +394,7 @@ class Agent:
         self._launch_tasks.add(task)
         task.add_done_callback(self._launch_tasks.discard)
         task.add_done_callback(lambda _: self._launches.discard(starting))
+        task.add_done_callback(lambda _: starting.over.set())
         task.add_done_callback(_log_failure)
 
     async def launches_done(self) -> None:
@@ -959,9 +972,32 @@ class Agent:
     ) -> None:
         event = envelope.payload
         assert isinstance(event, PreemptionRequested)
+        launching = [
+            s for s in self._launches if s.job_id == event.job_id and s.attempt == event.attempt
+        ]
+        if launching:
+            # Its ranks are being started here (a preemption right after the reservation, or
+            # while a restarted agent starts its gangs): it was dropped, and the ranks, once
+            # up, ran on unasked until the scheduler's grace ran out. Evicted once started.
+            self._spawn(self._preempt_once_started(launching, envelope, event))
+            return
         ranks = self._running(event.job_id, event.attempt)
         if ranks:
             self._spawn(self._preempt(ranks, envelope, event.grace_s))
+
+    async def _preempt_once_started(
+        self, launching: list[Launch], envelope: EventEnvelope, event: PreemptionRequested
+    ) -> None:
+        """`_preempt` the attempt's ranks once its launch here is over, within what is left
+        of the grace."""
+        deadline = time.monotonic() + event.grace_s
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                asyncio.gather(*(s.over.wait() for s in launching)), event.grace_s
+            )
+        ranks = self._running(event.job_id, event.attempt)
+        if ranks:
+            await self._preempt(ranks, envelope, max(0.0, deadline - time.monotonic()))
 
     async def on_checkpoint_requested(
         self, envelope: EventEnvelope, conn: asyncpg.Connection
@@ -1127,7 +1163,7 @@ class Agent:
                 rank=rank,
                 node_id=event.node_id,
                 exit_code=-int(signal.SIGKILL) if killed else -1,
-                reason="agent restarted: rank " + ("stopped" if killed else "lost"),
+                reason=AGENT_RESTARTED + ("stopped" if killed else "lost"),
             )
             await self.store.append(exited.stream, None, [exited])
             log.warning(

@@ -13,7 +13,7 @@ from services.agent.settings import AgentSettings
 from services.runtime.consumer import wait_started
 from services.runtime.discovery import discover, import_nvml
 from services.runtime.metrics import ConsumerLag, start_metrics_server
-from services.runtime.store import EventStore
+from services.runtime.startup import open_store
 
 log = logging.getLogger("services.agent")
 
@@ -30,7 +30,10 @@ async def run(settings: AgentSettings, stop: asyncio.Event) -> None:
     if nodes and nodes[0].discovered_by == "nvml":
         sampler = NvmlSampler(import_nvml(), links=FabricLinks())
     server = LogServer(settings.log_host, settings.log_port)
-    store = await EventStore.connect(settings, producer="agent")
+    # Started while the database is away (a supervisor's restart during an outage): wait.
+    store = await open_store(settings, producer="agent", log=log, stop=stop)
+    if store is None:
+        return
     agent = Agent(settings, store, nodes, sampler=sampler)
     try:
         await server.start(

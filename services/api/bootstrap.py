@@ -30,7 +30,7 @@ from services.api.streams import StreamGate
 from services.runtime.consumer import TelemetryConsumer
 from services.runtime.errors import DATABASE_UNAVAILABLE
 from services.runtime.migrate import migrate_settings
-from services.runtime.retry import Outage
+from services.runtime.retry import Outage, until_available
 from services.runtime.signals import quiet_library_logs
 from services.runtime.store import EventStore
 
@@ -121,8 +121,14 @@ class ApiBootstrap:
             recent_submissions=RecentSubmissions(window_s=settings.shared_window_s),
         )
         feed = ReadModelFeed(store, models)
-        await feed.refresh_head()
-        rebuilt = await feed.catch_up()
+        try:
+            await feed.refresh_head()
+            rebuilt = await feed.catch_up()
+        except BaseException:
+            # Lost again half-way (tried again by the next request, or the start's retry):
+            # this attempt's pool is not left open behind it.
+            await store.close()
+            raise
         log.info("read models rebuilt from %d events (head %d)", rebuilt, feed.head)
         self.metrics.watch(feed)
         context = ApiContext(
@@ -147,10 +153,34 @@ class ApiBootstrap:
         return context
 
     async def start(self, *, use_bus: bool = True) -> None:
-        """Rebuild now, then keep the models fed: from the bus, and from the log as a backstop."""
-        context = await self.context()
+        """Rebuild now, then keep the models fed: from the bus, and from the log as a backstop.
+
+        Started while the database is away (a supervisor's restart during an outage), the API
+        serves at once, answering 503 with Retry-After as during any outage, and wires itself
+        as soon as the log answers: it exited with a traceback, and answered nothing, until
+        the supervisor happened to start it after the database was back."""
         quiet_library_logs()
         self._stop.clear()
+        try:
+            context = await self.context()
+        except DATABASE_UNAVAILABLE as error:
+            outage = Outage(log, "api: the event log")
+            outage.failed(error)
+            self._tasks.append(
+                asyncio.create_task(self._start_when_available(outage, use_bus), name="api-start")
+            )
+            return
+        self._feed(context, use_bus)
+
+    async def _start_when_available(self, outage: Outage, use_bus: bool) -> None:
+        context = await until_available(
+            self.context, outage, self._stop, transient=DATABASE_UNAVAILABLE
+        )
+        if context is not None:
+            log.info("the event log answers: read models rebuilt")
+            self._feed(context, use_bus)
+
+    def _feed(self, context: ApiContext, use_bus: bool) -> None:
         self._tasks.append(asyncio.create_task(self._poll_log(context), name="api-log-poll"))
         if use_bus:
             self._tasks.append(asyncio.create_task(self._consume_bus(context), name="api-bus"))

@@ -10,6 +10,7 @@ from services.checkpoint.service import CheckpointService
 from services.checkpoint.settings import CheckpointSettings
 from services.runtime.consumer import EventConsumer, wait_started
 from services.runtime.metrics import start_metrics_server
+from services.runtime.startup import open_store
 from services.runtime.store import EventStore
 from services.runtime.topics import Topics
 
@@ -33,7 +34,10 @@ def consumer_of(
 
 
 async def run(settings: CheckpointSettings, stop: asyncio.Event) -> None:
-    store = await EventStore.connect(settings, producer="checkpoint")
+    # Started while the database is away (a supervisor's restart during an outage): wait.
+    store = await open_store(settings, producer="checkpoint", log=log, stop=stop)
+    if store is None:
+        return
     service = CheckpointService(settings, store)
     try:
         await asyncio.to_thread(service.root.mkdir, parents=True, exist_ok=True)

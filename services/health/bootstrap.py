@@ -10,13 +10,16 @@ from services.health.service import HealthService
 from services.health.settings import HealthSettings
 from services.runtime.consumer import TelemetryConsumer, wait_started
 from services.runtime.metrics import ConsumerLag, start_metrics_server
-from services.runtime.store import EventStore
+from services.runtime.startup import open_store
 
 log = logging.getLogger(__name__)
 
 
 async def run(settings: HealthSettings, stop: asyncio.Event) -> None:
-    store = await EventStore.connect(settings, producer=HEALTH_PRODUCER)
+    # Started while the database is away (a supervisor's restart during an outage): wait.
+    store = await open_store(settings, producer=HEALTH_PRODUCER, log=log, stop=stop)
+    if store is None:
+        return
     try:
         service = HealthService(settings, store)
         if settings.metrics_port is not None:

@@ -538,13 +538,17 @@ async def main(settings: Settings | None = None) -> None:
     """`python -m services.runtime.relay`: migrate, then relay until SIGTERM."""
     from services.runtime.collector import settle_started_service
     from services.runtime.metrics import start_metrics_server
-    from services.runtime.migrate import migrate_settings
     from services.runtime.signals import stop_on_signals
+    from services.runtime.startup import open_store
 
     settings = settings or Settings()
     stop = stop_on_signals()
-    await migrate_settings(settings)
-    store = await EventStore.connect(settings, producer=f"{settings.service_name}-relay")
+    # Started while the database is away (a supervisor's restart during an outage): wait.
+    store = await open_store(
+        settings, producer=f"{settings.service_name}-relay", log=log, stop=stop, migrate=True
+    )
+    if store is None:
+        return
     try:
         relay = OutboxRelay(store, settings)
         settle_started_service()

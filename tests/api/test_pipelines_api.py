@@ -14,6 +14,7 @@ from schemas.jobs import (
     MAX_DEPENDENCIES,
     Dependency,
     JobAdmitted,
+    JobCancelled,
     JobHeld,
     JobHoldReleased,
     JobSubmitted,
@@ -413,6 +414,34 @@ async def test_an_array_none_of_whose_elements_can_be_asked_is_a_409_that_writes
     assert resumed.json()["detail"] == f"no element of array {sweep['id']} can be resumed"
     kinds = [e.payload.type for e in await store.read_all(after_position=0)]
     assert "JobResumeRequested" not in kinds
+
+
+async def test_an_array_none_of_whose_elements_can_be_held_or_changed_says_so_of_the_array(
+    api: Api, store: EventStore
+) -> None:
+    """attack12: `gangway hold ARRAY` of an array whose elements had all ended answered "job
+    ARRAY_4 is succeeded; only a waiting job can be held", naming one element the user never
+    asked about, where cancel, suspend and resume name the array."""
+    nlp = await api.create_team("nlp")
+    sweep = (
+        await api.client.post("/v1/jobs", json=spec("sweep", array={"count": 2}), headers=nlp)
+    ).json()
+    for element in sweep["array"]:
+        stream = f"job-{element}"
+        version = len(await store.read_stream(stream))
+        await store.append(stream, version, [JobCancelled(job_id=element, reason="test")])
+    asked = {
+        "held": await api.client.post(f"/v1/jobs/{sweep['id']}/hold", headers=nlp),
+        "released": await api.client.post(f"/v1/jobs/{sweep['id']}/release", headers=nlp),
+        "changed": await api.client.patch(
+            f"/v1/jobs/{sweep['id']}", json={"max_retries": 1}, headers=nlp
+        ),
+    }
+    for verb, answer in asked.items():
+        assert answer.status_code == 409, answer.text
+        assert answer.json()["detail"].startswith(
+            f"no element of array {sweep['id']} can be {verb}"
+        ), answer.text
 
 
 # ---------------------------------------------------------------- holds

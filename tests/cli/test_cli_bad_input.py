@@ -170,3 +170,17 @@ def test_a_spec_file_past_the_size_read_is_refused_unread(
     monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO((SPEC + "#" * 11).encode())))
     assert main(["submit", "-"]) == 2
     assert "standard input is larger than" in one_line(capsys)
+
+
+@pytest.mark.parametrize("command", ["job", "why", "cancel", "hold", "logs"])
+@pytest.mark.parametrize("job_id", ["", ".", ".."])
+def test_an_empty_or_dot_id_is_refused_in_one_line_before_any_request(
+    capsys: pytest.CaptureFixture[str], command: str, job_id: str
+) -> None:
+    """attack12: `gangway job ''` printed "gangway: Temporary Redirect" (the request went to
+    /v1/jobs/, redirected to the listing), and `gangway job ..` reached /v1/ ("Not Found"):
+    a dot segment is no path segment, the client normalised it away."""
+    assert main([command, job_id]) != 0
+    err = one_line(capsys)
+    assert "cannot reach" not in err, err
+    assert "not a job id" in err, err

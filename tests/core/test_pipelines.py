@@ -366,3 +366,14 @@ def test_an_element_waiting_for_its_array_s_room_is_told_once() -> None:
     last = elements[-1]
     assert history.job(last).state == "queued"
     assert [d.code for d in history.deferrals(last)] == ["array_limit"]
+
+
+def test_an_element_of_an_array_one_at_a_time_is_told_of_one_element() -> None:
+    """attack12: `max_parallel: 1` read "array X starts at most 1 elements at once"."""
+    history = History("1x8:1:1")
+    history.occupy("n0000", 8)
+    _, second = submit_array(history, "arr", 2, max_parallel=1)
+    history.run(agents=False)
+    behind = history.deferrals(second)[-1]
+    assert behind.code == "array_limit"
+    assert "starts at most 1 element at once" in behind.message, behind.message

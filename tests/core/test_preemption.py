@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from schemas.jobs import GangReserved, PreemptionRequested
+from schemas.reasons import AGENT_RESTARTED
 from tests.core.builders import History, a_job
 
 
@@ -152,3 +153,35 @@ def test_min_runtime_counts_from_when_every_rank_started_not_from_the_reservatio
     history.advance(500)
     history.run()
     assert [p.job_id for p in history.events(PreemptionRequested)] == [slow]
+
+
+def test_a_preemptor_whose_gang_was_lost_reclaims_its_guarantee_again_at_once() -> None:
+    """attack12: a team's job reclaimed its guarantee (two borrowers' gangs evicted) and ran;
+    then its agent restarted and took its ranks with it. In the cycle that requeued it, the
+    borrowers' requeued gangs took its GPUs back, and it waited out the preemptor's hysteresis
+    (10 minutes) holding nothing of its guarantee, with gangs never preempted still borrowing.
+    Its calm guards against thrashing, not against losing its gang: it reclaims again (from
+    gangs not themselves within their own calm)."""
+    history = History("4x8:4:1")
+    history.team("ops", guaranteed=16).team("a", guaranteed=8).team("b", guaranteed=8)
+    borrowers = history.submit(*(a_job().gpus(8).team(team) for team in ("a", "a", "b", "b")))
+    history.run()
+    ops = history.submit(a_job().gpus(8).tasks(2).team("ops").priority("production"))[0]
+    history.run()
+    first = {p.job_id for p in history.events(PreemptionRequested)}
+    assert len(first) == 2 and first <= set(borrowers)
+    _finish_evictions(history)
+    history.run()
+    assert history.job(ops).state == "running"
+
+    history.exit(ops, -1, reason=f"{AGENT_RESTARTED}lost")
+    history.run()  # requeued; the evicted borrowers are placed on its GPUs meanwhile
+    assert history.job(ops).state == "queued"
+    history.run(cycles=2)
+    again = [p for p in history.events(PreemptionRequested) if p.job_id not in first]
+    assert again and all(p.preemptor_job_id == ops for p in again)
+    assert {p.job_id for p in again} <= set(borrowers) - first
+    _finish_evictions(history)
+    history.run()
+    assert history.job(ops).state == "running"
+    assert history.auditor.violations == []

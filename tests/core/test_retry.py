@@ -6,6 +6,7 @@ from __future__ import annotations
 from core import SchedulingPolicy
 from core.retry import attempt_size, repeated_oom, retry_delay_s
 from schemas.jobs import GangReserved, JobDeferred, JobFailed, JobRequeued, TaskExited
+from schemas.reasons import AGENT_RESTARTED, FAILURE_REQUEUE_CODES
 from tests.core.builders import History, a_job
 
 OOM_EXIT_REASON = "out of memory: killed by the kernel's OOM killer"
@@ -51,6 +52,40 @@ def test_a_hardware_requeue_is_not_held_back() -> None:
     history.run(cycles=2)
     assert history.job(job).state == "running"
     assert history.events(JobFailed, job) == []
+
+
+def test_ranks_lost_with_their_restarted_agent_are_not_the_job_s_failure() -> None:
+    """attack12: a kill -9 of the agent (its service restarted by the supervisor) stopped
+    every rank on its nodes, and its successor recorded each as exited "agent restarted: rank
+    lost": the scheduler counted that as the job's failure, so a job of `max_retries: 0`
+    failed for good, others spent a retry and waited out a backoff, during which the capacity
+    reclaimed for a guaranteed team's job went back to the borrowers it had been taken from.
+    As for a lost node, the gang restarts whole, at once, and no retry is spent."""
+    history = History("2x8:2:1", policy=SchedulingPolicy(retry_backoff_base_s=30))
+    job = history.submit(a_job().gpus(8).tasks(2).retries(0))[0]
+    history.run()
+    assert history.job(job).state == "running"
+    history.exit(job, -1, ranks=[0], reason=f"{AGENT_RESTARTED}lost")
+    history.exit(job, -9, ranks=[1], reason=f"{AGENT_RESTARTED}stopped")
+    history.run(cycles=2)
+    assert history.events(JobFailed, job) == []
+    [requeued] = history.events(JobRequeued, job)
+    assert requeued.code not in FAILURE_REQUEUE_CODES
+    assert "agent" in requeued.reason, requeued.reason
+    assert (history.job(job).state, history.job(job).attempt) == ("running", 2)
+    assert history.state.job_records[job].failures == 0
+    assert history.auditor.violations == []
+
+
+def test_a_rank_that_failed_before_its_agent_restarted_is_still_a_failure() -> None:
+    history = History("2x8:2:1")
+    job = history.submit(a_job().gpus(8).tasks(2).retries(0))[0]
+    history.run()
+    history.exit(job, 3, ranks=[0])
+    history.exit(job, -1, ranks=[1], reason=f"{AGENT_RESTARTED}lost")
+    history.cycle()
+    [failed] = history.events(JobFailed, job)
+    assert "rank 0 exited with code 3" in failed.reason
 
 
 def ran_out_of_memory(history: History, job_id: str, rank: int = 0) -> None:

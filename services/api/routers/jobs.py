@@ -188,7 +188,11 @@ async def update_job(
         # which may not hold yet a restriction written through another worker.
         await commands.feed.reach_head()
     jobs = await commands.change(
-        caller, job_id, commands.update_decision(caller, changes, body.hold)
+        caller,
+        job_id,
+        commands.update_decision(caller, changes, body.hold),
+        none_can=f"no element of array {job_id} can be changed (none is pending, queued or "
+        "suspended)",
     )
     return _answer(job_id, jobs, caller, context)
 
@@ -201,7 +205,12 @@ async def update_job(
 async def hold_job(job_id: JobId, caller: Caller, context: Context) -> JobView | ArrayView:
     await command_turn(caller, context)
     commands = context.commands
-    jobs = await commands.change(caller, job_id, commands.hold_decision(caller))
+    jobs = await commands.change(
+        caller,
+        job_id,
+        commands.hold_decision(caller),
+        none_can=f"no element of array {job_id} can be held (none is waiting)",
+    )
     return _answer(job_id, jobs, caller, context)
 
 
@@ -214,7 +223,9 @@ async def release_job(job_id: JobId, caller: Caller, context: Context) -> JobVie
     await command_turn(caller, context)
     commands = context.commands
     decide = commands.release_decision(caller)
-    return _answer(job_id, await commands.change(caller, job_id, decide), caller, context)
+    none_can = f"no element of array {job_id} can be released (every one has ended)"
+    jobs = await commands.change(caller, job_id, decide, none_can=none_can)
+    return _answer(job_id, jobs, caller, context)
 
 
 @router.get(
