@@ -1083,7 +1083,12 @@ class Agent:
                     "step": step,
                 }
                 await asyncio.to_thread(
-                    write_shard, directory, rank.key.rank, json.dumps(state).encode(), step=step
+                    write_shard,
+                    directory,
+                    rank.key.rank,
+                    json.dumps(state).encode(),
+                    step=step,
+                    under=self.root_dir,
                 )
         except (OSError, ValueError) as error:
             log.warning("checkpoint of %s failed: %r", rank.key, error)
@@ -1091,7 +1096,11 @@ class Agent:
             # wait out its deadline: the failure becomes a CheckpointFailed the owner sees.
             with contextlib.suppress(OSError):
                 await asyncio.to_thread(
-                    record_failure, directory, rank.key.rank, f"{type(error).__name__}: {error}"
+                    record_failure,
+                    directory,
+                    rank.key.rank,
+                    f"{type(error).__name__}: {error}",
+                    under=self.root_dir,
                 )
 
     async def _signal_checkpoint(
@@ -1100,8 +1109,10 @@ class Agent:
         """Ask the rank (SIGUSR1) to write its shard where the request file says; record it."""
         shard = shard_path(directory, rank.key.rank)
         # The directory exists before the signal: a rank's handler writes into it at once.
-        await asyncio.to_thread(isolation.directory_like_parent, directory)
-        await asyncio.to_thread(write_request, rank.workdir, directory, rank.key.rank)
+        await asyncio.to_thread(isolation.directory_like_parent, directory, self.root_dir)
+        await asyncio.to_thread(
+            write_request, rank.workdir, directory, rank.key.rank, under=self.work_dir
+        )
         rank.signal(signal.SIGUSR1)
         deadline = time.monotonic() + budget_s
         while not shard.exists():
@@ -1110,7 +1121,9 @@ class Agent:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"no shard {shard.name} within {budget_s:g} s")
             await asyncio.sleep(0.1)
-        await asyncio.to_thread(record_shard, directory, rank.key.rank, step=step)
+        await asyncio.to_thread(
+            record_shard, directory, rank.key.rank, step=step, under=self.root_dir
+        )
 
     # ------------------------------------------------------------------ restart
 

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+from services.runtime.untrusted import open_directory_below
+
 log = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -161,15 +163,26 @@ def own_directory(path: Path, user: RankUser) -> None:
     path.chmod(0o700)
 
 
-def directory_like_parent(path: Path) -> None:
+def directory_like_parent(path: Path, under: Path) -> None:
     """`path` (created if missing) belongs to whoever owns its parent, 0700 when that is a
     rank's user: a directory the agent makes inside a job's checkpoint directory (the one a
-    rank writes its shard into on SIGUSR1) must be writable by the rank, not only by root."""
-    path.mkdir(parents=True, exist_ok=True)
-    parent = path.parent.stat()
-    if parent.st_uid != os.geteuid():
-        os.chown(path, parent.st_uid, parent.st_gid)
-        path.chmod(0o700)
+    rank writes its shard into on SIGUSR1) must be writable by the rank, not only by root.
+    Reached from `under` (trusted) without following a symlink: the rank owns the parent,
+    and one it left there would have root make and give away a directory anywhere."""
+    parent = open_directory_below(under, path.parent, make=True)
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path.name, dir_fd=parent)
+        made = os.open(path.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=parent)
+        try:
+            owner = os.fstat(parent)
+            if owner.st_uid != os.geteuid():
+                os.fchown(made, owner.st_uid, owner.st_gid)
+                os.fchmod(made, 0o700)
+        finally:
+            os.close(made)
+    finally:
+        os.close(parent)
 
 
 def make_traversable(path: Path) -> None:

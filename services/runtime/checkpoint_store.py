@@ -9,6 +9,7 @@ Works on a node-local disk for one host and on shared storage (NFS, Lustre) for 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -20,7 +21,7 @@ from typing import Any
 from uuid import UUID
 
 from schemas.checkpoints import CheckpointShard
-from services.runtime.untrusted import open_regular
+from services.runtime.untrusted import open_directory_below, open_regular
 
 MANIFEST = "manifest.json"
 # The checkpoint request a rank that checkpoints itself reads, in its working directory.
@@ -48,37 +49,41 @@ def record_path(directory: Path, rank: int) -> Path:
     return directory / f"rank-{rank}.json"
 
 
-def write_atomic(path: Path, data: bytes) -> None:
+def write_atomic(path: Path, data: bytes, *, under: Path | None = None) -> None:
     """Write `data` to `path` so that a crash leaves the old file or the new one, never half.
 
     Ranks write in these directories and the agent writing here may be root: the temporary
     file is made new under a name no one can guess (never a file or symlink planted there),
-    and the rename replaces whatever is at `path` (a symlink itself, not its target)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    and the rename replaces whatever is at `path` (a symlink itself, not its target).
+    `under`: a directory the writer trusts, which `path` lies in; the directories between are
+    entered (made if missing) without following a symlink, since a rank owns them and could
+    point one at any directory for root to write in (OSError then)."""
+    if under is None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    else:
+        directory = open_directory_below(under, path.parent, make=True)
     try:
+        tmp = f".{path.name}.{secrets.token_hex(8)}.tmp"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+        fd = os.open(tmp, flags, 0o644, dir_fd=directory)
         try:
-            view = memoryview(data)
-            while view:
-                written = os.write(fd, view)
-                view = view[written:]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
+            try:
+                view = memoryview(data)
+                while view:
+                    written = os.write(fd, view)
+                    view = view[written:]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, path.name, src_dir_fd=directory, dst_dir_fd=directory)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=directory)
+            raise
+        os.fsync(directory)
     finally:
-        os.close(fd)
+        os.close(directory)
 
 
 def sha256_of(path: Path) -> tuple[int, str]:
@@ -122,29 +127,36 @@ class ShardRecord:
         return record
 
 
-def write_shard(directory: Path, rank: int, data: bytes, *, step: int = 0) -> ShardRecord:
-    """Store one rank's shard and then its record (the record's presence means 'done')."""
-    write_atomic(shard_path(directory, rank), data)
+def write_shard(
+    directory: Path, rank: int, data: bytes, *, step: int = 0, under: Path | None = None
+) -> ShardRecord:
+    """Store one rank's shard and then its record (the record's presence means 'done');
+    `under` as for `write_atomic`."""
+    write_atomic(shard_path(directory, rank), data, under=under)
     record = ShardRecord(rank, len(data), hashlib.sha256(data).hexdigest(), step)
-    write_atomic(record_path(directory, rank), record.to_json())
+    write_atomic(record_path(directory, rank), record.to_json(), under=under)
     return record
 
 
-def write_request(workdir: Path, directory: Path, rank: int) -> Path:
+def write_request(workdir: Path, directory: Path, rank: int, *, under: Path | None = None) -> Path:
     """Ask a rank that checkpoints itself where to write its shard: the JSON file its
     GANGWAY_CHECKPOINT_REQUEST names, in its working directory (written as every file here
-    is, so that nothing the rank planted at that name is followed)."""
+    is, so that nothing the rank planted at that name is followed; `under` as for
+    `write_atomic`)."""
     request = {"dir": str(directory), "shard": str(shard_path(directory, rank)), "rank": rank}
     path = workdir / REQUEST
-    write_atomic(path, json.dumps(request).encode())
+    write_atomic(path, json.dumps(request).encode(), under=under)
     return path
 
 
-def record_shard(directory: Path, rank: int, *, step: int = 0) -> ShardRecord:
-    """Write the record of a shard a rank wrote itself (the agent does this for its ranks)."""
+def record_shard(
+    directory: Path, rank: int, *, step: int = 0, under: Path | None = None
+) -> ShardRecord:
+    """Write the record of a shard a rank wrote itself (the agent does this for its ranks);
+    `under` as for `write_atomic`."""
     size, digest = sha256_of(shard_path(directory, rank))
     record = ShardRecord(rank, size, digest, step)
-    write_atomic(record_path(directory, rank), record.to_json())
+    write_atomic(record_path(directory, rank), record.to_json(), under=under)
     return record
 
 
@@ -152,9 +164,10 @@ def failure_path(directory: Path, rank: int) -> Path:
     return directory / f"rank-{rank}.failed"
 
 
-def record_failure(directory: Path, rank: int, reason: str) -> None:
-    """Say that this rank's shard will not come, and why (the service stops waiting for it)."""
-    write_atomic(failure_path(directory, rank), reason.encode()[:2000])
+def record_failure(directory: Path, rank: int, reason: str, *, under: Path | None = None) -> None:
+    """Say that this rank's shard will not come, and why (the service stops waiting for it);
+    `under` as for `write_atomic`."""
+    write_atomic(failure_path(directory, rank), reason.encode()[:2000], under=under)
 
 
 def failed_ranks(directory: Path, world_size: int) -> dict[int, str]:

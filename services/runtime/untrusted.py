@@ -2,11 +2,40 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 from pathlib import Path
 from typing import BinaryIO
+
+
+def open_directory_below(trusted: Path, path: Path, *, make: bool = False) -> int:
+    """A descriptor of directory `path`, reached from `trusted` (which it lies in) one
+    component at a time without following a symlink: ValueError when `path` is not below
+    `trusted`, OSError (ELOOP, ENOTDIR) when a component is a symlink or no directory.
+    `make`: the missing components are made (mode 0777 less the umask).
+
+    A rank owns the directories below its job's (its working and checkpoint directories): it
+    may replace one by a symlink to any directory, which root, writing there by its path,
+    would follow. Whatever is written through the descriptor lands in the directory reached,
+    however the path is changed afterwards."""
+    parts = path.relative_to(trusted).parts
+    if make:
+        trusted.mkdir(parents=True, exist_ok=True)
+    fd = os.open(trusted, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in parts:
+            if make:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, dir_fd=fd)
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def open_regular(path: Path) -> BinaryIO:

@@ -97,3 +97,20 @@ def test_the_mps_daemon_s_pipes_outside_tmp_are_hidden_from_every_rank_but_a_sha
             assert result.returncode == 0, result.stderr
             seen[share] = result.stdout.split()
     assert seen == {False: [], True: ["control"]}
+
+
+def test_a_checkpoint_directory_is_made_only_where_no_symlink_leads(tmp_path: Path) -> None:
+    # The rank owns its job's checkpoint directory: a symlink it put there in place of a
+    # directory would have the agent (root) make, and give the rank, a directory anywhere.
+    root = tmp_path / "checkpoints"
+    elsewhere = tmp_path / "etc"
+    elsewhere.mkdir()
+    root.mkdir()
+    (root / "job").symlink_to(elsewhere, target_is_directory=True)
+
+    with pytest.raises(OSError):
+        isolation.directory_like_parent(root / "job" / "a1-0123", root)
+
+    assert list(elsewhere.iterdir()) == []
+    isolation.directory_like_parent(root / "other" / "a1-0123", root)
+    assert (root / "other" / "a1-0123").is_dir()

@@ -15,6 +15,7 @@ from services.runtime.checkpoint_store import (
     MANIFEST,
     checkpoint_dir,
     checkpoint_id_for,
+    record_failure,
     record_shard,
     reported_ranks,
     shard_path,
@@ -124,6 +125,43 @@ def test_a_write_follows_no_symlink_planted_at_a_temporary_name(tmp_path: Path) 
     write_shard(directory, 0, b"shard")
 
     assert victim.read_bytes() == b"root's own bytes"
+    assert verify(directory, 1).ok
+
+
+@pytest.mark.parametrize("planted", ["job", "job/ck"])
+def test_a_write_below_a_trusted_root_follows_no_directory_a_rank_replaced_by_a_symlink(
+    tmp_path: Path, planted: str
+) -> None:
+    # A rank owns its job's checkpoint directories: it may replace one by a symlink to any
+    # directory, where root, writing by the path, made files of fixed names (rank-0.json,
+    # rank-0.failed, checkpoint-request.json) in a directory of its choosing.
+    root = tmp_path / "checkpoints"
+    elsewhere = tmp_path / "etc"
+    elsewhere.mkdir()
+    (root / "job" / "ck").mkdir(parents=True)
+    shard_path(root / "job" / "ck", 0).write_bytes(b"the rank's shard")
+    (root / planted).rename(tmp_path / "moved")
+    (root / planted).symlink_to(elsewhere, target_is_directory=True)
+    directory = root / "job" / "ck"
+
+    with pytest.raises(OSError):
+        record_shard(directory, 0, step=1, under=root)
+    with pytest.raises(OSError):
+        record_failure(directory, 0, "gone", under=root)
+    with pytest.raises(OSError):
+        write_request(directory, directory, 0, under=root)
+    with pytest.raises(OSError):
+        write_shard(directory, 0, b"x", under=root)
+
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_write_below_a_trusted_root_makes_the_directories_it_lacks(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    directory = checkpoint_dir(root, "job-1", "a1-0123")
+
+    write_shard(directory, 0, b"shard", step=2, under=root)
+
     assert verify(directory, 1).ok
 
 
