@@ -36,7 +36,7 @@ from core.audit_sharing import SharingAudit
 from core.estimates import RuntimeEstimates
 from core.live_sharing import GpuAmount, is_fractional, placement_gpus
 from core.policy import SchedulingPolicy
-from core.shape import Shape, needs_nvlink, ranks_per_unit, shape_of
+from core.shape import Shape, needs_nvlink, pool_of, ranks_per_unit, shape_of
 from core.state import rank_host
 from schemas.base import Event
 from schemas.jobs import (
@@ -951,6 +951,8 @@ class Auditor:
                 continue
             if shape.gpu_type is not None and node.gpu_type != shape.gpu_type:
                 continue
+            if shape.nvlink and not node.nvlink:
+                continue  # a tp group never spans GPUs that talk over PCIe
             # A GPU in MIG mode or holding shares is no whole GPU (core/sharing.py): counting
             # a fixed-MIG node's GPUs as idle flagged every reclaim on such a cluster.
             at = self._instant if self._instant is not None else 0.0
@@ -963,9 +965,10 @@ class Auditor:
             )
             units = free // shape.unit_gpus
             if units:
-                pools.setdefault(node.gpu_type, {}).setdefault("", []).append(
-                    (node.rack, node.block, units)
-                )
+                # The core's placement pools: a gang never mixes nodes with and without
+                # NVLink, even of one GPU type (core/shape.py `pool_of`).
+                key = pool_of(node.gpu_type, node.nvlink)
+                pools.setdefault(key, {}).setdefault("", []).append((node.rack, node.block, units))
         for pool in pools.values():
             entries = pool[""]
             if shape.require == "node":

@@ -172,3 +172,35 @@ def test_the_auditor_flags_a_tp_group_placed_on_a_pcie_box() -> None:
         "job j1's tensor-parallel groups of 8 GPUs were placed on n0000, "
         "whose GPUs NVLink does not join"
     ]
+
+
+def test_the_auditor_does_not_count_idle_pcie_boxes_as_room_for_a_tp_preemptor() -> None:
+    # The NVLink nodes are held by best-effort work, the PCIe boxes idle: the production tp8
+    # job may only evict (they are of no use to it), and that is no idle-capacity violation.
+    history = History(MIXED)
+    history.advance(600)
+    for node in sorted(JOINED):
+        history.occupy(node, 8, a_job().priority("best-effort"))
+    history.advance(600)
+    history.submit(a_job().gpus(8).tp(8).priority("production"))
+
+    history.run()
+
+    assert history.events(PreemptionRequested)
+    assert [v.message for v in history.auditor.violations] == []
+
+
+def test_the_auditor_does_not_count_a_plain_gang_across_nvlink_and_pcie_nodes() -> None:
+    # Placement keeps a GPU type's nodes with and without NVLink apart (a gang never mixes
+    # them): 8 idle GPUs on an NVLink node and 8 on a PCIe box do not hold a gang of 2 x 8.
+    history = History(MIXED)
+    history.advance(600)
+    history.occupy("n0000", 8, a_job().priority("best-effort"))
+    history.occupy("n0002", 8, a_job().priority("best-effort"))
+    history.advance(600)
+    history.submit(a_job().gpus(8).tasks(2).priority("production"))
+
+    history.run()
+
+    assert history.events(PreemptionRequested)
+    assert [v.message for v in history.auditor.violations] == []
