@@ -214,6 +214,19 @@ def test_a_tp_group_larger_than_every_nvlink_node_says_so_beside_a_larger_pcie_b
     )
 
 
+def test_a_tp_task_asking_more_cpus_than_any_nvlink_node_has_is_rejected(
+    catalog: AdmissionCatalog,
+) -> None:
+    # The PCIe box has the CPUs, but a tp group never goes there.
+    catalog.apply(node("l0", gpu_type="L40S").model_copy(update={"cpus": 32}))
+    catalog.apply(pcie_box("l1").model_copy(update={"cpus": 128}))
+    tp = job(gpus_per_task=8, gpu_type="L40S", cpus_per_task=64, topology=TopologySpec(tp_size=8))
+    plain = job(gpus_per_task=8, gpu_type="L40S", cpus_per_task=64)
+
+    assert rejection(admit("j1", tp, catalog, CLASSES)) == "task_too_large"
+    assert isinstance(admit("j2", plain, catalog, CLASSES), JobAdmitted)
+
+
 def test_an_empty_cluster_admits_nothing(catalog: AdmissionCatalog) -> None:
     empty = AdmissionCatalog(teams=catalog.teams, queues=catalog.queues)
     assert rejection(admit("j1", job(), empty, CLASSES)) == "no_nodes"

@@ -204,3 +204,19 @@ def test_the_auditor_does_not_count_a_plain_gang_across_nvlink_and_pcie_nodes() 
 
     assert history.events(PreemptionRequested)
     assert [v.message for v in history.auditor.violations] == []
+
+
+def test_a_tp_job_asking_more_cpus_than_any_nvlink_node_has_is_told_it_can_never_run() -> None:
+    # The PCIe box has the CPUs, but a tp group never goes there: the job could never run.
+    history = History(
+        "groups:\n"
+        "  - {count: 1, gpus: 8, gpu_type: H100, cpus: 32}\n"
+        "  - {count: 1, gpus: 8, gpu_type: H100, cpus: 128, nvlink: false}\n"
+    )
+    job = history.submit(a_job().gpus(8).tp(8).cpus(64))[0]
+
+    history.run()
+
+    view = history.job(job)
+    assert view.reason_code == "unsatisfiable"
+    assert "no schedulable node has that many (largest has 32)" in (view.reason or "")
