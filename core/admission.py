@@ -235,7 +235,15 @@ class AdmissionCatalog:
                 for node in self.nodes.values()
                 if (spec.gpu_type is None or node.gpu_type == spec.gpu_type) and node.mig != "fixed"
             ]
-            self._placeable[key] = placeable = max_placeable_tasks(spec, nodes)
+            if spec.gpu_type is not None:
+                # Placement never mixes a type's nodes with and without NVLink in one gang
+                # (core/shape.py `pool_of`): the gang must fit one kind or the other.
+                kinds = ([node for node in nodes if node.nvlink is kind] for kind in (True, False))
+                counts = [max_placeable_tasks(spec, kind) for kind in kinds if kind]
+                placeable = max(counts, default=0)
+            else:
+                placeable = max_placeable_tasks(spec, nodes)
+            self._placeable[key] = placeable
         return placeable
 
 
@@ -363,9 +371,21 @@ def capacity_rejection(
         return (
             "gang_too_large",
             f"needs {spec.gang_min_tasks} tasks of {spec.gpus_per_task} GPUs but {scope} can "
-            f"hold at most {placeable}",
+            f"hold at most {placeable}{_split_note(spec, catalog)}",
         )
     return None
+
+
+def _split_note(spec: JobSpec, catalog: AdmissionCatalog) -> str:
+    """Why a gang of a GPU type with nodes both with and without NVLink counts one kind."""
+    if spec.gpu_type is None:
+        return ""
+    kinds = {node.nvlink for node in catalog.nodes.values() if node.gpu_type == spec.gpu_type}
+    if len(kinds) < 2:
+        return ""
+    if needs_nvlink(spec):
+        return " on nodes joined by NVLink"
+    return " on nodes of one kind (a gang never mixes nodes with and without NVLink)"
 
 
 def host_ceiling_rejection(

@@ -435,8 +435,14 @@ def _why_infeasible(state: PlanningSurface, shape: Shape) -> str | None:
         return f"{describe_need(shape)}; no schedulable node has that many (largest has {largest})"
     capacity = max((pools.get(pool, 0) for pool in usable), default=0)
     if shape.min_gpus > capacity:
+        # A gang takes GPUs of one pool: a type's nodes with and without NVLink never mix.
+        split = len(of_kind) > len({pool_gpu_type(pool) for pool in of_kind})
+        note = " for one gang (a gang never mixes nodes with and without NVLink)"
+        if shape.nvlink:
+            note = " joined by NVLink"
         return (
-            f"{describe_need(shape)}; the cluster has only {capacity} schedulable GPUs of that kind"
+            f"{describe_need(shape)}; the cluster has only {capacity} schedulable GPUs of that "
+            f"kind{note if split else ''}"
         )
     return None
 

@@ -191,14 +191,32 @@ def test_pcie_boxes_do_not_count_toward_what_a_tp_gang_could_ever_hold(
     catalog: AdmissionCatalog,
 ) -> None:
     # The 32 H100s of the fixture hold 4 tp8 groups; 4 more H100s on PCIe hold none of them,
-    # yet a gang of plain 8-GPU tasks may count them.
+    # yet a gang of plain 8-GPU tasks may go to the one kind or the other.
     for number in range(4):
         catalog.apply(pcie_box(f"p{number}", gpu_type="H100"))
     tp = job(team="vision", tasks=5, gpus_per_task=8, topology=TopologySpec(tp_size=8))
-    plain = job(team="vision", tasks=5, gpus_per_task=8)
+    plain = job(team="vision", tasks=4, gpus_per_task=8)
 
     assert rejection(admit("j1", tp, catalog, CLASSES)) == "gang_too_large"
     assert isinstance(admit("j2", plain, catalog, CLASSES), JobAdmitted)
+
+
+def test_a_plain_gang_of_a_type_counts_its_nodes_with_and_without_nvlink_apart(
+    catalog: AdmissionCatalog,
+) -> None:
+    # Placement never mixes the two kinds in one gang (core/shape.py `pool_of`): 32 H100s
+    # joined by NVLink and 32 on PCIe never hold 5 tasks of 8 GPUs; admitting it left it
+    # waiting for good ("the cluster has only 32 schedulable GPUs of that kind").
+    for number in range(4):
+        catalog.apply(pcie_box(f"p{number}", gpu_type="H100"))
+    plain = job(team="vision", tasks=5, gpus_per_task=8, gpu_type="H100")
+
+    result = admit("j1", plain, catalog, CLASSES)
+
+    assert isinstance(result, JobRejected) and result.reason == (
+        "needs 5 tasks of 8 GPUs but the cluster can hold at most 4 on nodes of one kind "
+        "(a gang never mixes nodes with and without NVLink)"
+    )
 
 
 def test_a_tp_group_larger_than_every_nvlink_node_says_so_beside_a_larger_pcie_box(

@@ -220,3 +220,19 @@ def test_a_tp_job_asking_more_cpus_than_any_nvlink_node_has_is_told_it_can_never
     view = history.job(job)
     assert view.reason_code == "unsatisfiable"
     assert "no schedulable node has that many (largest has 32)" in (view.reason or "")
+
+
+def test_a_plain_gang_larger_than_either_kind_of_node_is_told_they_never_mix() -> None:
+    # 16 H100s joined by NVLink and 16 on PCIe: a gang takes GPUs of one kind or the other,
+    # so 3 tasks of 8 never run, and the reason says why (the cluster has 32 H100s).
+    history = History(MIXED)
+    job = history.submit(a_job().gpus(8).tasks(3).gpu_type("H100"))[0]
+
+    history.run()
+
+    view = history.job(job)
+    assert view.reason_code == "unsatisfiable"
+    assert view.reason is not None and view.reason.endswith(
+        "the cluster has only 16 schedulable GPUs of that kind for one gang "
+        "(a gang never mixes nodes with and without NVLink)"
+    )
