@@ -166,14 +166,21 @@ def pool_gpu_type(pool: str) -> str:
 
 def shape_pools(shape: Shape, pools: Iterable[str]) -> list[str]:
     """The pools the gang may take GPUs from, in the order placement tries them: its GPU
-    type's (NVLink first; they need not be among `pools`), or those of `pools` by name."""
+    type's (they need not be among `pools`), or those of `pools` by GPU type. A gang that
+    needs no NVLink tries a type's nodes without it first: NVLink nodes are the only ones a
+    tp gang can use, and plain work that took them while PCIe boxes stood idle left tp gangs
+    waiting (or preempting) on a cluster with room for both."""
     if shape.gpu_type is not None:
         if shape.nvlink:
             return [shape.gpu_type]
-        return [shape.gpu_type, shape.gpu_type + _WITHOUT_NVLINK]
+        return [shape.gpu_type + _WITHOUT_NVLINK, shape.gpu_type]
     if shape.nvlink:
         return sorted(pool for pool in pools if pool_has_nvlink(pool))
-    return sorted(pools)
+    return sorted(pools, key=_pcie_first)
+
+
+def _pcie_first(pool: str) -> tuple[str, bool]:
+    return pool_gpu_type(pool), pool_has_nvlink(pool)
 
 
 def pool_suits(shape: Shape, pool: str) -> bool:

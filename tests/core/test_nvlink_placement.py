@@ -236,3 +236,16 @@ def test_a_plain_gang_larger_than_either_kind_of_node_is_told_they_never_mix() -
         "the cluster has only 16 schedulable GPUs of that kind for one gang "
         "(a gang never mixes nodes with and without NVLink)"
     )
+
+
+def test_plain_work_takes_the_pcie_boxes_first_and_leaves_nvlink_nodes_to_tp_gangs() -> None:
+    # Two plain jobs and two tp8 jobs fit the four nodes exactly: the plain ones on the PCIe
+    # boxes. Taking the NVLink nodes first left both tp jobs waiting beside idle PCIe boxes.
+    history = History(MIXED)
+    plain = history.submit(a_job().gpus(8), a_job().gpus(8).gpu_type("H100"))
+    tp = history.submit(a_job().gpus(8).tp(8), a_job().gpus(8).tp(8))
+
+    history.run()
+
+    assert set().union(*(history.job(job).placement for job in plain)) == PCIE
+    assert set().union(*(history.job(job).placement for job in tp)) == JOINED
