@@ -249,3 +249,31 @@ def test_plain_work_takes_the_pcie_boxes_first_and_leaves_nvlink_nodes_to_tp_gan
 
     assert set().union(*(history.job(job).placement for job in plain)) == PCIE
     assert set().union(*(history.job(job).placement for job in tp)) == JOINED
+
+
+def test_a_tp_job_that_finds_no_fairness_victims_does_not_hold_back_a_plain_one() -> None:
+    # Team alpha's long job holds the PCIe box, team beta's the NVLink node. alpha's short tp8
+    # job can take nothing (only beta's node would serve it); its plain 8-GPU job behind may
+    # evict alpha's long job for fairness. The tp job's failure stood for both: the plain one
+    # waited as long as the tp one did.
+    fair = SchedulingPolicy(fairness_preemption=True, las_thresholds_gpu_s=(3600.0, 36_000.0))
+    history = History(
+        "groups:\n"
+        "  - {count: 1, gpus: 8, gpu_type: H100}\n"
+        "  - {count: 1, gpus: 8, gpu_type: H100, nvlink: false}\n",
+        policy=fair,
+    )
+    history.team("alpha", guaranteed=8)
+    history.team("beta", guaranteed=8)
+    history.occupy("n0000", 8, a_job().team("beta").estimate(86400.0))
+    long = history.occupy("n0001", 8, a_job().team("alpha").estimate(86400.0))
+    history.advance(1200)
+    _, plain = history.submit(a_job().gpus(8).tp(8).team("alpha"), a_job().gpus(8).team("alpha"))
+
+    history.run()
+
+    evictions = history.events(PreemptionRequested)
+    assert [(e.job_id, e.preemptor_job_id, e.code) for e in evictions] == [
+        (long, plain, "fairness")
+    ]
+    assert history.auditor.violations == []
