@@ -14,7 +14,7 @@ from typing import Any
 
 from core.host import host_rejection
 from core.queue_rules import queue_owner
-from core.shape import cpus_text, ranks_per_unit, unit_gpus
+from core.shape import cpus_text, needs_nvlink, ranks_per_unit, unit_gpus
 from core.sharing_admission import fraction_rejection
 from schemas.base import Event
 from schemas.jobs import JobAdmitted, JobRejected, JobSpec
@@ -110,6 +110,9 @@ class NodeShape:
     mig: str = "none"
     mig_profiles: tuple[str, ...] = ()
     gpu_memory_mb: tuple[int, ...] = ()
+    # Whether NVLink joins its GPUs: only then does it take tensor-parallel groups that span
+    # GPUs (core/shape.py `needs_nvlink`).
+    nvlink: bool = True
 
 
 @dataclass
@@ -131,6 +134,7 @@ class AdmissionCatalog:
     nodes: dict[str, NodeShape] = field(default_factory=dict)
     _largest_by_type: dict[str, int] | None = field(default=None, repr=False, compare=False)
     _largest_whole_by_type: dict[str, int] | None = field(default=None, repr=False, compare=False)
+    _largest_joined_by_type: dict[str, int] | None = field(default=None, repr=False, compare=False)
     _placeable: dict[tuple[str | None, int, int | None, str], int] = field(
         default_factory=dict, repr=False, compare=False
     )
@@ -162,11 +166,13 @@ class AdmissionCatalog:
             event.mig,
             tuple(event.mig_profiles),
             tuple(gpu.memory_mb for gpu in sorted(event.gpus, key=lambda g: g.index)),
+            event.nvlink,
         )
         if self.nodes.get(event.node_id) != shape:
             self.nodes[event.node_id] = shape
             self._largest_by_type = None
             self._largest_whole_by_type = None
+            self._largest_joined_by_type = None
             self._placeable.clear()
 
     def _on_team_policy_configured(self, event: TeamPolicyConfigured) -> None:
@@ -203,6 +209,17 @@ class AdmissionCatalog:
             self._largest_whole_by_type = largest
         return self._largest_whole_by_type
 
+    def joined_gpu_types(self) -> dict[str, int]:
+        """`whole_gpu_types` of the nodes whose GPUs NVLink joins, where tensor-parallel groups
+        that span GPUs go."""
+        if self._largest_joined_by_type is None:
+            largest: dict[str, int] = {}
+            for node in self.nodes.values():
+                if node.mig != "fixed" and node.nvlink:
+                    largest[node.gpu_type] = max(largest.get(node.gpu_type, 0), node.gpus)
+            self._largest_joined_by_type = largest
+        return self._largest_joined_by_type
+
     def placeable_tasks(self, spec: JobSpec) -> int:
         """`max_placeable_tasks` over the nodes of the job's GPU type, kept per job shape."""
         key = (
@@ -218,7 +235,15 @@ class AdmissionCatalog:
                 for node in self.nodes.values()
                 if (spec.gpu_type is None or node.gpu_type == spec.gpu_type) and node.mig != "fixed"
             ]
-            self._placeable[key] = placeable = max_placeable_tasks(spec, nodes)
+            if spec.gpu_type is not None:
+                # Placement never mixes a type's nodes with and without NVLink in one gang
+                # (core/shape.py `pool_of`): the gang must fit one kind or the other.
+                kinds = ([node for node in nodes if node.nvlink is kind] for kind in (True, False))
+                counts = [max_placeable_tasks(spec, kind) for kind in kinds if kind]
+                placeable = max(counts, default=0)
+            else:
+                placeable = max_placeable_tasks(spec, nodes)
+            self._placeable[key] = placeable
         return placeable
 
 
@@ -318,13 +343,25 @@ def capacity_rejection(
             f"no node{of_type} offers whole GPUs: every one has a fixed MIG geometry "
             "(ask a mig_profile instead)",
         )
-    largest_node = types[spec.gpu_type] if spec.gpu_type is not None else max(types.values())
     group_gpus = unit_gpus(spec)
+    if needs_nvlink(spec):
+        types = catalog.joined_gpu_types()
+        if not types or (spec.gpu_type is not None and spec.gpu_type not in types):
+            of_type = "" if spec.gpu_type is None else f" of type {spec.gpu_type!r}"
+            return (
+                "task_too_large",
+                f"a tensor-parallel group needs {group_gpus} GPUs joined by NVLink but no "
+                f"node{of_type} joins its GPUs by NVLink (they talk over PCIe)",
+            )
+    largest_node = types[spec.gpu_type] if spec.gpu_type is not None else max(types.values())
     if group_gpus > largest_node:
         what = "a task" if group_gpus == spec.gpus_per_task else "a tensor-parallel group"
+        # Named so only where some node of the kind lacks NVLink (the group could not go there).
+        pcie = needs_nvlink(spec) and catalog.joined_gpu_types() != catalog.whole_gpu_types()
+        node = "node joined by NVLink" if pcie else "node"
         return (
             "task_too_large",
-            f"{what} needs {group_gpus} GPUs in one NVLink domain but the largest node has "
+            f"{what} needs {group_gpus} GPUs in one NVLink domain but the largest {node} has "
             f"{largest_node}",
         )
 
@@ -334,9 +371,21 @@ def capacity_rejection(
         return (
             "gang_too_large",
             f"needs {spec.gang_min_tasks} tasks of {spec.gpus_per_task} GPUs but {scope} can "
-            f"hold at most {placeable}",
+            f"hold at most {placeable}{_split_note(spec, catalog)}",
         )
     return None
+
+
+def _split_note(spec: JobSpec, catalog: AdmissionCatalog) -> str:
+    """Why a gang of a GPU type with nodes both with and without NVLink counts one kind."""
+    if spec.gpu_type is None:
+        return ""
+    kinds = {node.nvlink for node in catalog.nodes.values() if node.gpu_type == spec.gpu_type}
+    if len(kinds) < 2:
+        return ""
+    if needs_nvlink(spec):
+        return " on nodes joined by NVLink"
+    return " on nodes of one kind (a gang never mixes nodes with and without NVLink)"
 
 
 def host_ceiling_rejection(
@@ -369,7 +418,11 @@ def max_placeable_tasks(spec: JobSpec, nodes: Collection[NodeShape]) -> int:
     ranks_per_group = ranks_per_unit(spec)
     group_gpus = unit_gpus(spec)
 
+    nvlink = needs_nvlink(spec)
+
     def tasks_on(node: NodeShape) -> int:
+        if nvlink and not node.nvlink:
+            return 0
         return (node.gpus // group_gpus) * ranks_per_group
 
     require = spec.topology.require

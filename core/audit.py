@@ -36,7 +36,7 @@ from core.audit_sharing import SharingAudit
 from core.estimates import RuntimeEstimates
 from core.live_sharing import GpuAmount, is_fractional, placement_gpus
 from core.policy import SchedulingPolicy
-from core.shape import Shape, ranks_per_unit, shape_of
+from core.shape import Shape, needs_nvlink, pool_of, ranks_per_unit, shape_of
 from core.state import rank_host
 from schemas.base import Event
 from schemas.jobs import (
@@ -117,7 +117,8 @@ _LOGGED_TIME_SLACK_S = 2e-6
 
 # The scheduling promises of DESIGN §3 the auditor checks (violations with invariant 0).
 RULES: dict[str, str] = {
-    "topology": "a required node, rack or block locality and the GPU type are honoured",
+    "topology": "a required node, rack or block locality, the GPU type and NVLink for "
+    "tensor-parallel groups are honoured",
     "cross_queue": "another team never preempts a gang within its queue's guarantee",
     "idle_capacity": "no preemption while idle GPUs could serve",
     "borrowers_first": "borrowed capacity is reclaimed before a guarantee's or one's own",
@@ -152,6 +153,7 @@ class _Node:
     rack: str = ""
     block: str = ""
     gpu_type: str = ""
+    nvlink: bool = True
     lost: bool = False
     draining: bool = False
     drained: bool = False
@@ -308,6 +310,7 @@ class Auditor:
                 rack=event.rack,
                 block=event.block,
                 gpu_type=event.gpu_type,
+                nvlink=event.nvlink,
             )
             self._capacity += len(self._nodes[event.node_id].gpus)
             self._check_guarantees(position)
@@ -703,7 +706,8 @@ class Auditor:
     def _check_topology(
         self, job_id: str, spec: JobSpec, ranks: list[RankPlacement], position: int
     ) -> None:
-        nodes = [self._nodes[r.node_id] for r in ranks if r.node_id in self._nodes]
+        ids = [r.node_id for r in ranks if r.node_id in self._nodes]
+        nodes = [self._nodes[node_id] for node_id in ids]
         require = spec.topology.require
         domains = {
             "node": {r.node_id for r in ranks},
@@ -723,6 +727,17 @@ class Auditor:
                 self._broken(
                     "topology",
                     f"job {job_id} asks for {spec.gpu_type} GPUs but got {', '.join(wrong)}",
+                    position,
+                )
+        if needs_nvlink(spec):
+            pcie = sorted(
+                {node_id for node_id, node in zip(ids, nodes, strict=True) if not node.nvlink}
+            )
+            if pcie:
+                self._broken(
+                    "topology",
+                    f"job {job_id}'s tensor-parallel groups of {spec.topology.tp_size} GPUs "
+                    f"were placed on {', '.join(pcie)}, whose GPUs NVLink does not join",
                     position,
                 )
 
@@ -936,6 +951,8 @@ class Auditor:
                 continue
             if shape.gpu_type is not None and node.gpu_type != shape.gpu_type:
                 continue
+            if shape.nvlink and not node.nvlink:
+                continue  # a tp group never spans GPUs that talk over PCIe
             # A GPU in MIG mode or holding shares is no whole GPU (core/sharing.py): counting
             # a fixed-MIG node's GPUs as idle flagged every reclaim on such a cluster.
             at = self._instant if self._instant is not None else 0.0
@@ -948,9 +965,10 @@ class Auditor:
             )
             units = free // shape.unit_gpus
             if units:
-                pools.setdefault(node.gpu_type, {}).setdefault("", []).append(
-                    (node.rack, node.block, units)
-                )
+                # The core's placement pools: a gang never mixes nodes with and without
+                # NVLink, even of one GPU type (core/shape.py `pool_of`).
+                key = pool_of(node.gpu_type, node.nvlink)
+                pools.setdefault(key, {}).setdefault("", []).append((node.rack, node.block, units))
         for pool in pools.values():
             entries = pool[""]
             if shape.require == "node":

@@ -17,7 +17,7 @@ from core.host_quota import charge_tasks, within_host_ceilings
 from core.placement import Allocation, Shape, Snapshot, find_placement, take_lowest
 from core.quota import QuotaBook
 from core.reservation import plan_reservation, runtime_estimate, runtime_estimator
-from core.shape import FailureKey, describe_need
+from core.shape import FailureKey, describe_need, pool_gpu_type, shape_pools
 from core.slo import headroom_blocks
 from core.state import CoreJob, bits
 from core.surface import PlanningSurface
@@ -412,21 +412,37 @@ def _infeasible(ctx: CycleContext, shape: Shape) -> str | None:
 
 def _why_infeasible(state: PlanningSurface, shape: Shape) -> str | None:
     biggest, pools = state.capacity_profile()
-    if shape.gpu_type is not None and shape.gpu_type not in pools:
+    # Pools are GPU types, with nodes whose GPUs NVLink does not join set apart (core/shape.py).
+    of_kind = [pool for pool in pools if shape.gpu_type in (None, pool_gpu_type(pool))]
+    if shape.gpu_type is not None and not of_kind:
         return f"{describe_need(shape)}; the cluster has no schedulable {shape.gpu_type} GPUs"
-    usable = [shape.gpu_type] if shape.gpu_type is not None else list(pools)
+    usable = [pool for pool in shape_pools(shape, pools) if pool in pools]
+    if of_kind and not usable:
+        of_type = "" if shape.gpu_type is None else f"{shape.gpu_type} "
+        return (
+            f"{describe_need(shape)}; no schedulable node joins its {of_type}GPUs by NVLink, "
+            "and a tensor-parallel group never spans GPUs that talk over PCIe"
+        )
     largest = max((biggest.get(pool, 0) for pool in usable), default=0)
     if shape.unit_gpus > largest:
+        # Named so only where some node of the kind lacks NVLink, not on a cluster of NVLink.
+        joined = " joined by NVLink" if len(usable) < len(of_kind) else ""
         return (
             f"{describe_need(shape)}; no schedulable node has {shape.unit_gpus} healthy "
-            f"GPUs (largest has {largest})"
+            f"GPUs{joined} (largest has {largest})"
         )
     if shape.require == "node" and shape.min_gpus > largest:
         return f"{describe_need(shape)}; no schedulable node has that many (largest has {largest})"
     capacity = max((pools.get(pool, 0) for pool in usable), default=0)
     if shape.min_gpus > capacity:
+        # A gang takes GPUs of one pool: a type's nodes with and without NVLink never mix.
+        split = len(of_kind) > len({pool_gpu_type(pool) for pool in of_kind})
+        note = " for one gang (a gang never mixes nodes with and without NVLink)"
+        if shape.nvlink:
+            note = " joined by NVLink"
         return (
-            f"{describe_need(shape)}; the cluster has only {capacity} schedulable GPUs of that kind"
+            f"{describe_need(shape)}; the cluster has only {capacity} schedulable GPUs of that "
+            f"kind{note if split else ''}"
         )
     return None
 

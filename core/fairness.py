@@ -122,7 +122,10 @@ def preempt_for_fairness(
     pools: dict[tuple[str, int], Pool] = {}
     # When a gang of the pool first reaches a level, by pool, level and largest victim.
     climbs: dict[tuple[str, int, int, int | None], float | None] = {}
-    failed: dict[tuple[str, int, int, bool], int] = {}
+    # (queue, class, level, small, NVLink) → the fewest GPUs that found no victims: a gang as
+    # large fails too. A tp gang that needs NVLink (`Shape.nvlink`) fails where one that does
+    # not may succeed (on nodes without NVLink): its failure says nothing of the others'.
+    failed: dict[tuple[str, int, int, bool, bool], int] = {}
     preemptors = attempts = 0
     others_borrow: dict[str, bool] = {}
     # Every waiting job is looked at in every cycle, nearly all of them only to be passed over
@@ -167,7 +170,7 @@ def preempt_for_fairness(
         level = bisect_right(thresholds, service)
         min_gpus = shape.min_gpus
         small = min_gpus <= protected_gpus
-        key = (queue, rank, level, small)
+        key = (queue, rank, level, small, shape.nvlink)
         least = failed.get(key)
         if least is not None and min_gpus >= least:
             continue

@@ -24,7 +24,7 @@ from collections.abc import Collection
 from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
-from core.shape import Shape, cpus_text
+from core.shape import Shape, cpus_text, needs_nvlink
 from core.state import CoreJob, rank_host
 from schemas.jobs import JobSpec
 from schemas.reasons import DeferCode, RejectCode
@@ -225,6 +225,8 @@ def host_infeasible(state: PlanningSurface, shape: Shape) -> str | None:
             continue
         if not shape.cpu_only and node.gpu_count < shape.unit_gpus:
             continue
+        if shape.nvlink and not node.nvlink:
+            continue  # a tp group never goes there, whatever its CPUs and memory
         any_node = True
         declared = node.cpus_milli
         if shape.cpu_only:
@@ -271,6 +273,8 @@ class HostShape(Protocol):
     def cpus(self) -> int | None: ...
     @property
     def memory_mb(self) -> int | None: ...
+    @property
+    def nvlink(self) -> bool: ...
 
 
 def host_rejection(spec: JobSpec, nodes: Collection[HostShape]) -> tuple[RejectCode, str] | None:
@@ -281,11 +285,14 @@ def host_rejection(spec: JobSpec, nodes: Collection[HostShape]) -> tuple[RejectC
     memory = spec.memory_mb_per_task or 0
     if not cpus and not memory:
         return None
+    nvlink = needs_nvlink(spec)
     fitting = [
         node
         for node in nodes
         if (spec.gpu_type is None or node.gpu_type == spec.gpu_type)
         and node.gpus >= spec.gpus_per_task
+        # A tensor-parallel group that spans GPUs goes only where NVLink joins them.
+        and (node.nvlink or not nvlink)
     ]
     if not fitting:
         return None  # the GPU rules refuse it

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 
 from core.host import place_on_hosts
-from core.shape import Shape, shape_of
+from core.shape import Shape, shape_of, shape_pools
 from core.state import FreeCapacityWatch, NodeRecord, popcount
 from core.surface import PlanningSurface
 
@@ -212,7 +212,7 @@ class Snapshot:
         if not mask:
             return
         node = self.nodes[index]
-        pool = node.gpu_type
+        pool = node.pool
         count = popcount(mask)
         self.free[index] = mask
         self.count[index] = count
@@ -259,7 +259,7 @@ class Snapshot:
         if not mask:
             return
         node = self.nodes[index]
-        pool = node.gpu_type
+        pool = node.pool
         count = self.count.pop(index)
         self.levels[pool][count].discard(index)
         self._rack_units.pop(node.rack_id, None)
@@ -305,7 +305,7 @@ class Snapshot:
         if old == new:
             return
         node = self.nodes[index]
-        levels = self.levels[node.gpu_type]
+        levels = self.levels[node.pool]
         levels[old].discard(index)
         levels[new].add(index)
         self.count[index] = new
@@ -314,7 +314,7 @@ class Snapshot:
         moved = new - old
         self.rack_free[node.rack_id] += moved
         self.block_free[node.block_id] += moved
-        self.pool_free[node.gpu_type] += moved
+        self.pool_free[node.pool] += moved
         self.total_free += moved
 
     def release(self, index: int, mask: int) -> None:
@@ -541,7 +541,7 @@ def find_placement(snap: Snapshot, shape: Shape, avoid_reserved: bool) -> Alloca
 
 
 def _find(snap: Snapshot, shape: Shape, avoid_reserved: bool) -> Allocation | None:
-    pools = [shape.gpu_type] if shape.gpu_type is not None else sorted(snap.pool_free)
+    pools = shape_pools(shape, snap.pool_free)
     for pool in pools:
         if snap.pool_free.get(pool, 0) < shape.min_gpus:
             continue

@@ -17,6 +17,7 @@ from core.live_sharing import GpuAmount
 from core.placement import Allocation, Shape, Snapshot, find_placement
 from core.policy import PriorityClass, SchedulingPolicy
 from core.quota import QuotaBook
+from core.shape import pool_suits, shape_pools
 from core.slo import bounded_victims
 from core.state import CoreJob, HoldingWatch, NodeRecord, popcount
 from core.state_index import StateIndex, merge_sorted
@@ -271,9 +272,9 @@ class VictimPool:
         self, preemptor: CoreJob, pclass: PriorityClass, reclaiming: bool, quota: QuotaBook
     ) -> Iterator[tuple[bool, str, CoreJob]]:
         """The gangs the preemptor may take, in pool order, each with whether its queue
-        borrows and the GPU type of its first rank's node. Across queues only borrowed
-        capacity is taken: a gang within its own queue's guarantee is safe from other teams,
-        whatever their class (invariant 4)."""
+        borrows and the placement pool of its first rank's node (core/shape.py `pool_of`).
+        Across queues only borrowed capacity is taken: a gang within its own queue's
+        guarantee is safe from other teams, whatever their class (invariant 4)."""
         borrowing: dict[str, bool] = {}
         taken: list[list[_Entry]] = []
         for (queue, vrank), entries in self.groups.items():
@@ -293,7 +294,7 @@ class VictimPool:
         # cost more than it saved. Orders are unique (they end in the seq).
         merged = taken[0] if len(taken) == 1 else sorted(chain.from_iterable(taken), key=_first)
         for _, victim in merged:
-            yield borrowing[victim.queue], nodes[victim.ranks[0][0]].gpu_type, victim
+            yield borrowing[victim.queue], nodes[victim.ranks[0][0]].pool, victim
 
 
 class VictimBook(StateIndex[HoldingWatch]):
@@ -430,12 +431,12 @@ def plan_preemption(
         return None  # idle capacity serves (only a reservation held it back): never preempt
     borrowers: list[CoreJob] = []
     everyone: list[CoreJob] = []
-    for borrower, gpu_type, victim in pool.reachable(preemptor, pclass, reclaiming, quota):
+    for borrower, victim_pool, victim in pool.reachable(preemptor, pclass, reclaiming, quota):
         if len(everyone) >= MAX_CANDIDATES and len(borrowers) >= MAX_CANDIDATES:
             break
         if victim.job_id in excluded or victim.job_id == preemptor.job_id:
             continue
-        if shape.gpu_type is not None and gpu_type != shape.gpu_type:
+        if not pool_suits(shape, victim_pool):
             continue
         if not victim.bound_gpus and not shape.asks_host:
             continue  # a CPU-only gang frees nothing a gang of GPUs alone could use
@@ -650,7 +651,7 @@ def _landed_on(
 
 def _free_units(planning: Snapshot, shape: Shape) -> int:
     """Units the free GPUs already offer, node by node, in the shape's pool(s)."""
-    pools = [shape.gpu_type] if shape.gpu_type is not None else list(planning.levels)
+    pools = shape_pools(shape, planning.levels)
     unit = shape.unit_gpus
     units = 0
     for pool in pools:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from schemas.jobs import JobSpec
 
-# (gpu type, unit GPUs, require, avoid reserved, CPUs per task, memory per task)
-FailureKey = tuple[str | None, int, str, bool, int, int]
-_Compared = tuple[str | None, int, int, int, int, int, str, int, int]
+# (gpu type, unit GPUs, require, avoid reserved, CPUs per task, memory per task, NVLink)
+FailureKey = tuple[str | None, int, str, bool, int, int, bool]
+_Compared = tuple[str | None, int, int, int, int, int, str, int, int, bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +26,12 @@ class Shape:
     # What each task asks of its node's host: thousandths of a CPU, MB of memory (0: nothing).
     cpus_milli: int = 0
     memory_mb: int = 0
+    # Its tensor-parallel groups span GPUs (`tp_size` > 1): they go to nodes whose GPUs are
+    # joined by NVLink only (`NodeRegistered.nvlink`), never to GPUs that talk over PCIe. Set
+    # only where the cluster has such nodes (`shape_of`): on a cluster of NVLink alone a tp
+    # gang and a plain one of the same units are one shape and share every per-shape answer
+    # (placement's and preemption's memos of what failed, the waiting reasons).
+    nvlink: bool = False
     # Derived once, not properties: a cycle reads them for every waiting job in ordering,
     # placing and preemption for fairness (34 million reads of `min_gpus` on the Philly window).
     # Left out of equality, as what they derive from is in it.
@@ -42,16 +49,18 @@ class Shape:
         object.__setattr__(self, "_hash", hash(self._compared()))
         # A gang that asks more of the host fails where one that asks less may fit: the host
         # ask is part of the key (after `avoid_reserved`, which callers read as key[3]).
-        gpu_type, unit, require, cpus, memory = (
+        # A gang that needs NVLink fails where one that does not may fit (on PCIe nodes).
+        gpu_type, unit, require, cpus, memory, nvlink = (
             self.gpu_type,
             self.unit_gpus,
             self.require,
             self.cpus_milli,
             self.memory_mb,
+            self.nvlink,
         )
         keys = (
-            (gpu_type, unit, require, False, cpus, memory),
-            (gpu_type, unit, require, True, cpus, memory),
+            (gpu_type, unit, require, False, cpus, memory, nvlink),
+            (gpu_type, unit, require, True, cpus, memory, nvlink),
         )
         object.__setattr__(self, "_failure_keys", keys)
 
@@ -67,6 +76,7 @@ class Shape:
             self.require,
             self.cpus_milli,
             self.memory_mb,
+            self.nvlink,
         )
 
     def __hash__(self) -> int:
@@ -106,7 +116,9 @@ def unit_gpus(spec: JobSpec) -> int:
     return ranks_per_unit(spec) * spec.gpus_per_task
 
 
-def shape_of(spec: JobSpec) -> Shape:
+def shape_of(spec: JobSpec, *, pcie_nodes: bool = True) -> Shape:
+    """The gang's shape; `pcie_nodes`: whether the cluster has nodes whose GPUs NVLink does
+    not join (the scheduler's state knows; without, a tp gang's shape asks for NVLink)."""
     g = spec.gpus_per_task
     tasks_per_unit = ranks_per_unit(spec)
     units = spec.tasks // tasks_per_unit
@@ -121,7 +133,61 @@ def shape_of(spec: JobSpec) -> Shape:
         require=spec.topology.require,
         cpus_milli=0 if spec.cpus_per_task is None else round(spec.cpus_per_task * 1000),
         memory_mb=spec.memory_mb_per_task or 0,
+        nvlink=pcie_nodes and needs_nvlink(spec),
     )
+
+
+def needs_nvlink(spec: JobSpec) -> bool:
+    """Whether the job's tensor-parallel groups span GPUs, which then must talk over NVLink
+    (a `tp_size` that divides `gpus_per_task` still spans the task's GPUs). A task of several
+    GPUs without `tp_size` asks only that they share a node."""
+    tp = spec.topology.tp_size
+    return tp is not None and tp > 1
+
+
+# The placement pools: a node's GPU type, set apart for nodes whose GPUs NVLink does not join
+# (`NodeRegistered.nvlink` false): a gang takes GPUs of one pool, and a gang whose
+# tensor-parallel groups span GPUs (`Shape.nvlink`) takes none of those.
+_WITHOUT_NVLINK = "\x00without NVLink"
+
+
+def pool_of(gpu_type: str, nvlink: bool) -> str:
+    """The placement pool of a node of `gpu_type` whose GPUs NVLink joins (or not)."""
+    return gpu_type if nvlink else gpu_type + _WITHOUT_NVLINK
+
+
+def pool_has_nvlink(pool: str) -> bool:
+    return not pool.endswith(_WITHOUT_NVLINK)
+
+
+def pool_gpu_type(pool: str) -> str:
+    return pool.removesuffix(_WITHOUT_NVLINK)
+
+
+def shape_pools(shape: Shape, pools: Iterable[str]) -> list[str]:
+    """The pools the gang may take GPUs from, in the order placement tries them: its GPU
+    type's (they need not be among `pools`), or those of `pools` by GPU type. A gang that
+    needs no NVLink tries a type's nodes without it first: NVLink nodes are the only ones a
+    tp gang can use, and plain work that took them while PCIe boxes stood idle left tp gangs
+    waiting (or preempting) on a cluster with room for both."""
+    if shape.gpu_type is not None:
+        if shape.nvlink:
+            return [shape.gpu_type]
+        return [shape.gpu_type + _WITHOUT_NVLINK, shape.gpu_type]
+    if shape.nvlink:
+        return sorted(pool for pool in pools if pool_has_nvlink(pool))
+    return sorted(pools, key=_pcie_first)
+
+
+def _pcie_first(pool: str) -> tuple[str, bool]:
+    return pool_gpu_type(pool), pool_has_nvlink(pool)
+
+
+def pool_suits(shape: Shape, pool: str) -> bool:
+    """Whether the gang may take GPUs of `pool` (one of `shape_pools`, present or not)."""
+    if shape.nvlink and not pool_has_nvlink(pool):
+        return False
+    return shape.gpu_type is None or shape.gpu_type == pool_gpu_type(pool)
 
 
 def describe_need(shape: Shape) -> str:

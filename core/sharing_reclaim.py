@@ -52,6 +52,7 @@ from core.placement import Shape, Snapshot, find_placement
 from core.preemption import Eviction, credit_leaving, is_protected, request_evictions
 from core.quota import QuotaBook
 from core.regeometry import hold_s_of
+from core.shape import pool_suits
 from core.sharing import GpuLedger, NodeLedger
 from core.slo import lost_work
 from core.state import CoreJob
@@ -237,8 +238,8 @@ def _shared_gpus(
     excluded: set[str],
     coming: dict[tuple[int, int], float],
 ) -> list[SharedGpu]:
-    """The GPUs of the gang's type that evicting their slices and shares (all of them victims
-    it may take) would give back whole."""
+    """The GPUs of the gang's pools (its GPU type's; joined by NVLink for a tp gang) that
+    evicting their slices and shares (all of them victims it may take) would give back whole."""
     trial = ctx.sharing
     assert trial is not None
     live = trial.live
@@ -262,8 +263,8 @@ def _shared_gpus(
         record = state.node_record(node_id)
         if record is None or not node.schedulable:
             continue
-        if shape.gpu_type is not None and record.gpu_type != shape.gpu_type:
-            continue
+        if not pool_suits(shape, record.pool):
+            continue  # another GPU type's, or no NVLink for a tp gang: of no use to it
         for gpu in node.gpus:
             if not gpu.healthy or gpu.whole is not None or now < gpu.busy_until:
                 continue

@@ -20,7 +20,7 @@ from core.estimates import RuntimeEstimates
 from core.live_sharing import GpuAmount, LiveSharing, is_fractional, placement_gpus
 from core.policy import SchedulingPolicy
 from core.retry import attempt_size, repeated_oom, retry_delay_s
-from core.shape import Shape, describe_need, shape_of
+from core.shape import Shape, describe_need, needs_nvlink, pool_of, shape_of
 from schemas.base import Event
 from schemas.jobs import (
     HOLDING_STATES,
@@ -171,7 +171,11 @@ class NodeRecord:
     gpu_count: int
     all_mask: int
     labels: dict[str, str]
-    # Dense ids of (gpu_type, block, rack) and (gpu_type, block): the placement's aggregates.
+    # Whether NVLink joins the node's GPUs (`NodeRegistered.nvlink`), and the placement pool
+    # that follows from it and the GPU type (core/shape.py `pool_of`).
+    nvlink: bool = True
+    pool: str = ""
+    # Dense ids of (pool, block, rack) and (pool, block): the placement's aggregates.
     rack_id: int = 0
     block_id: int = 0
     unhealthy_mask: int = 0
@@ -201,6 +205,10 @@ class NodeRecord:
     memory_bound_mb: int = 0
     # GPUs in MIG mode or holding soft shares: out of the whole-GPU pool (core/live_sharing.py).
     shared_mask: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.pool:
+            self.pool = pool_of(self.gpu_type, self.nvlink)
 
     @property
     def schedulable(self) -> bool:
@@ -464,6 +472,8 @@ class SchedulerState:
         self._version = 0
         self._node_generation = 0
         self._profile: tuple[int, dict[str, int], dict[str, int]] | None = None
+        # Whether a node whose GPUs NVLink does not join ever registered (`Shape.nvlink`).
+        self._pcie_nodes = False
         self._host_profile: tuple[int, HostCapacity] | None = None
         # Runtimes learned from finished jobs: a fold beside this one, over the same events.
         self._estimates = RuntimeEstimates()
@@ -583,7 +593,8 @@ class SchedulerState:
         return self._clock
 
     def capacity_profile(self) -> tuple[dict[str, int], dict[str, int]]:
-        """Per GPU type: the largest schedulable node's healthy GPUs, and all schedulable GPUs.
+        """Per placement pool (core/shape.py `pool_of`: the GPU type, nodes without NVLink set
+        apart): the largest schedulable node's healthy GPUs, and all schedulable GPUs.
 
         What an empty cluster could offer; it tells a gang that can never fit from one that waits.
         Cached until a node event changes it.
@@ -597,7 +608,7 @@ class SchedulerState:
             if not node.schedulable:
                 continue
             healthy = popcount(node.all_mask & ~node.unhealthy_mask)
-            pool = node.gpu_type
+            pool = node.pool
             biggest[pool] = max(biggest.get(pool, 0), healthy)
             capacity[pool] = capacity.get(pool, 0) + healthy
         self._profile = (self._node_generation, biggest, capacity)
@@ -852,7 +863,7 @@ class SchedulerState:
             seq=self._seq,
             spec=spec,
             state="pending",
-            shape=_one_shape(shape_of(spec)),
+            shape=_one_shape(shape_of(spec, pcie_nodes=self._pcie_nodes)),
             submitted_at=at,
             team=spec.team,
             queue=spec.queue or spec.team,
@@ -1350,6 +1361,7 @@ class SchedulerState:
                 gpu_count=popcount(all_mask),
                 all_mask=all_mask,
                 labels=dict(event.labels),
+                nvlink=event.nvlink,
             )
             _declare_host(node, event)
             self._nodes[event.node_id] = node
@@ -1364,6 +1376,7 @@ class SchedulerState:
             self._total += popcount(all_mask) - node.gpu_count
             node.hostname = event.hostname
             node.gpu_type = event.gpu_type
+            node.nvlink = event.nvlink
             node.rack = event.rack
             node.block = event.block
             node.gpu_count = popcount(all_mask)
@@ -1373,13 +1386,25 @@ class SchedulerState:
             self._place_in_topology(node)
             for watch in self._free_watches:
                 watch.changed = None  # its rack, block or pool may have changed
+        if not event.nvlink and not self._pcie_nodes:
+            self._shape_for_pcie_nodes()
         self._sharing.register(event)
         node.shared_mask = self._sharing.shared_mask(node.node_id)
         self._refresh(node, topology_changed=True)
 
+    def _shape_for_pcie_nodes(self) -> None:
+        """The first node whose GPUs NVLink does not join: from now on a tp gang's shape asks
+        for NVLink (core/shape.py `Shape.nvlink`), so the jobs known already are shaped anew.
+        It stays so if that node leaves: once, not every time the fleet changes."""
+        self._pcie_nodes = True
+        for job in self._jobs.values():
+            if job.spec is not None and job.shape is not None and needs_nvlink(job.spec):
+                job.shape = _one_shape(shape_of(job.spec))
+
     def _place_in_topology(self, node: NodeRecord) -> None:
-        rack_key = (node.gpu_type, node.block, node.rack)
-        block_key = (node.gpu_type, node.block)
+        node.pool = pool_of(node.gpu_type, node.nvlink)
+        rack_key = (node.pool, node.block, node.rack)
+        block_key = (node.pool, node.block)
         node.rack_id = self._rack_ids.setdefault(rack_key, len(self._rack_ids))
         node.block_id = self._block_ids.setdefault(block_key, len(self._block_ids))
 

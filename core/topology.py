@@ -49,6 +49,7 @@ _GROUP_KEYS = {
     "gpu_memory_mb",
     "mig",
     "reconfigure_s",
+    "nvlink",
 }
 # The GPU model a short gpu_type stands for when the spec names none (its MIG profile table).
 _DEFAULT_GPU_MODEL = {
@@ -81,6 +82,8 @@ class _Group:
     mig: MigMode = "none"
     mig_profiles: tuple[str, ...] = ()
     reconfigure_s: float = DEFAULT_RECONFIGURE_S
+    # Whether NVLink joins the nodes' GPUs (false: PCIe only, e.g. L40S or PCIe H100 boxes).
+    nvlink: bool = True
 
 
 def parse_cluster_spec(text: str) -> list[NodeRegistered]:
@@ -181,6 +184,7 @@ def _groups_from_yaml(text: str) -> list[_Group]:
                 mig=mig,
                 mig_profiles=mig_profiles,
                 reconfigure_s=_seconds_field(raw, "reconfigure_s", DEFAULT_RECONFIGURE_S, where),
+                nvlink=_bool_field(raw, "nvlink", True, where),
             )
         )
     return groups
@@ -220,6 +224,7 @@ def _build(groups: list[_Group]) -> list[NodeRegistered]:
                     rack=rack,
                     block=block,
                     nvlink_domain=node_id,
+                    nvlink=group.nvlink,
                     labels=dict(group.labels),
                     discovered_by="spec",
                     cpus=group.cpus,
@@ -276,6 +281,13 @@ def _seconds_field(raw: Mapping[str, Any], key: str, default: float, where: str)
     if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
         raise ClusterSpecError(f"{where}: {key} must be a number of seconds >= 0, got {value!r}")
     return float(value)
+
+
+def _bool_field(raw: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
+    value: object = raw.get(key, default)
+    if not isinstance(value, bool):
+        raise ClusterSpecError(f"{where}: {key} must be true or false, got {value!r}")
+    return value
 
 
 def _int_field(raw: Mapping[str, Any], key: str, default: int, where: str) -> int:

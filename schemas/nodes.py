@@ -36,6 +36,9 @@ class NodeRegistered(NodeEvent):
     """A node joined (or re-registered) with its GPUs and its place in the topology.
 
     `nvlink_domain` defaults to the node itself; the topology is node ⊂ rack ⊂ block ⊂ cluster.
+    `nvlink` says whether the node's GPUs are all joined to one another by NVLink (an NVSwitch or
+    a full mesh), which makes the node one NVLink domain; false for GPUs on PCIe alone (or only
+    bridged in pairs): such a node takes no tensor-parallel group of more than one GPU.
     """
 
     type = "NodeRegistered"
@@ -45,6 +48,8 @@ class NodeRegistered(NodeEvent):
     rack: str
     block: str
     nvlink_domain: str | None = None
+    # Left out by producers before it existed: their nodes were taken as NVLink domains.
+    nvlink: bool = True
     labels: dict[str, str] = Field(default_factory=dict)
     discovered_by: Literal["nvml", "spec"]
     # Node resources (None: not declared, and then not limited).

@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
             node["id"],
             node["rack"],
             node["block"],
-            node["gpu_type"],
+            # A tp gang never goes where NVLink does not join the GPUs (older APIs: it does).
+            node["gpu_type"] if node.get("nvlink", True) else f"{node['gpu_type']} (PCIe)",
             node["state"],
             str(node["gpus"]),
             str(node["allocated_gpus"]),

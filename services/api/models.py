@@ -161,6 +161,10 @@ class NodeView(View):
     rack: str
     block: str
     nvlink_domain: str
+    nvlink: bool = Field(
+        description="NVLink joins the node's GPUs; false: PCIe only, no tensor-parallel group "
+        "of several GPUs goes there"
+    )
     state: Literal["ready", "degraded", "draining", "drained", "lost"]
     gpus: int
     healthy_gpus: int

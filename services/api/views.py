@@ -118,6 +118,7 @@ def node_view(node: NodeRecord, models: ReadModels, principal: Principal) -> Nod
         rack=node.rack,
         block=node.block,
         nvlink_domain=node.nvlink_domain,
+        nvlink=node.nvlink,
         state=node.state,
         gpus=len(node.gpu_indices),
         healthy_gpus=len(healthy),

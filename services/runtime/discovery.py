@@ -69,6 +69,7 @@ def nvml_node(
         gpus = []
         lost: list[int] = []
         migs: list[NvmlMigGpu] = []
+        handles: list[Any] = []
         for index in range(count):
             try:
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
@@ -84,7 +85,9 @@ def nvml_node(
                 lost.append(index)
                 continue
             gpus.append(gpu)
+            handles.append(handle)
             migs.append(read_mig(nvml, handle, index))
+        nvlink = joined_by_nvlink(nvml, handles)
     finally:
         try:
             nvml.nvmlShutdown()
@@ -115,6 +118,7 @@ def nvml_node(
         rack=rack,
         block=block,
         nvlink_domain=name,
+        nvlink=nvlink,
         labels=dict(labels or {}),
         discovered_by="nvml",
         cpus=cpus,
@@ -123,6 +127,24 @@ def nvml_node(
         mig=mig,
         mig_profiles=profiles,
     )
+
+
+def joined_by_nvlink(nvml: Any, handles: list[Any]) -> bool:
+    """Whether NVLink joins every pair of the host's GPUs (NVML's peer-to-peer NVLink status):
+    the node is then one NVLink domain. GPUs on PCIe alone, or bridged in pairs only, are not,
+    and a tensor-parallel group of several GPUs is then never placed there. A GPU that cannot
+    say (an NVML error, a driver without the call) counts as not joined: a group placed over
+    PCIe runs, but at a fraction of the speed its owner asked for."""
+    for first, handle in enumerate(handles):
+        for other in handles[first + 1 :]:
+            try:
+                status = nvml.nvmlDeviceGetP2PStatus(handle, other, nvml.NVML_P2P_CAPS_INDEX_NVLINK)
+            except Exception as error:  # NVMLError_NotSupported …
+                log.info("NVLink between GPUs unknown (%s): the node has no NVLink domain", error)
+                return False
+            if status != nvml.NVML_P2P_STATUS_OK:
+                return False
+    return True
 
 
 def _mig_of(migs: list[NvmlMigGpu], table: MigModel | None) -> tuple[MigMode, list[str]]:

@@ -31,7 +31,7 @@ from services.scheduler.folding import Folded
 log = logging.getLogger(__name__)
 
 # Raised whenever the layout of what is pickled changes in a way the digest would not catch.
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2
 
 _SAVE = """
 INSERT INTO scheduler_snapshots (position, code_version, state, size_bytes)
@@ -89,13 +89,16 @@ _SLOT_FIELDS: dict[type, tuple[str, ...] | None] = {}
 
 
 def _slot_fields(cls: type) -> tuple[str, ...] | None:
-    """The fields of a slotted dataclass (None for any other class)."""
+    """The fields of a slotted dataclass (None for any other class, and for one that says how
+    it is pickled: `core.shape.Shape` is built again when loaded, as the hash it keeps is of
+    the strings of the process that pickled it)."""
     try:
         return _SLOT_FIELDS[cls]
     except KeyError:
         pass
     fields = None
-    if dataclasses.is_dataclass(cls) and "__slots__" in cls.__dict__:
+    own_reduce = "__reduce__" in cls.__dict__ or "__reduce_ex__" in cls.__dict__
+    if dataclasses.is_dataclass(cls) and "__slots__" in cls.__dict__ and not own_reduce:
         fields = tuple(f.name for f in dataclasses.fields(cls))
     _SLOT_FIELDS[cls] = fields
     return fields

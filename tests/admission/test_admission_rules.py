@@ -164,6 +164,87 @@ def test_single_gpu_ranks_of_a_tp_group_share_a_node(catalog: AdmissionCatalog) 
     assert rejection(admit("j1", spec, catalog, CLASSES)) == "gang_too_large"
 
 
+def pcie_box(node_id: str, gpus: int = 8, gpu_type: str = "L40S") -> NodeRegistered:
+    return node(node_id, gpus=gpus, rack="r9", gpu_type=gpu_type).model_copy(
+        update={"nvlink": False}
+    )
+
+
+def test_a_tp_job_of_a_type_whose_every_node_lacks_nvlink_is_rejected(
+    catalog: AdmissionCatalog,
+) -> None:
+    catalog.apply(pcie_box("l0"))
+    tp = job(gpus_per_task=4, gpu_type="L40S", topology=TopologySpec(tp_size=4))
+    plain = job(gpus_per_task=4, gpu_type="L40S")
+
+    result = admit("j1", tp, catalog, CLASSES)
+
+    assert rejection(result) == "task_too_large"
+    assert isinstance(result, JobRejected) and result.reason == (
+        "a tensor-parallel group needs 4 GPUs joined by NVLink but no node of type 'L40S' "
+        "joins its GPUs by NVLink (they talk over PCIe)"
+    )
+    assert isinstance(admit("j2", plain, catalog, CLASSES), JobAdmitted)
+
+
+def test_pcie_boxes_do_not_count_toward_what_a_tp_gang_could_ever_hold(
+    catalog: AdmissionCatalog,
+) -> None:
+    # The 32 H100s of the fixture hold 4 tp8 groups; 4 more H100s on PCIe hold none of them,
+    # yet a gang of plain 8-GPU tasks may go to the one kind or the other.
+    for number in range(4):
+        catalog.apply(pcie_box(f"p{number}", gpu_type="H100"))
+    tp = job(team="vision", tasks=5, gpus_per_task=8, topology=TopologySpec(tp_size=8))
+    plain = job(team="vision", tasks=4, gpus_per_task=8)
+
+    assert rejection(admit("j1", tp, catalog, CLASSES)) == "gang_too_large"
+    assert isinstance(admit("j2", plain, catalog, CLASSES), JobAdmitted)
+
+
+def test_a_plain_gang_of_a_type_counts_its_nodes_with_and_without_nvlink_apart(
+    catalog: AdmissionCatalog,
+) -> None:
+    # Placement never mixes the two kinds in one gang (core/shape.py `pool_of`): 32 H100s
+    # joined by NVLink and 32 on PCIe never hold 5 tasks of 8 GPUs; admitting it left it
+    # waiting for good ("the cluster has only 32 schedulable GPUs of that kind").
+    for number in range(4):
+        catalog.apply(pcie_box(f"p{number}", gpu_type="H100"))
+    plain = job(team="vision", tasks=5, gpus_per_task=8, gpu_type="H100")
+
+    result = admit("j1", plain, catalog, CLASSES)
+
+    assert isinstance(result, JobRejected) and result.reason == (
+        "needs 5 tasks of 8 GPUs but the cluster can hold at most 4 on nodes of one kind "
+        "(a gang never mixes nodes with and without NVLink)"
+    )
+
+
+def test_a_tp_group_larger_than_every_nvlink_node_says_so_beside_a_larger_pcie_box(
+    catalog: AdmissionCatalog,
+) -> None:
+    catalog.apply(pcie_box("p0", gpus=16, gpu_type="H100"))
+    spec = job(team="vision", gpus_per_task=16, topology=TopologySpec(tp_size=16))
+
+    result = admit("j1", spec, catalog, CLASSES)
+
+    assert isinstance(result, JobRejected) and result.reason == (
+        "a task needs 16 GPUs in one NVLink domain but the largest node joined by NVLink has 8"
+    )
+
+
+def test_a_tp_task_asking_more_cpus_than_any_nvlink_node_has_is_rejected(
+    catalog: AdmissionCatalog,
+) -> None:
+    # The PCIe box has the CPUs, but a tp group never goes there.
+    catalog.apply(node("l0", gpu_type="L40S").model_copy(update={"cpus": 32}))
+    catalog.apply(pcie_box("l1").model_copy(update={"cpus": 128}))
+    tp = job(gpus_per_task=8, gpu_type="L40S", cpus_per_task=64, topology=TopologySpec(tp_size=8))
+    plain = job(gpus_per_task=8, gpu_type="L40S", cpus_per_task=64)
+
+    assert rejection(admit("j1", tp, catalog, CLASSES)) == "task_too_large"
+    assert isinstance(admit("j2", plain, catalog, CLASSES), JobAdmitted)
+
+
 def test_an_empty_cluster_admits_nothing(catalog: AdmissionCatalog) -> None:
     empty = AdmissionCatalog(teams=catalog.teams, queues=catalog.queues)
     assert rejection(admit("j1", job(), empty, CLASSES)) == "no_nodes"

@@ -66,6 +66,15 @@ async def test_nodes_show_their_state_and_the_gangs_on_them(api: Api, store: Eve
     assert (n2["state"], n2["healthy_gpus"]) == ("draining", 0)
 
 
+async def test_a_node_shows_whether_nvlink_joins_its_gpus(api: Api, store: EventStore) -> None:
+    await store.append("node-n1", 0, [node("n1")])
+    await store.append("node-n2", 0, [node("n2").model_copy(update={"nvlink": False})])
+
+    body = await eventually(api, "/v1/nodes", lambda b: len(b["items"]) == 2)
+
+    assert {item["id"]: item["nvlink"] for item in body["items"]} == {"n1": True, "n2": False}
+
+
 async def test_a_team_does_not_see_other_teams_jobs_on_nodes(api: Api, store: EventStore) -> None:
     nlp = await api.create_team("nlp")
     await store.append("node-n1", 0, [node("n1")])

@@ -65,6 +65,8 @@ groups:
         "- count: -1",
         "- {count: 1, gpus: many}",
         "- {count: 1, colour: red}",
+        "- {count: 1, nvlink: maybe}",
+        "- {count: 1, nvlink: 0}",
         "just words",
         "4x8:2:1:9",
     ],

@@ -95,24 +95,37 @@ def test_ranks_of_one_tensor_parallel_group_form_one_unit_on_one_node() -> None:
         units=2,
         min_units=1,
         require="none",
+        nvlink=True,
     )
     assert shape_of(a_job().gpus(2).tasks(8).tp(4).min_tasks(3).spec()).min_units == 2
 
 
+def test_on_a_cluster_of_nvlink_alone_a_tp_gang_is_the_shape_of_a_plain_one() -> None:
+    # Nothing sets them apart there, and one shape shares every per-shape answer of a cycle.
+    tp = shape_of(a_job().gpus(8).tasks(2).tp(8).spec(), pcie_nodes=False)
+
+    assert tp == shape_of(a_job().gpus(8).tasks(2).spec(), pcie_nodes=False)
+    assert tp != shape_of(a_job().gpus(8).tasks(2).tp(8).spec(), pcie_nodes=True)
+
+
 @pytest.mark.parametrize(
-    ("builder", "unit_gpus"),
+    ("builder", "unit_gpus", "nvlink"),
     [
-        (a_job().gpus(4).tasks(2).tp(4), 4),  # tp equal to the task's GPUs: one task is a unit
-        (a_job().gpus(4).tasks(2).tp(2), 4),  # tp dividing the task's GPUs fits in one task
-        (a_job().gpus(4).tasks(2), 4),  # no tp: every task is its own unit
+        # tp equal to the task's GPUs: one task is a unit, its GPUs joined by NVLink
+        (a_job().gpus(4).tasks(2).tp(4), 4, True),
+        # tp dividing the task's GPUs fits in one task, and its groups still span GPUs
+        (a_job().gpus(4).tasks(2).tp(2), 4, True),
+        (a_job().gpus(4).tasks(2).tp(1), 4, False),  # a tp of one GPU talks to no other
+        (a_job().gpus(4).tasks(2), 4, False),  # no tp: every task is its own unit, any node
     ],
 )
 def test_a_tp_group_no_larger_than_a_task_keeps_each_task_its_own_unit(
-    builder: JobBuilder, unit_gpus: int
+    builder: JobBuilder, unit_gpus: int, nvlink: bool
 ) -> None:
     shape = shape_of(builder.spec())
 
     assert (shape.tasks_per_unit, shape.unit_gpus, shape.units) == (1, unit_gpus, 2)
+    assert shape.nvlink is nvlink
 
 
 def test_a_gang_without_min_tasks_must_be_placed_whole_and_min_tasks_one_is_one_unit() -> None:
@@ -167,6 +180,7 @@ _shapes = st.builds(
     require=st.sampled_from(["none", "node", "rack", "block"]),
     cpus_milli=st.sampled_from([0, 500, 4000]),
     memory_mb=st.sampled_from([0, 1024]),
+    nvlink=st.booleans(),
 )
 
 
@@ -197,6 +211,7 @@ _COMPARED = (
     "require",
     "cpus_milli",
     "memory_mb",
+    "nvlink",
 )
 
 
@@ -206,9 +221,10 @@ _COMPARED = (
     units=st.integers(1, 64),
     memory_mb=st.sampled_from([0, 1_024]),
     gpu_type=st.sampled_from([None, "h100", "a100"]),
+    nvlink=st.booleans(),
 )
 def test_a_shapes_kept_hash_and_failure_keys_are_those_of_its_fields_after_any_change(
-    shape: Shape, other: Shape, units: int, memory_mb: int, gpu_type: str | None
+    shape: Shape, other: Shape, units: int, memory_mb: int, gpu_type: str | None, nvlink: bool
 ) -> None:
     # The hash and the two failure keys are worked out once when a shape is made (a cycle
     # looks thousands of jobs' shapes up): equal shapes hash alike and unequal ones are
@@ -217,6 +233,7 @@ def test_a_shapes_kept_hash_and_failure_keys_are_those_of_its_fields_after_any_c
         replace(shape, units=max(units, shape.min_units)),
         replace(shape, memory_mb=memory_mb),
         replace(shape, gpu_type=gpu_type),
+        replace(shape, nvlink=nvlink),
         other,
     ]
     for seen in [shape, *changed]:
@@ -230,6 +247,7 @@ def test_a_shapes_kept_hash_and_failure_keys_are_those_of_its_fields_after_any_c
                 avoid,
                 seen.cpus_milli,
                 seen.memory_mb,
+                seen.nvlink,
             )
         for against in [shape, *changed]:
             assert (seen == against) == (_compared(seen) == _compared(against))
@@ -246,7 +264,8 @@ def test_a_shape_pickled_by_another_process_hashes_as_one_made_here() -> None:
     made = (
         "import pickle, sys\n"
         "from core.shape import Shape\n"
-        "sys.stdout.buffer.write(pickle.dumps(Shape('h100', 8, 1, 8, 4, 2, 'rack', 250, 1024)))\n"
+        "shape = Shape('h100', 8, 1, 8, 4, 2, 'rack', 250, 1024, True)\n"
+        "sys.stdout.buffer.write(pickle.dumps(shape))\n"
     )
     blob = subprocess.run(
         [sys.executable, "-c", made],
@@ -255,7 +274,7 @@ def test_a_shape_pickled_by_another_process_hashes_as_one_made_here() -> None:
         env={"PYTHONHASHSEED": "12345", "PATH": ""},
     ).stdout
     loaded = pickle.loads(blob)
-    here = Shape("h100", 8, 1, 8, 4, 2, "rack", 250, 1024)
+    here = Shape("h100", 8, 1, 8, 4, 2, "rack", 250, 1024, True)
     assert loaded == here
     assert hash(loaded) == hash(here)
     assert {here: "fits"}.get(loaded) == "fits"

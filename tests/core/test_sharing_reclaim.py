@@ -278,3 +278,29 @@ def test_a_slice_behind_the_head_keeps_off_the_nodes_its_reservation_pins() -> N
     assert history.deferrals(late)[-1].code == "backfill_blocked"
     assert not history.events(PreemptionRequested)
     audit_clean(history)
+
+
+def test_shares_on_pcie_boxes_use_up_no_reclaim_for_tp_gangs_that_cannot_go_there() -> None:
+    # The NVLink node is held for good; the PCIe box's two GPUs by research shares. Four tp2
+    # gangs wait first: the box is of no use to them, yet each took one of the cycle's
+    # reclaiming gangs (MAX_RECLAIMING_GANGS) on the box's GPUs, and the plain 2-GPU gang
+    # behind them, which the box would serve, was never planned for.
+    history = History(
+        "groups:\n"
+        "  - {count: 1, gpus: 8, gpu_type: H100}\n"
+        "  - {count: 1, gpus: 2, gpu_type: H100, nvlink: false}\n"
+    )
+    history.occupy("n0000", 8)
+    shares = history.submit(*(a_share(0.5, team="lab").priority("research") for _ in range(4)))
+    history.run()
+    history.advance(1000).run()
+    assert all(history.job(job).placement.keys() == {"n0001"} for job in shares)
+    history.submit(*(a_job().gpus(2).tp(2).team("lab").priority("production") for _ in range(4)))
+    plain = history.submit(a_job().gpus(2).team("lab").priority("production"))[0]
+
+    history.run()
+
+    evictions = history.events(PreemptionRequested)
+    assert sorted(r.job_id for r in evictions) == sorted(shares)
+    assert {r.preemptor_job_id for r in evictions} == {plain}
+    audit_clean(history)

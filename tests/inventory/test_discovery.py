@@ -29,11 +29,22 @@ class Memory:
 
 
 class FakeDriver:
-    """A driver with `count` GPUs of one model: the NVML calls discovery makes, and no more."""
+    """A driver with `count` GPUs of one model: the NVML calls discovery makes, and no more.
+    NVLink joins every pair of GPUs unless `nvlink` names the pairs it joins."""
 
-    def __init__(self, count: int, name: bytes = b"NVIDIA H100 80GB HBM3") -> None:
+    NVML_P2P_CAPS_INDEX_NVLINK = 2
+    NVML_P2P_STATUS_OK = 0
+    NVML_P2P_STATUS_NOT_SUPPORTED = 5
+
+    def __init__(
+        self,
+        count: int,
+        name: bytes = b"NVIDIA H100 80GB HBM3",
+        nvlink: set[frozenset[int]] | None = None,
+    ) -> None:
         self.count = count
         self.name = name
+        self.nvlink = nvlink
         self.shut_down = False
 
     def nvmlInit(self) -> None:
@@ -56,6 +67,12 @@ class FakeDriver:
 
     def nvmlDeviceGetName(self, handle: int) -> bytes:
         return self.name
+
+    def nvmlDeviceGetP2PStatus(self, first: int, other: int, caps: int) -> int:
+        assert caps == self.NVML_P2P_CAPS_INDEX_NVLINK
+        if self.nvlink is None or frozenset((first, other)) in self.nvlink:
+            return self.NVML_P2P_STATUS_OK
+        return self.NVML_P2P_STATUS_NOT_SUPPORTED
 
 
 def test_the_demo_shorthand_gives_sixteen_nodes_of_eight_gpus_in_two_blocks() -> None:
@@ -91,6 +108,37 @@ def test_nvml_discovery_reports_every_gpu_of_the_host() -> None:
     assert node.gpus[0].memory_mb == 80 * 1024
     assert (node.rack, node.block, node.labels) == ("r7", "b1", {"zone": "z"})
     assert driver.shut_down
+
+
+def test_a_host_whose_gpus_nvlink_joins_pair_by_pair_is_one_nvlink_domain() -> None:
+    node = nvml_node(node_id="host-a", rack="r0", block="b0", nvml=FakeDriver(count=8))
+    assert node is not None and node.nvlink
+
+
+def test_gpus_on_pcie_or_bridged_only_in_pairs_make_no_nvlink_domain() -> None:
+    pairs = {frozenset((0, 1)), frozenset((2, 3))}
+    bridged = nvml_node(rack="r0", block="b0", nvml=FakeDriver(count=4, nvlink=pairs))
+    pcie = nvml_node(rack="r0", block="b0", nvml=FakeDriver(count=4, nvlink=set()))
+
+    assert bridged is not None and not bridged.nvlink
+    assert pcie is not None and not pcie.nvlink
+
+
+class NoP2PQuery(FakeDriver):
+    """A driver that cannot say (NVML_ERROR_NOT_SUPPORTED), as on a lone PCIe H100."""
+
+    def nvmlDeviceGetP2PStatus(self, first: int, other: int, caps: int) -> int:
+        raise NoDriver.NVMLError("Not Supported")
+
+
+def test_a_driver_that_cannot_tell_about_nvlink_makes_no_nvlink_domain() -> None:
+    node = nvml_node(rack="r0", block="b0", nvml=NoP2PQuery(count=2))
+    assert node is not None and not node.nvlink
+
+
+def test_a_host_of_one_gpu_asks_nothing_about_nvlink() -> None:
+    node = nvml_node(rack="r0", block="b0", nvml=NoP2PQuery(count=1))
+    assert node is not None and node.nvlink
 
 
 class LostGpus(FakeDriver):

@@ -50,6 +50,7 @@ class NodeRecord:
     # How its GPUs may be partitioned (none, dynamic, fixed), and each GPU's MIG geometry:
     # GPU index → (start slot, profile) of its instances; absent: a whole GPU.
     mig: str = "none"
+    nvlink: bool = True
     geometry: Mapping[int, tuple[tuple[int, str], ...]] = field(default_factory=dict)
     # GPUs being re-partitioned: they serve nothing until then.
     reconfiguring_until: Mapping[int, datetime] = field(default_factory=dict)
@@ -105,6 +106,7 @@ def _on_registered(node: NodeRecord | None, event: NodeRegistered, at: datetime)
         updated_at=at,
         mig=event.mig,
         geometry=_fixed_geometry(event),
+        nvlink=event.nvlink,
     )
     # Re-registration refreshes the inventory but keeps what operators decided (drains) and
     # the geometries the scheduler set.
