@@ -187,6 +187,7 @@ def _run(
             gate(ctx, past_backoff(ctx, considered), dependencies),
             quota,
             behind_memo=behind_memo,
+            victims=victims,
         )
         # MIG geometries for waiting slices, a whole GPU back for gangs (core/fractional.py).
         plan_repartitions(ctx, snap, placed.blocked)
