@@ -19,6 +19,7 @@ from schemas.reasons import DeferCode
 
 if TYPE_CHECKING:
     from core.fractional import SharingTrial
+    from core.preemption import VictimPool
 
 
 @dataclass(slots=True)
@@ -71,6 +72,10 @@ class CycleContext:
     leaving_credited: bool = False
     # The cycle's tentative slices and shares (core/fractional.py), while it places.
     sharing: SharingTrial | None = None
+    # The gangs that may be preempted this cycle (core/preemption.py `victim_pool`), built once
+    # when the place phase or the preemption phase first asks: both read the state as the
+    # cycle began.
+    victim_pool: VictimPool | None = None
     # The holding gangs' estimated ends and what the head's plan reads of each, as the
     # planner's timers keep them (core/timers.py `GangTimers.held_ends`), brought up to date by
     # this cycle's reactions phase; None: a planner without timers (the plan walks the gangs).

@@ -16,6 +16,9 @@ The phases, in order (as in Kueue's scheduler):
 4. place     — each job in order: quota, then a topology-fit placement committed whole;
 5. backfill  — the first job that cannot start becomes the head: a reservation on concrete
                nodes is planned and later jobs may only start where they do not delay it;
+               a job within its queue's guarantee that cannot start holds the free GPUs its
+               reclaim (phase 6) will land on from the jobs behind it, as a preemptor
+               awaiting its victims does (core/preemption.py `ReclaimLandings`);
 6. preempt   — checkpoint-then-evict borrowers' slices and shares for whole-GPU gangs
                (core/sharing_reclaim.py), whole gangs for jobs entitled to them, any
                slices and shares the rules allow for whole-GPU gangs, then slices,
@@ -187,6 +190,7 @@ def _run(
             gate(ctx, past_backoff(ctx, considered), dependencies),
             quota,
             behind_memo=behind_memo,
+            victims=victims,
         )
         # MIG geometries for waiting slices, a whole GPU back for gangs (core/fractional.py).
         plan_repartitions(ctx, snap, placed.blocked)

@@ -109,11 +109,7 @@ def preempt(
         if key in failed and shape.min_units >= failed[key]:
             continue
         if pool is None:
-            pool = (
-                VictimPool.build(ctx.state, now, policy, ctx.wakeups)
-                if book is None
-                else book.pool(ctx.state, now, ctx.wakeups)
-            )
+            pool = victim_pool(ctx, book)
         if not pool.size:
             break
         attempts += 1
@@ -145,6 +141,90 @@ def preempt(
             policy,
         )
         taken.update(victim.job_id for victim in plan)
+
+
+def victim_pool(ctx: CycleContext, book: VictimBook | None) -> VictimPool:
+    """The cycle's victim pool: read off the planner's book (else built) the first time a
+    phase asks, the same for every phase after (the state does not change within a cycle)."""
+    pool = ctx.victim_pool
+    if pool is None:
+        pool = ctx.victim_pool = (
+            VictimPool.build(ctx.state, ctx.now, ctx.policy, ctx.wakeups)
+            if book is None
+            else book.pool(ctx.state, ctx.now, ctx.wakeups)
+        )
+    return pool
+
+
+class ReclaimLandings:
+    """The reclaims the preemption phase will plan for jobs waiting in line, foreseen while
+    the place phase goes on (core/backfill.py `place`).
+
+    A job within its queue's guarantee that finds no room takes borrowed GPUs back in the
+    preemption phase, which comes after placing: the free GPUs its reclaim lands on were
+    still free for the jobs behind it in line. A borrower backfilled there in that cycle made
+    the reclaim fail, or take others, and was its victim one cycle later: started and
+    evicted for a reason the scheduler already knew, the reclaim a cycle late. So the place
+    phase plans each such reclaim where the job waits in line, as the preemption phase will
+    (the same victims, the same rules, its bounds per cycle), and holds the free GPUs it
+    would land on from the jobs behind it, as for a preemptor awaiting its victims; the holds
+    are given back before the preemption phase (`Placed.give_back_holds`), which plans again.
+    """
+
+    __slots__ = ("_attempts", "_book", "_failed", "_planned", "_taken", "queues")
+
+    def __init__(self, ctx: CycleContext, quota: QuotaBook, book: VictimBook | None) -> None:
+        policy = ctx.policy
+        # The queues whose waiting jobs may reclaim: those with a guarantee. None (every queue
+        # of the bench, of a cluster without guarantees) leaves the place phase as it was.
+        self.queues = (
+            quota.guaranteed() if policy.preemption and not policy.is_fifo else frozenset()
+        )
+        self._book = book
+        self._taken: set[str] = set()
+        self._planned = 0
+        self._attempts = 0
+        self._failed: dict[tuple[object, ...], int] = {}
+
+    def plan(self, ctx: CycleContext, snap: Snapshot, job: CoreJob, quota: QuotaBook) -> list[str]:
+        """The gangs the job's reclaim would evict now (none: it reclaims nothing), by the
+        preemption phase's rules for it (`preempt`)."""
+        shape, policy = job.shape, ctx.policy
+        if (
+            shape is None
+            or shape.cpu_only
+            or self._planned >= MAX_PREEMPTORS_PER_CYCLE
+            or self._attempts >= MAX_PREEMPTION_ATTEMPTS
+            or job.priority == policy.idle_only_priority
+            or not quota.within_guarantee(job.queue, shape.min_gpus)
+            or ctx.calming(job)
+        ):
+            return []
+        pclass = policy.priority_class(job.priority)
+        key = (pclass.rank, job.queue, *shape.failure_key(False))
+        if key in self._failed and shape.min_units >= self._failed[key]:
+            return []
+        pool = victim_pool(ctx, self._book)
+        if not pool.size:
+            return []
+        self._attempts += 1
+        request = PreemptionRequest(
+            preemptor=job,
+            shape=shape,
+            pclass=pclass,
+            reclaiming=True,
+            excluded=ctx.released | self._taken,
+            now=ctx.now,
+            policy=policy,
+        )
+        plan = plan_preemption(request, snap, quota, pool)
+        if plan is None:
+            self._failed[key] = min(self._failed.get(key, shape.min_units), shape.min_units)
+            return []
+        self._planned += 1
+        victims = [victim.job_id for victim in plan]
+        self._taken.update(victims)
+        return victims
 
 
 @dataclass(frozen=True, slots=True)
