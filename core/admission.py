@@ -8,7 +8,7 @@ hold, a size above its team's ceiling. Transient shortages are the scheduler's t
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -336,8 +336,8 @@ def capacity_rejection(
             )
 
     types = catalog.whole_gpu_types()
-    if not types or (spec.gpu_type is not None and spec.gpu_type not in types):
-        of_type = "" if spec.gpu_type is None else f" of type {spec.gpu_type!r}"
+    of_type = _none_of_type(types, spec.gpu_type)
+    if of_type is not None:
         return (
             "task_too_large",
             f"no node{of_type} offers whole GPUs: every one has a fixed MIG geometry "
@@ -346,8 +346,8 @@ def capacity_rejection(
     group_gpus = unit_gpus(spec)
     if needs_nvlink(spec):
         types = catalog.joined_gpu_types()
-        if not types or (spec.gpu_type is not None and spec.gpu_type not in types):
-            of_type = "" if spec.gpu_type is None else f" of type {spec.gpu_type!r}"
+        of_type = _none_of_type(types, spec.gpu_type)
+        if of_type is not None:
             return (
                 "task_too_large",
                 f"a tensor-parallel group needs {group_gpus} GPUs joined by NVLink but no "
@@ -386,6 +386,14 @@ def _split_note(spec: JobSpec, catalog: AdmissionCatalog) -> str:
     if needs_nvlink(spec):
         return " on nodes joined by NVLink"
     return " on nodes of one kind (a gang never mixes nodes with and without NVLink)"
+
+
+def _none_of_type(types: Mapping[str, int], gpu_type: str | None) -> str | None:
+    """Where no node of `types` serves the job's GPU type: " of type 'X'" (or "" for any
+    type), worded for a rejection; None where one does."""
+    if types and (gpu_type is None or gpu_type in types):
+        return None
+    return "" if gpu_type is None else f" of type {gpu_type!r}"
 
 
 def host_ceiling_rejection(
