@@ -33,6 +33,7 @@ from schemas.jobs import RankPlacement
 from schemas.nodes import NodeRegistered
 from services.agent.disk import DiskLimit, limit_file_size
 from services.agent.isolation import Sandbox
+from services.runtime.untrusted import read_regular
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +258,9 @@ def stop_orphan(workdir: Path, job_id: str) -> bool:
     outlived the agent); True if one was found. The pid is trusted only while the process
     still carries the job's id in its environment (pids are reused)."""
     try:
-        pid = int(_read_pid_file(workdir / PID_FILE))
+        # rank.pid lies in the directory the rank owns: no FIFO (a read that never ends: the
+        # restarted agent, every node of it, hung before it was ready) nor symlink is read.
+        pid = int(read_regular(workdir / PID_FILE, 64).strip())
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except (OSError, ValueError):
         return False
@@ -266,17 +269,6 @@ def stop_orphan(workdir: Path, job_id: str) -> bool:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
     return True
-
-
-def _read_pid_file(path: Path) -> bytes:
-    """The pid file's first bytes, read only from a regular file reached without a symlink:
-    the rank owns its working directory and may leave a FIFO there (a read that never ends:
-    the restarted agent, every node of it, hung before it was ready) or a symlink."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
-        return handle.read(64).strip()
 
 
 def unrecorded_ranks(
