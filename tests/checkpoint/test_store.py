@@ -10,7 +10,7 @@ from uuid import UUID
 import pytest
 
 from schemas.checkpoints import CheckpointCommitted, CheckpointCorrupted
-from services.checkpoint.service import outcome
+from services.checkpoint.service import _bytes_under, outcome
 from services.runtime.checkpoint_store import (
     MANIFEST,
     checkpoint_dir,
@@ -281,3 +281,13 @@ def test_a_checkpoint_directory_a_rank_replaced_by_a_symlink_is_neither_read_nor
         )
     assert not (other / MANIFEST).exists()
     assert verify_committed(directory, good.shards)
+
+
+def test_a_symlink_a_rank_left_is_not_counted_as_its_teams_storage(tmp_path: Path) -> None:
+    directory = saved(tmp_path / "root", world=1)
+    own = _bytes_under(directory.parent)
+    big = tmp_path / "big"
+    with open(big, "wb") as handle:
+        handle.truncate(1 << 40)  # sparse: a terabyte that takes no disk
+    (directory / "rank-1.bin").symlink_to(big)
+    assert _bytes_under(directory.parent) == own
