@@ -26,6 +26,14 @@ from schemas.jobs import ReservationPlanned
 from schemas.reasons import RESERVED_HEAD, DeferCode
 
 _NO_CAPACITY = "waiting for enough free GPUs in one placement"
+# A tp gang on a cluster with PCIe boxes (`Shape.nvlink`): their free GPUs are of no use to it.
+_NO_NVLINK_CAPACITY = "waiting for enough free GPUs joined by NVLink in one placement"
+
+
+def _no_capacity(shape: Shape) -> str:
+    return _NO_NVLINK_CAPACITY if shape.nvlink else _NO_CAPACITY
+
+
 _AWAITING_VICTIMS = "waiting for the gangs it preempted to release their GPUs"
 # The reasons of jobs waiting behind the head name no job: a new head would otherwise record a
 # new reason for every job in the queue (the head's own reason names its planned start).
@@ -221,7 +229,7 @@ def place(
             head = job
             ctx.result.head_job_id = job.job_id
             if fifo or not policy.backfill:
-                outcomes[job.job_id] = Outcome("no_capacity", f"{job.need}; {_NO_CAPACITY}")
+                outcomes[job.job_id] = Outcome("no_capacity", f"{job.need}; {_no_capacity(shape)}")
                 continue
             head_start = reserve(ctx, snap, job, shape)
             if head_start is None and unplanned < MAX_UNPLANNED_HEADS:
@@ -242,7 +250,7 @@ def place(
         elif (blocker := _host_blocker(snap, shape, avoid, host_blocks)) is not None:
             outcome = Outcome(blocker[0], f"{job.need}; {blocker[1]}")
         else:
-            outcome = Outcome("no_capacity", f"{job.need}; {_NO_CAPACITY}")
+            outcome = Outcome("no_capacity", f"{job.need}; {_no_capacity(shape)}")
         outcomes[job.job_id] = outcome
         if head is not None and shape is job.shape:
             behind[(shape, avoid)] = (snap.changes, outcome)

@@ -175,11 +175,10 @@ def react_to_eviction(ctx: CycleContext, job: CoreJob) -> None:
         ctx.release(job, JobSuspended(job_id=job.job_id, attempt=job.attempt))
         return
     if down:
-        why = (
-            "checkpointed off a draining node"
-            if drained
-            else f"preempted for job {job.preemptor_id}"
-        )
+        # Whether a checkpoint was committed is the checkpoint service's verdict, not known
+        # here (seen live: an agent killed during the drain's checkpoint, nothing committed,
+        # and the requeue said "checkpointed").
+        why = "moved off a draining node" if drained else f"preempted for job {job.preemptor_id}"
         ctx.release(job, JobRequeued(job_id=job.job_id, attempt=job.attempt, code=code, reason=why))
     else:
         ctx.wakeups.append(deadline)

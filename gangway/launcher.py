@@ -24,9 +24,10 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -38,6 +39,8 @@ DEFAULT_CLUSTER = "16x8:4:2"
 DEFAULT_API_URL = "http://127.0.0.1:8080"
 # Metrics ports of `make up`: base + the service's place in the table (the API serves its own).
 DEFAULT_METRICS_PORT_BASE = 9100
+# How long `launcher up` waits for PostgreSQL and Kafka (GANGWAY_LAUNCHER_WAIT_S).
+DEFAULT_DEPENDENCY_WAIT_S = 60.0
 # `make up` starts an API worker per this many cores, unless GANGWAY_API_WORKERS says.
 CORES_PER_API_WORKER = 4
 # The agent's log endpoint: base + this (9150 by default, the agent's and the API's default).
@@ -532,6 +535,43 @@ def service_order(specs: Sequence[ServiceSpec]) -> list[str]:
     return [spec.name for spec in reversed(specs)]
 
 
+def wait_for_dependency(
+    what: str,
+    attempt: Callable[[], Coroutine[Any, Any, object]],
+    transient: tuple[type[BaseException], ...],
+    wait_s: float,
+    *,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """`attempt()` until it passes, for up to `wait_s` while `what` is unreachable (as the
+    services wait for it): one line when it starts waiting and one when it gives up, never a
+    traceback (before, `launcher up` with PostgreSQL down died in the migrations with one)."""
+    deadline = time.monotonic() + wait_s
+    waiting = False
+    while True:
+        try:
+            asyncio.run(attempt())
+        except transient as error:
+            if time.monotonic() >= deadline:
+                print(
+                    f"[launcher] error: {what} is unreachable ({error!r}); start it "
+                    "(scripts/stack.sh up) and run this again",
+                    file=sys.stderr,
+                )
+                return False
+            if not waiting:
+                print(
+                    f"[launcher] {what} is unreachable ({error!r}); waiting up to {wait_s:g} s",
+                    file=sys.stderr,
+                )
+                waiting = True
+            sleep(1.0)
+            continue
+        if waiting:
+            print(f"[launcher] {what} is back", file=sys.stderr)
+        return True
+
+
 def cmd_up(launcher: Launcher) -> int:
     from services.runtime.migrate import migrate_settings
     from services.runtime.settings import Settings
@@ -542,7 +582,13 @@ def cmd_up(launcher: Launcher) -> int:
     cluster = os.environ.get("GANGWAY_CLUSTER", DEFAULT_CLUSTER)
     api_url = settings.api_url
     print("[launcher] applying the migrations", file=sys.stderr)
-    asyncio.run(migrate_settings(settings))
+    from services.runtime.errors import DATABASE_UNAVAILABLE
+
+    wait_s = float(os.environ.get("GANGWAY_LAUNCHER_WAIT_S") or DEFAULT_DEPENDENCY_WAIT_S)
+    if not wait_for_dependency(
+        "PostgreSQL", lambda: migrate_settings(settings), DATABASE_UNAVAILABLE, wait_s
+    ):
+        return 1
     token_file = launcher.state_dir / "admin.token"
     ensure_admin_token(token_file, os.environ.get("GANGWAY_ADMIN_TOKEN") or None)
     # A second installation on one machine moves its metrics ports (GANGWAY_METRICS_PORT_BASE).
@@ -575,7 +621,12 @@ def cmd_up(launcher: Launcher) -> int:
         if value:
             launcher.env.setdefault(variable, value)
     # The topics and the roles' rights on them, made as the admin: services may do neither.
-    asyncio.run(ensure_topics(settings))
+    from aiokafka.errors import KafkaError
+
+    if not wait_for_dependency(
+        "Kafka", lambda: ensure_topics(settings), (OSError, TimeoutError, KafkaError), wait_s
+    ):
+        return 1
     try:
         for started in launcher.up(specs, skip_missing=True):
             state = "already running" if started.already_running else "started"

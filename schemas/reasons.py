@@ -43,7 +43,7 @@ DeferCode = Literal[
 # JobRequeued.code: why a gang was released and its job waits again.
 RequeueCode = Literal[
     "preempted",  # evicted for another job
-    "node_drained",  # checkpointed off a draining node
+    "node_drained",  # moved off a draining node (checkpointed where its ranks could)
     "task_failed",  # a rank failed, a retry is left
     "launch_timeout",  # ranks did not all start within the launch timeout, a retry is left
     "node_lost",  # a node of the gang was lost

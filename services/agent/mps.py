@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from services.runtime.untrusted import read_regular
+
 log = logging.getLogger(__name__)
 
 MPS_CONTROL = "nvidia-cuda-mps-control"
@@ -395,8 +397,10 @@ class MpsDaemons:
 
 def _daemon_pid(pipe: Path) -> int | None:
     """The pid in the pipe directory's pid file, where that process is its daemon."""
+    # The directory is the share's team's (its ranks bind it, as the daemon's user): a FIFO
+    # left as the pid file would block this read, and with it the agent's every node.
     try:
-        pid = int((pipe / PID_FILE).read_text().strip())
+        pid = int(read_regular(pipe / PID_FILE, 64).strip())
     except (OSError, ValueError):
         return None
     return pid if _serves(pid, pipe) else None

@@ -33,6 +33,7 @@ from schemas.jobs import RankPlacement
 from schemas.nodes import NodeRegistered
 from services.agent.disk import DiskLimit, limit_file_size
 from services.agent.isolation import Sandbox
+from services.runtime.untrusted import read_regular
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +258,9 @@ def stop_orphan(workdir: Path, job_id: str) -> bool:
     outlived the agent); True if one was found. The pid is trusted only while the process
     still carries the job's id in its environment (pids are reused)."""
     try:
-        pid = int((workdir / PID_FILE).read_text().strip())
+        # rank.pid lies in the directory the rank owns: no FIFO (a read that never ends: the
+        # restarted agent, every node of it, hung before it was ready) nor symlink is read.
+        pid = int(read_regular(workdir / PID_FILE, 64).strip())
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except (OSError, ValueError):
         return False

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
+import stat
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -418,9 +419,12 @@ class CheckpointService:
 
 
 def _bytes_under(directory: Path) -> int:
+    """The bytes of the regular files below `directory`: a symlink a rank left there (to
+    /proc/kcore, 128 TiB; to another team's shards) is not counted as its team's storage."""
     total = 0
     for path in directory.rglob("*"):
         with contextlib.suppress(OSError):  # a file pruned or renamed while we look
-            if path.is_file():
-                total += path.stat().st_size
+            found = path.lstat()
+            if stat.S_ISREG(found.st_mode):
+                total += found.st_size
     return total

@@ -10,14 +10,16 @@ Works on a node-local disk for one host and on shared storage (NFS, Lustre) for 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import re
 import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from uuid import UUID
 
 from schemas.checkpoints import CheckpointShard
@@ -27,6 +29,10 @@ MANIFEST = "manifest.json"
 # The checkpoint request a rank that checkpoints itself reads, in its working directory.
 REQUEST = "checkpoint-request.json"
 _CHECKPOINT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# What is read of a shard's record or a failure record (each a few hundred bytes when the
+# agent writes it; a rank may leave anything there).
+RECORD_LIMIT = 64 * 1024
+FAILURE_LIMIT = 2000
 
 
 def checkpoint_id_for(attempt: int, cause: UUID) -> str:
@@ -88,15 +94,68 @@ def write_atomic(path: Path, data: bytes, *, under: Path | None = None) -> None:
 
 def sha256_of(path: Path) -> tuple[int, str]:
     """(size, sha256) of the file, read in chunks (shards can be gigabytes)."""
-    digest = hashlib.sha256()
-    size = 0
     # Only a regular file is read: a rank may leave a symlink (to any file root can read) or
     # a FIFO (a read that never ends) where its shard should be.
     with open_regular(path) as handle:
-        while chunk := handle.read(1 << 20):
-            digest.update(chunk)
-            size += len(chunk)
+        return _digest(handle)
+
+
+def _digest(handle: BinaryIO) -> tuple[int, str]:
+    digest = hashlib.sha256()
+    size = 0
+    while chunk := handle.read(1 << 20):
+        digest.update(chunk)
+        size += len(chunk)
     return size, digest.hexdigest()
+
+
+def sha256_in(directory: Path, name: str) -> tuple[int, str]:
+    """`sha256_of` the regular file `name` in `directory`, neither reached through a symlink
+    (a rank may replace its checkpoint directory by one between two looks)."""
+    directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=directory_fd)
+    finally:
+        os.close(directory_fd)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(directory / name))
+        return _digest(handle)
+
+
+def read_small(directory: Path, name: str, limit: int) -> bytes:
+    """At most `limit` bytes of the regular file `name` in `directory`, neither of them
+    reached through a symlink: FileNotFoundError when it is missing, OSError for anything
+    but a regular file in a real directory.
+
+    A rank owns its job's checkpoint directories: it may leave a symlink (to the admin's
+    token, the services' settings, another team's files) where a record should be, or put
+    one in place of a checkpoint directory, and the checkpoint service, reading as root,
+    would follow it and copy what it read into the log (a failure's reason); a FIFO or
+    /dev/zero would hang it or fill its memory."""
+    directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=directory_fd)
+    finally:
+        os.close(directory_fd)
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(directory / name))
+        return handle.read(limit)
+
+
+def is_regular(directory: Path, name: str) -> bool:
+    """Whether `name` in `directory` is a regular file, neither reached through a symlink."""
+    try:
+        directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        return stat.S_ISREG(os.stat(name, dir_fd=directory_fd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
+    finally:
+        os.close(directory_fd)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,16 +233,22 @@ def failed_ranks(directory: Path, world_size: int) -> dict[int, str]:
     """The ranks whose writer gave up on their shard, with the reason it gave."""
     failed: dict[int, str] = {}
     for rank in range(world_size):
+        name = failure_path(directory, rank).name
         try:
-            failed[rank] = failure_path(directory, rank).read_text(errors="replace").strip()
+            raw = read_small(directory, name, FAILURE_LIMIT)
         except FileNotFoundError:
             continue
+        except OSError:
+            # Something a rank left there: its shard will not come, and nothing is followed.
+            failed[rank] = "its failure record is not a regular file"
+            continue
+        failed[rank] = raw.decode(errors="replace").strip()
     return failed
 
 
 def reported_ranks(directory: Path, world_size: int) -> set[int]:
     """The ranks whose record is present: those whose writer says their shard is done."""
-    return {r for r in range(world_size) if record_path(directory, r).is_file()}
+    return {r for r in range(world_size) if is_regular(directory, record_path(directory, r).name)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,16 +269,20 @@ def verify(directory: Path, world_size: int) -> Verification:
     steps: set[int] = set()
     for rank in range(world_size):
         try:
-            record = ShardRecord.from_json(record_path(directory, rank).read_bytes())
+            raw = read_small(directory, record_path(directory, rank).name, RECORD_LIMIT)
+            record = ShardRecord.from_json(raw)
         except FileNotFoundError:
             problems.append(f"rank {rank}: shard never reported")
+            continue
+        except OSError as error:
+            problems.append(f"rank {rank}: shard record unreadable ({error.strerror or error})")
             continue
         except (ValueError, KeyError, TypeError) as error:
             problems.append(f"rank {rank}: unreadable shard record ({error})")
             continue
         path = shard_path(directory, rank)
         try:
-            size, digest = sha256_of(path)
+            size, digest = sha256_in(directory, path.name)
         except FileNotFoundError:
             problems.append(f"rank {rank}: shard file missing")
             continue
@@ -240,7 +309,7 @@ def verify_committed(directory: Path, shards: list[CheckpointShard]) -> list[str
     problems: list[str] = []
     for shard in shards:
         try:
-            size, digest = sha256_of(shard_path(directory, shard.rank))
+            size, digest = sha256_in(directory, shard_path(directory, shard.rank).name)
         except OSError as error:
             problems.append(f"rank {shard.rank}: shard unreadable ({error.strerror or error})")
             continue
@@ -261,7 +330,11 @@ def write_manifest(
         "step": verification.step,
         "shards": [shard.model_dump() for shard in verification.shards],
     }
-    write_atomic(directory / MANIFEST, json.dumps(manifest, indent=2).encode())
+    # Below the job's directory, which no rank can replace: the checkpoint directory itself
+    # is the rank's, and a symlink put there would have root write the manifest anywhere.
+    write_atomic(
+        directory / MANIFEST, json.dumps(manifest, indent=2).encode(), under=directory.parent
+    )
 
 
 def has_manifest(directory: Path) -> bool:

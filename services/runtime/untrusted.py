@@ -49,3 +49,11 @@ def open_regular(path: Path) -> BinaryIO:
         os.close(fd)
         raise OSError(errno.EINVAL, "not a regular file", str(path))
     return os.fdopen(fd, "rb")
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """At most `limit` bytes of `path`, read as `open_regular` opens it (no symlink followed,
+    a FIFO or anything but a regular file refused, never blocking): for the small files a
+    rank's user can replace (pid files), which a read by path would follow or block on."""
+    with open_regular(path) as handle:
+        return handle.read(limit)

@@ -11,8 +11,10 @@ import os
 import re
 import subprocess
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
 
@@ -373,3 +375,33 @@ async def test_a_daemon_left_by_an_agent_killed_while_it_started_is_ended_not_or
     await until_gone(pid)  # killed: on its way out, if not yet gone
     assert not pipe.exists()
     await asyncio.to_thread(hold.unlink)
+
+
+def test_a_pid_file_the_share_team_left_as_a_fifo_or_a_symlink_is_not_read(
+    tmp_path: Path,
+) -> None:
+    # The pipe directory is the team's (its MPS ranks bind it, as the daemon's user): a FIFO
+    # in place of the pid file blocked the agent's read, in its event loop, for good.
+    fifo = tmp_path / mps.PID_FILE
+    os.mkfifo(fifo)
+
+    def writer() -> None:  # what the rank would answer to a reader (the old, blocking read)
+        with open(fifo, "w") as handle:
+            handle.write(f"{os.getpid()}\n")
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    with patch.object(mps, "_serves", return_value=True):
+        try:
+            assert mps._daemon_pid(tmp_path) is None
+        finally:
+            unblock = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+            thread.join()
+            os.close(unblock)
+        fifo.unlink()
+        (tmp_path / "elsewhere").write_text(f"{os.getpid()}\n")
+        fifo.symlink_to(tmp_path / "elsewhere")
+        assert mps._daemon_pid(tmp_path) is None
+        fifo.unlink()
+        fifo.write_text(f"{os.getpid()}\n")
+        assert mps._daemon_pid(tmp_path) == os.getpid()

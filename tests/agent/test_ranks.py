@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import subprocess
+import threading
 from pathlib import Path
 
 import pytest
 
 from schemas.jobs import RankPlacement
-from services.agent.ranks import RankKey, launch
+from services.agent.ranks import PID_FILE, RankKey, launch, stop_orphan
 
 PLACEMENT = RankPlacement(rank=0, node_id="n0", gpus=[2, 3])
 KEY = RankKey("j1", 1, 0)
@@ -66,3 +69,54 @@ async def test_a_launch_follows_no_symlink_left_in_the_rank_directory(tmp_path: 
     assert victim.read_text() == "root's own\n"
     assert (workdir / "rank.log").read_text() == "out\n"
     assert (workdir / "rank.pid").read_text() == f"{rank.pid}\n"
+
+
+def _a_rank_of_job1() -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        ["sleep", "60"], env={**os.environ, "GANGWAY_JOB_ID": "job1"}, start_new_session=True
+    )
+
+
+def test_a_restarted_agent_reads_no_fifo_a_rank_left_as_its_pid_file(tmp_path: Path) -> None:
+    # Seen live: a rank replaced rank.pid in its working directory by a FIFO; after a kill -9
+    # of the agent, its successor blocked reading it before it was ready, and no gang of any
+    # node of it was started again (jobs stayed reserved).
+    rank = _a_rank_of_job1()
+    fifo = tmp_path / PID_FILE
+    os.mkfifo(fifo)
+
+    def writer() -> None:  # what the rank would answer to a reader (the old, blocking read)
+        with open(fifo, "w") as handle:
+            handle.write(f"{rank.pid}\n")
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    try:
+        assert stop_orphan(tmp_path, "job1") is False
+        assert rank.poll() is None
+    finally:
+        unblock = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+        thread.join()
+        os.close(unblock)
+        rank.kill()
+        rank.wait()
+
+
+def test_a_restarted_agent_follows_no_symlink_a_rank_left_as_its_pid_file(tmp_path: Path) -> None:
+    rank = _a_rank_of_job1()
+    try:
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.write_text(f"{rank.pid}\n")
+        workdir = tmp_path / "rank-0"
+        workdir.mkdir()
+        (workdir / PID_FILE).symlink_to(elsewhere)
+        assert stop_orphan(workdir, "job1") is False
+        assert rank.poll() is None
+        (workdir / PID_FILE).unlink()
+        (workdir / PID_FILE).write_text(f"{rank.pid}\n")
+        assert stop_orphan(workdir, "job1") is True
+        assert rank.wait() == -signal.SIGKILL
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+            rank.wait()

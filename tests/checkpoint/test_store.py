@@ -10,16 +10,18 @@ from uuid import UUID
 import pytest
 
 from schemas.checkpoints import CheckpointCommitted, CheckpointCorrupted
-from services.checkpoint.service import outcome
+from services.checkpoint.service import _bytes_under, outcome
 from services.runtime.checkpoint_store import (
     MANIFEST,
     checkpoint_dir,
     checkpoint_id_for,
+    failed_ranks,
     record_failure,
     record_shard,
     reported_ranks,
     shard_path,
     verify,
+    verify_committed,
     write_manifest,
     write_request,
     write_shard,
@@ -221,3 +223,71 @@ def test_a_damaged_checkpoint_is_recorded_as_corrupted_with_the_reason(tmp_path:
     result = outcome("job1", 2, "c1", verify(directory, 3))
     assert isinstance(result, CheckpointCorrupted)
     assert "rank 1" in result.reason
+
+
+def test_a_failure_record_a_rank_made_a_symlink_is_not_read_into_the_reason(
+    tmp_path: Path,
+) -> None:
+    # Seen live: a team's rank put `rank-0.failed -> .gangway/admin.token` in its checkpoint
+    # directory, and the checkpoint service (root) recorded the admin token as the reason of
+    # the job's CheckpointFailed, which the team reads through the API.
+    secret = tmp_path / "admin.token"
+    secret.write_text("the admin token")
+    directory = checkpoint_dir(tmp_path / "root", "job1", checkpoint_id_for(2, CAUSE))
+    directory.mkdir(parents=True)
+    (directory / "rank-0.failed").symlink_to(secret)
+    record_failure(directory, 1, "disk full")
+    failed = failed_ranks(directory, 2)
+    assert failed[1] == "disk full"
+    assert "admin token" not in failed[0]
+
+
+def test_a_failure_record_is_read_only_up_to_its_limit(tmp_path: Path) -> None:
+    directory = checkpoint_dir(tmp_path, "job1", checkpoint_id_for(2, CAUSE))
+    directory.mkdir(parents=True)
+    (directory / "rank-0.failed").write_bytes(b"x" * 10_000_000)
+    assert len(failed_ranks(directory, 1)[0]) <= 2000
+
+
+def test_a_record_a_rank_made_a_symlink_is_not_read(tmp_path: Path) -> None:
+    directory = saved(tmp_path, world=2)
+    elsewhere = tmp_path / "record"
+    elsewhere.write_bytes((directory / "rank-1.json").read_bytes())
+    (directory / "rank-1.json").unlink()
+    (directory / "rank-1.json").symlink_to(elsewhere)
+    assert reported_ranks(directory, 2) == {0}
+    result = verify(directory, 2)
+    assert not result.ok
+    assert any(problem.startswith("rank 1:") for problem in result.problems)
+
+
+def test_a_checkpoint_directory_a_rank_replaced_by_a_symlink_is_neither_read_nor_written(
+    tmp_path: Path,
+) -> None:
+    # The rank owns its job's checkpoint directory and may rename a checkpoint away and put a
+    # symlink in its place (to another team's checkpoint, to any directory): the service,
+    # root, would verify the files there and write its manifest into that directory.
+    other = saved(tmp_path / "other", world=2)
+    directory = checkpoint_dir(tmp_path / "root", "job1", checkpoint_id_for(3, CAUSE))
+    directory.parent.mkdir(parents=True)
+    directory.symlink_to(other)
+    assert reported_ranks(directory, 2) == set()
+    result = verify(directory, 2)
+    assert not result.ok
+    good = verify(other, 2)
+    with pytest.raises(OSError):
+        write_manifest(
+            directory, job_id="job1", attempt=3, checkpoint_id=directory.name, verification=good
+        )
+    assert not (other / MANIFEST).exists()
+    assert verify_committed(directory, good.shards)
+
+
+def test_a_symlink_a_rank_left_is_not_counted_as_its_teams_storage(tmp_path: Path) -> None:
+    directory = saved(tmp_path / "root", world=1)
+    own = _bytes_under(directory.parent)
+    big = tmp_path / "big"
+    with open(big, "wb") as handle:
+        handle.truncate(1 << 40)  # sparse: a terabyte that takes no disk
+    (directory / "rank-1.bin").symlink_to(big)
+    assert _bytes_under(directory.parent) == own

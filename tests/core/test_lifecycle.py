@@ -183,6 +183,8 @@ def test_draining_a_node_checkpoints_its_gangs_away_then_reports_it_drained() ->
     history.cycle()
 
     assert [e.code for e in history.events(JobRequeued, job)] == ["node_drained"]
+    # No checkpoint was committed here: the reason claims none.
+    assert [e.reason for e in history.events(JobRequeued, job)] == ["moved off a draining node"]
     assert [e.node_id for e in history.events(NodeDrained)] == [node]
     history.run()
     assert node not in history.job(job).placement

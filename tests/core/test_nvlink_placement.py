@@ -277,3 +277,22 @@ def test_a_tp_job_that_finds_no_fairness_victims_does_not_hold_back_a_plain_one(
         (long, plain, "fairness")
     ]
     assert history.auditor.violations == []
+
+
+def test_a_tp_job_waiting_beside_free_pcie_gpus_says_it_waits_for_nvlink_ones() -> None:
+    # Seen live: a tp2 job of 4 GPUs waited "for enough free GPUs in one placement" while a
+    # PCIe box of its type stood idle, 8 GPUs free: the reason did not say which GPUs.
+    history = History(MIXED)
+    history.occupy("n0000", 8)
+    history.occupy("n0001", 8)
+    head, tp, plain = history.submit(
+        a_job().gpus(8).tasks(2).tp(8), a_job().gpus(1).tasks(4).tp(2), a_job().gpus(1).tasks(4)
+    )
+
+    history.run()
+
+    assert history.job(head).reason_code == "reserved_head"
+    view = history.job(tp)
+    assert view.state == "queued" and view.reason_code == "no_capacity"
+    assert "free GPUs joined by NVLink" in (view.reason or "")
+    assert set(history.job(plain).placement) <= PCIE

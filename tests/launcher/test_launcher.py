@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import stat
 import sys
 import time
@@ -17,9 +18,11 @@ from gangway.launcher import (
     LauncherError,
     ServiceSpec,
     api_workers,
+    cmd_up,
     default_services,
     ensure_admin_token,
     read_env_file,
+    wait_for_dependency,
     write_env_file,
 )
 
@@ -186,3 +189,42 @@ def test_a_service_whose_supervisor_was_killed_is_not_started_twice(tmp_path: Pa
             time.sleep(0.05)
     finally:
         launcher.down()
+
+
+def test_up_with_the_database_down_says_so_in_one_line_and_starts_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Seen live: `launcher up` with PostgreSQL stopped died in the migrations with a
+    # 40-line traceback (the services it would have started wait for the database).
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # nothing listens there once closed
+    dsn = f"postgresql://nobody:nothing@127.0.0.1:{port}/gangway"
+    monkeypatch.setenv("GANGWAY_PG_DSN", dsn)
+    monkeypatch.setenv("GANGWAY_PG_OWNER_DSN", dsn)
+    monkeypatch.setenv("GANGWAY_LAUNCHER_WAIT_S", "0")
+    launcher = Launcher(state_dir=tmp_path / "state")
+    assert cmd_up(launcher) == 1
+    err = capsys.readouterr().err
+    assert "[launcher] error: PostgreSQL is unreachable" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "state" / "pids").exists() or not any(
+        (tmp_path / "state" / "pids").iterdir()
+    )
+
+
+def test_waiting_for_a_dependency_goes_on_once_it_answers(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    answers = [ConnectionRefusedError(111, "refused"), ConnectionRefusedError(111, "refused")]
+    slept: list[float] = []
+
+    async def attempt() -> None:
+        if answers:
+            raise answers.pop()
+
+    assert wait_for_dependency("PostgreSQL", attempt, (OSError,), 3600, sleep=slept.append)
+    assert len(slept) == 2
+    err = capsys.readouterr().err
+    assert err.count("waiting up to") == 1
+    assert "PostgreSQL is back" in err
