@@ -112,15 +112,22 @@ def _digest(handle: BinaryIO) -> tuple[int, str]:
 def sha256_in(directory: Path, name: str) -> tuple[int, str]:
     """`sha256_of` the regular file `name` in `directory`, neither reached through a symlink
     (a rank may replace its checkpoint directory by one between two looks)."""
+    with _open_regular_in(directory, name) as handle:
+        return _digest(handle)
+
+
+def _open_regular_in(directory: Path, name: str) -> BinaryIO:
+    """The regular file `name` in `directory`, opened for reading, neither reached through a
+    symlink; OSError for anything else (a FIFO is opened without blocking, then refused)."""
     directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=directory_fd)
     finally:
         os.close(directory_fd)
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(directory / name))
-        return _digest(handle)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(directory / name))
+    return os.fdopen(fd, "rb")
 
 
 def read_small(directory: Path, name: str, limit: int) -> bytes:
@@ -133,14 +140,7 @@ def read_small(directory: Path, name: str, limit: int) -> bytes:
     one in place of a checkpoint directory, and the checkpoint service, reading as root,
     would follow it and copy what it read into the log (a failure's reason); a FIFO or
     /dev/zero would hang it or fill its memory."""
-    directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=directory_fd)
-    finally:
-        os.close(directory_fd)
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(directory / name))
+    with _open_regular_in(directory, name) as handle:
         return handle.read(limit)
 
 
