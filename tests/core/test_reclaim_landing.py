@@ -100,3 +100,38 @@ def test_a_borrower_behind_two_reclaims_of_one_shape_leaves_both_landings_alone(
     }
     assert short not in _bound(history)
     assert history.auditor.violations == []
+
+
+def test_no_landing_is_held_for_a_reclaim_the_first_reclaim_already_made_impossible() -> None:
+    """review13: the place phase planned each waiting reclaim on the quota book as the cycle
+    began, while the preemption phase charges each reclaim's victims as it makes it: two
+    owner jobs in line both planned a gang of a lender borrowing only one gang's worth, so
+    the second held the free GPUs beside its planned victim from the jobs behind it, for a
+    reclaim the preemption phase then refused (the lender fell to its guarantee with the
+    first). The hold returned every cycle while the first victim checkpointed (the book as
+    the cycle began counts a leaving gang): the GPUs stayed idle with a job waiting for them.
+    """
+    history = History("3x8:3:1")
+    history.team("owner", guaranteed=16).team("lender", guaranteed=4).team("infra")
+    history.occupy("n0002", 8, a_job().team("infra").preemptible(False))
+    first_lent = history.occupy("n0000", 4, a_job().team("lender").estimate(86400))
+    second_lent = history.occupy("n0001", 4, a_job().team("lender").estimate(86400))
+    history.advance(10)
+    first, second = history.submit(a_job().team("owner").gpus(8), a_job().team("owner").gpus(8))
+    history.advance(1)
+    # A job of another team that needs four GPUs for ten minutes: n0001's four idle GPUs
+    # serve it, as no reclaim may take n0001's borrowed gang once n0000's is taken.
+    small = history.submit(a_job().team("infra").gpus(4).estimate(600))[0]
+
+    history.run(every_s=0.02)
+    history.run(every_s=0.02)
+
+    # One reclaim only: the lender stays at its guarantee.
+    evicted = _evicted_by(history, first) | _evicted_by(history, second)
+    assert len(evicted) == 1 and evicted <= {first_lent, second_lent}
+    # The idle GPUs beside the gang no reclaim takes went to the job waiting for them.
+    [kept] = {first_lent, second_lent} - evicted
+    assert history.job(small).placement == {
+        node: [4, 5, 6, 7] for node in history.job(kept).placement
+    }
+    assert history.auditor.violations == []
