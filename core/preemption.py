@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Sequence, Set
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter
@@ -194,9 +194,17 @@ class ReclaimLandings:
         # victim checkpointed. Built when a job first gets this far.
         self._leaving: dict[str, GpuAmount] | None = None
 
-    def plan(self, ctx: CycleContext, snap: Snapshot, job: CoreJob, quota: QuotaBook) -> list[str]:
+    def plan(
+        self,
+        ctx: CycleContext,
+        snap: Snapshot,
+        job: CoreJob,
+        quota: QuotaBook,
+        held: Mapping[int, int],
+    ) -> list[str]:
         """The gangs the job's reclaim would evict now (none: it reclaims nothing), by the
-        preemption phase's rules for it (`preempt`)."""
+        preemption phase's rules for it (`preempt`), which plans with `held` (the free GPUs
+        held from the jobs behind those ahead, node index -> mask) given back."""
         shape, policy = job.shape, ctx.policy
         if (
             shape is None
@@ -223,7 +231,17 @@ class ReclaimLandings:
         for queue, gpus in credited:
             quota.charge(queue, -gpus)
         try:
-            return self._plan(ctx, snap, job, shape, pclass, key, pool, quota)
+            if not held:
+                return self._plan(ctx, snap, job, shape, pclass, key, pool, quota)
+            # Idle GPUs serve a preemptor before any eviction does, held or not: planned with
+            # the holds taken out, a reclaim that the landing held for a job ahead would serve
+            # held the free GPUs beside its victims from the jobs behind, for a reclaim the
+            # preemption phase refused ("idle capacity serves"), every cycle while the victims
+            # of the job ahead checkpointed.
+            with snap.trial():
+                for index, mask in held.items():
+                    snap.set_free(index, snap.free.get(index, 0) | mask)
+                return self._plan(ctx, snap, job, shape, pclass, key, pool, quota)
         finally:
             for queue, gpus in credited:
                 quota.charge(queue, gpus)

@@ -135,3 +135,33 @@ def test_no_landing_is_held_for_a_reclaim_the_first_reclaim_already_made_impossi
         node: [4, 5, 6, 7] for node in history.job(kept).placement
     }
     assert history.auditor.violations == []
+
+
+def test_no_landing_is_held_for_a_reclaim_that_idle_gpus_serve_once_holds_are_given_back() -> None:
+    """review13: the preemption phase plans with every hold given back (idle GPUs, held or
+    not, serve a preemptor before any eviction does), the place phase planned with the holds
+    of the jobs ahead taken out: a second owner's job that the first one's held landing would
+    serve planned an eviction there, and held the free GPUs beside it from the jobs behind,
+    for a reclaim the preemption phase refused, every cycle while the first's victim
+    checkpointed."""
+    history = History("3x8:3:1")
+    history.team("owner", guaranteed=16).team("lender").team("infra")
+    history.occupy("n0002", 8, a_job().team("infra").preemptible(False))
+    gone = history.occupy("n0001", 2, a_job().team("infra"))
+    first_lent = history.occupy("n0000", 4, a_job().team("lender").estimate(86400))
+    history.occupy("n0001", 4, a_job().team("lender").estimate(86400))
+    history.occupy("n0001", 2, a_job().team("infra").preemptible(False))
+    history.exit(gone)  # n0001: GPUs 0 and 1 idle, 2 to 5 borrowed, 6 and 7 not preemptible
+    history.advance(10)
+    first, second = history.submit(a_job().team("owner").gpus(8), a_job().team("owner").gpus(4))
+    history.advance(1)
+    small = history.submit(a_job().team("infra").gpus(2).estimate(600))[0]
+
+    history.run(every_s=0.02)
+    history.run(every_s=0.02)
+
+    assert _evicted_by(history, first) <= {first_lent}
+    # n0001's two idle GPUs: no reclaim is made there while the first's victim checkpoints.
+    if not _evicted_by(history, second):
+        assert history.job(small).state == "running"
+    assert history.auditor.violations == []
