@@ -99,12 +99,29 @@ def test_a_job_whose_agent_restarts_under_it_again_and_again_spends_its_retries(
     for _ in range(20):
         if history.job(job).state == "running":
             history.exit(job, -1, reason=f"{AGENT_RESTARTED}lost")
-        history.run()
-        history.advance(600)
+        history.run(cycles=2)
+        if history.job(job).state == "queued":
+            history.advance(600)  # past a backoff
     [failed] = history.events(JobFailed, job)
     assert "agent restarted" in failed.reason, failed.reason
     assert history.state.job_records[job].failures == 2
     assert history.auditor.violations == []
+
+
+def test_agent_restarts_far_apart_never_spend_a_retry() -> None:
+    """The bound is on losses in a row, each soon after its gang started: a long job that
+    lives through many agent restarts (a fleet's upgrades) spends no retry on them."""
+    policy = SchedulingPolicy(retry_backoff_base_s=30)
+    history = History("1x8:1:1", policy=policy)
+    job = history.submit(a_job().gpus(8).retries(0))[0]
+    history.run()
+    for _ in range(8):
+        assert history.job(job).state == "running"
+        history.advance(policy.hysteresis_s + 1)
+        history.exit(job, -1, reason=f"{AGENT_RESTARTED}lost")
+        history.run(cycles=2)
+    assert history.events(JobFailed, job) == []
+    assert history.state.job_records[job].failures == 0
 
 
 def ran_out_of_memory(history: History, job_id: str, rank: int = 0) -> None:
