@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from schemas.jobs import GangReserved, PreemptionRequested
 from schemas.reasons import AGENT_RESTARTED
 from tests.core.builders import History, a_job
@@ -209,3 +211,31 @@ def test_a_preemptor_whose_agent_restarts_again_and_again_does_not_reclaim_each_
     evictions = [p for p in history.events(PreemptionRequested) if p.preemptor_job_id == ops]
     assert len(evictions) <= 4, len(evictions)
     assert history.auditor.violations == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review13, open: plan_preemption reads idle GPUs reserved for the head as serving a "
+    "job behind it (and its victim search ignores the reservation), so a job within its "
+    "guarantee that backfill keeps off them reclaims nothing until the head starts",
+)
+def test_a_job_within_its_guarantee_kept_off_the_head_s_reserved_gpus_reclaims() -> None:
+    """review13 (invariant 4): a 1-GPU job within its queue's guarantee, behind a head whose
+    reservation holds the only idle GPUs, is "backfill_blocked" (it would not end before the
+    head starts) while a borrower holds GPUs it could reclaim; the preemption phase finds that
+    idle GPUs serve it and evicts no one: it waits as long as the head does (on the Philly
+    week 10-15 to 10-21, such jobs of one queue waited ~11,800 s, docs/benchmarks.md)."""
+    history = History("2x8:2:1")
+    history.team("a", guaranteed=8).team("q", guaranteed=4).team("lender").team("infra")
+    history.occupy("n0000", 4, a_job().team("infra").preemptible(False).estimate(3600))
+    lent = history.occupy("n0001", 4, a_job().team("lender").estimate(86400))
+    history.occupy("n0001", 4, a_job().team("infra").preemptible(False).estimate(86400))
+    history.advance(10)
+    history.submit(a_job().team("a").gpus(8))  # the head: its reservation is n0000's
+    history.advance(1)
+    job = history.submit(a_job().team("q").gpus(1).estimate(7200))[0]
+
+    history.run(cycles=3)
+
+    evicted = {p.job_id for p in history.events(PreemptionRequested) if p.preemptor_job_id == job}
+    assert evicted == {lent}
