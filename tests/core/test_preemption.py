@@ -217,7 +217,9 @@ def test_a_preemptor_whose_agent_restarts_again_and_again_does_not_reclaim_each_
     strict=True,
     reason="review13, open: plan_preemption reads idle GPUs reserved for the head as serving a "
     "job behind it (and its victim search ignores the reservation), so a job within its "
-    "guarantee that backfill keeps off them reclaims nothing until the head starts",
+    "guarantee that backfill keeps off them reclaims nothing until the head starts; the "
+    "auditor's idle_capacity rule forbids the plain fix (reclaiming while reserved GPUs are "
+    "idle): a decision of DESIGN §3 first",
 )
 def test_a_job_within_its_guarantee_kept_off_the_head_s_reserved_gpus_reclaims() -> None:
     """review13 (invariant 4): a 1-GPU job within its queue's guarantee, behind a head whose
