@@ -271,7 +271,7 @@ def _hold_reclaim(
     held: dict[int, int],
 ) -> None:
     """Hold the free GPUs the waiting job's reclaim lands on, if it reclaims this cycle."""
-    victims = reclaims.plan(ctx, snap, job, quota)
+    victims = reclaims.plan(ctx, snap, job, quota, held)
     if victims and job.shape is not None:
         _hold_for_reclaim(ctx, snap, job.shape, victims, held)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator, Sequence, Set
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence, Set
 from dataclasses import dataclass
 from itertools import chain
 from operator import itemgetter
@@ -171,7 +171,7 @@ class ReclaimLandings:
     are given back before the preemption phase (`Placed.give_back_holds`), which plans again.
     """
 
-    __slots__ = ("_attempts", "_book", "_failed", "_planned", "_taken", "queues")
+    __slots__ = ("_attempts", "_book", "_failed", "_leaving", "_planned", "_taken", "queues")
 
     def __init__(self, ctx: CycleContext, quota: QuotaBook, book: VictimBook | None) -> None:
         policy = ctx.policy
@@ -185,10 +185,26 @@ class ReclaimLandings:
         self._planned = 0
         self._attempts = 0
         self._failed: dict[tuple[object, ...], int] = {}
+        # What the preemption phase's book has taken off each queue by the time it reaches a
+        # job in line: the gangs leaving (`credit_leaving`) and the victims of the reclaims
+        # planned before (`request_evictions`). The place phase's book has neither (placing
+        # reads it as the cycle began), and a reclaim planned on it took a gang of a lender
+        # that an earlier reclaim had already brought down to its guarantee: its landing was
+        # held for a reclaim the preemption phase refused, cycle after cycle while the first
+        # victim checkpointed. Built when a job first gets this far.
+        self._leaving: dict[str, GpuAmount] | None = None
 
-    def plan(self, ctx: CycleContext, snap: Snapshot, job: CoreJob, quota: QuotaBook) -> list[str]:
+    def plan(
+        self,
+        ctx: CycleContext,
+        snap: Snapshot,
+        job: CoreJob,
+        quota: QuotaBook,
+        held: Mapping[int, int],
+    ) -> list[str]:
         """The gangs the job's reclaim would evict now (none: it reclaims nothing), by the
-        preemption phase's rules for it (`preempt`)."""
+        preemption phase's rules for it (`preempt`), which plans with `held` (the free GPUs
+        held from the jobs behind those ahead, node index -> mask) given back."""
         shape, policy = job.shape, ctx.policy
         if (
             shape is None
@@ -196,7 +212,6 @@ class ReclaimLandings:
             or self._planned >= MAX_PREEMPTORS_PER_CYCLE
             or self._attempts >= MAX_PREEMPTION_ATTEMPTS
             or job.priority == policy.idle_only_priority
-            or not quota.within_guarantee(job.queue, shape.min_gpus)
             or ctx.calming(job)
         ):
             return []
@@ -207,6 +222,43 @@ class ReclaimLandings:
         pool = victim_pool(ctx, self._book)
         if not pool.size:
             return []
+        leaving = self._leaving
+        if leaving is None:
+            leaving = self._leaving = _leaving(ctx)
+        # The book as the preemption phase will read it, for this job alone: put back after
+        # (as charged now: a plan adds its victims to `leaving`).
+        credited = list(leaving.items())
+        for queue, gpus in credited:
+            quota.charge(queue, -gpus)
+        try:
+            if not held:
+                return self._plan(ctx, snap, job, shape, pclass, key, pool, quota)
+            # Idle GPUs serve a preemptor before any eviction does, held or not: planned with
+            # the holds taken out, a reclaim that the landing held for a job ahead would serve
+            # held the free GPUs beside its victims from the jobs behind, for a reclaim the
+            # preemption phase refused ("idle capacity serves"), every cycle while the victims
+            # of the job ahead checkpointed.
+            with snap.trial():
+                for index, mask in held.items():
+                    snap.set_free(index, snap.free.get(index, 0) | mask)
+                return self._plan(ctx, snap, job, shape, pclass, key, pool, quota)
+        finally:
+            for queue, gpus in credited:
+                quota.charge(queue, gpus)
+
+    def _plan(
+        self,
+        ctx: CycleContext,
+        snap: Snapshot,
+        job: CoreJob,
+        shape: Shape,
+        pclass: PriorityClass,
+        key: tuple[object, ...],
+        pool: VictimPool,
+        quota: QuotaBook,
+    ) -> list[str]:
+        if not quota.within_guarantee(job.queue, shape.min_gpus):
+            return []
         self._attempts += 1
         request = PreemptionRequest(
             preemptor=job,
@@ -215,7 +267,7 @@ class ReclaimLandings:
             reclaiming=True,
             excluded=ctx.released | self._taken,
             now=ctx.now,
-            policy=policy,
+            policy=ctx.policy,
         )
         plan = plan_preemption(request, snap, quota, pool)
         if plan is None:
@@ -224,7 +276,26 @@ class ReclaimLandings:
         self._planned += 1
         victims = [victim.job_id for victim in plan]
         self._taken.update(victims)
+        leaving = self._leaving
+        assert leaving is not None
+        for victim in plan:
+            leaving[victim.queue] = leaving.get(victim.queue, 0) + victim.bound_gpus
         return victims
+
+
+def _leaving(ctx: CycleContext) -> dict[str, GpuAmount]:
+    """The GPUs per queue of the gangs `credit_leaving` credits (leaving soon)."""
+    leaving: dict[str, GpuAmount] = {}
+    state, released = ctx.state, ctx.released
+    for job in state.preempting_jobs.values():
+        if job.job_id not in released:
+            leaving[job.queue] = leaving.get(job.queue, 0) + job.bound_gpus
+    holding = state.holding_jobs
+    for job_id in ctx.handled:
+        handled = holding.get(job_id)
+        if handled is not None and handled.state != "preempting" and job_id not in released:
+            leaving[handled.queue] = leaving.get(handled.queue, 0) + handled.bound_gpus
+    return leaving
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from core.context import CycleContext
 from core.reservation import estimated_end
+from core.retry import FREE_AGENT_RESTARTS
 from core.state import CoreJob, bits
 from core.timers import GangTimers
 from schemas.jobs import (
@@ -109,6 +110,11 @@ def react_to_gang(ctx: CycleContext, job: CoreJob, flagged: bool) -> None:
     own = [rank for rank in failed if rank not in job.agent_lost_ranks]
     if own:
         react_to_failure(ctx, job, own[0])
+        return
+    if failed and job.agent_requeues >= FREE_AGENT_RESTARTS:
+        # Lost with their agent once more: past a few such losses, the job's doing or not,
+        # each spends a retry (and waits its backoff) as a failure, or it looped for ever.
+        react_to_failure(ctx, job, failed[0])
         return
     if failed:
         # Lost when their agent restarted (a crash, a kill): as with a lost node, the gang

@@ -48,6 +48,13 @@ SIZE_FIELDS = frozenset(
 )
 # Out of memory in this many attempts of the same size: the next would be too.
 OOM_ATTEMPTS_BEFORE_PERMANENT = 2
+# Gangs of one job lost in a row when their agent restarted, each soon after it started (within
+# the policy's hysteresis window), that spend no retry (core/reactions.py `react_to_gang`);
+# past them each such loss spends one, as a rank's failure does, with its backoff, and its
+# reclaim keeps its calm. An agent that restarts under the job every time (a
+# launch that crashes it, a node whose agent restarts in a loop) otherwise requeued it at once
+# without end, each time reclaiming from gangs never preempted: a preempt/resume storm.
+FREE_AGENT_RESTARTS = 3
 
 
 def attempt_size(spec: JobSpec, ranks: int) -> str:

@@ -278,6 +278,9 @@ class CoreJob:
     # Ranks whose agent restarted under them (their exit says AGENT_RESTARTED): gone, but not
     # by the job's doing, so their exit spends no retry (core/reactions.py, react_to_gang).
     agent_lost_ranks: set[int] = field(default_factory=set)
+    # Gangs of the job's requeued for such ranks alone in a row, each lost within a hysteresis
+    # window of its start (core/retry.py `FREE_AGENT_RESTARTS`).
+    agent_requeues: int = 0
     # The last released gang of this attempt: where a rank reported started late still runs.
     released_ranks: list[tuple[int, int]] = field(default_factory=list)
     permanent_failure: bool = False
@@ -1242,6 +1245,11 @@ class SchedulerState:
             return
         if job.state not in HOLDING_STATES:
             return
+        if job.agent_lost_ranks and event.code in LOST_GANG_REQUEUE_CODES:
+            # Counted in a row, each soon after its gang started: one that ran a hysteresis
+            # window first (a long job living through a fleet's agent upgrades) starts over.
+            ran = at - job.started_at if job.started_at is not None else 0.0
+            job.agent_requeues = 1 if ran >= self.policy.hysteresis_s else job.agent_requeues + 1
         self._release(job, at)
         job.requeues += 1
         if event.code in FAILURE_REQUEUE_CODES:

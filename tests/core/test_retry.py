@@ -88,6 +88,42 @@ def test_a_rank_that_failed_before_its_agent_restarted_is_still_a_failure() -> N
     assert "rank 0 exited with code 3" in failed.reason
 
 
+def test_a_job_whose_agent_restarts_under_it_again_and_again_spends_its_retries() -> None:
+    """review13: a rank lost with its restarted agent spent no retry and waited no backoff,
+    however often: a job whose launch crashes its agent (or that lands on a node whose agent
+    restarts in a loop) was requeued at once, without end, each attempt crashing the agent
+    again. A few such losses are free; past them each spends a retry, as a rank's failure."""
+    history = History("1x8:1:1", policy=SchedulingPolicy(retry_backoff_base_s=30))
+    job = history.submit(a_job().gpus(8).retries(2))[0]
+    history.run()
+    for _ in range(20):
+        if history.job(job).state == "running":
+            history.exit(job, -1, reason=f"{AGENT_RESTARTED}lost")
+        history.run(cycles=2)
+        if history.job(job).state == "queued":
+            history.advance(600)  # past a backoff
+    [failed] = history.events(JobFailed, job)
+    assert "agent restarted" in failed.reason, failed.reason
+    assert history.state.job_records[job].failures == 2
+    assert history.auditor.violations == []
+
+
+def test_agent_restarts_far_apart_never_spend_a_retry() -> None:
+    """The bound is on losses in a row, each soon after its gang started: a long job that
+    lives through many agent restarts (a fleet's upgrades) spends no retry on them."""
+    policy = SchedulingPolicy(retry_backoff_base_s=30)
+    history = History("1x8:1:1", policy=policy)
+    job = history.submit(a_job().gpus(8).retries(0))[0]
+    history.run()
+    for _ in range(8):
+        assert history.job(job).state == "running"
+        history.advance(policy.hysteresis_s + 1)
+        history.exit(job, -1, reason=f"{AGENT_RESTARTED}lost")
+        history.run(cycles=2)
+    assert history.events(JobFailed, job) == []
+    assert history.state.job_records[job].failures == 0
+
+
 def ran_out_of_memory(history: History, job_id: str, rank: int = 0) -> None:
     """The job's agent saw the rank die of SIGKILL while its memory cgroup counted an OOM kill."""
     gang = history.gang(job_id)
