@@ -142,6 +142,8 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
         "test_preemption_attempts",
         "test_victim_book",
         "test_preemption_bound",
+        "test_reclaim_landing",
+        "test_nvlink_placement",
     ),
     "shape": (
         "test_shape_rules",
@@ -151,6 +153,7 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
         "test_host_properties",
         "test_backfill",
         "test_victim_rules",
+        "test_nvlink_placement",
     ),
     "policy": (
         "test_policy_config",
