@@ -10,7 +10,6 @@ Works on a node-local disk for one host and on shared storage (NFS, Lustre) for 
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import json
 import os
@@ -23,7 +22,7 @@ from typing import Any, BinaryIO
 from uuid import UUID
 
 from schemas.checkpoints import CheckpointShard
-from services.runtime.untrusted import open_directory_below, open_regular
+from services.runtime.untrusted import open_directory_below, open_regular, open_regular_in
 
 MANIFEST = "manifest.json"
 # The checkpoint request a rank that checkpoints itself reads, in its working directory.
@@ -112,22 +111,8 @@ def _digest(handle: BinaryIO) -> tuple[int, str]:
 def sha256_in(directory: Path, name: str) -> tuple[int, str]:
     """`sha256_of` the regular file `name` in `directory`, neither reached through a symlink
     (a rank may replace its checkpoint directory by one between two looks)."""
-    with _open_regular_in(directory, name) as handle:
+    with open_regular_in(directory, name) as handle:
         return _digest(handle)
-
-
-def _open_regular_in(directory: Path, name: str) -> BinaryIO:
-    """The regular file `name` in `directory`, opened for reading, neither reached through a
-    symlink; OSError for anything else (a FIFO is opened without blocking, then refused)."""
-    directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=directory_fd)
-    finally:
-        os.close(directory_fd)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", str(directory / name))
-    return os.fdopen(fd, "rb")
 
 
 def read_small(directory: Path, name: str, limit: int) -> bytes:
@@ -140,7 +125,7 @@ def read_small(directory: Path, name: str, limit: int) -> bytes:
     one in place of a checkpoint directory, and the checkpoint service, reading as root,
     would follow it and copy what it read into the log (a failure's reason); a FIFO or
     /dev/zero would hang it or fill its memory."""
-    with _open_regular_in(directory, name) as handle:
+    with open_regular_in(directory, name) as handle:
         return handle.read(limit)
 
 
@@ -226,7 +211,7 @@ def failure_path(directory: Path, rank: int) -> Path:
 def record_failure(directory: Path, rank: int, reason: str, *, under: Path | None = None) -> None:
     """Say that this rank's shard will not come, and why (the service stops waiting for it);
     `under` as for `write_atomic`."""
-    write_atomic(failure_path(directory, rank), reason.encode()[:2000], under=under)
+    write_atomic(failure_path(directory, rank), reason.encode()[:FAILURE_LIMIT], under=under)
 
 
 def failed_ranks(directory: Path, world_size: int) -> dict[int, str]:

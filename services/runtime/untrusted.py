@@ -44,10 +44,28 @@ def open_regular(path: Path) -> BinaryIO:
     A rank owns the directories its files are in: a symlink it leaves there (to any file root
     may read) is never followed, and a FIFO (whose read never ends) or a directory is
     refused, not read."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    return _regular(os.open(path, _READ), path)
+
+
+def open_regular_in(directory: Path, name: str) -> BinaryIO:
+    """`open_regular` of `name` in `directory`, the directory not reached through a symlink
+    either (a rank may replace its checkpoint directory by one between two looks)."""
+    directory_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        fd = os.open(name, _READ, dir_fd=directory_fd)
+    finally:
+        os.close(directory_fd)
+    return _regular(fd, directory / name)
+
+
+# No symlink followed; a FIFO opened without blocking, to be refused.
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK
+
+
+def _regular(fd: int, shown: Path) -> BinaryIO:
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", str(path))
+        raise OSError(errno.EINVAL, "not a regular file", str(shown))
     return os.fdopen(fd, "rb")
 
 
