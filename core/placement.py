@@ -343,6 +343,14 @@ class Snapshot:
         into those free): the snapshot is left as by `release` of each. A reservation plan
         releases thousands of ranks, several to a node, between two tries of the head."""
         free, journals = self.free, self._journals
+        # `_set` and `_add` inlined for a node of a rack already indexed (nearly all: a plan's
+        # released ranks land on racks with free GPUs): the plan of a head that waits for
+        # every overrunning gang releases ~8,000 nodes in one try, and the calls and attribute
+        # reads cost more than the index updates themselves.
+        nodes, count, levels_of = self.nodes, self.count, self.levels
+        rack_nodes, rack_free, block_free = self.rack_nodes, self.rack_free, self.block_free
+        pool_free, rack_units, avoid_units = self.pool_free, self._rack_units, self._avoid_units
+        changes = added = 0
         for index, mask in gathered.items():
             before = free.get(index, 0)
             after = before | mask
@@ -351,7 +359,34 @@ class Snapshot:
             for undo in journals:
                 if index not in undo:
                     undo[index] = before
-            self._set(index, after, before)
+            changes += 1
+            node = nodes[index]
+            rack = node.rack_id
+            in_rack = rack_nodes.get(rack)
+            if in_rack is None:
+                self._add(index, after)  # a rack (maybe block and pool) enters the index
+                continue
+            pool = node.pool
+            new = after.bit_count()
+            levels = levels_of[pool]
+            if before:
+                old = count[index]
+                levels[old].discard(index)
+                moved = new - old
+            else:
+                in_rack.add(index)
+                moved = new
+            levels[new].add(index)
+            free[index] = after
+            count[index] = new
+            rack_units.pop(rack, None)
+            avoid_units.pop(rack, None)
+            rack_free[rack] += moved
+            block_free[node.block_id] += moved
+            pool_free[pool] += moved
+            added += moved
+        self.total_free += added
+        self.changes += changes
 
     def commit(self, shape: Shape, allocation: Allocation) -> list[tuple[int, int]]:
         """Bind the allocation: one (node index, GPU mask) per rank, ranks in topology order.
