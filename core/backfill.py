@@ -153,7 +153,7 @@ def place(
         if fifo and head is not None:
             outcomes[job.job_id] = Outcome("head_of_line", _BEHIND_FIFO)
             continue
-        fractional = job.spec is not None and job.spec.fractional
+        fractional = job.fractional
         if enforce and shape.asks_host:
             # CPU and memory ceilings of the queue tree (core/host_quota.py).
             capped = within_host_ceilings(quota, job, shape, whole=fractional)

@@ -264,6 +264,9 @@ class CoreJob:
     awaiting_victims: tuple[str, ...] = ()
     # Held by request (or submitted held): never placed until released.
     held: bool = False
+    # It asks MIG slices or GPU shares (`JobSpec.fractional`): placed through the sharing
+    # ledger (core/fractional.py).
+    fractional: bool = False
     queue: str = ""
     # "needs 64 GPUs (8 tasks x 8) …": the start of every explanation of this job.
     _need: str = ""
@@ -876,6 +879,7 @@ class SchedulerState:
             reason_code="awaiting_admission",
             reason="waiting for admission",
             held=spec.hold,
+            fractional=spec.fractional,
             array_id=event.array_id,
         )
         job.gated = _gated(job)
@@ -954,6 +958,7 @@ class SchedulerState:
             return  # the API refuses changes to a job holding GPUs; a late one changes nothing
         spec = event.changes.applied_to(job.spec)
         job.spec = spec
+        job.fractional = spec.fractional
         job.gated = _gated(job)
         if event.changes.priority is not None:
             job.priority = spec.priority
