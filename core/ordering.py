@@ -499,6 +499,8 @@ def _cut(waiting: list[CoreJob], limit: int) -> int | None:
 def past_backoff(ctx: CycleContext, waiting: list[CoreJob]) -> list[CoreJob]:
     """The waiting jobs free to start now; one still in its retry backoff says until when
     (its reason, shown by `why`) and the cycle wakes then."""
+    if ctx.state.latest_retry_at <= ctx.now:
+        return waiting  # (a busy cycle passes ~10,000 waiting jobs, seldom one in its backoff)
     ready = []
     for job in waiting:
         retry_at = job.retry_at

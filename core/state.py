@@ -476,6 +476,8 @@ class SchedulerState:
         self._unhealthy = 0
         self._lost_gpus = 0
         self._pending = 0
+        # The latest moment a retry backoff ever ran to: once past it, no waiting job is in one.
+        self._latest_retry_at = -math.inf
         # Bumped by every fold that could change a decision (a planner memoises quiet cycles).
         self._version = 0
         self._node_generation = 0
@@ -676,6 +678,11 @@ class SchedulerState:
     def waiting_jobs(self) -> Mapping[str, CoreJob]:
         """Jobs admitted and waiting for a gang, in arrival order."""
         return self._waiting
+
+    @property
+    def latest_retry_at(self) -> float:
+        """No waiting job is in its retry backoff at or after this moment (-inf: none ever was)."""
+        return self._latest_retry_at
 
     @property
     def holding_jobs(self) -> Mapping[str, CoreJob]:
@@ -1262,6 +1269,7 @@ class SchedulerState:
         if event.code in FAILURE_REQUEUE_CODES:
             job.failures += 1
             job.retry_at = at + retry_delay_s(job.job_id, job.failures, self.policy)
+            self._latest_retry_at = max(self._latest_retry_at, job.retry_at)
         elif event.code in LOST_GANG_REQUEUE_CODES:
             # Its gang was lost, not taken from it: what it had reclaimed went to others in the
             # cycle that released it. The calm after its evictions guards against thrashing,

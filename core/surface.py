@@ -64,6 +64,11 @@ class PlanningSurface(Protocol):
     def waiting_jobs(self) -> Mapping[str, CoreJob]: ...
 
     @property
+    def latest_retry_at(self) -> float:
+        """No waiting job is in its retry backoff at or after this moment."""
+        ...
+
+    @property
     def holding_jobs(self) -> Mapping[str, CoreJob]: ...
 
     @property
