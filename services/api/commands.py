@@ -1047,7 +1047,8 @@ def _submitted_json(event: JobSubmitted, spec_json: str) -> str:
 class _SpecDumps:
     """A request's specs as `_require_storable` dumped them, by identity: each JobSubmitted of
     a batch is written around its spec's JSON instead of being dumped whole, which dumped
-    every spec a second time (a sixth of a batch request's CPU went to dumps)."""
+    every spec a second time (measured: a bench spec's event dumped whole 5.5 us, written
+    around its spec's JSON 1.1 us)."""
 
     def __init__(self) -> None:
         # id -> (the spec, kept alive so that its id is not reused, its JSON).
