@@ -683,12 +683,28 @@ def plan_preemption(
         for victims in tiers:
             if not victims:
                 continue
-            chosen = search_victims(planning, shape, victims)
-            if chosen is not None and excess:
-                chosen = _quota_room(quota, excess, victims, chosen)
-            if chosen is not None:
-                return chosen
+            for some in _off_reserved_first(victims, reserved) if kept_off else (victims,):
+                chosen = search_victims(planning, shape, some)
+                if chosen is not None and excess:
+                    chosen = _quota_room(quota, excess, victims, chosen)
+                if chosen is not None:
+                    return chosen
         return None
+
+
+def _off_reserved_first(
+    victims: list[CoreJob], reserved: frozenset[int]
+) -> tuple[list[CoreJob], ...]:
+    """The victims a reclaimer kept off the reserved nodes searches, in turn: those with no
+    rank there (it reclaims elsewhere, the head's start stays), then all of them (only when
+    nothing elsewhere suffices does it take borrowed GPUs on the head's nodes: invariant 4
+    before the reservation). Both within one tier, so that borrowers still go first."""
+    elsewhere = [v for v in victims if not any(index in reserved for index, _ in v.ranks)]
+    if not elsewhere:
+        return (victims,)
+    if len(elsewhere) == len(victims):
+        return (elsewhere,)
+    return (elsewhere, victims)
 
 
 def _under(quota: QuotaBook, excess: dict[str, GpuAmount], victims: list[CoreJob]) -> list[CoreJob]:

@@ -43,6 +43,34 @@ def test_a_job_that_may_backfill_onto_the_reserved_gpus_evicts_no_one() -> None:
     assert history.auditor.violations == []
 
 
+def test_a_reclaimer_kept_off_the_head_s_nodes_takes_borrowed_gpus_elsewhere_first() -> None:
+    """A borrower on the head's node (a short job backfilled there) is the smallest victim,
+    first in pool order; evicting it would land the reclaimer on the head's node, past the
+    head's start. The reclaimer takes the borrower elsewhere: the head's start stays."""
+    history = History("2x8:2:1")
+    history.team("a", guaranteed=8).team("q", guaranteed=4).team("lender").team("infra")
+    history.occupy("n0000", 4, a_job().team("infra").preemptible(False).estimate(3600))
+    near = history.occupy("n0000", 1, a_job().team("lender").estimate(600))
+    far = history.occupy("n0001", 4, a_job().team("lender").estimate(86400))
+    history.occupy("n0001", 4, a_job().team("infra").preemptible(False).estimate(86400))
+    history.advance(10)
+    head = history.submit(a_job().team("a").gpus(8))[0]
+    history.advance(1)
+    job_id = history.submit(a_job().team("q").gpus(1).estimate(7200))[0]
+
+    history.run(cycles=3)
+
+    assert [p.job_id for p in history.events(PreemptionRequested)] == [far]
+    assert history.job(near).state == "running"
+    for view in list(history.state.jobs()):
+        if view.state == "preempting":
+            history.evict(view.job_id)
+    history.run(cycles=2)
+    assert set(history.job(job_id).placement) == {"n0001"}
+    assert history.events(ReservationPlanned, head)[-1].nodes == ["n0000"]
+    assert history.auditor.violations == []
+
+
 def test_the_reclaim_records_the_reservation_it_rested_on_in_its_cycle() -> None:
     """The core records a reservation only when it moves; a cycle that evicts for a job kept
     off it records it again (before the evictions), so the auditor reads the nodes and start
