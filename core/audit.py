@@ -14,9 +14,12 @@ violations carry invariant 0 and the name of the rule (`RULES`):
 
 - topology: `require: node|rack|block` keeps the gang in one such domain; `gpu_type` is honoured;
 - cross_queue: another team never preempts a gang within its queue's guarantee;
-- idle_capacity: nobody is preempted while idle GPUs could host the preemptor;
+- idle_capacity: nobody is preempted while idle GPUs could host the preemptor; idle GPUs of the
+  head's reserved nodes do not, for a reclaiming preemptor the backfill rule keeps off them (it
+  would not end before the head's start: core/reservation.py `kept_off_reserved`), read from
+  the reservation recorded in the same cycle;
 - borrowers_first: a gang within its guarantee (or of the preemptor's own queue) is evicted only
-  when the eligible borrowers' gangs could not make room;
+  when the eligible borrowers' gangs could not make room (off those reserved nodes, likewise);
 - drain: a node is reported drained only once no gang holds a GPU on it;
 - backfill: a later, lower-ordered job never lands on a node reserved in the same cycle when it
   would still run at the reservation's start;
@@ -31,11 +34,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import partial
 
 from core.audit_sharing import SharingAudit
 from core.estimates import RuntimeEstimates
 from core.live_sharing import GpuAmount, is_fractional, placement_gpus
 from core.policy import SchedulingPolicy
+from core.reservation import kept_off_reserved, spec_runtime_estimate
 from core.shape import Shape, needs_nvlink, pool_of, ranks_per_unit, shape_of
 from core.state import rank_host
 from schemas.base import Event
@@ -855,12 +860,14 @@ class Auditor:
             # capacity and borrowers-first rules do not judge slice and share preemptors.
             return
         shape = shape_of(preemptor.spec)
+        # The reserved nodes the backfill rule keeps it off: no room of its, idle or freed.
+        avoid = self._kept_off(event.preemptor_job_id or "", preemptor, at)
         # The quota tests before `_fits`, which walks every GPU: a preemptor its ceiling holds
         # back (the usual case for preemption within a queue) needs no walk.
         if (
             not self._plan_victims
             and not self._excess(preemptor.queue, shape.min_gpus, self._staying())
-            and self._fits(shape, set())
+            and self._fits(shape, set(), avoid)
         ):
             self._broken(
                 "idle_capacity",
@@ -870,7 +877,7 @@ class Auditor:
         elif not borrower:
             borrowers = self._eligible_borrowers(preemptor, shape, at)
             if not self._excess_after(preemptor.queue, shape.min_gpus, borrowers) and self._fits(
-                shape, borrowers
+                shape, borrowers, avoid
             ):
                 self._broken(
                     "borrowers_first",
@@ -878,6 +885,45 @@ class Auditor:
                     f"borrowers ({', '.join(sorted(borrowers)[:3])}) would have made room",
                     position,
                 )
+
+    def _kept_off(self, preemptor_id: str, preemptor: _Job, at: float) -> frozenset[str]:
+        """The head's reserved nodes, where the backfill rule keeps the preemptor off them
+        (core/reservation.py `kept_off_reserved`, the core's one definition) and it reclaims
+        (within its queue's guarantee); none otherwise.
+
+        Read from the reservation recorded in this very cycle: the core records its head's
+        reservation only when it moves, so a record of an earlier cycle may name other nodes
+        and another start; a cycle that evicts for a job kept off them records the one it
+        planned with (core/reservation.py `record_reservation`). Judged at that cycle's clock
+        (its `decided_at`). The log does not say whether the preemptor was ordered behind the
+        head, nor which of the two runtime estimates the cycle had learned (see
+        `_estimates_before`): any job but the head, kept off by either estimate, is taken as
+        kept off (the lenient reading: no report rests on a guess)."""
+        policy = self._policy
+        if not self._reservation_cycle or policy.is_fifo or not policy.backfill:
+            return frozenset()
+        head_id = self._head
+        head = self._jobs.get(head_id) if head_id is not None else None
+        if head is None or head_id == preemptor_id or head.reservation is None:
+            return frozenset()
+        if not head.waiting or head.terminal_at is not None:
+            return frozenset()
+        # Only a reclaim (within its queue's guarantee) is planned so; a preemption by class
+        # alone counts the head's idle GPUs as serving it (core/preemption.py `KeptOff`).
+        guarantee = self._guarantee(preemptor.queue)
+        used = self._held(preemptor.queue, self._staying())
+        if not (guarantee > 0 and used + shape_of(preemptor.spec).min_gpus <= guarantee):
+            return frozenset()
+        start, nodes, _, planned_when, decided = head.reservation
+        if planned_when != at:
+            return frozenset()
+        clock = at if decided is None else decided
+        spec = preemptor.spec
+        for known in (self._estimates_before, self._estimates):
+            estimate = partial(spec_runtime_estimate, spec=spec, policy=policy, estimates=known)
+            if kept_off_reserved(clock, start - _LOGGED_TIME_SLACK_S, estimate, preemptor_id):
+                return nodes
+        return frozenset()
 
     def _eligible_borrowers(self, preemptor: _Job, shape: Shape, at: float) -> set[str]:
         """Gangs of other, borrowing queues the preemptor may surely evict (a subset of the
@@ -934,8 +980,10 @@ class Auditor:
             chosen.add(job_id)
         return chosen
 
-    def _fits(self, shape: Shape, evicted: set[str]) -> bool:
-        """Whether the gang would fit the free GPUs plus those of the `evicted` gangs."""
+    def _fits(self, shape: Shape, evicted: set[str], avoid: frozenset[str] = frozenset()) -> bool:
+        """Whether the gang would fit the free GPUs plus those of the `evicted` gangs; on the
+        nodes in `avoid` (a head's reserved nodes the gang is kept off), those of the evicted
+        gangs alone (it goes first once they are gone; the idle ones there do not serve it)."""
         if shape.asks_host or shape.cpu_only:
             # This model counts GPUs only: whether CPUs or memory were short it cannot tell,
             # so the rules that ask it (idle capacity, borrowers first) do not judge such gangs.
@@ -956,12 +1004,14 @@ class Auditor:
             # A GPU in MIG mode or holding shares is no whole GPU (core/sharing.py): counting
             # a fixed-MIG node's GPUs as idle flagged every reclaim on such a cluster.
             at = self._instant if self._instant is not None else 0.0
+            avoided = node_id in avoid
             free = sum(
                 1
                 for gpu in node.gpus
                 if gpu not in node.unhealthy
                 and (node_id, gpu) not in held
                 and self._sharing.whole_usable(node_id, gpu, at)
+                and not (avoided and self._bound.get((node_id, gpu), ("",))[0] not in evicted)
             )
             units = free // shape.unit_gpus
             if units:

@@ -5,24 +5,30 @@ with a reservation on concrete nodes, and later jobs may only start where they d
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 
 from core.built_events import gang_reserved, rank_placement
 from core.checkpointing import checkpoint_interval_s
-from core.context import CycleContext, Outcome
+from core.context import CycleContext, HeadReservation, Outcome
 from core.fractional import place_fractional
 from core.host import host_blocker, host_infeasible
 from core.host_quota import charge_tasks, within_host_ceilings
 from core.placement import Allocation, Shape, Snapshot, find_placement, take_lowest
 from core.preemption import ReclaimLandings, VictimBook
 from core.quota import QuotaBook
-from core.reservation import plan_reservation, runtime_estimate, runtime_estimator
+from core.reservation import (
+    head_outcome,
+    kept_off_reserved,
+    plan_reservation,
+    record_reservation,
+    runtime_estimate,
+    runtime_estimator,
+)
 from core.shape import FailureKey, describe_need, pool_gpu_type, shape_pools
 from core.slo import headroom_blocks
 from core.state import CoreJob, bits
 from core.surface import PlanningSurface
-from schemas.jobs import ReservationPlanned
 from schemas.reasons import RESERVED_HEAD, DeferCode
 
 _NO_CAPACITY = "waiting for enough free GPUs in one placement"
@@ -124,6 +130,8 @@ def place(
     reclaimers = reclaims.queues
     head: CoreJob | None = None
     head_start: float | None = None
+    # The reservations recorded for the jobs waiting as heads (read when first asked).
+    recorded_heads: list[tuple[str, float, frozenset[int]]] | None = None
     budget = policy.max_placements_per_cycle
     unplanned = 0
     for job in waiting:
@@ -143,7 +151,14 @@ def place(
         if job.awaiting_victims:
             pending_victims = ctx.victims_pending(job)
             if pending_victims:
-                _hold_for_reclaim(ctx, snap, shape, pending_victims, placed.held)
+                # Where it lands once they are gone: off the head's nodes if the backfill rule
+                # keeps it off them (its reclaim was planned so).
+                kept_off = (
+                    job.queue in reclaimers
+                    and head is not None
+                    and kept_off_reserved(now, head_start, estimate, job)
+                )
+                _hold_for_reclaim(ctx, snap, shape, pending_victims, placed.held, avoid=kept_off)
                 # No count of the victims still checkpointing: it gave the preemptor a new
                 # reason, an event, for every victim gone (their evictions are in the log).
                 outcomes[job.job_id] = Outcome(
@@ -203,11 +218,12 @@ def place(
                 blocked.append(job)
                 outcomes[job.job_id] = either[1]
                 if job.queue in reclaimers:
-                    _hold_reclaim(ctx, snap, job, quota, reclaims, placed.held)
+                    kept_off = kept_off_reserved(now, head_start, estimate, job)
+                    _hold_reclaim(ctx, snap, job, quota, reclaims, placed.held, kept_off)
                 continue
-        avoid = head is not None and not (
-            head_start is not None and now + estimate(job) <= head_start
-        )
+        # The backfill rule: a job behind the head keeps off its reserved nodes unless it
+        # ends before the head's planned start.
+        avoid = head is not None and kept_off_reserved(now, head_start, estimate, job)
         if head is not None and behind_memo:
             seen = behind.get((shape, avoid))
             # (A shape capped by the host ceilings is not the job's own: its need differs.)
@@ -215,9 +231,18 @@ def place(
                 blocked.append(job)
                 outcomes[job.job_id] = seen[1]
                 if job.queue in reclaimers:
-                    _hold_reclaim(ctx, snap, job, quota, reclaims, placed.held)
+                    _hold_reclaim(ctx, snap, job, quota, reclaims, placed.held, avoid)
                 continue
-        allocation = _try_place(snap, shape, avoid, failed)
+        allocation = None
+        if head is None and job.awaiting_victims and job.queue in reclaimers:
+            # A preemptor whose victims are gone goes first, before this cycle's head is
+            # known: where its reclaim was planned off a recorded reservation it is kept
+            # off, it lands off it (on what it paid for), not on the head's idle GPUs.
+            if recorded_heads is None:
+                recorded_heads = _recorded_heads(ctx, waiting)
+            allocation = _place_off_recorded(ctx, snap, job, shape, recorded_heads, estimate)
+        if allocation is None:
+            allocation = _try_place(snap, shape, avoid, failed)
         if allocation is not None and headroom_blocks(ctx, snap, job, shape, allocation, quota):
             continue
         if allocation is not None:
@@ -231,7 +256,8 @@ def place(
             if fifo or not policy.backfill:
                 outcomes[job.job_id] = Outcome("no_capacity", f"{job.need}; {_no_capacity(shape)}")
                 continue
-            head_start = reserve(ctx, snap, job, shape)
+            ahead = frozenset(other.job_id for other in blocked[:-1])
+            head_start = reserve(ctx, snap, job, shape, ahead)
             if head_start is None and unplanned < MAX_UNPLANNED_HEADS:
                 # It fits nowhere even once the running gangs end (ranks of released gangs
                 # still run): holding no reservation, it must not keep the next job in line
@@ -243,7 +269,7 @@ def place(
                 failed = {key: k for key, k in failed.items() if not key[3]}
             # (After its reservation: planned on the GPUs free now, the held ones among them.)
             if job.queue in reclaimers:
-                _hold_reclaim(ctx, snap, job, quota, reclaims, placed.held)
+                _hold_reclaim(ctx, snap, job, quota, reclaims, placed.held, False)
             continue
         if avoid and head is not None and _fits_unreserved(snap, shape, failed, fits_unreserved):
             outcome = Outcome("backfill_blocked", f"{job.need}; {_BACKFILL_BLOCKED}")
@@ -258,7 +284,7 @@ def place(
             if other is not None and other[0] == snap.changes and other[1] == outcome:
                 behind_either[shape] = (snap.changes, outcome)
         if job.queue in reclaimers:
-            _hold_reclaim(ctx, snap, job, quota, reclaims, placed.held)
+            _hold_reclaim(ctx, snap, job, quota, reclaims, placed.held, avoid)
     return placed
 
 
@@ -269,11 +295,52 @@ def _hold_reclaim(
     quota: QuotaBook,
     reclaims: ReclaimLandings,
     held: dict[int, int],
+    kept_off: bool,
 ) -> None:
-    """Hold the free GPUs the waiting job's reclaim lands on, if it reclaims this cycle."""
-    victims = reclaims.plan(ctx, snap, job, quota, held)
+    """Hold the free GPUs the waiting job's reclaim lands on, if it reclaims this cycle
+    (`kept_off`: the backfill rule keeps it off the head's reserved nodes)."""
+    victims = reclaims.plan(ctx, snap, job, quota, held, kept_off)
     if victims and job.shape is not None:
-        _hold_for_reclaim(ctx, snap, job.shape, victims, held)
+        _hold_for_reclaim(ctx, snap, job.shape, victims, held, avoid=kept_off)
+
+
+def _recorded_heads(
+    ctx: CycleContext, waiting: list[CoreJob]
+) -> list[tuple[str, float, frozenset[int]]]:
+    """(job id, start, node indices) of the reservations recorded for waiting jobs that are
+    heads now (their reason says so): the one a preemptor's evictions were planned off."""
+    state = ctx.state
+    heads: list[tuple[str, float, frozenset[int]]] = []
+    for job in waiting:
+        if job.reason_code != RESERVED_HEAD or not job.reserved_nodes:
+            continue
+        if job.estimated_start is None:
+            continue
+        records = (state.node_record(node_id) for node_id in job.reserved_nodes)
+        nodes = frozenset(record.index for record in records if record is not None)
+        heads.append((job.job_id, job.estimated_start, nodes))
+    return heads
+
+
+def _place_off_recorded(
+    ctx: CycleContext,
+    snap: Snapshot,
+    job: CoreJob,
+    shape: Shape,
+    heads: list[tuple[str, float, frozenset[int]]],
+    estimate: Callable[[CoreJob], float],
+) -> Allocation | None:
+    """A placement off the recorded reserved nodes the backfill rule keeps the job off
+    (core/reservation.py `kept_off_reserved`), or None: none such, or no room off them."""
+    off: set[int] = set()
+    for head_id, start, nodes in heads:
+        if head_id != job.job_id and kept_off_reserved(ctx.now, start, estimate, job):
+            off |= nodes
+    if not off or snap.total_free < shape.min_gpus:
+        return None
+    with snap.trial():
+        snap.reserved = frozenset(off)
+        return find_placement(snap, shape, True)
 
 
 def _ceiling(quota: QuotaBook, job: CoreJob, gpus: int) -> tuple[int, Outcome | None, bool]:
@@ -301,9 +368,11 @@ def _hold_for_reclaim(
     victims: list[str],
     held: dict[int, int],
     *,
+    avoid: bool = False,
     gather: bool = True,
 ) -> None:
-    """Hold the free GPUs a preemptor will land on once its victims are gone.
+    """Hold the free GPUs a preemptor will land on once its victims are gone (off the head's
+    reserved nodes with `avoid` where it can, as it will be placed).
 
     Its preemption plan counted on GPUs free now together with the victims' GPUs; while the
     victims checkpoint, the preemptor is no head and holds no reservation, so without this a
@@ -329,13 +398,15 @@ def _hold_for_reclaim(
                     gathered[index] = gathered.get(index, 0) | back
         with snap.trial_releasing(len(gathered)):
             snap.release_gathered(gathered)
-            landing = _landing(snap, shape)
+            landing = _landing(snap, shape, avoid)
     else:
         with snap.trial_releasing(sum(len(jobs[victim].ranks) for victim in victims)):
             for victim in victims:
                 for index, mask in jobs[victim].ranks:
                     snap.release(index, mask)
-            allocation = find_placement(snap, shape, False)
+            allocation = find_placement(snap, shape, avoid)
+            if allocation is None and avoid:
+                allocation = find_placement(snap, shape, False)
             landing = None if allocation is None else snap.commit(shape, allocation)
     if landing is None:
         return
@@ -347,13 +418,17 @@ def _hold_for_reclaim(
             held[index] = held.get(index, 0) | free_now
 
 
-def _landing(snap: Snapshot, shape: Shape) -> list[tuple[int, int]] | None:
+def _landing(snap: Snapshot, shape: Shape, avoid: bool = False) -> list[tuple[int, int]] | None:
     """The GPUs the gang would take on each node where it lands on the snapshot as it is:
     those `Snapshot.commit` gives its ranks there, the node's lowest free GPUs, one by one.
     Read without committing: only the hold is wanted of them, and a wide preemptor's commit
     (hundreds of ranks, each a change of the index, undone with the trial) was most of the
     cost of planning its landing again in every cycle while its victims checkpoint."""
-    allocation = find_placement(snap, shape, False)
+    allocation = find_placement(snap, shape, avoid)
+    if allocation is None and avoid:
+        # Its victims' GPUs on the reserved nodes are its own room: it goes first once
+        # they are gone (`_place_off_recorded` falls back so too).
+        allocation = find_placement(snap, shape, False)
     if allocation is None:
         return None
     free, nodes = snap.free, snap.nodes
@@ -530,8 +605,16 @@ def _bind(
     ctx.result.tasks_placed += len(ranks)
 
 
-def reserve(ctx: CycleContext, snap: Snapshot, job: CoreJob, shape: Shape) -> float | None:
-    """Plan the head's earliest start on concrete nodes; pin them against backfill."""
+def reserve(
+    ctx: CycleContext,
+    snap: Snapshot,
+    job: CoreJob,
+    shape: Shape,
+    ahead: frozenset[str] = frozenset(),
+) -> float | None:
+    """Plan the head's earliest start on concrete nodes; pin them against backfill.
+
+    `ahead`: the jobs blocked before it (`HeadReservation.ahead`)."""
     state, policy = ctx.state, ctx.policy
     planned = plan_reservation(ctx, snap, shape)
     if planned is None:
@@ -545,38 +628,18 @@ def reserve(ctx: CycleContext, snap: Snapshot, job: CoreJob, shape: Shape) -> fl
     nodes = state.node_records
     node_ids = sorted(nodes[index].node_id for index, _ in allocation)
     where = _racks_of(state, node_ids)
+    reservation = ctx.reservation = HeadReservation(job, start, node_ids, where, ahead)
     recorded = job.estimated_start
     if (
         recorded is None
         or abs(recorded - start) > policy.reservation_move_threshold_s
         or _racks_of(state, list(job.reserved_nodes)) != where
     ):
-        ctx.emit(
-            ReservationPlanned(
-                job_id=job.job_id,
-                start_at=datetime.fromtimestamp(start, UTC),
-                nodes=node_ids,
-                decided_at=datetime.fromtimestamp(ctx.now, UTC),
-            )
-        )
-        recorded = start
-    # The reason states the start the reservation recorded, not this cycle's plan: a plan
-    # drifts with the clock (a gang past its estimate is planned to end a grace after now),
-    # and worded to the minute it gave the head a new reason, an event, every minute it
-    # waited; the recorded start is within the move threshold of the plan, and it is the
-    # estimated start the job shows beside its reason.
-    ctx.outcomes[job.job_id] = Outcome(
-        RESERVED_HEAD,
-        f"{job.need}; earliest at {_when(recorded)} on {where}",
-        estimated_start=recorded,
-    )
+        record_reservation(ctx, reservation)
+    else:
+        ctx.outcomes[job.job_id] = head_outcome(reservation, recorded)
     ctx.wakeups.append(start)
     return start
-
-
-def _when(ts: float) -> str:
-    moment = datetime.fromtimestamp(ts, UTC)
-    return moment.strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _racks_of(state: PlanningSurface, node_ids: list[str], limit: int = 4) -> str:

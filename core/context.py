@@ -50,6 +50,24 @@ class Outcome:
 
 
 @dataclass(slots=True)
+class HeadReservation:
+    """The head's reservation planned this cycle (core/backfill.py `reserve`)."""
+
+    head: CoreJob
+    start: float
+    # The reserved nodes' ids, sorted, and the racks they are on, as a reason words them.
+    node_ids: list[str]
+    where: str
+    # The jobs blocked ahead of the head (placed before it was found): the backfill rule
+    # keeps none of them off its nodes.
+    ahead: frozenset[str] = frozenset()
+    # Whether this cycle recorded it (ReservationPlanned): the core records a reservation
+    # only when it moves, and the auditor judges a decision that rested on one by what the
+    # log recorded of it in the same cycle (core/reservation.py `record_reservation`).
+    recorded: bool = False
+
+
+@dataclass(slots=True)
 class CycleContext:
     state: PlanningSurface
     policy: SchedulingPolicy
@@ -80,6 +98,8 @@ class CycleContext:
     # planner's timers keep them (core/timers.py `GangTimers.held_ends`), brought up to date by
     # this cycle's reactions phase; None: a planner without timers (the plan walks the gangs).
     held_ends: tuple[dict[str, float], dict[str, HeldGang]] | None = None
+    # The head's reservation, once the place phase planned one.
+    reservation: HeadReservation | None = None
 
     @classmethod
     def start(cls, state: PlanningSurface, now: float) -> CycleContext:

@@ -17,6 +17,7 @@ from core.live_sharing import GpuAmount
 from core.placement import Allocation, Shape, Snapshot, find_placement
 from core.policy import PriorityClass, SchedulingPolicy
 from core.quota import QuotaBook
+from core.reservation import kept_off_reserved, record_reservation, runtime_estimator
 from core.shape import pool_suits, shape_pools
 from core.slo import bounded_victims
 from core.state import CoreJob, HoldingWatch, NodeRecord, popcount
@@ -83,6 +84,7 @@ def preempt(
     # ~10,000 blocked jobs of a few classes, queues and sizes, most of which may not preempt.
     entitled: dict[tuple[str, str, int], tuple[int, PriorityClass, bool]] = {}
     credited = False
+    kept_off = KeptOff(ctx)
     for job in blocked:
         if preemptors >= MAX_PREEMPTORS_PER_CYCLE or attempts >= MAX_PREEMPTION_ATTEMPTS:
             break
@@ -111,11 +113,15 @@ def preempt(
             continue
         if job.priority == policy.idle_only_priority:
             continue
+        # Reclaiming, off the head's reserved nodes (the backfill rule): their idle GPUs do not
+        # serve it (invariant 4). A job preempting by its class alone still counts them and
+        # waits for them rather than evicting (`KeptOff`).
+        off = reclaiming and kept_off(job)
         key = (
             pclass.rank,
             reclaiming,
             job.queue,
-            *shape.failure_key(False),
+            *shape.failure_key(off),
         )
         if key in failed and shape.min_units >= failed[key]:
             continue
@@ -132,12 +138,17 @@ def preempt(
             excluded=ctx.released | taken,
             now=now,
             policy=policy,
+            kept_off=off,
         )
         plan = plan_preemption(request, snap, quota, pool)
         if plan is None:
             failed[key] = min(failed.get(key, shape.min_units), shape.min_units)
             continue
         preemptors += 1
+        if off and ctx.reservation is not None:
+            # The log names the reservation this eviction rested on, in this cycle, before
+            # the evictions (the auditor judges them by it).
+            record_reservation(ctx, ctx.reservation)
         why = "reclaiming guaranteed capacity" if reclaiming else f"priority {job.priority}"
         request_evictions(
             ctx,
@@ -152,6 +163,39 @@ def preempt(
             policy,
         )
         taken.update(victim.job_id for victim in plan)
+
+
+class KeptOff:
+    """Which blocked jobs of the cycle the backfill rule keeps off the head's reserved nodes
+    (core/reservation.py `kept_off_reserved`): those behind the head, not the head, that
+    would not end before its planned start. None where the cycle planned no reservation.
+
+    Asked for jobs that reclaim (within their queue's guarantee): the idle GPUs there do not
+    serve them, so they take borrowed GPUs elsewhere rather than wait as long as the head
+    (invariant 4). A job that preempts by its class alone is not asked: it waits for the
+    head's idle GPUs rather than evict lower classes (as before this rule; the choice for
+    class preemption is DESIGN's to make, not this one's)."""
+
+    __slots__ = ("_ctx", "_estimate")
+
+    def __init__(self, ctx: CycleContext) -> None:
+        self._ctx = ctx
+        self._estimate: Callable[[CoreJob], float] | None = None
+
+    def __call__(self, job: CoreJob) -> bool:
+        ctx = self._ctx
+        reservation = ctx.reservation
+        if (
+            reservation is None
+            or job is reservation.head
+            or job.job_id == reservation.head.job_id
+            or job.job_id in reservation.ahead
+        ):
+            return False
+        estimate = self._estimate
+        if estimate is None:
+            estimate = self._estimate = runtime_estimator(ctx.policy, ctx.state.estimates)
+        return kept_off_reserved(ctx.now, reservation.start, estimate, job)
 
 
 def victim_pool(ctx: CycleContext, book: VictimBook | None) -> VictimPool:
@@ -212,10 +256,12 @@ class ReclaimLandings:
         job: CoreJob,
         quota: QuotaBook,
         held: Mapping[int, int],
+        kept_off: bool = False,
     ) -> list[str]:
         """The gangs the job's reclaim would evict now (none: it reclaims nothing), by the
         preemption phase's rules for it (`preempt`), which plans with `held` (the free GPUs
-        held from the jobs behind those ahead, node index -> mask) given back."""
+        held from the jobs behind those ahead, node index -> mask) given back; `kept_off`:
+        the backfill rule keeps it off the head's reserved nodes (`KeptOff`)."""
         shape, policy = job.shape, ctx.policy
         if (
             shape is None
@@ -227,7 +273,7 @@ class ReclaimLandings:
         ):
             return []
         pclass = policy.priority_class(job.priority)
-        key = (pclass.rank, job.queue, *shape.failure_key(False))
+        key = (pclass.rank, job.queue, *shape.failure_key(kept_off))
         if key in self._failed and shape.min_units >= self._failed[key]:
             return []
         pool = victim_pool(ctx, self._book)
@@ -243,7 +289,7 @@ class ReclaimLandings:
             quota.charge(queue, -gpus)
         try:
             if not held:
-                return self._plan(ctx, snap, job, shape, pclass, key, pool, quota)
+                return self._plan(ctx, snap, job, shape, pclass, key, pool, quota, kept_off)
             # Idle GPUs serve a preemptor before any eviction does, held or not: planned with
             # the holds taken out, a reclaim that the landing held for a job ahead would serve
             # held the free GPUs beside its victims from the jobs behind, for a reclaim the
@@ -252,7 +298,7 @@ class ReclaimLandings:
             with snap.trial():
                 for index, mask in held.items():
                     snap.set_free(index, snap.free.get(index, 0) | mask)
-                return self._plan(ctx, snap, job, shape, pclass, key, pool, quota)
+                return self._plan(ctx, snap, job, shape, pclass, key, pool, quota, kept_off)
         finally:
             for queue, gpus in credited:
                 quota.charge(queue, gpus)
@@ -267,6 +313,7 @@ class ReclaimLandings:
         key: tuple[object, ...],
         pool: VictimPool,
         quota: QuotaBook,
+        kept_off: bool,
     ) -> list[str]:
         if not quota.within_guarantee(job.queue, shape.min_gpus):
             return []
@@ -279,6 +326,7 @@ class ReclaimLandings:
             excluded=ctx.released | self._taken,
             now=ctx.now,
             policy=ctx.policy,
+            kept_off=kept_off,
         )
         plan = plan_preemption(request, snap, quota, pool)
         if plan is None:
@@ -576,6 +624,9 @@ class PreemptionRequest:
     excluded: Set[str]
     now: float
     policy: SchedulingPolicy
+    # The backfill rule keeps it off the head's reserved nodes (core/reservation.py
+    # `kept_off_reserved`): the idle GPUs there do not serve it (its victims' GPUs do).
+    kept_off: bool = False
 
 
 def plan_preemption(
@@ -588,9 +639,12 @@ def plan_preemption(
     # Queues on the preemptor's chain the gang would take past their max: evictions under
     # them must make that room too (a sibling's borrowing may fill a parent's ceiling).
     excess = quota.excess(preemptor.queue, shape.min_gpus)
-    idle_serves = find_placement(snap, shape, False) is not None
+    kept_off = request.kept_off
+    idle_serves = find_placement(snap, shape, kept_off) is not None
     if idle_serves and not excess:
-        return None  # idle capacity serves (only a reservation held it back): never preempt
+        # Idle capacity serves (a reservation held it back, and it may backfill onto the
+        # reserved GPUs, or quota did): never preempt.
+        return None
     borrowers: list[CoreJob] = []
     everyone: list[CoreJob] = []
     for borrower, victim_pool, victim in pool.reachable(preemptor, pclass, reclaiming, quota):
@@ -628,17 +682,40 @@ def plan_preemption(
     if excess:
         # Gangs under the full ceilings first: their GPUs make room in both senses.
         tiers = [subset for tier in tiers for subset in (_under(quota, excess, tier), tier)]
+    reserved = snap.reserved
     with snap.trial() as planning:
         planning.reserved = frozenset()
+        if kept_off:
+            # The idle GPUs of the head's reserved nodes are none of its room; those its
+            # victims there free are (it goes first once they are gone: core/ordering.py).
+            for index in reserved:
+                if index in planning.free:
+                    planning.set_free(index, 0)
         for victims in tiers:
             if not victims:
                 continue
-            chosen = search_victims(planning, shape, victims)
-            if chosen is not None and excess:
-                chosen = _quota_room(quota, excess, victims, chosen)
-            if chosen is not None:
-                return chosen
+            for some in _off_reserved_first(victims, reserved) if kept_off else (victims,):
+                chosen = search_victims(planning, shape, some)
+                if chosen is not None and excess:
+                    chosen = _quota_room(quota, excess, victims, chosen)
+                if chosen is not None:
+                    return chosen
         return None
+
+
+def _off_reserved_first(
+    victims: list[CoreJob], reserved: frozenset[int]
+) -> tuple[list[CoreJob], ...]:
+    """The victims a reclaimer kept off the reserved nodes searches, in turn: those with no
+    rank there (it reclaims elsewhere, the head's start stays), then all of them (only when
+    nothing elsewhere suffices does it take borrowed GPUs on the head's nodes: invariant 4
+    before the reservation). Both within one tier, so that borrowers still go first."""
+    elsewhere = [v for v in victims if not any(index in reserved for index, _ in v.ranks)]
+    if not elsewhere:
+        return (victims,)
+    if len(elsewhere) == len(victims):
+        return (elsewhere,)
+    return (elsewhere, victims)
 
 
 def _under(quota: QuotaBook, excess: dict[str, GpuAmount], victims: list[CoreJob]) -> list[CoreJob]:

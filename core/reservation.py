@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
+from datetime import UTC, datetime
 from functools import partial
 from itertools import groupby
 from operator import itemgetter
+from typing import TypeVar
 
-from core.context import CycleContext
+from core.context import CycleContext, HeadReservation, Outcome
 from core.estimates import RuntimeEstimates
 from core.placement import Allocation, Shape, Snapshot, find_placement
 from core.policy import SchedulingPolicy
 from core.state import CoreJob, HeldGang, rank_host
-from schemas.jobs import JobSpec
+from schemas.jobs import JobSpec, ReservationPlanned
+from schemas.reasons import RESERVED_HEAD
 
 # Trying a placement after every released gang would cost a placement per running job; after
 # this many failed tries, try again only once a further 1/8 of the need has been freed.
@@ -22,6 +25,8 @@ EAGER_TRIES = 16
 # ReservationPlanned), and an estimate past any clock (a recorded 1e308 s, or a ten-year
 # estimate times a team's learned ratio) made every cycle fail with an OverflowError.
 MAX_PLANNED_RUNTIME_S = 100 * 366 * 86_400
+
+_J = TypeVar("_J")
 
 
 def runtime_estimate(
@@ -47,6 +52,28 @@ def runtime_estimate(
     if estimates is None or not policy.learned_runtimes:
         return _unlearned(policy, job)
     return _kept(policy, estimates, _kept_estimates(policy, estimates), job)
+
+
+def kept_off_reserved(
+    now: float, head_start: float | None, runtime: Callable[[_J], float], job: _J
+) -> bool:
+    """The backfill rule (DESIGN §3), the one definition of it: whether the head's reserved
+    nodes are closed to a job behind the head, i.e. it would not end before the head's planned
+    start (`runtime(job)` from `now`; asked only when the head has a start). Such a job:
+
+    - is placed only off the reserved nodes (core/backfill.py `place`);
+    - is not served by the idle GPUs there: the preemption planner does not count them as
+      capacity that serves it, so a job within its queue's guarantee reclaims borrowed GPUs
+      elsewhere (core/preemption.py `plan_preemption`, invariant 4) instead of waiting as
+      long as the head does; the idle GPUs there still serve a job that may backfill onto
+      them, which evicts no one;
+    - is judged so by the auditor's idle_capacity and borrowers_first rules (core/audit.py),
+      from the reservation the cycle recorded.
+
+    A job ahead of the head (placed before the head was found) is no job behind it: the
+    callers tell which is which.
+    """
+    return head_start is None or now + runtime(job) > head_start
 
 
 def runtime_estimator(
@@ -124,11 +151,24 @@ _memo: _Memo | None = None
 def _runtime_estimate(
     job: CoreJob, policy: SchedulingPolicy, estimates: RuntimeEstimates | None
 ) -> float:
-    spec = job.spec
+    return _spec_estimate(job.job_id, job.spec, policy, estimates)
+
+
+def spec_runtime_estimate(
+    job_id: str, spec: JobSpec | None, policy: SchedulingPolicy, estimates: RuntimeEstimates | None
+) -> float:
+    """`runtime_estimate` of a job known by its id and spec alone (the auditor's model of a
+    job is no CoreJob): the same sources, the same cap."""
+    return min(_spec_estimate(job_id, spec, policy, estimates), MAX_PLANNED_RUNTIME_S)
+
+
+def _spec_estimate(
+    job_id: str, spec: JobSpec | None, policy: SchedulingPolicy, estimates: RuntimeEstimates | None
+) -> float:
     if spec is None:
         return policy.default_runtime_estimate_s
     if estimates is not None and policy.learned_runtimes:
-        learned = estimates.remaining_s(job.job_id, spec)
+        learned = estimates.remaining_s(job_id, spec)
         if learned is not None:
             return learned
     if spec.estimated_runtime_s is not None:
@@ -356,3 +396,39 @@ def _stopping(ctx: CycleContext, shape: Shape) -> list[tuple[int, int]]:
     if shape.gpu_type is None:
         return stopping
     return [(index, mask) for index, mask in stopping if nodes[index].gpu_type == shape.gpu_type]
+
+
+def record_reservation(ctx: CycleContext, reservation: HeadReservation) -> None:
+    """Record the head's reservation as planned this cycle (ReservationPlanned), once a cycle,
+    and word the head's reason from it.
+
+    The place phase records it when it moves past the policy's threshold or to other racks
+    (core/backfill.py `reserve`); the preemption phase, when it evicts for a job that the
+    backfill rule keeps off the reserved nodes (`kept_off_reserved`): the log then names the
+    nodes and start that decision rested on, which the auditor reads in that very cycle."""
+    if reservation.recorded:
+        return
+    reservation.recorded = True
+    start = reservation.start
+    ctx.emit(
+        ReservationPlanned(
+            job_id=reservation.head.job_id,
+            start_at=datetime.fromtimestamp(start, UTC),
+            nodes=reservation.node_ids,
+            decided_at=datetime.fromtimestamp(ctx.now, UTC),
+        )
+    )
+    ctx.outcomes[reservation.head.job_id] = head_outcome(reservation, start)
+
+
+def head_outcome(reservation: HeadReservation, recorded: float) -> Outcome:
+    """The head's reason: the start its reservation recorded, not this cycle's plan (a plan
+    drifts with the clock, and worded to the minute it gave the head a new reason, an event,
+    every minute it waited; the recorded start is within the move threshold of the plan, and
+    it is the estimated start the job shows beside its reason)."""
+    moment = datetime.fromtimestamp(recorded, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return Outcome(
+        RESERVED_HEAD,
+        f"{reservation.head.need}; earliest at {moment} on {reservation.where}",
+        estimated_start=recorded,
+    )

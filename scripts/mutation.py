@@ -116,6 +116,7 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
         "test_slo",
         "test_gang_ends",
         "test_release_gang_gather",
+        "test_reserved_reclaim",
     ),
     "preemption": (
         "test_victim_rules",
@@ -144,6 +145,7 @@ MODULE_TESTS: dict[str, tuple[str, ...]] = {
         "test_preemption_bound",
         "test_reclaim_landing",
         "test_nvlink_placement",
+        "test_reserved_reclaim",
     ),
     "shape": (
         "test_shape_rules",

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
 from schemas.jobs import GangReserved, PreemptionRequested
 from schemas.reasons import AGENT_RESTARTED
 from tests.core.builders import History, a_job
@@ -213,20 +211,15 @@ def test_a_preemptor_whose_agent_restarts_again_and_again_does_not_reclaim_each_
     assert history.auditor.violations == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review13, open: plan_preemption reads idle GPUs reserved for the head as serving a "
-    "job behind it (and its victim search ignores the reservation), so a job within its "
-    "guarantee that backfill keeps off them reclaims nothing until the head starts; the "
-    "auditor's idle_capacity rule forbids the plain fix (reclaiming while reserved GPUs are "
-    "idle): a decision of DESIGN §3 first",
-)
 def test_a_job_within_its_guarantee_kept_off_the_head_s_reserved_gpus_reclaims() -> None:
     """review13 (invariant 4): a 1-GPU job within its queue's guarantee, behind a head whose
     reservation holds the only idle GPUs, is "backfill_blocked" (it would not end before the
-    head starts) while a borrower holds GPUs it could reclaim; the preemption phase finds that
-    idle GPUs serve it and evicts no one: it waits as long as the head does (on the Philly
-    week 10-15 to 10-21, such jobs of one queue waited ~11,800 s, docs/benchmarks.md)."""
+    head starts) while a borrower holds GPUs it could reclaim. The preemption phase counted the
+    reserved idle GPUs as serving it and evicted no one: it waited as long as the head did (on
+    the Philly week 10-15 to 10-21, such jobs of one queue waited ~11,800 s,
+    docs/benchmarks.md). Reserved GPUs do not serve a job the backfill rule keeps off them
+    (core/reservation.py `kept_off_reserved`): it reclaims the borrower's GPUs, lands there,
+    not on the head's node, and the auditor accepts the eviction."""
     history = History("2x8:2:1")
     history.team("a", guaranteed=8).team("q", guaranteed=4).team("lender").team("infra")
     history.occupy("n0000", 4, a_job().team("infra").preemptible(False).estimate(3600))
@@ -241,3 +234,8 @@ def test_a_job_within_its_guarantee_kept_off_the_head_s_reserved_gpus_reclaims()
 
     evicted = {p.job_id for p in history.events(PreemptionRequested) if p.preemptor_job_id == job}
     assert evicted == {lent}
+    assert history.auditor.violations == []
+    _finish_evictions(history)
+    history.run(cycles=2)
+    assert set(history.job(job).placement) == {"n0001"}
+    assert history.auditor.violations == []

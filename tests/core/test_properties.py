@@ -12,12 +12,14 @@ the seed come from the hypothesis profile (tests/core/conftest.py): derandomized
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core import SchedulingPolicy, schedule
 from schemas.base import Event
+from schemas.jobs import PreemptionRequested
 from schemas.nodes import NodeUndrained
 from tests.core.builders import History, JobBuilder, a_job
 
@@ -331,3 +333,25 @@ def test_a_replayed_state_decides_as_the_live_one(
     assert (
         schedule(replayed, history.now).decisions == schedule(history.state, history.now).decisions
     )
+
+
+@_examples(0.25)
+@given(cluster=clusters, policy=policies, tree=trees, ops=operations)
+def test_no_preemptor_evicts_again_within_its_hysteresis(
+    cluster: str, policy: SchedulingPolicy, tree: Tree, ops: list[object]
+) -> None:
+    """No preempt/resume storm: a job that evicted gangs asks for no more evictions within the
+    policy's hysteresis, whatever its reason (a reclaim kept off a head's reserved GPUs whose
+    reservation moves every cycle among them: core/reservation.py `kept_off_reserved`); and
+    the auditor, which judges every one of those evictions, agreed after every cycle (`play`)."""
+    history = play(cluster, policy, tree, ops)
+
+    rounds: dict[str, list[float]] = {}
+    for event, at in history.log:
+        if isinstance(event, PreemptionRequested) and event.preemptor_job_id is not None:
+            times = rounds.setdefault(event.preemptor_job_id, [])
+            if not times or times[-1] != at:
+                times.append(at)
+    for preemptor, times in rounds.items():
+        gaps = [later - earlier for earlier, later in pairwise(times)]
+        assert all(gap >= policy.hysteresis_s for gap in gaps), (preemptor, times)

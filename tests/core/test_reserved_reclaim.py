@@ -1,0 +1,230 @@
+"""Idle GPUs reserved for the head serve a job behind it only if backfill lets it onto them
+(core/reservation.py `kept_off_reserved`, one rule for backfill, the preemption planner and
+the auditor's idle_capacity and borrowers_first rules): a job within its guarantee that backfill
+keeps off them reclaims borrowed GPUs elsewhere; one that may backfill there evicts no one."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from core import Auditor, Violation, parse_cluster_spec
+from schemas.base import Event
+from schemas.jobs import JobDeferred, PreemptionRequested, ReservationPlanned
+from tests.core.builders import History, a_job
+from tests.core.test_audit_rules import job, preempt, rules, running, team
+
+T = 1_700_000_000.0
+
+
+def _reserved_world(estimate: float) -> tuple[History, str, str, str]:
+    """n0000: 4 GPUs of a non-preemptible gang ending in an hour, 4 idle (the head's, an
+    8-GPU job of a queue within its guarantee); n0001: 4 GPUs a lender borrows, 4 of a
+    non-preemptible gang. Then a 1-GPU job of queue q (within its guarantee), `estimate` long."""
+    history = History("2x8:2:1")
+    history.team("a", guaranteed=8).team("q", guaranteed=4).team("lender").team("infra")
+    history.occupy("n0000", 4, a_job().team("infra").preemptible(False).estimate(3600))
+    lent = history.occupy("n0001", 4, a_job().team("lender").estimate(86400))
+    history.occupy("n0001", 4, a_job().team("infra").preemptible(False).estimate(86400))
+    history.advance(10)
+    head = history.submit(a_job().team("a").gpus(8))[0]
+    history.advance(1)
+    job_id = history.submit(a_job().team("q").gpus(1).estimate(estimate))[0]
+    return history, head, lent, job_id
+
+
+def test_a_job_that_may_backfill_onto_the_reserved_gpus_evicts_no_one() -> None:
+    history, _, lent, job_id = _reserved_world(estimate=600)  # ends before the head starts
+
+    history.run(cycles=3)
+
+    assert history.events(PreemptionRequested) == []
+    assert set(history.job(job_id).placement) == {"n0000"}
+    assert history.job(lent).state == "running"
+    assert history.auditor.violations == []
+
+
+def test_a_reclaimer_kept_off_the_head_s_nodes_takes_borrowed_gpus_elsewhere_first() -> None:
+    """A borrower on the head's node (a short job backfilled there) is the smallest victim,
+    first in pool order; evicting it would land the reclaimer on the head's node, past the
+    head's start. The reclaimer takes the borrower elsewhere: the head's start stays."""
+    history = History("2x8:2:1")
+    history.team("a", guaranteed=8).team("q", guaranteed=4).team("lender").team("infra")
+    history.occupy("n0000", 4, a_job().team("infra").preemptible(False).estimate(3600))
+    near = history.occupy("n0000", 1, a_job().team("lender").estimate(600))
+    far = history.occupy("n0001", 4, a_job().team("lender").estimate(86400))
+    history.occupy("n0001", 4, a_job().team("infra").preemptible(False).estimate(86400))
+    history.advance(10)
+    head = history.submit(a_job().team("a").gpus(8))[0]
+    history.advance(1)
+    job_id = history.submit(a_job().team("q").gpus(1).estimate(7200))[0]
+
+    history.run(cycles=3)
+
+    assert [p.job_id for p in history.events(PreemptionRequested)] == [far]
+    assert history.job(near).state == "running"
+    for view in list(history.state.jobs()):
+        if view.state == "preempting":
+            history.evict(view.job_id)
+    history.run(cycles=2)
+    assert set(history.job(job_id).placement) == {"n0001"}
+    assert history.events(ReservationPlanned, head)[-1].nodes == ["n0000"]
+    assert history.auditor.violations == []
+
+
+def test_the_reclaim_records_the_reservation_it_rested_on_in_its_cycle() -> None:
+    """The core records a reservation only when it moves; a cycle that evicts for a job kept
+    off it records it again (before the evictions), so the auditor reads the nodes and start
+    the decision was planned with."""
+    history = History("2x8:2:1")
+    history.team("a", guaranteed=8).team("q", guaranteed=4).team("lender").team("infra")
+    history.occupy("n0000", 4, a_job().team("infra").preemptible(False).estimate(3600))
+    lent = history.occupy("n0001", 4, a_job().team("lender").estimate(86400))
+    history.occupy("n0001", 4, a_job().team("infra").preemptible(False).estimate(86400))
+    head = history.submit(a_job().team("a").gpus(8))[0]
+    history.run(cycles=2)  # the head's reservation is recorded once
+    assert len(history.events(ReservationPlanned, head)) == 1
+    job_id = history.submit(a_job().team("q").gpus(1).estimate(7200))[0]
+
+    decisions = history.cycle()
+
+    kinds = [type(e).__name__ for e in decisions if getattr(e, "job_id", "") in (head, lent)]
+    assert kinds[:2] == ["ReservationPlanned", "PreemptionRequested"], kinds
+    assert len(history.events(ReservationPlanned, head)) == 2
+    assert [p.preemptor_job_id for p in history.events(PreemptionRequested)] == [job_id]
+    assert history.auditor.violations == []
+
+
+def test_a_reservation_that_drifts_every_cycle_makes_no_reclaim_storm() -> None:
+    """The gang on the head's node runs past its estimate: the head's start is planned a
+    grace after each cycle's clock (recorded whenever it moves past the threshold). The job
+    kept off it reclaims once, lands on what it reclaimed, and nobody is evicted again."""
+    history, head, lent, job_id = _reserved_world(estimate=7200)
+    for _ in range(3):
+        history.run(cycles=1)
+        history.advance(1)
+    for view in list(history.state.jobs()):
+        if view.state == "preempting":
+            history.evict(view.job_id)
+    for _ in range(60):  # two hours, past the gang's estimate and past the hysteresis
+        history.run(cycles=1)
+        history.advance(120)
+
+    evictions = history.events(PreemptionRequested)
+    assert [(p.job_id, p.preemptor_job_id) for p in evictions] == [(lent, job_id)]
+    assert set(history.job(job_id).placement) == {"n0001"}
+    assert history.job(head).placement == {}  # its node's gang runs on
+    assert len(history.events(ReservationPlanned, head)) > 2  # it did drift
+    assert history.auditor.violations == []
+
+
+def test_a_job_preempting_by_class_alone_still_waits_for_the_head_s_idle_gpus() -> None:
+    """The rule is the reclaim's (invariant 4): a job of a queue without a guarantee, kept off
+    the reserved GPUs, preempts no lower class for them; it waits for the head's start, as
+    before (bench_core, with classes and no guarantees, decides byte for byte as before)."""
+    history = History("2x8:2:1")
+    history.occupy("n0000", 4, a_job().team("infra").preemptible(False).estimate(3600))
+    low = history.occupy("n0001", 4, a_job().team("low").priority("research").estimate(86400))
+    history.occupy("n0001", 4, a_job().team("infra").preemptible(False).estimate(86400))
+    history.advance(10)
+    history.submit(a_job().team("a").priority("production").gpus(8))
+    history.advance(1)
+    job_id = history.submit(a_job().team("q").priority("production").gpus(1).estimate(7200))[0]
+
+    history.run(cycles=3)
+
+    assert history.events(PreemptionRequested) == []
+    assert history.job(low).state == "running"
+    assert history.deferrals(job_id)[-1].code == "backfill_blocked"
+    assert history.auditor.violations == []
+
+
+# ---------------------------------------------------------------- the auditor, by hand
+
+
+def _log(
+    estimate: float,
+    *,
+    extra_node: bool = False,
+    recorded_before: bool = False,
+    guaranteed: int = 4,
+    priority: str = "research",
+) -> list[Event]:
+    """The world of `_reserved_world` as a log: h the head (n0000 reserved, starting in an
+    hour), j the 1-GPU job of q, then one cycle: the reservation recorded, j evicts the
+    lender's gang (`recorded_before`: the reservation recorded a cycle earlier instead)."""
+    cycle = T + 1000
+    reservation = ReservationPlanned(
+        job_id="h",
+        start_at=datetime.fromtimestamp(cycle + 3600, UTC),
+        nodes=["n0000"],
+        decided_at=datetime.fromtimestamp(cycle, UTC),
+    )
+    events: list[Event] = [
+        *parse_cluster_spec("3x8:3:1" if extra_node else "2x8:2:1"),
+        team("a", 8),
+        team("q", guaranteed),
+        team("lender"),
+        team("infra"),
+        *job("i0", team="infra", gpus_per_task=4, preemptible=False),
+        *running("i0", ("n0000", [0, 1, 2, 3])),
+        *job("lent", team="lender", gpus_per_task=4),
+        *running("lent", ("n0001", [0, 1, 2, 3])),
+        *job("i1", team="infra", gpus_per_task=4, preemptible=False),
+        *running("i1", ("n0001", [4, 5, 6, 7])),
+    ]
+    if extra_node:
+        events += [
+            *job("i2", team="infra", gpus_per_task=7, preemptible=False),
+            *running("i2", ("n0002", [0, 1, 2, 3, 4, 5, 6])),
+        ]
+    events += [
+        *job("h", team="a"),
+        *job("j", team="q", priority=priority, gpus_per_task=1, estimated_runtime_s=estimate),
+    ]
+    if recorded_before:
+        events += [reservation, JobDeferred(job_id="j", code="backfill_blocked", message="m")]
+        return [*events, preempt("lent", "j")]
+    return [*events, reservation, preempt("lent", "j")]
+
+
+def _audit(events: list[Event]) -> list[Violation]:
+    """Each event a second after the last, the last two (or three) in one cycle."""
+    auditor = Auditor()
+    cycle = T + 1000
+    first = len(events) - 2
+    for position, event in enumerate(events):
+        at = cycle if position >= first else T + position
+        if isinstance(event, ReservationPlanned):
+            at = cycle
+        auditor.observe(event, position, at, None)
+    return auditor.violations
+
+
+def test_the_auditor_accepts_a_reclaim_by_a_job_kept_off_the_reserved_gpus() -> None:
+    assert _audit(_log(estimate=7200)) == []
+
+
+def test_the_auditor_flags_a_reclaim_by_a_job_that_may_backfill_onto_them() -> None:
+    violations = _audit(_log(estimate=600))
+    assert rules(violations) == {"idle_capacity"}
+    assert "idle GPUs could host job j" in violations[0].message
+
+
+def test_the_auditor_flags_a_reclaim_while_unreserved_idle_gpus_could_serve() -> None:
+    # n0002 has one idle GPU, reserved for no one: it serves j.
+    violations = _audit(_log(estimate=7200, extra_node=True))
+    assert rules(violations) == {"idle_capacity"}
+
+
+def test_the_auditor_reads_only_a_reservation_recorded_in_the_deciding_cycle() -> None:
+    # Recorded a cycle before (a JobDeferred between): the log does not say the head's
+    # nodes were still n0000 when j evicted, so the idle GPUs there count as serving it.
+    violations = _audit(_log(estimate=7200, recorded_before=True))
+    assert rules(violations) == {"idle_capacity"}
+
+
+def test_the_auditor_counts_the_reserved_gpus_for_a_preemption_by_class() -> None:
+    # q has no guarantee: j preempts the lender's research gang by its class (production),
+    # and the idle GPUs of the head's node count as serving it, as the core counts them.
+    violations = _audit(_log(estimate=7200, guaranteed=0, priority="production"))
+    assert rules(violations) == {"idle_capacity"}
