@@ -189,13 +189,9 @@ class _Job:
     # Whether a reason (JobDeferred, ReservationPlanned) was recorded since it began waiting.
     explained: bool = False
     # Invariant 4's accounting of its current wait (`_check_reclaim`): the seconds it was
-    # entitled to reclaim so far, and at its latest deferral the reading of its queue's clock
-    # of entitled time for its ask (`_entitled_clock`) and whether borrowed GPUs it could
-    # reclaim were there (None: not judged, its queue being at its guarantee then), how many
-    # and under which ceiling (for the report), or None where no deferral was judged yet in
-    # this wait.
+    # entitled to reclaim so far, and its latest deferral judged (None: none yet this wait).
     entitled_s: float = 0.0
-    reclaim_mark: tuple[float, bool | None, int, str] | None = None
+    reclaim_mark: _ReclaimMark | None = None
     priority: str = ""
     # When every rank of the current attempt had started (the core's start of min runtime).
     started_at: float | None = None
@@ -208,6 +204,21 @@ class _Job:
     # The head's latest recorded reservation: (start, nodes, position and time of the record,
     # the clock of the cycle that planned it or None where the record names none).
     reservation: tuple[float, frozenset[str], int, float, float | None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _ReclaimMark:
+    """A waiting job's latest deferral judged for invariant 4 (`Auditor._check_reclaim`)."""
+
+    queue: str
+    gpus: int
+    # The queue's clock of entitled time for `gpus` more GPUs then (`_entitled_clock`).
+    clock: float
+    # Whether borrowed GPUs it could reclaim were there (None: not searched, its queue being
+    # at its guarantee then), how many, and under which ceiling (for the report).
+    enough: bool | None
+    reclaimable: int
+    where: str
 
 
 @dataclass(slots=True)
@@ -1211,8 +1222,10 @@ class Auditor:
             return
         entitled = self._entitled_clock(job.queue, gpus)
         mark = job.reclaim_mark
-        gained = entitled - mark[0] if mark is not None else 0.0
-        earlier = mark[1] if mark is not None else None
+        if mark is not None and (mark.queue, mark.gpus) != (job.queue, gpus):
+            mark = None  # admitted to another queue or its ask changed: another clock
+        gained = entitled - mark.clock if mark is not None else 0.0
+        earlier = mark.enough if mark is not None else None
         # Whether borrowed GPUs it could reclaim are there is searched for (the search walks
         # every gang and GPU) where the queue is within its guarantee now, or where it was
         # only in between (neither end of the span searched): a deferral with the queue at its
@@ -1220,10 +1233,10 @@ class Auditor:
         within = self._usage.get(job.queue, 0) + gpus <= queue.guaranteed
         enough: bool | None = None
         # Not searched now, the report names what the earlier search found.
-        reclaimable, where = (mark[2], mark[3]) if mark is not None else (0, "")
+        reclaimable, where = (mark.reclaimable, mark.where) if mark is not None else (0, "")
         if within or (gained > 0 and earlier is None):
             enough, reclaimable, where = self._reclaim_room(job, shape, event, at)
-        job.reclaim_mark = (entitled, enough, reclaimable, where)
+        job.reclaim_mark = _ReclaimMark(job.queue, gpus, entitled, enough, reclaimable, where)
         judged = [found for found in (earlier, enough) if found is not None]
         if gained > 0 and judged and all(judged):
             job.entitled_s += gained
