@@ -188,7 +188,10 @@ class _Job:
     priority_changed: bool = False
     # Whether a reason (JobDeferred, ReservationPlanned) was recorded since it began waiting.
     explained: bool = False
-    entitled_since: float | None = None
+    # Invariant 4's accounting of its current wait (`_check_reclaim`): the seconds it was
+    # entitled to reclaim so far, and its latest deferral judged (None: none yet this wait).
+    entitled_s: float = 0.0
+    reclaim_mark: _ReclaimMark | None = None
     priority: str = ""
     # When every rank of the current attempt had started (the core's start of min runtime).
     started_at: float | None = None
@@ -201,6 +204,21 @@ class _Job:
     # The head's latest recorded reservation: (start, nodes, position and time of the record,
     # the clock of the cycle that planned it or None where the record names none).
     reservation: tuple[float, frozenset[str], int, float, float | None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _ReclaimMark:
+    """A waiting job's latest deferral judged for invariant 4 (`Auditor._check_reclaim`)."""
+
+    queue: str
+    gpus: int
+    # The queue's clock of entitled time for `gpus` more GPUs then (`_entitled_clock`).
+    clock: float
+    # Whether borrowed GPUs it could reclaim were there (None: not searched, its queue being
+    # at its guarantee then), how many, and under which ceiling (for the report).
+    enough: bool | None
+    reclaimable: int
+    where: str
 
 
 @dataclass(slots=True)
@@ -233,6 +251,20 @@ class Auditor:
         self._jobs: dict[str, _Job] = {}
         self._queues: dict[str, _Queue] = {}
         self._usage: dict[str, int] = {}
+        # Invariant 4's clocks of entitled time: per queue, for each GPU count a waiting job of
+        # it asks, the seconds (since the first such job was judged) during which its usage
+        # plus that count was within its guarantee, and the time they run to. They move at
+        # every change of the queue's usage or guarantee, so a wait is judged by event time,
+        # not only at the job's own deferrals (`_check_reclaim`).
+        self._entitled: dict[str, dict[int, float]] = {}
+        self._entitled_at: dict[str, float] = {}
+        # `_reclaim_room`'s answers since the state last changed: a cycle defers many jobs of
+        # one queue and shape at one instant, and a JobDeferred changes nothing it reads. Keyed
+        # by (queue, shape, held at a ceiling), valid for the (position of the latest event
+        # other than a JobDeferred, instant) they were given at.
+        self._rooms: dict[tuple[str, Shape, bool], tuple[bool, int, str]] = {}
+        self._rooms_valid: tuple[int, float] | None = None
+        self._changed_at = -1
         # Per queue, the CPUs (thousandths) and memory (MB) its gangs hold now; per job, what
         # its gang holds (released with it).
         self._host_usage: dict[str, tuple[int, int]] = {}
@@ -300,6 +332,8 @@ class Auditor:
         self._check_fencing(event, position, epoch)
         if isinstance(event, JobDeferred) or not isinstance(event, _CYCLE_WRITES):
             self._reservation_cycle = False
+        if not isinstance(event, JobDeferred):
+            self._changed_at = position
         for message in self._sharing.observe(event, position, at):
             self._flag(1, message, position)
         self._estimates.apply(event, at)
@@ -321,6 +355,7 @@ class Auditor:
             self._check_guarantees(position)
         elif isinstance(event, TeamCreated | QueueConfigured):
             name = event.name
+            self._advance_entitled(name)  # its guarantee may change here
             self._queues[name] = _Queue(
                 event.parent,
                 event.guaranteed_gpus,
@@ -528,6 +563,7 @@ class Auditor:
             if self._bound.get(slot, ("", 0))[0] == job_id:
                 del self._bound[slot]
         if job.gang:
+            self._advance_entitled(job.queue)
             self._usage[job.queue] = self._usage.get(job.queue, 0) - len(job.gang)
         held = self._host_held.pop(job_id, None)
         if held is not None:
@@ -663,13 +699,14 @@ class Auditor:
         job.gang_since = at
         job.attempt = event.attempt
         job.waiting = False
-        job.entitled_since = None
+        job.entitled_s, job.reclaim_mark = 0.0, None
         job.started_at = None
         job.started_ranks = set()
         job.preempting = False
         self._preempting.discard(job_id)
         job.reservation = None
         self._ranks[job_id] = len(ranks)
+        self._advance_entitled(job.queue)
         self._usage[job.queue] = self._usage.get(job.queue, 0) + len(slots)
         self._check_topology(job_id, spec, ranks, position)
         self._hold_host(job_id, job, len(ranks), position)
@@ -1122,26 +1159,117 @@ class Auditor:
             )
         self._oversubscribed = over
 
+    def _advance_entitled(self, queue: str) -> None:
+        """Run the queue's clocks of entitled time (`_entitled`) up to now, before its usage or
+        guarantee changes: each GPU count's clock gains the time since they last moved when
+        the queue's usage plus that count was within its guarantee all that time."""
+        clocks = self._entitled.get(queue)
+        now = self._instant
+        if clocks is None or now is None:
+            return
+        elapsed = now - self._entitled_at[queue]
+        if elapsed <= 0:
+            return
+        self._entitled_at[queue] = now
+        record = self._queues.get(queue)
+        room = (record.guaranteed if record is not None else 0) - self._usage.get(queue, 0)
+        for gpus in clocks:
+            if gpus <= room:
+                clocks[gpus] += elapsed
+
+    def _entitled_clock(self, queue: str, gpus: int) -> float:
+        """The queue's clock of entitled time for `gpus` more GPUs, read now: the seconds,
+        since it began, during which the queue's usage plus `gpus` was within its guarantee
+        (core/quota.py `within_guarantee`). Only differences of two readings mean anything."""
+        clocks = self._entitled.get(queue)
+        if clocks is None:
+            clocks = self._entitled[queue] = {}
+            self._entitled_at[queue] = self._instant or 0.0
+        self._advance_entitled(queue)
+        return clocks.setdefault(gpus, 0.0)
+
     def _check_reclaim(
         self, job_id: str, job: _Job, event: JobDeferred, position: int, at: float
     ) -> None:
         """A job within its queue's guarantee must not wait long while borrowers could yield:
         borrowed gangs whose GPUs, with the idle ones, could host its gang (its shape, type and
         topology: GPUs scattered where it cannot land are no use to it) and, held at a parent's
-        ceiling, enough of them borrowed under that ceiling to give it room there."""
+        ceiling, enough of them borrowed under that ceiling to give it room there.
+
+        Judged at the job's deferrals, over the time it was entitled to reclaim: between two
+        of them, the time during which its queue's usage plus its gang was within the queue's
+        guarantee, read exactly from the queue's clock (`_entitled_clock`, moved at every
+        GangReserved and release of the queue's gangs), counted where the deferrals at its ends
+        that searched found borrowed GPUs it could reclaim (what they are in between the log
+        does not say; one with the queue at its guarantee searches only when the other end
+        did not either). The core records a deferral when the reason changes, so the queue
+        may have reached its guarantee, and the job not been entitled, for most of the span
+        between two (the Philly week's 48 false reports on queue b436b2). The time adds up
+        over the wait, until the job is placed or waits by its own team's choice."""
         if event.code in USER_WAIT_CODES:
-            job.entitled_since = None  # held or waiting on its own pipeline: not entitled now
-            return
-        queue = self._queues.get(job.queue)
-        shape = shape_of(job.spec)
-        gpus = shape.min_gpus
-        if queue is None or self._usage.get(job.queue, 0) + gpus > queue.guaranteed:
-            job.entitled_since = None
+            # Held or waiting on its own pipeline: not entitled now, nor since its last deferral.
+            job.entitled_s, job.reclaim_mark = 0.0, None
             return
         if self._policy.is_fifo or not self._policy.preemption:
             return  # a policy without reclaim makes no such promise (the fifo baseline)
         if job.priority == self._policy.idle_only_priority:
             return  # it runs on idle capacity only: it reclaims nothing (DESIGN §3)
+        queue = self._queues.get(job.queue)
+        shape = shape_of(job.spec)
+        gpus = shape.min_gpus
+        if queue is None or gpus > queue.guaranteed:
+            job.entitled_s, job.reclaim_mark = 0.0, None  # never within its guarantee
+            return
+        entitled = self._entitled_clock(job.queue, gpus)
+        mark = job.reclaim_mark
+        if mark is not None and (mark.queue, mark.gpus) != (job.queue, gpus):
+            mark = None  # admitted to another queue or its ask changed: another clock
+        gained = entitled - mark.clock if mark is not None else 0.0
+        earlier = mark.enough if mark is not None else None
+        # Whether borrowed GPUs it could reclaim are there is searched for (the search walks
+        # every gang and GPU) where the queue is within its guarantee now, or where it was
+        # only in between (neither end of the span searched): a deferral with the queue at its
+        # guarantee leaves the span to the earlier judgement, and the next span to the next.
+        within = self._usage.get(job.queue, 0) + gpus <= queue.guaranteed
+        enough: bool | None = None
+        # Not searched now, the report names what the earlier search found.
+        reclaimable, where = (mark.reclaimable, mark.where) if mark is not None else (0, "")
+        if within or (gained > 0 and earlier is None):
+            enough, reclaimable, where = self._reclaim_room(job, shape, event, at)
+        job.reclaim_mark = _ReclaimMark(job.queue, gpus, entitled, enough, reclaimable, where)
+        judged = [found for found in (earlier, enough) if found is not None]
+        if gained > 0 and judged and all(judged):
+            job.entitled_s += gained
+        if job.entitled_s > self._reclaim_within_s:
+            self._flag(
+                4,
+                f"job {job_id} waited {job.entitled_s:.0f} s within the "
+                f"guarantee of queue {job.queue}{where} while {reclaimable} borrowed GPUs "
+                "could have been reclaimed",
+                job.submitted_at,
+                position,
+            )
+            job.entitled_s = 0.0
+
+    def _reclaim_room(
+        self, job: _Job, shape: Shape, event: JobDeferred, at: float
+    ) -> tuple[bool, int, str]:
+        """Whether borrowed GPUs the job could reclaim are there now (enough to host its gang,
+        or, held at a ceiling, to give it room under it), how many, and which ceiling."""
+        valid = (self._changed_at, at)
+        if self._rooms_valid != valid:
+            self._rooms.clear()
+            self._rooms_valid = valid
+        key = (job.queue, shape, event.code == QUOTA_CEILING)
+        known = self._rooms.get(key)
+        if known is None:
+            known = self._rooms[key] = self._search_room(job, shape, event, at)
+        return known
+
+    def _search_room(
+        self, job: _Job, shape: Shape, event: JobDeferred, at: float
+    ) -> tuple[bool, int, str]:
+        gpus = shape.min_gpus
         reclaimable, gangs = self._reclaimable(job.queue, at, shape.gpu_type)
         enough = reclaimable >= gpus and self._fits(shape, gangs)
         where = ""
@@ -1155,21 +1283,7 @@ class Auditor:
             )
             reclaimable = min(room.values(), default=0)
             where = f" at the ceiling of queue {', '.join(over)}"
-        if not enough:
-            job.entitled_since = None
-            return
-        if job.entitled_since is None:
-            job.entitled_since = at
-        elif at - job.entitled_since > self._reclaim_within_s:
-            self._flag(
-                4,
-                f"job {job_id} waited {at - job.entitled_since:.0f} s within the "
-                f"guarantee of queue {job.queue}{where} while {reclaimable} borrowed GPUs "
-                "could have been reclaimed",
-                job.submitted_at,
-                position,
-            )
-            job.entitled_since = at
+        return enough, reclaimable, where
 
     def _reclaimable(
         self, queue: str, at: float, gpu_type: str | None = None, under: str | None = None
