@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
+
 from core import Auditor, Violation, parse_cluster_spec
 from schemas.base import Event
 from schemas.jobs import JobDeferred, PreemptionRequested, ReservationPlanned
@@ -193,6 +195,43 @@ def test_no_landing_is_held_for_a_reclaim_the_head_s_own_reclaim_makes_needless(
     assert history.job(behind).placement == {"n0002": [1]}
     history.run(cycles=1)
     assert set(history.job(job_id).placement) == {"n0000"}
+    assert history.auditor.violations == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review14, open: with no room and no borrower off the head's nodes, a reclaimer kept "
+    "off them evicts a borrower on them (the second pass of `_off_reserved_first`) and lands "
+    "there anyway, delaying the head as much as the idle GPU there would have; the borrower is "
+    "requeued and backfilled back onto the same GPUs. Not evicting needs the place phase to let "
+    "such a reclaimer onto the reserved idle GPUs, and the auditor's backfill rule to accept "
+    "it: a decision of DESIGN §3 (invariant 4 over the reservation) first",
+)
+def test_a_reclaimer_that_lands_on_the_head_s_nodes_anyway_takes_the_idle_gpu_there() -> None:
+    """n0000: 3 GPUs of a gang ending in an hour, 4 of a borrower ending then too, 1 idle: the
+    head (8 GPUs) is reserved there. n0001 is full for a day. q's 2-hour job, within its
+    guarantee, has nothing to reclaim elsewhere: it evicted the borrower on n0000, landed on
+    one of its GPUs (the head's start moved an hour later), and the borrower, requeued, was
+    backfilled onto the same four GPUs at once (it ends before the head's new start)."""
+    history = History("2x8:2:1")
+    history.team("a", guaranteed=8).team("q", guaranteed=4).team("lender").team("infra")
+    history.occupy("n0000", 3, a_job().team("infra").preemptible(False).estimate(3600))
+    lent = history.occupy("n0000", 4, a_job().team("lender").estimate(3600))
+    history.occupy("n0001", 8, a_job().team("infra").preemptible(False).estimate(86400))
+    history.advance(10)
+    history.submit(a_job().team("a").gpus(8))
+    history.advance(1)
+    job_id = history.submit(a_job().team("q").gpus(1).estimate(7200))[0]
+
+    for _ in range(4):
+        for view in list(history.state.jobs()):
+            if view.state == "preempting":
+                history.evict(view.job_id)
+        history.run(cycles=1, every_s=30)
+
+    assert history.events(PreemptionRequested) == []
+    assert history.job(job_id).placement == {"n0000": [7]}
+    assert history.job(lent).state == "running"
     assert history.auditor.violations == []
 
 
