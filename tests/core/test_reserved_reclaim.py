@@ -14,6 +14,7 @@ from schemas.base import Event
 from schemas.jobs import JobDeferred, PreemptionRequested, ReservationPlanned
 from tests.core.builders import History, a_job
 from tests.core.test_audit_rules import job, preempt, rules, running, team
+from tests.core.test_live_sharing import a_share, one_h100
 
 T = 1_700_000_000.0
 
@@ -195,6 +196,43 @@ def test_no_landing_is_held_for_a_reclaim_the_head_s_own_reclaim_makes_needless(
     assert history.job(behind).placement == {"n0002": [1]}
     history.run(cycles=1)
     assert set(history.job(job_id).placement) == {"n0000"}
+    assert history.auditor.violations == []
+
+
+def test_a_reclaimer_kept_off_the_head_s_nodes_reclaims_borrowed_shares_elsewhere() -> None:
+    """review14: the one rule holds for slices and shares too (core/sharing_reclaim.py). The
+    borrowed capacity is two MPS shares of a lender on n0001's last GPU; the job of q, kept
+    off n0000, read the head's idle GPUs there as serving it in the shared-GPU reclaim and
+    waited as long as the head (invariant 4). It reclaims the shares, the cycle records the
+    reservation before the evictions, and it lands on the GPU they held."""
+    history = History(cluster=one_h100(mig="none", gpus=8, count=2))
+    history.team("a", guaranteed=8).team("q", guaranteed=4).team("lender").team("infra")
+    full = history.occupy("n0000", 8, a_job().team("infra").preemptible(False))
+    history.occupy("n0001", 7, a_job().team("infra").preemptible(False))
+    shares = history.submit(
+        *(a_share(0.5, team="lender").priority("research").estimate(86400) for _ in range(2))
+    )
+    history.run(cycles=2)
+    assert all(history.job(share).placement == {"n0001": [7]} for share in shares)
+    history.exit(full)
+    history.run(cycles=1)
+    history.occupy("n0000", 4, a_job().team("infra").preemptible(False).estimate(3600))
+    history.advance(10)
+    head = history.submit(a_job().team("a").gpus(8))[0]
+    history.run(cycles=2)  # the head's reservation (n0000) is recorded once
+    assert len(history.events(ReservationPlanned, head)) == 1
+    job_id = history.submit(a_job().team("q").gpus(1).estimate(7200))[0]
+
+    decisions = history.cycle()
+
+    kinds = [type(e).__name__ for e in decisions if getattr(e, "job_id", "") in (head, *shares)]
+    assert kinds[:2] == ["ReservationPlanned", "PreemptionRequested"], kinds
+    evicted = {p.job_id for p in history.events(PreemptionRequested)}
+    assert evicted == set(shares)
+    for share in shares:
+        history.evict(share)
+    history.run(cycles=2)
+    assert history.job(job_id).placement == {"n0001": [7]}
     assert history.auditor.violations == []
 
 
