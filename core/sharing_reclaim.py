@@ -156,6 +156,10 @@ def reclaim_shared_gpus(
         served.add(job.job_id)
         recut = [gpu for gpu in plan if gpu.recut]
         if victims:
+            reservation = ctx.reservation
+            if reservation is not None and job.job_id == reservation.head.job_id:
+                # The head lands on the GPUs it frees: its reservation keeps no one off.
+                reservation.evicting = True
             if off and ctx.reservation is not None:
                 # The reservation it rested on, in this cycle, before the evictions (as the
                 # whole-GPU planner records it: the auditor judges them by it).

@@ -236,6 +236,46 @@ def test_a_reclaimer_kept_off_the_head_s_nodes_reclaims_borrowed_shares_elsewher
     assert history.auditor.violations == []
 
 
+def test_a_head_that_reclaims_shares_itself_keeps_no_reclaimer_off_its_reserved_nodes() -> None:
+    """review14: as when the head evicts gangs, a head that reclaims borrowed shares (on
+    n0001) lands on the GPUs they free, not on n0000: a job behind it evicted the lender's
+    gang on n0002 for a GPU while n0000's idle GPUs served it (the auditor's idle_capacity)."""
+    history = History(cluster=one_h100(mig="none", gpus=8, count=3))
+    history.team("a", guaranteed=8).team("q", guaranteed=4).team("lender").team("infra")
+    full = [
+        history.occupy("n0000", 8, a_job().team("infra").preemptible(False)),
+        history.occupy("n0002", 8, a_job().team("infra").preemptible(False)),
+    ]
+    history.occupy("n0001", 4, a_job().team("infra").preemptible(False))
+    shares = history.submit(
+        *(a_share(0.5, team="lender").priority("research").estimate(86400) for _ in range(8))
+    )
+    history.run(cycles=2)
+    assert all(set(history.job(share).placement) == {"n0001"} for share in shares)
+    for job_id in full:
+        history.exit(job_id)
+    history.run(cycles=1)
+    history.occupy("n0000", 5, a_job().team("infra").preemptible(False).estimate(3600))
+    lent = history.occupy("n0002", 4, a_job().team("lender").estimate(86400))
+    history.occupy("n0002", 4, a_job().team("infra").preemptible(False).estimate(86400))
+    history.advance(10)
+    head = history.submit(a_job().team("a").gpus(4))[0]
+    history.advance(1)
+    job_id = history.submit(a_job().team("q").gpus(1).estimate(7200))[0]
+
+    history.run(cycles=1)
+
+    evictions = {(p.job_id, p.preemptor_job_id) for p in history.events(PreemptionRequested)}
+    assert evictions == {(share, head) for share in shares}
+    for share in shares:
+        history.evict(share)
+    history.run(cycles=1)
+    assert set(history.job(head).placement) == {"n0001"}
+    assert set(history.job(job_id).placement) == {"n0000"}
+    assert history.job(lent).state == "running"
+    assert history.auditor.violations == []
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="review14, open: with no room and no borrower off the head's nodes, a reclaimer kept "
