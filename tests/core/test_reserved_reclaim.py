@@ -276,6 +276,36 @@ def test_a_head_that_reclaims_shares_itself_keeps_no_reclaimer_off_its_reserved_
     assert history.auditor.violations == []
 
 
+def test_a_head_that_reclaims_says_so_beside_a_reclaimer_behind_it() -> None:
+    """review14 (the Philly week's first difference, head 72748 at 2017-10-17 11:59:44): the
+    head's reservation, recorded a cycle before, is recorded again for a job behind it whose
+    reclaim was planned as kept off it, after the head had asked for evictions itself; that
+    record gave the head its "reserved_head" reason back, an earliest start on nodes it will
+    not use, while it waited for its victims."""
+    history = History("3x8:3:1")
+    history.team("a", guaranteed=8).team("q", guaranteed=8).team("lender").team("infra")
+    history.occupy("n0000", 4, a_job().team("infra").preemptible(False).estimate(3600))
+    whole = history.occupy("n0001", 8, a_job().team("lender").min_runtime(600))
+    history.occupy("n0002", 6, a_job().team("lender").estimate(86400))
+    history.occupy("n0002", 2, a_job().team("infra").preemptible(False).estimate(86400))
+    history.advance(10)
+    head = history.submit(a_job().team("a").gpus(8))[0]
+    history.run(cycles=1)  # reserved on n0000; the gang on n0001 is within its min runtime
+    assert history.events(PreemptionRequested) == []
+    history.advance(700)
+    job_id = history.submit(a_job().team("q").gpus(6).estimate(7200))[0]
+
+    history.run(cycles=1)
+
+    preemptors = {p.preemptor_job_id for p in history.events(PreemptionRequested)}
+    assert preemptors == {head, job_id}
+    assert [
+        p.job_id for p in history.events(PreemptionRequested) if p.preemptor_job_id == head
+    ] == [whole]
+    assert history.deferrals(head)[-1].code == "preempting"
+    assert history.auditor.violations == []
+
+
 @pytest.mark.xfail(
     strict=True,
     reason="review14, open: with no room and no borrower off the head's nodes, a reclaimer kept "
