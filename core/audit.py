@@ -289,6 +289,10 @@ class Auditor:
         # recorded nodes are the reserved ones only in that cycle (several cycles may share
         # one instant).
         self._reservation_cycle = False
+        # The preemptors of the cycle being written (since the last event that lies between
+        # two cycles): a head among them lands on its victims' GPUs, and its reservation keeps
+        # no one off its nodes (`_kept_off`).
+        self._cycle_preemptors: set[str] = set()
         # The one job whose recorded reservation may stand (each ReservationPlanned clears every
         # other's): the rules that read reservations look at it, not at every job ever seen.
         self._head: str | None = None
@@ -332,6 +336,8 @@ class Auditor:
         self._check_fencing(event, position, epoch)
         if isinstance(event, JobDeferred) or not isinstance(event, _CYCLE_WRITES):
             self._reservation_cycle = False
+            if self._cycle_preemptors:
+                self._cycle_preemptors.clear()
         if not isinstance(event, JobDeferred):
             self._changed_at = position
         for message in self._sharing.observe(event, position, at):
@@ -874,6 +880,7 @@ class Auditor:
             self._check_victim(preemptor, victim, event, position, at)
             self._plan_victims.append(event.job_id)
             preemptor.preemptor = True
+            self._cycle_preemptors.add(event.preemptor_job_id or "")
         victim.preempting = True
         self._preempting.add(event.job_id)
         victim.last_preempted_at = at
@@ -944,6 +951,10 @@ class Auditor:
         if head is None or head_id == preemptor_id or head.reservation is None:
             return frozenset()
         if not head.waiting or head.terminal_at is not None:
+            return frozenset()
+        if head_id in self._cycle_preemptors:
+            # The head asked for evictions itself in this cycle: it lands on its victims' GPUs,
+            # and the core keeps no one off its reserved nodes (core/preemption.py `KeptOff`).
             return frozenset()
         # Only a reclaim (within its queue's guarantee) is planned so; a preemption by class
         # alone counts the head's idle GPUs as serving it (core/preemption.py `KeptOff`).

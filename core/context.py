@@ -65,6 +65,10 @@ class HeadReservation:
     # only when it moves, and the auditor judges a decision that rested on one by what the
     # log recorded of it in the same cycle (core/reservation.py `record_reservation`).
     recorded: bool = False
+    # Whether the head itself asked for evictions this cycle (core/preemption.py `preempt`): it
+    # lands on its victims' GPUs, not as planned, so its reservation keeps no reclaimer off
+    # the reserved nodes' idle GPUs (`KeptOff`).
+    evicting: bool = False
 
 
 @dataclass(slots=True)

@@ -145,6 +145,8 @@ def preempt(
             failed[key] = min(failed.get(key, shape.min_units), shape.min_units)
             continue
         preemptors += 1
+        if ctx.reservation is not None and job.job_id == ctx.reservation.head.job_id:
+            ctx.reservation.evicting = True
         if off and ctx.reservation is not None:
             # The log names the reservation this eviction rested on, in this cycle, before
             # the evictions (the auditor judges them by it).
@@ -168,7 +170,8 @@ def preempt(
 class KeptOff:
     """Which blocked jobs of the cycle the backfill rule keeps off the head's reserved nodes
     (core/reservation.py `kept_off_reserved`): those behind the head, not the head, that
-    would not end before its planned start. None where the cycle planned no reservation.
+    would not end before its planned start. None where the cycle planned no reservation, nor
+    once the head asked for evictions itself (it lands on its victims' GPUs instead).
 
     Asked for jobs that reclaim (within their queue's guarantee): the idle GPUs there do not
     serve them, so they take borrowed GPUs elsewhere rather than wait as long as the head
@@ -187,6 +190,7 @@ class KeptOff:
         reservation = ctx.reservation
         if (
             reservation is None
+            or reservation.evicting
             or job is reservation.head
             or job.job_id == reservation.head.job_id
             or job.job_id in reservation.ahead
@@ -226,7 +230,16 @@ class ReclaimLandings:
     are given back before the preemption phase (`Placed.give_back_holds`), which plans again.
     """
 
-    __slots__ = ("_attempts", "_book", "_failed", "_leaving", "_planned", "_taken", "queues")
+    __slots__ = (
+        "_attempts",
+        "_book",
+        "_failed",
+        "_head_evicts",
+        "_leaving",
+        "_planned",
+        "_taken",
+        "queues",
+    )
 
     def __init__(self, ctx: CycleContext, quota: QuotaBook, book: VictimBook | None) -> None:
         policy = ctx.policy
@@ -248,6 +261,9 @@ class ReclaimLandings:
         # held for a reclaim the preemption phase refused, cycle after cycle while the first
         # victim checkpointed. Built when a job first gets this far.
         self._leaving: dict[str, GpuAmount] | None = None
+        # Whether the head's own reclaim was planned: as in the preemption phase, its
+        # reservation then keeps no job behind it off the reserved nodes (`KeptOff`).
+        self._head_evicts = False
 
     def plan(
         self,
@@ -263,6 +279,7 @@ class ReclaimLandings:
         held from the jobs behind those ahead, node index -> mask) given back; `kept_off`:
         the backfill rule keeps it off the head's reserved nodes (`KeptOff`)."""
         shape, policy = job.shape, ctx.policy
+        kept_off = kept_off and not self._head_evicts
         if (
             shape is None
             or shape.cpu_only
@@ -333,6 +350,9 @@ class ReclaimLandings:
             self._failed[key] = min(self._failed.get(key, shape.min_units), shape.min_units)
             return []
         self._planned += 1
+        reservation = ctx.reservation
+        if reservation is not None and job.job_id == reservation.head.job_id:
+            self._head_evicts = True
         victims = [victim.job_id for victim in plan]
         self._taken.update(victims)
         leaving = self._leaving

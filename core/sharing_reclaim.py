@@ -49,9 +49,10 @@ from core.context import CycleContext, Outcome
 from core.host import release_gang
 from core.live_sharing import GpuAmount
 from core.placement import Shape, Snapshot, find_placement
-from core.preemption import Eviction, credit_leaving, is_protected, request_evictions
+from core.preemption import Eviction, KeptOff, credit_leaving, is_protected, request_evictions
 from core.quota import QuotaBook
 from core.regeometry import hold_s_of
+from core.reservation import record_reservation
 from core.shape import pool_suits
 from core.sharing import GpuLedger, NodeLedger
 from core.slo import lost_work
@@ -110,6 +111,7 @@ def reclaim_shared_gpus(
                 preempting.add(event.preemptor_job_id)
     coming = _coming_whole(ctx)
     planned = tried = 0
+    kept_off = KeptOff(ctx)
     for job in blocked:
         if planned >= MAX_RECLAIMING_GANGS or tried >= MAX_GANGS_TRIED:
             break
@@ -129,14 +131,17 @@ def reclaim_shared_gpus(
         if quota.excess(job.queue, shape.min_gpus):
             continue  # a ceiling keeps it out: freeing GPUs would not let it in
         tried += 1
-        if find_placement(snap, shape, False) is not None:
+        # A reclaim kept off the head's reserved nodes (core/preemption.py `KeptOff`): their
+        # idle GPUs do not serve it, and it takes shared GPUs elsewhere only (invariant 4).
+        off = reclaiming and kept_off(job)
+        if find_placement(snap, shape, off) is not None:
             continue  # idle capacity serves (a reservation held it back): never evict
         credit_leaving(ctx, quota)
         gpus = _shared_gpus(ctx, job, shape, pclass.rank, reclaiming, quota, excluded, coming)
         if not gpus:
             continue
         planned += 1
-        plan = _borrowers_first(ctx, job, quota, snap, shape, gpus, coming, borrowers_only)
+        plan = _borrowers_first(ctx, job, quota, snap, shape, gpus, coming, borrowers_only, off)
         if plan is None:
             continue
         victims = list({v.job_id: v for gpu in plan for v in gpu.victims}.values())
@@ -151,6 +156,14 @@ def reclaim_shared_gpus(
         served.add(job.job_id)
         recut = [gpu for gpu in plan if gpu.recut]
         if victims:
+            reservation = ctx.reservation
+            if reservation is not None and job.job_id == reservation.head.job_id:
+                # The head lands on the GPUs it frees: its reservation keeps no one off.
+                reservation.evicting = True
+            if off and ctx.reservation is not None:
+                # The reservation it rested on, in this cycle, before the evictions (as the
+                # whole-GPU planner records it: the auditor judges them by it).
+                record_reservation(ctx, ctx.reservation)
             _evict(ctx, job, victims, plan, recut, reclaiming, quota)
             excluded.update(v.job_id for v in victims)
             ctx.handled.update(v.job_id for v in victims)
@@ -350,9 +363,10 @@ def _borrowers_first(
     gpus: list[SharedGpu],
     coming: dict[tuple[int, int], float],
     borrowers_only: bool,
+    off: bool = False,
 ) -> list[SharedGpu] | None:
     """The plan on the GPUs only borrowers hold (other queues' borrowed capacity is reclaimed
-    first, DESIGN §3), else (but `borrowers_only`) on all of them."""
+    first, DESIGN §3), else (but `borrowers_only`) on all of them (`off`: `_plan`)."""
     borrowing: dict[str, bool] = {}
 
     def borrowed(victim: CoreJob) -> bool:
@@ -365,10 +379,10 @@ def _borrowers_first(
 
     tier = [gpu for gpu in gpus if all(borrowed(v) for v in gpu.victims)]
     if borrowers_only or (tier and len(tier) < len(gpus)):
-        plan = _plan(snap, shape, tier, coming) if tier else None
+        plan = _plan(snap, shape, tier, coming, off) if tier else None
         if plan is not None or borrowers_only:
             return plan
-    return _plan(snap, shape, gpus, coming)
+    return _plan(snap, shape, gpus, coming, off)
 
 
 def _plan(
@@ -376,8 +390,11 @@ def _plan(
     shape: Shape,
     gpus: list[SharedGpu],
     coming: dict[tuple[int, int], float],
+    off: bool = False,
 ) -> list[SharedGpu] | None:
-    """The GPUs to get back so that the gang fits, cut to those it lands on; or None.
+    """The GPUs to get back so that the gang fits, cut to those it lands on; or None. With
+    `off` (the backfill rule keeps the gang off the head's reserved nodes) it must fit off
+    them: neither their idle GPUs nor those freed there serve it.
 
     Node by node, as a gang's units each need one node: on each node its GPUs cheapest
     first, each prefix that gives the node one more unit an option; options cheapest first
@@ -388,7 +405,8 @@ def _plan(
     for gpu in gpus:
         by_node.setdefault(gpu.index, []).append(gpu)
     with snap.trial() as planning:
-        planning.reserved = frozenset()
+        if not off:
+            planning.reserved = frozenset()
         for index, gpu_index in coming:
             planning.release(index, 1 << gpu_index)
         free_before = {index: planning.count.get(index, 0) for index in by_node}
@@ -415,7 +433,7 @@ def _plan(
             if planning.total_free < shape.min_gpus:
                 continue
             tries += 1
-            allocation = find_placement(planning, shape, False)
+            allocation = find_placement(planning, shape, off)
             if allocation is not None or tries >= MAX_TRIES:
                 break
     if allocation is None:
@@ -425,7 +443,7 @@ def _plan(
     for index in by_node:
         want = units.get(index, 0) * unit - free_before[index]
         needed.extend([gpu for gpu in chosen if gpu.index == index][: max(0, want)])
-    if len(needed) < len(chosen) and _fits(snap, shape, coming, needed):
+    if len(needed) < len(chosen) and _fits(snap, shape, coming, needed, off):
         return needed
     return chosen
 
@@ -442,14 +460,19 @@ def _release(planning: Snapshot, gpus: list[SharedGpu], gone: set[str]) -> None:
 
 
 def _fits(
-    snap: Snapshot, shape: Shape, coming: dict[tuple[int, int], float], gpus: list[SharedGpu]
+    snap: Snapshot,
+    shape: Shape,
+    coming: dict[tuple[int, int], float],
+    gpus: list[SharedGpu],
+    off: bool = False,
 ) -> bool:
     with snap.trial() as planning:
-        planning.reserved = frozenset()
+        if not off:
+            planning.reserved = frozenset()
         for index, gpu_index in coming:
             planning.release(index, 1 << gpu_index)
         _release(planning, gpus, set())
-        return find_placement(planning, shape, False) is not None
+        return find_placement(planning, shape, off) is not None
 
 
 def _coming_whole(ctx: CycleContext) -> dict[tuple[int, int], float]:

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import pytest
+
 from core import Auditor, Violation, parse_cluster_spec
 from schemas.base import Event
 from schemas.jobs import JobDeferred, PreemptionRequested, ReservationPlanned
 from tests.core.builders import History, a_job
 from tests.core.test_audit_rules import job, preempt, rules, running, team
+from tests.core.test_live_sharing import a_share, one_h100
 
 T = 1_700_000_000.0
 
@@ -138,6 +141,208 @@ def test_a_job_preempting_by_class_alone_still_waits_for_the_head_s_idle_gpus() 
     assert history.auditor.violations == []
 
 
+def test_a_head_that_reclaims_itself_keeps_no_reclaimer_off_its_reserved_nodes() -> None:
+    """review14: the head (within its guarantee) reclaims a borrower's whole node in the cycle
+    that reserved n0000's idle GPUs for it: it lands on its victims' GPUs, not there. A job
+    behind it was still kept off n0000 and evicted another borrower's gang for a GPU, while
+    n0000's idle GPUs served it (it is placed there the next cycle when nobody is evicted)."""
+    history = History("3x8:3:1")
+    history.team("a", guaranteed=8).team("q", guaranteed=4).team("lender").team("infra")
+    history.occupy("n0000", 4, a_job().team("infra").preemptible(False).estimate(3600))
+    whole = history.occupy("n0001", 8, a_job().team("lender").estimate(86400))
+    other = history.occupy("n0002", 4, a_job().team("lender").estimate(86400))
+    history.occupy("n0002", 4, a_job().team("infra").preemptible(False).estimate(86400))
+    history.advance(10)
+    head = history.submit(a_job().team("a").gpus(8))[0]
+    history.advance(1)
+    job_id = history.submit(a_job().team("q").gpus(1).estimate(7200))[0]
+
+    history.run(cycles=2)
+
+    evictions = [(p.job_id, p.preemptor_job_id) for p in history.events(PreemptionRequested)]
+    assert evictions == [(whole, head)]
+    assert history.job(other).state == "running"
+    assert set(history.job(job_id).placement) == {"n0000"}
+    assert history.auditor.violations == []
+
+
+def test_no_landing_is_held_for_a_reclaim_the_head_s_own_reclaim_makes_needless() -> None:
+    """review14: placing foresees the reclaims of the preemption phase (`ReclaimLandings`) and
+    holds the free GPUs they land on from the jobs behind. Foreseen with q's job kept off
+    n0000 although the head reclaims n0001 itself, it held n0002's free GPU for a reclaim the
+    preemption phase refuses (n0000's idle GPUs serve q's job), and the job behind waited a
+    cycle for nothing."""
+    history = History("3x8:3:1")
+    for name, guaranteed in (("a", 8), ("q", 4), ("lender", 0), ("infra", 0), ("r", 0)):
+        history.team(name, guaranteed=guaranteed)
+    history.occupy("n0000", 4, a_job().team("infra").preemptible(False).estimate(3600))
+    whole = history.occupy("n0001", 8, a_job().team("lender").estimate(86400))
+    history.occupy("n0002", 1, a_job().team("infra").preemptible(False).estimate(86400))
+    gone = history.occupy("n0002", 1, a_job().team("infra").preemptible(False).estimate(86400))
+    history.occupy("n0002", 4, a_job().team("lender").estimate(86400))
+    history.occupy("n0002", 2, a_job().team("infra").preemptible(False).estimate(86400))
+    history.exit(gone)  # n0002's GPU 1 is free, below the lender's four
+    history.advance(10)
+    head = history.submit(a_job().team("a").gpus(8))[0]
+    history.advance(1)
+    job_id = history.submit(a_job().team("q").gpus(2).estimate(7200))[0]
+    history.advance(1)
+    behind = history.submit(a_job().team("r").gpus(1).estimate(7200))[0]
+
+    history.run(cycles=1)
+
+    evictions = [(p.job_id, p.preemptor_job_id) for p in history.events(PreemptionRequested)]
+    assert evictions == [(whole, head)]
+    assert history.job(behind).placement == {"n0002": [1]}
+    history.run(cycles=1)
+    assert set(history.job(job_id).placement) == {"n0000"}
+    assert history.auditor.violations == []
+
+
+def test_a_reclaimer_kept_off_the_head_s_nodes_reclaims_borrowed_shares_elsewhere() -> None:
+    """review14: the one rule holds for slices and shares too (core/sharing_reclaim.py). The
+    borrowed capacity is two MPS shares of a lender on n0001's last GPU; the job of q, kept
+    off n0000, read the head's idle GPUs there as serving it in the shared-GPU reclaim and
+    waited as long as the head (invariant 4). It reclaims the shares, the cycle records the
+    reservation before the evictions, and it lands on the GPU they held."""
+    history = History(cluster=one_h100(mig="none", gpus=8, count=2))
+    history.team("a", guaranteed=8).team("q", guaranteed=4).team("lender").team("infra")
+    full = history.occupy("n0000", 8, a_job().team("infra").preemptible(False))
+    history.occupy("n0001", 7, a_job().team("infra").preemptible(False))
+    shares = history.submit(
+        *(a_share(0.5, team="lender").priority("research").estimate(86400) for _ in range(2))
+    )
+    history.run(cycles=2)
+    assert all(history.job(share).placement == {"n0001": [7]} for share in shares)
+    history.exit(full)
+    history.run(cycles=1)
+    history.occupy("n0000", 4, a_job().team("infra").preemptible(False).estimate(3600))
+    history.advance(10)
+    head = history.submit(a_job().team("a").gpus(8))[0]
+    history.run(cycles=2)  # the head's reservation (n0000) is recorded once
+    assert len(history.events(ReservationPlanned, head)) == 1
+    job_id = history.submit(a_job().team("q").gpus(1).estimate(7200))[0]
+
+    decisions = history.cycle()
+
+    kinds = [type(e).__name__ for e in decisions if getattr(e, "job_id", "") in (head, *shares)]
+    assert kinds[:2] == ["ReservationPlanned", "PreemptionRequested"], kinds
+    evicted = {p.job_id for p in history.events(PreemptionRequested)}
+    assert evicted == set(shares)
+    for share in shares:
+        history.evict(share)
+    history.run(cycles=2)
+    assert history.job(job_id).placement == {"n0001": [7]}
+    assert history.auditor.violations == []
+
+
+def test_a_head_that_reclaims_shares_itself_keeps_no_reclaimer_off_its_reserved_nodes() -> None:
+    """review14: as when the head evicts gangs, a head that reclaims borrowed shares (on
+    n0001) lands on the GPUs they free, not on n0000: a job behind it evicted the lender's
+    gang on n0002 for a GPU while n0000's idle GPUs served it (the auditor's idle_capacity)."""
+    history = History(cluster=one_h100(mig="none", gpus=8, count=3))
+    history.team("a", guaranteed=8).team("q", guaranteed=4).team("lender").team("infra")
+    full = [
+        history.occupy("n0000", 8, a_job().team("infra").preemptible(False)),
+        history.occupy("n0002", 8, a_job().team("infra").preemptible(False)),
+    ]
+    history.occupy("n0001", 4, a_job().team("infra").preemptible(False))
+    shares = history.submit(
+        *(a_share(0.5, team="lender").priority("research").estimate(86400) for _ in range(8))
+    )
+    history.run(cycles=2)
+    assert all(set(history.job(share).placement) == {"n0001"} for share in shares)
+    for job_id in full:
+        history.exit(job_id)
+    history.run(cycles=1)
+    history.occupy("n0000", 5, a_job().team("infra").preemptible(False).estimate(3600))
+    lent = history.occupy("n0002", 4, a_job().team("lender").estimate(86400))
+    history.occupy("n0002", 4, a_job().team("infra").preemptible(False).estimate(86400))
+    history.advance(10)
+    head = history.submit(a_job().team("a").gpus(4))[0]
+    history.advance(1)
+    job_id = history.submit(a_job().team("q").gpus(1).estimate(7200))[0]
+
+    history.run(cycles=1)
+
+    evictions = {(p.job_id, p.preemptor_job_id) for p in history.events(PreemptionRequested)}
+    assert evictions == {(share, head) for share in shares}
+    for share in shares:
+        history.evict(share)
+    history.run(cycles=1)
+    assert set(history.job(head).placement) == {"n0001"}
+    assert set(history.job(job_id).placement) == {"n0000"}
+    assert history.job(lent).state == "running"
+    assert history.auditor.violations == []
+
+
+def test_a_head_that_reclaims_says_so_beside_a_reclaimer_behind_it() -> None:
+    """review14 (the Philly week's first difference, head 72748 at 2017-10-17 11:59:44): the
+    head's reservation, recorded a cycle before, is recorded again for a job behind it whose
+    reclaim was planned as kept off it, after the head had asked for evictions itself; that
+    record gave the head its "reserved_head" reason back, an earliest start on nodes it will
+    not use, while it waited for its victims."""
+    history = History("3x8:3:1")
+    history.team("a", guaranteed=8).team("q", guaranteed=8).team("lender").team("infra")
+    history.occupy("n0000", 4, a_job().team("infra").preemptible(False).estimate(3600))
+    whole = history.occupy("n0001", 8, a_job().team("lender").min_runtime(600))
+    history.occupy("n0002", 6, a_job().team("lender").estimate(86400))
+    history.occupy("n0002", 2, a_job().team("infra").preemptible(False).estimate(86400))
+    history.advance(10)
+    head = history.submit(a_job().team("a").gpus(8))[0]
+    history.run(cycles=1)  # reserved on n0000; the gang on n0001 is within its min runtime
+    assert history.events(PreemptionRequested) == []
+    history.advance(700)
+    job_id = history.submit(a_job().team("q").gpus(6).estimate(7200))[0]
+
+    history.run(cycles=1)
+
+    preemptors = {p.preemptor_job_id for p in history.events(PreemptionRequested)}
+    assert preemptors == {head, job_id}
+    assert [
+        p.job_id for p in history.events(PreemptionRequested) if p.preemptor_job_id == head
+    ] == [whole]
+    assert history.deferrals(head)[-1].code == "preempting"
+    assert history.auditor.violations == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review14, open: with no room and no borrower off the head's nodes, a reclaimer kept "
+    "off them evicts a borrower on them (the second pass of `_off_reserved_first`) and lands "
+    "there anyway, delaying the head as much as the idle GPU there would have; the borrower is "
+    "requeued and backfilled back onto the same GPUs. Not evicting needs the place phase to let "
+    "such a reclaimer onto the reserved idle GPUs, and the auditor's backfill rule to accept "
+    "it: a decision of DESIGN §3 (invariant 4 over the reservation) first",
+)
+def test_a_reclaimer_that_lands_on_the_head_s_nodes_anyway_takes_the_idle_gpu_there() -> None:
+    """n0000: 3 GPUs of a gang ending in an hour, 4 of a borrower ending then too, 1 idle: the
+    head (8 GPUs) is reserved there. n0001 is full for a day. q's 2-hour job, within its
+    guarantee, has nothing to reclaim elsewhere: it evicted the borrower on n0000, landed on
+    one of its GPUs (the head's start moved an hour later), and the borrower, requeued, was
+    backfilled onto the same four GPUs at once (it ends before the head's new start)."""
+    history = History("2x8:2:1")
+    history.team("a", guaranteed=8).team("q", guaranteed=4).team("lender").team("infra")
+    history.occupy("n0000", 3, a_job().team("infra").preemptible(False).estimate(3600))
+    lent = history.occupy("n0000", 4, a_job().team("lender").estimate(3600))
+    history.occupy("n0001", 8, a_job().team("infra").preemptible(False).estimate(86400))
+    history.advance(10)
+    history.submit(a_job().team("a").gpus(8))
+    history.advance(1)
+    job_id = history.submit(a_job().team("q").gpus(1).estimate(7200))[0]
+
+    for _ in range(4):
+        for view in list(history.state.jobs()):
+            if view.state == "preempting":
+                history.evict(view.job_id)
+        history.run(cycles=1, every_s=30)
+
+    assert history.events(PreemptionRequested) == []
+    assert history.job(job_id).placement == {"n0000": [7]}
+    assert history.job(lent).state == "running"
+    assert history.auditor.violations == []
+
+
 # ---------------------------------------------------------------- the auditor, by hand
 
 
@@ -148,10 +353,12 @@ def _log(
     recorded_before: bool = False,
     guaranteed: int = 4,
     priority: str = "research",
+    head_reclaims: bool = False,
 ) -> list[Event]:
     """The world of `_reserved_world` as a log: h the head (n0000 reserved, starting in an
     hour), j the 1-GPU job of q, then one cycle: the reservation recorded, j evicts the
-    lender's gang (`recorded_before`: the reservation recorded a cycle earlier instead)."""
+    lender's gang (`recorded_before`: the reservation recorded a cycle earlier instead;
+    `head_reclaims`: first h evicts a lender's gang holding all of n0002, in the same cycle)."""
     cycle = T + 1000
     reservation = ReservationPlanned(
         job_id="h",
@@ -160,7 +367,7 @@ def _log(
         decided_at=datetime.fromtimestamp(cycle, UTC),
     )
     events: list[Event] = [
-        *parse_cluster_spec("3x8:3:1" if extra_node else "2x8:2:1"),
+        *parse_cluster_spec("3x8:3:1" if extra_node or head_reclaims else "2x8:2:1"),
         team("a", 8),
         team("q", guaranteed),
         team("lender"),
@@ -177,6 +384,8 @@ def _log(
             *job("i2", team="infra", gpus_per_task=7, preemptible=False),
             *running("i2", ("n0002", [0, 1, 2, 3, 4, 5, 6])),
         ]
+    if head_reclaims:
+        events += [*job("whole", team="lender"), *running("whole", ("n0002", list(range(8))))]
     events += [
         *job("h", team="a"),
         *job("j", team="q", priority=priority, gpus_per_task=1, estimated_runtime_s=estimate),
@@ -184,14 +393,16 @@ def _log(
     if recorded_before:
         events += [reservation, JobDeferred(job_id="j", code="backfill_blocked", message="m")]
         return [*events, preempt("lent", "j")]
+    if head_reclaims:
+        return [*events, reservation, preempt("whole", "h"), preempt("lent", "j")]
     return [*events, reservation, preempt("lent", "j")]
 
 
-def _audit(events: list[Event]) -> list[Violation]:
-    """Each event a second after the last, the last two (or three) in one cycle."""
+def _audit(events: list[Event], in_cycle: int = 2) -> list[Violation]:
+    """Each event a second after the last, the last `in_cycle` (and a reservation) in one cycle."""
     auditor = Auditor()
     cycle = T + 1000
-    first = len(events) - 2
+    first = len(events) - in_cycle
     for position, event in enumerate(events):
         at = cycle if position >= first else T + position
         if isinstance(event, ReservationPlanned):
@@ -228,3 +439,11 @@ def test_the_auditor_counts_the_reserved_gpus_for_a_preemption_by_class() -> Non
     # and the idle GPUs of the head's node count as serving it, as the core counts them.
     violations = _audit(_log(estimate=7200, guaranteed=0, priority="production"))
     assert rules(violations) == {"idle_capacity"}
+
+
+def test_the_auditor_counts_the_reserved_gpus_once_the_head_reclaims_itself() -> None:
+    # review14: h evicts the gang on n0002 in the same cycle: it lands there, and the idle GPUs
+    # of n0000, reserved for it, serve j (the core keeps no one off them then).
+    violations = _audit(_log(estimate=7200, head_reclaims=True), in_cycle=3)
+    assert rules(violations) == {"idle_capacity"}
+    assert "idle GPUs could host job j" in violations[0].message
