@@ -46,18 +46,8 @@ def credit_leaving(ctx: CycleContext, quota: QuotaBook) -> None:
     if ctx.leaving_credited:
         return
     ctx.leaving_credited = True
-    # The gangs being preempted and those handled, not a walk over every holding gang (3% of
-    # the Philly window's run): the sums are exact (whole GPUs, fractions), so the order of
-    # crediting changes nothing.
-    state, released = ctx.state, ctx.released
-    for job in state.preempting_jobs.values():
-        if job.job_id not in released:
-            quota.charge(job.queue, -job.bound_gpus)
-    holding = state.holding_jobs
-    for job_id in ctx.handled:
-        handled = holding.get(job_id)
-        if handled is not None and handled.state != "preempting" and job_id not in released:
-            quota.charge(handled.queue, -handled.bound_gpus)
+    for queue, gpus in _leaving(ctx).items():
+        quota.charge(queue, -gpus)
 
 
 def preempt(
@@ -88,10 +78,9 @@ def preempt(
     for job in blocked:
         if preemptors >= MAX_PREEMPTORS_PER_CYCLE or attempts >= MAX_PREEMPTION_ATTEMPTS:
             break
+        # (No job awaiting its victims is blocked: placing holds where it lands instead.)
         shape = job.shape
-        if shape is None or (job.awaiting_victims and ctx.victims_pending(job)):
-            continue
-        if shape.cpu_only:
+        if shape is None or shape.cpu_only:
             continue  # a CPU-only gang waits for CPUs; it evicts no one
         if ctx.calming(job):
             continue
@@ -363,7 +352,10 @@ class ReclaimLandings:
 
 
 def _leaving(ctx: CycleContext) -> dict[str, GpuAmount]:
-    """The GPUs per queue of the gangs `credit_leaving` credits (leaving soon)."""
+    """The GPUs per queue of the gangs leaving soon (`credit_leaving`): those being preempted
+    and those this cycle handled, not a walk over every holding gang (3% of the Philly
+    window's run). The sums are exact (whole GPUs, fractions): crediting them per queue
+    or per gang books the same."""
     leaving: dict[str, GpuAmount] = {}
     state, released = ctx.state, ctx.released
     for job in state.preempting_jobs.values():
