@@ -46,7 +46,6 @@ class Outcome:
 
     code: DeferCode
     message: str
-    estimated_start: float | None = None
 
 
 @dataclass(slots=True)

@@ -545,7 +545,6 @@ def _explain_slices(
             "awaiting_repartition",
             f"{describe_fraction(spec)}; a re-partition of {node_id} GPU {gpu_index} "
             f"is planned, ready at {_clock(ready)}",
-            estimated_start=ready,
         )
 
 

@@ -512,7 +512,6 @@ def past_backoff(ctx: CycleContext, waiting: list[CoreJob]) -> list[CoreJob]:
             RETRY_BACKOFF,
             f"{job.need}; attempt {job.attempt} failed; "
             f"the next attempt may start at {_when_s(retry_at)} (retry backoff)",
-            estimated_start=retry_at,
         )
     return ready
 

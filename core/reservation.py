@@ -430,5 +430,4 @@ def head_outcome(reservation: HeadReservation, recorded: float) -> Outcome:
     return Outcome(
         RESERVED_HEAD,
         f"{reservation.head.need}; earliest at {moment} on {reservation.where}",
-        estimated_start=recorded,
     )

@@ -532,7 +532,6 @@ def _waits_for_recut(
         "awaiting_repartition",
         f"{job.need}; GPUs it needs are leaving MIG mode (a re-partition), ready at "
         f"{_clock(ready)}",
-        estimated_start=ready,
     )
     return True
 
