@@ -162,3 +162,22 @@ def test_a_preemptor_may_preempt_again_the_moment_its_own_hysteresis_is_over() -
     history.cycle()
     assert victims(history)[-1] == research
     assert preemptors(history)[-1] == first
+
+
+def test_a_preemptor_awaiting_its_victims_does_not_end_the_phase() -> None:
+    # The first production job's victim still checkpoints: it evicts no one more this cycle
+    # and waits. The production job behind it in line still evicts the other research gang.
+    history = History("2x8:2:1")
+    first_victim = history.submit(a_job().gpus(8).priority("research"))[0]
+    second_victim = history.submit(a_job().gpus(8).priority("research"))[0]
+    history.run()
+    first = history.submit(a_job().gpus(8).priority("production"))[0]
+    history.cycle()
+    assert victims(history) == [first_victim]
+    history.advance(1)
+    second = history.submit(a_job().gpus(8).priority("production"))[0]
+
+    history.cycle()
+
+    assert victims(history) == [first_victim, second_victim]
+    assert preemptors(history) == [first, second]

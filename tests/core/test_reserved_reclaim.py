@@ -5,6 +5,7 @@ keeps off them reclaims borrowed GPUs elsewhere; one that may backfill there evi
 
 from __future__ import annotations
 
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from core import Auditor, Violation, parse_cluster_spec
 from schemas.base import Event
 from schemas.jobs import JobDeferred, PreemptionRequested, ReservationPlanned
-from tests.core.builders import History, a_job
+from tests.core.builders import T0, History, a_job
 from tests.core.test_audit_rules import job, preempt, rules, running, team
 from tests.core.test_live_sharing import a_share, one_h100
 
@@ -447,3 +448,101 @@ def test_the_auditor_counts_the_reserved_gpus_once_the_head_reclaims_itself() ->
     violations = _audit(_log(estimate=7200, head_reclaims=True), in_cycle=3)
     assert rules(violations) == {"idle_capacity"}
     assert "idle GPUs could host job j" in violations[0].message
+
+
+def test_two_reclaims_kept_off_in_one_cycle_record_the_reservation_once() -> None:
+    """The reservation is recorded in the cycle the first kept-off reclaim rests on it; the
+    second reclaim of that cycle rests on the same record (one event, not one per reclaim)."""
+    history = History("2x8:2:1")
+    history.team("a", guaranteed=8).team("q", guaranteed=4).team("lender").team("infra")
+    history.occupy("n0000", 4, a_job().team("infra").preemptible(False).estimate(3600))
+    lent = [history.occupy("n0001", 2, a_job().team("lender").estimate(86400)) for _ in "ab"]
+    history.occupy("n0001", 4, a_job().team("infra").preemptible(False).estimate(86400))
+    head = history.submit(a_job().team("a").gpus(8))[0]
+    history.run(cycles=2)
+    assert len(history.events(ReservationPlanned, head)) == 1
+    reclaimers = history.submit(*[a_job().team("q").gpus(2).estimate(7200) for _ in "ab"])
+
+    decisions = history.cycle()
+
+    assert [e.job_id for e in decisions if isinstance(e, ReservationPlanned)] == [head]
+    evictions = {(p.job_id, p.preemptor_job_id) for p in history.events(PreemptionRequested)}
+    assert evictions == set(zip(lent, reclaimers, strict=True)) or evictions == set(
+        zip(lent, reversed(reclaimers), strict=True)
+    )
+    assert history.auditor.violations == []
+
+
+def test_a_preemption_by_class_does_not_record_the_reservation_again() -> None:
+    """Only a reclaim kept off the reserved nodes rests on the head's reservation: one by
+    class alone (the head's nodes have no idle GPU) records nothing more of it."""
+    history = History("2x8:2:1")
+    history.occupy("n0000", 8, a_job().team("infra").preemptible(False).estimate(3600))
+    history.occupy("n0001", 7, a_job().team("infra").preemptible(False).estimate(86400))
+    low = history.occupy("n0001", 1, a_job().team("low").priority("research").estimate(86400))
+    history.advance(10)
+    head = history.submit(a_job().team("a").priority("production").gpus(8))[0]
+    history.run(cycles=2)
+    assert len(history.events(ReservationPlanned, head)) == 1
+    job_id = history.submit(a_job().team("a").priority("production").gpus(1).estimate(60))[0]
+
+    decisions = history.cycle()
+
+    assert [(p.job_id, p.preemptor_job_id) for p in history.events(PreemptionRequested)] == [
+        (low, job_id)
+    ]
+    assert not any(isinstance(e, ReservationPlanned) for e in decisions)
+    assert len(history.events(ReservationPlanned, head)) == 1
+
+
+def test_a_reclaimer_that_ends_before_the_head_starts_counts_the_head_s_idle_gpus() -> None:
+    """The backfill rule keeps off the head's nodes only a job that would not end before the
+    head's planned start: one that ends before it may land beside the idle GPUs there, so its
+    reclaim takes the small borrower on the head's node, not a whole gang elsewhere."""
+    history = History("2x8:2:1")
+    history.team("a", guaranteed=8).team("q", guaranteed=4).team("lender").team("infra")
+    history.occupy("n0000", 4, a_job().team("infra").preemptible(False).estimate(3600))
+    near = history.occupy("n0000", 1, a_job().team("lender").estimate(600))
+    far = history.occupy("n0001", 4, a_job().team("lender").estimate(86400))
+    history.occupy("n0001", 4, a_job().team("infra").preemptible(False).estimate(86400))
+    history.advance(10)
+    # (Of a higher class than the job behind it: first in line, whatever the teams' shares.)
+    head = history.submit(a_job().team("a").priority("production").gpus(8))[0]
+    history.advance(1)
+    job_id = history.submit(a_job().team("q").priority("research").gpus(4).estimate(600))[0]
+
+    history.run(cycles=2)
+
+    evictions = [(p.job_id, p.preemptor_job_id) for p in history.events(PreemptionRequested)]
+    assert evictions == [(near, job_id)]
+    history.evict(near)
+    history.run(cycles=1)
+    assert set(history.job(job_id).placement) == {"n0000"}
+    assert history.job(far).state == "running"
+    assert history.events(ReservationPlanned, head)[-1].nodes == ["n0000"]
+    assert history.auditor.violations == []
+
+
+def test_the_head_s_reason_and_its_reservation_are_worded_in_utc_whatever_the_host_zone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A scheduler host set to another zone (half an hour off, so the minutes differ too)
+    words the head's earliest start and stamps the reservation's decision in UTC."""
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    try:
+        history = History("2x8:2:1")
+        history.occupy("n0000", 4, a_job().team("infra").preemptible(False).estimate(3600))
+        history.occupy("n0001", 8, a_job().team("infra").preemptible(False).estimate(86400))
+        head = history.submit(a_job().team("a").gpus(8))[0]
+
+        history.run(cycles=1)
+
+        planned = history.events(ReservationPlanned, head)[-1]
+        assert planned.decided_at == datetime.fromtimestamp(T0, UTC)
+        assert planned.decided_at is not None and planned.decided_at.utcoffset() is not None
+        moment = planned.start_at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+        assert f"earliest at {moment} on rack" in history.deferrals(head)[-1].message
+    finally:
+        monkeypatch.undo()
+        time.tzset()
