@@ -313,39 +313,24 @@ def gang_ends(
     """(`estimated_end`, ranks, what a rank asks of its host) of each gang holding GPUs of the
     head's pool, in `holding_jobs` order, but those this cycle released.
 
-    Asked of every running gang (~1,800) in every busy cycle: the usual case inlined (a gang
-    neither being preempted nor past its estimate), and the estimate of one past it (half of
-    them in a busy cycle) not asked twice. With the planner's timers (`ctx.held_ends`) a gang
-    with an end of its own is read from what they keep, its record not visited (in a busy
-    cycle the records are cold: reading ~1,800 of them cost more than all else here).
-    `each`: `estimated_end` asked of each gang (the reference this is tested against)."""
+    Asked of every running gang (~1,800) in every busy cycle: with the planner's timers
+    (`ctx.held_ends`) a gang with an end of its own is read from what they keep, its record
+    not visited (in a busy cycle the records are cold: reading ~1,800 of them cost more than
+    all else here). Without them (`Planner(timers=False)`, the reference the timers are tested
+    against) or with `each`, `estimated_end` is asked of each gang."""
     if ctx.held_ends is not None and not each:
         return _kept_gang_ends(ctx, shape, *ctx.held_ends)
     now, policy, released = ctx.now, ctx.policy, ctx.released
     estimates = ctx.state.estimates
     nodes = ctx.state.node_records
-    estimate = runtime_estimator(policy, estimates)
     gpu_type = shape.gpu_type
-    ends: list[tuple[float, list[tuple[int, int]], tuple[int, int]]] = []
-    for job in ctx.state.holding_jobs.values():
-        ranks = job.ranks
-        if not ranks or job.job_id in released:
-            continue
-        if gpu_type is not None and nodes[ranks[0][0]].gpu_type != gpu_type:
-            continue
-        if each:
-            ends.append((estimated_end(job, now, policy, estimates), ranks, rank_host(job.spec)))
-            continue
-        started = job.held_since
-        if started is None:
-            started = now
-        end = started + estimate(job)
-        if job.state == "preempting" and job.preempt_requested_at is not None:
-            end = estimated_end(job, now, policy, estimates)
-        elif end <= now:
-            end = _overrun_end(job.job_id, job.spec, now, started, policy, estimates)
-        ends.append((end, ranks, rank_host(job.spec)))
-    return ends
+    return [
+        (estimated_end(job, now, policy, estimates), job.ranks, rank_host(job.spec))
+        for job in ctx.state.holding_jobs.values()
+        if job.ranks
+        and job.job_id not in released
+        and (gpu_type is None or nodes[job.ranks[0][0]].gpu_type == gpu_type)
+    ]
 
 
 def _kept_gang_ends(

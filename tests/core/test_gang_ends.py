@@ -79,7 +79,14 @@ def test_each_gangs_end_is_the_estimated_end(
         assert view is not None
         held = sum(len(job.placement.get(node_id, [])) for job in history.state.jobs())
         if held + gpus <= view.gpus:
-            builder = a_job().named("train").preemptible(True).estimate(quarters * QUARTER)
+            builder = (
+                a_job()
+                .named("train")
+                .preemptible(True)
+                .estimate(quarters * QUARTER)
+                .cpus(gpus)
+                .memory(1024 * gpus)
+            )
             jobs.append(history.occupy(node_id, gpus, builder))
             kept_ends_agree()
     for which, grace in preempted:

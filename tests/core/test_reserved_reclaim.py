@@ -546,3 +546,32 @@ def test_the_head_s_reason_and_its_reservation_are_worded_in_utc_whatever_the_ho
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+def test_whether_a_reclaimer_is_kept_off_follows_its_learned_runtime() -> None:
+    """A `probe` of queue q gave no estimate (the policy's default would be four hours, past
+    the head's start in an hour) but probes ran ten minutes: it would end before the head's
+    start, so the head's idle GPUs serve it and its reclaim takes the borrower beside them."""
+    history = History("2x8:2:1")
+    history.team("a", guaranteed=8).team("q", guaranteed=4).team("lender").team("infra")
+    for _ in range(3):
+        probe = history.submit(a_job().named("probe").team("q").gpus(1))[0]
+        history.run()
+        history.advance(600)
+        history.exit(probe)
+        history.run()
+    history.occupy("n0000", 4, a_job().team("infra").preemptible(False).estimate(3600))
+    near = history.occupy("n0000", 1, a_job().team("lender").estimate(600))
+    far = history.occupy("n0001", 4, a_job().team("lender").estimate(86400))
+    history.occupy("n0001", 4, a_job().team("infra").preemptible(False).estimate(86400))
+    history.advance(10)
+    history.submit(a_job().team("a").priority("production").gpus(8))
+    history.advance(1)
+    job_id = history.submit(a_job().named("probe").team("q").priority("research").gpus(4))[0]
+
+    history.run(cycles=2)
+
+    evictions = [(p.job_id, p.preemptor_job_id) for p in history.events(PreemptionRequested)]
+    assert evictions == [(near, job_id)]
+    assert history.job(far).state == "running"
+    assert history.auditor.violations == []
