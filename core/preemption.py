@@ -82,8 +82,6 @@ def preempt(
         shape = job.shape
         if shape is None or shape.cpu_only:
             continue  # a CPU-only gang waits for CPUs; it evicts no one
-        if ctx.calming(job):
-            continue
         if not credited:
             credit_leaving(ctx, quota)
             credited = True
@@ -101,6 +99,10 @@ def preempt(
         if not (pclass.can_preempt or reclaiming):
             continue
         if job.priority == policy.idle_only_priority:
+            continue
+        # (Asked of the jobs that may preempt, not of every blocked job: a job that may not
+        # has no calm's end to wake up for.)
+        if ctx.calming(job):
             continue
         # Reclaiming, off the head's reserved nodes (the backfill rule): their idle GPUs do not
         # serve it (invariant 4). A job preempting by its class alone still counts them and
