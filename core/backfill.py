@@ -203,6 +203,26 @@ def place(
         if head is not None and not policy.backfill:
             outcomes[job.job_id] = Outcome("behind_head", f"{job.need}; {_BEHIND_NO_BACKFILL}")
             continue
+        avoid: bool | None = None
+        if head is not None and behind_memo and budget > 0 and shape is job.shape:
+            # (A shape with an entry here fits the cluster: it was asked `_infeasible` first.)
+            either = behind_either.get(shape)
+            if either is not None and either[0] == snap.changes:
+                blocked.append(job)
+                outcomes[job.job_id] = either[1]
+                if job.queue in reclaimers:
+                    kept_off = kept_off_reserved(now, head_start, estimate, job)
+                    _hold_reclaim(ctx, snap, job, quota, reclaims, placed.held, kept_off)
+                continue
+            avoid = kept_off_reserved(now, head_start, estimate, job)
+            # (A shape capped by the host ceilings is not the job's own: its need differs.)
+            seen = behind.get((shape, avoid))
+            if seen is not None and seen[0] == snap.changes:
+                blocked.append(job)
+                outcomes[job.job_id] = seen[1]
+                if job.queue in reclaimers:
+                    _hold_reclaim(ctx, snap, job, quota, reclaims, placed.held, avoid)
+                continue
         infeasible = _infeasible(ctx, shape)
         if infeasible is not None:
             outcomes[job.job_id] = Outcome("unsatisfiable", infeasible)
@@ -212,27 +232,10 @@ def place(
                 "cycle_budget", f"{job.need}; placement deferred to the next cycle"
             )
             continue
-        if head is not None and behind_memo and shape is job.shape:
-            either = behind_either.get(shape)
-            if either is not None and either[0] == snap.changes:
-                blocked.append(job)
-                outcomes[job.job_id] = either[1]
-                if job.queue in reclaimers:
-                    kept_off = kept_off_reserved(now, head_start, estimate, job)
-                    _hold_reclaim(ctx, snap, job, quota, reclaims, placed.held, kept_off)
-                continue
-        # The backfill rule: a job behind the head keeps off its reserved nodes unless it
-        # ends before the head's planned start.
-        avoid = head is not None and kept_off_reserved(now, head_start, estimate, job)
-        if head is not None and behind_memo:
-            seen = behind.get((shape, avoid))
-            # (A shape capped by the host ceilings is not the job's own: its need differs.)
-            if seen is not None and seen[0] == snap.changes and shape is job.shape:
-                blocked.append(job)
-                outcomes[job.job_id] = seen[1]
-                if job.queue in reclaimers:
-                    _hold_reclaim(ctx, snap, job, quota, reclaims, placed.held, avoid)
-                continue
+        if avoid is None:
+            # The backfill rule: a job behind the head keeps off its reserved nodes unless it
+            # ends before the head's planned start.
+            avoid = head is not None and kept_off_reserved(now, head_start, estimate, job)
         allocation = None
         if head is None and job.awaiting_victims and job.queue in reclaimers:
             # A preemptor whose victims are gone goes first, before this cycle's head is
