@@ -82,9 +82,9 @@ from services.agent.ranks import (
     RankProcess,
     derived_master_port,
     distributed_env,
+    group_members,
     infrastructure_ports,
-    kill_all,
-    kill_group,
+    kill_until_gone,
     launch,
     node_address,
     stop_orphan,
@@ -1159,16 +1159,18 @@ class Agent:
         # twice when its gang is started again (`_resume_launches`).
         strays = await asyncio.to_thread(unrecorded_ranks, self.work_dir, self.nodes, started)
         for pgid, key in strays.items():
-            kill_group(pgid)
+            await kill_until_gone(functools.partial(group_members, pgid))
             log.warning("%s/%d rank %d: left unrecorded by a crash; stopped", *key)
         for (job_id, attempt, rank), event in started.items():
             self.launched.add((job_id, attempt, rank))
             workdir = self.work_dir / job_id / f"a{attempt}" / f"rank-{rank}"
-            killed = await asyncio.to_thread(stop_orphan, workdir, job_id)
+            orphan = await asyncio.to_thread(stop_orphan, workdir, job_id)
             # rank.pid lies in the directory the rank owns, which it may have emptied or
             # filled with another pid: its cgroup, which only root may leave, is asked too.
+            # Recorded as exited only once they are gone: the exit hands its GPUs back.
             cgroup = self.cgroup_name(RankKey(job_id, attempt, rank))
-            killed = await asyncio.to_thread(kill_all, isolation.cgroup_pids(cgroup)) or killed
+            killed = await kill_until_gone(functools.partial(_rank_processes, cgroup, orphan))
+            killed = killed or orphan is not None
             isolation.remove_cgroup(cgroup)
             exited = TaskExited(
                 job_id=job_id,
@@ -1245,3 +1247,11 @@ def _device(path: Path) -> int | None:
         return path.stat().st_dev
     except OSError:
         return None  # not made yet, or gone
+
+
+def _rank_processes(cgroup: str, orphan: int | None) -> set[int]:
+    """A predecessor's rank's processes: its cgroup's, and its process group's."""
+    found = isolation.cgroup_pids(cgroup)
+    if orphan is not None:
+        found.update(group_members(orphan))
+    return found

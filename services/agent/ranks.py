@@ -253,22 +253,23 @@ _DEAD_STATES = ("Z", "X")
 LEFTOVER_KILL_WAIT_S = 5.0
 
 
-def stop_orphan(workdir: Path, job_id: str) -> bool:
+def stop_orphan(workdir: Path, job_id: str) -> int | None:
     """Kill the rank a crashed agent left running in `workdir` (its own session, so it
-    outlived the agent); True if one was found. The pid is trusted only while the process
-    still carries the job's id in its environment (pids are reused)."""
+    outlived the agent); its process group if one was found (`kill_until_gone` then waits
+    for it). The pid is trusted only while the process still carries the job's id in its
+    environment (pids are reused)."""
     try:
         # rank.pid lies in the directory the rank owns: no FIFO (a read that never ends: the
         # restarted agent, every node of it, hung before it was ready) nor symlink is read.
         pid = int(read_regular(workdir / PID_FILE, 64).strip())
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except (OSError, ValueError):
-        return False
+        return None
     if f"GANGWAY_JOB_ID={job_id}".encode() not in environ:
-        return False
+        return None
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-    return True
+    return pid
 
 
 def unrecorded_ranks(
@@ -312,19 +313,42 @@ def unrecorded_ranks(
     return found
 
 
-def kill_all(pids: Collection[int]) -> bool:
-    """SIGKILL each of `pids`; whether one was found."""
-    found = False
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
-            found = True
+async def kill_until_gone(processes: Callable[[], Collection[int]]) -> bool:
+    """SIGKILL what `processes()` names, again at each look, until none runs (a zombie, which
+    only waits for its reaper, holds no GPU) or LEFTOVER_KILL_WAIT_S have passed; whether one
+    ran. A SIGKILL is not yet a death (a process inside a driver call dies when the call
+    returns): a restarted agent that recorded its predecessor's rank as stopped the moment it
+    signalled it handed the scheduler GPUs the rank still used."""
+    deadline = time.monotonic() + LEFTOVER_KILL_WAIT_S
+    running = await asyncio.to_thread(_running, processes)
+    found = bool(running)
+    while running:
+        for pid in running:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        if time.monotonic() >= deadline:
+            log.warning("processes %s outlived SIGKILL", sorted(running))
+            break
+        await asyncio.sleep(0.05)
+        running = await asyncio.to_thread(_running, processes)
     return found
 
 
-def kill_group(pgid: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
+def _running(processes: Callable[[], Collection[int]]) -> set[int]:
+    running = set()
+    for pid in processes():
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in _DEAD_STATES and pid != os.getpid():
+            running.add(pid)
+    return running
+
+
+def group_members(pgid: int) -> list[int]:
+    """The live processes of process group `pgid`."""
+    return _group_members(pgid)
 
 
 # ---------------------------------------------------------------------- distributed environment

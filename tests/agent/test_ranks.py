@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from schemas.jobs import RankPlacement
-from services.agent.ranks import PID_FILE, RankKey, launch, stop_orphan
+from services.agent.ranks import PID_FILE, RankKey, kill_until_gone, launch, stop_orphan
 
 PLACEMENT = RankPlacement(rank=0, node_id="n0", gpus=[2, 3])
 KEY = RankKey("j1", 1, 0)
@@ -92,7 +92,7 @@ def test_a_restarted_agent_reads_no_fifo_a_rank_left_as_its_pid_file(tmp_path: P
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
     try:
-        assert stop_orphan(tmp_path, "job1") is False
+        assert stop_orphan(tmp_path, "job1") is None
         assert rank.poll() is None
     finally:
         unblock = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
@@ -110,12 +110,32 @@ def test_a_restarted_agent_follows_no_symlink_a_rank_left_as_its_pid_file(tmp_pa
         workdir = tmp_path / "rank-0"
         workdir.mkdir()
         (workdir / PID_FILE).symlink_to(elsewhere)
-        assert stop_orphan(workdir, "job1") is False
+        assert stop_orphan(workdir, "job1") is None
         assert rank.poll() is None
         (workdir / PID_FILE).unlink()
         (workdir / PID_FILE).write_text(f"{rank.pid}\n")
-        assert stop_orphan(workdir, "job1") is True
+        assert stop_orphan(workdir, "job1") == rank.pid
         assert rank.wait() == -signal.SIGKILL
+    finally:
+        if rank.poll() is None:
+            rank.kill()
+            rank.wait()
+
+
+def _process_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+async def test_a_leftover_is_killed_until_it_no_longer_runs_before_it_counts_as_stopped() -> None:
+    # A restarted agent records its predecessor's ranks as exited once it has killed them: the
+    # exit hands their GPUs back, so it waits for the death, not just the signal.
+    rank = _a_rank_of_job1()
+    try:
+        assert await kill_until_gone(lambda: {rank.pid}) is True
+        # Dead, waiting for its parent (this test) to reap it.
+        assert _process_state(rank.pid) in ("Z", "X")
+        assert rank.wait() == -signal.SIGKILL
+        assert await kill_until_gone(lambda: {rank.pid}) is False
     finally:
         if rank.poll() is None:
             rank.kill()
