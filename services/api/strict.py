@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -111,6 +112,17 @@ def parse_strict_json(body: bytes) -> Any:
     except RecursionError:
         # Python's reader recurses per level: a body of 5,000 nested arrays (10 kB) is no job.
         raise ProblemError(400, "malformed-json", "the JSON is nested too deeply") from None
+    except json.JSONDecodeError:
+        raise  # answered by the route as malformed JSON, with where it fails
+    except ValueError:
+        # The reader's int() refuses an integer literal of more than sys.get_int_max_str_digits()
+        # digits (4,300) with a bare ValueError, which the route answered only as "There was
+        # an error parsing the body"; no field takes such a number.
+        raise ProblemError(
+            400,
+            "malformed-json",
+            f"an integer has more than {sys.get_int_max_str_digits()} digits",
+        ) from None
     # A NUL or a lone surrogate can only be written as a \u escape: the reader refuses a
     # raw control character and the UTF-8 decoder an encoded surrogate. A body without one
     # holds neither, and its strings are not walked (a batch's thousand specs).
