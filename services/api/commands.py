@@ -54,7 +54,14 @@ from schemas.teams import (
 from services.api.auth import Principal, new_token, token_sha256
 from services.api.feed import ReadModelFeed
 from services.api.models import DrainBody, QueueConfig, QueuePatch, TeamCreate, TeamPolicyBody
-from services.api.pipelines import DRAWN_JOB_ID, PlannedJob, owned, plan_submissions
+from services.api.pipelines import (
+    DRAWN_JOB_ID,
+    MAX_SUBMIT_JOBS,
+    PlannedJob,
+    owned,
+    plan_submissions,
+    planned_ids,
+)
 from services.api.problems import ProblemError, conflict, not_found
 from services.api.projections.jobs import JobReadModel, Request, request_allowed
 from services.api.projections.nodes import NodeRecord
@@ -289,17 +296,32 @@ class Commands:
             else:
                 ids = [new_job_id() for _ in specs]
             dumps = _SpecDumps()
-            planned = await self._at_head_if_refused(
-                partial(
-                    plan_submissions,
-                    principal,
-                    specs,
-                    models,
-                    ids,
-                    batch=batch,
-                    storable=dumps.storable,
+            try:
+                planned = await self._at_head_if_refused(
+                    partial(
+                        plan_submissions,
+                        principal,
+                        specs,
+                        models,
+                        ids,
+                        batch=batch,
+                        storable=dumps.storable,
+                    )
                 )
-            )
+            except ProblemError:
+                # Refused at the log's head, where a keyed request's jobs are known once
+                # written. A retry is answered by what the request created, not judged again
+                # by rules changed since (a queue's max_gpus lowered, a class restricted): it
+                # was told "nothing was submitted" of jobs that exist, and a client that then
+                # corrected and resent its request created them twice. A key used for another
+                # request is told so (`_require_retry`); one too large ever to have been
+                # written is refused as it is, without a read of each job it names.
+                width = sum(spec.array.count if spec.array else 1 for spec in specs)
+                if width > MAX_SUBMIT_JOBS or not any(job_id in models.jobs for job_id in claims):
+                    raise
+                planned = planned_ids(principal, specs, ids)
+                await self._require_retry(planned, claims, metadata.correlation_id)
+                return planned
             appends = [
                 StreamAppend(event.stream, 0, [event], (dumps.payload(event),))
                 for job in planned

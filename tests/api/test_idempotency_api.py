@@ -133,3 +133,46 @@ def _ids(body: dict[str, Any]) -> list[str]:
     if "jobs" in body:
         return [job["id"] for job in body["jobs"]]
     return [body["id"]]
+
+
+@pytest.mark.parametrize(
+    ("route", "body"),
+    [
+        pytest.param(SINGLE, spec("serve", priority="production"), id="job"),
+        pytest.param(
+            BATCH,
+            {"jobs": [spec("small"), spec("serve", priority="production")]},
+            id="batch",
+        ),
+    ],
+)
+async def test_a_retry_after_the_rules_changed_still_gets_what_it_created(
+    api: Api, store: EventStore, route: str, body: dict[str, Any]
+) -> None:
+    """A lost answer's retry, after the team's policy withdrew the job's priority class: the
+    jobs exist, so it must get them, not a refusal saying nothing was submitted (attack16: a
+    client that believed it and resent a corrected request created its jobs twice)."""
+    await api.create_team("nlp")
+    created = await post(api, route, body, key="before-the-change")
+    assert created.status_code == 201, created.text
+    policy = await api.client.put(
+        "/v1/teams/nlp/policy",
+        json={"allowed_priority_classes": ["research"]},
+        headers=api.as_admin(),
+    )
+    assert policy.status_code == 200, policy.text
+    head = await store.head()
+    again = await post(api, route, body, key="before-the-change")
+    assert again.status_code == 201, again.text
+    assert _ids(again.json()) == _ids(created.json())
+    assert await store.head() == head
+    # A new request of the same jobs is judged by the rules as they are now ...
+    fresh = await post(api, route, body, key="after-the-change")
+    assert fresh.status_code == 403, fresh.text
+    # ... and the old key used for another request is told so, whatever that request holds.
+    other = await post(
+        api, BATCH, {"jobs": [spec("serve", priority="production")]}, key="before-the-change"
+    )
+    assert other.status_code == 422, other.text
+    assert other.json()["type"].endswith("/idempotency-key-reused")
+    assert await store.head() == head
