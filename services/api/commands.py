@@ -54,7 +54,14 @@ from schemas.teams import (
 from services.api.auth import Principal, new_token, token_sha256
 from services.api.feed import ReadModelFeed
 from services.api.models import DrainBody, QueueConfig, QueuePatch, TeamCreate, TeamPolicyBody
-from services.api.pipelines import DRAWN_JOB_ID, PlannedJob, owned, plan_submissions
+from services.api.pipelines import (
+    DRAWN_JOB_ID,
+    MAX_SUBMIT_JOBS,
+    PlannedJob,
+    owned,
+    plan_submissions,
+    planned_ids,
+)
 from services.api.problems import ProblemError, conflict, not_found
 from services.api.projections.jobs import JobReadModel, Request, request_allowed
 from services.api.projections.nodes import NodeRecord
@@ -130,6 +137,17 @@ def request_fingerprint(
     the same request). Recorded as the correlation id of the events the request writes."""
     body = json.dumps([spec.model_dump(mode="json") for spec in specs], sort_keys=True)
     return uuid5(_FINGERPRINTS, "\0".join((principal, key, route, body)))
+
+
+def keyed_job_ids(principal: str, key: str, count: int) -> list[str]:
+    """The ids of a keyed request's `count` jobs (an array's is its own, its elements' follow
+    from it): the first is the key's own id, each other one the key's with its index."""
+    return [
+        idempotent_job_id(principal, f"{key}\0{index}")
+        if index
+        else idempotent_job_id(principal, key)
+        for index in range(count)
+    ]
 
 
 def key_claims(principal: str, key: str) -> tuple[str, str]:
@@ -253,6 +271,22 @@ class Commands:
     ) -> list[PlannedJob]:
         """`submit_many` past the limits: dependencies learnt, the jobs planned and appended."""
         models = self.feed.models
+        metadata = _metadata()
+        if idempotency_key is not None:
+            route: SubmitRoute = "batch" if batch else "job"
+            fingerprint = request_fingerprint(principal.name, idempotency_key, route, specs)
+            metadata = Metadata(correlation_id=fingerprint)
+            if any(job_id in models.jobs for job_id in claims):
+                # The key was used (so `submit_many` asked no limits): its request is known
+                # by its fingerprint before anything is learnt, planned or appended. Another
+                # request under it cost a team past its rate, for free, a plan, a failed
+                # append and a read per job it named (a 1,000-job batch: ~0.2 s of the API's
+                # worker, each time).
+                retried = await self._retried(
+                    principal, specs, claims, idempotency_key, fingerprint
+                )
+                if retried is not None:
+                    return retried
         # Not known here as the team's own: another team's job this API has seen counts as
         # one it has not, or the limit below would tell a team which of other teams' ids exist.
         unseen = {
@@ -273,33 +307,38 @@ class Commands:
             )
         for job_id in sorted(unseen):
             await self._learn(job_id)
-        metadata = _metadata()
-        if idempotency_key is not None:
-            route: SubmitRoute = "batch" if batch else "job"
-            fingerprint = request_fingerprint(principal.name, idempotency_key, route, specs)
-            metadata = Metadata(correlation_id=fingerprint)
         for _ in range(ATTEMPTS):
             if idempotency_key is not None:
-                ids = [
-                    idempotent_job_id(principal.name, f"{idempotency_key}\0{index}")
-                    if index
-                    else idempotent_job_id(principal.name, idempotency_key)
-                    for index in range(len(specs))
-                ]
+                ids = keyed_job_ids(principal.name, idempotency_key, len(specs))
             else:
                 ids = [new_job_id() for _ in specs]
             dumps = _SpecDumps()
-            planned = await self._at_head_if_refused(
-                partial(
-                    plan_submissions,
-                    principal,
-                    specs,
-                    models,
-                    ids,
-                    batch=batch,
-                    storable=dumps.storable,
+            try:
+                planned = await self._at_head_if_refused(
+                    partial(
+                        plan_submissions,
+                        principal,
+                        specs,
+                        models,
+                        ids,
+                        batch=batch,
+                        storable=dumps.storable,
+                    )
                 )
-            )
+            except ProblemError:
+                # Refused at the log's head, where a keyed request's jobs are known once
+                # written. A retry is answered by what the request created, not judged again
+                # by rules changed since (a queue's max_gpus lowered, a class restricted): it
+                # was told "nothing was submitted" of jobs that exist, and a client that then
+                # corrected and resent its request created them twice. A key used for another
+                # request is told so (`_require_retry`); one too large ever to have been
+                # written is refused as it is, without a read of each job it names.
+                width = sum(spec.array.count if spec.array else 1 for spec in specs)
+                if width > MAX_SUBMIT_JOBS or not any(job_id in models.jobs for job_id in claims):
+                    raise
+                planned = planned_ids(principal, specs, ids)
+                await self._require_retry(planned, claims, metadata.correlation_id)
+                return planned
             appends = [
                 StreamAppend(event.stream, 0, [event], (dumps.payload(event),))
                 for job in planned
@@ -350,31 +389,62 @@ class Commands:
         422 when the key was used for another request (its first event's fingerprint, the
         correlation id, differs)."""
         models = self.feed.models
-        first = None
-        for job_id in claims:
-            events = await self.store.read_stream(f"job-{job_id}")
-            if events:
-                first = events[0]
-                break
+        recorded = await self._key_fingerprint(claims)
+        if recorded is not None and recorded.version == 5:
+            if recorded != fingerprint:
+                raise _key_reused()
+            await self._sync_missing(planned)
+            return
+        # Written before requests carried a fingerprint: the specs are all it can compare.
         for job in planned:
             for event in job.events:
                 await self.feed.sync_stream(event.stream)
-        recorded = None if first is None else first.correlation_id
-        if recorded is not None and recorded.version == 5:
-            same = recorded == fingerprint
-        else:
-            # Written before requests carried a fingerprint: the specs are all it can compare.
-            same = all(
-                event.job_id in models.jobs and models.jobs[event.job_id].spec == event.spec
-                for job in planned
-                for event in job.events
-            )
-        if not same:
-            raise ProblemError(
-                422,
-                "idempotency-key-reused",
-                "this Idempotency-Key was used for a different request",
-            )
+        if not all(
+            event.job_id in models.jobs and models.jobs[event.job_id].spec == event.spec
+            for job in planned
+            for event in job.events
+        ):
+            raise _key_reused()
+
+    async def _retried(
+        self,
+        principal: Principal,
+        specs: Sequence[JobSpec],
+        claims: Sequence[str],
+        key: str,
+        fingerprint: UUID,
+    ) -> list[PlannedJob] | None:
+        """What the request of a used key created, when this is that request (read from the
+        log where this process has not seen it); 422 when the key was used for another. None
+        when its first event carries no fingerprint (written before they did): then only its
+        specs, as planned, can tell."""
+        recorded = await self._key_fingerprint(claims)
+        if recorded is None or recorded.version != 5:
+            return None
+        if recorded != fingerprint:
+            raise _key_reused()
+        # The very request that was written: its jobs are as many as were planned then.
+        planned = planned_ids(principal, specs, keyed_job_ids(principal.name, key, len(specs)))
+        await self._sync_missing(planned)
+        return planned
+
+    async def _key_fingerprint(self, claims: Sequence[str]) -> UUID | None:
+        """The correlation id of the first event written under a key's claims (a keyed
+        request's fingerprint), or None when there is none."""
+        for job_id in claims:
+            events = await self.store.read_stream(f"job-{job_id}")
+            if events:
+                return events[0].correlation_id
+        return None
+
+    async def _sync_missing(self, planned: Sequence[PlannedJob]) -> None:
+        """Read the planned jobs this process has not seen from the log (another API process
+        wrote them): one read per job it lacks, none for those it holds."""
+        models = self.feed.models
+        for job in planned:
+            for event in job.events:
+                if event.job_id not in models.jobs:
+                    await self.feed.sync_stream(event.stream)
 
     async def targets(self, principal: Principal, job_id: str) -> list[str]:
         """The job, or every element of the array of that id; 404 for what the caller may
@@ -1081,6 +1151,12 @@ def _submitted_payload(event: JobSubmitted) -> str:
     if "\\u0000" in payload:
         _require_storable(event.spec)
     return payload
+
+
+def _key_reused() -> ProblemError:
+    return ProblemError(
+        422, "idempotency-key-reused", "this Idempotency-Key was used for a different request"
+    )
 
 
 def _first_error(error: ValidationError) -> str:

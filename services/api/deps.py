@@ -56,7 +56,7 @@ _bearer = HTTPBearer(
 
 # Where a request's caller is kept once known (its ASGI scope): a route with a body asks who
 # calls before it reads the body (services/api/routing.py), and its dependencies ask again.
-_PRINCIPAL = "gangway.principal"
+PRINCIPAL_KEY = "gangway.principal"
 
 
 async def get_principal(
@@ -65,7 +65,7 @@ async def get_principal(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     request: Request,
 ) -> Principal:
-    known: Principal | None = request.scope.get(_PRINCIPAL)
+    known: Principal | None = request.scope.get(PRINCIPAL_KEY)
     if known is not None:
         return known
     header = request.headers.get("authorization")
@@ -91,7 +91,7 @@ async def get_principal(
     if request.method in _READS:
         # After the caller is known: a refused or rate-limited read asks nothing of the log.
         await context.read_barrier()
-    request.scope[_PRINCIPAL] = principal
+    request.scope[PRINCIPAL_KEY] = principal
     return principal
 
 

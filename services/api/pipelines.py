@@ -116,6 +116,15 @@ def plan_submissions(
     return [_events(principal, spec, job_id) for spec, job_id in zip(resolved, ids, strict=True)]
 
 
+def planned_ids(
+    principal: Principal, specs: Sequence[JobSpec], ids: Sequence[str]
+) -> list[PlannedJob]:
+    """The jobs `specs` were planned as under `ids`, unchecked and their dependencies not
+    resolved: what a retried request created is found by these ids and streams, and these
+    events are never written."""
+    return [_events(principal, spec, job_id) for spec, job_id in zip(specs, ids, strict=True)]
+
+
 def _require_recordable(recorded: int) -> None:
     """413 when the request would record more than `MAX_SUBMIT_SPEC_BYTES` of specs."""
     if recorded > MAX_SUBMIT_SPEC_BYTES:

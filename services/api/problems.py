@@ -258,4 +258,4 @@ def summarize(errors: Sequence[FieldError]) -> str:
     )
 
 
-PROBLEM_RESPONSES = problem_docs(400, 401, 403, 404, 408, 409, 413, 422, 429, 503)
+PROBLEM_RESPONSES = problem_docs(400, 401, 403, 404, 408, 409, 413, 415, 422, 429, 503)

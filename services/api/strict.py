@@ -10,8 +10,10 @@ Routers opt in with `APIRouter(route_class=StrictJsonRoute)`.
 
 from __future__ import annotations
 
+import email.message
 import json
 import math
+import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -111,12 +113,36 @@ def parse_strict_json(body: bytes) -> Any:
     except RecursionError:
         # Python's reader recurses per level: a body of 5,000 nested arrays (10 kB) is no job.
         raise ProblemError(400, "malformed-json", "the JSON is nested too deeply") from None
+    except json.JSONDecodeError:
+        raise  # answered by the route as malformed JSON, with where it fails
+    except ValueError:
+        # The reader's int() refuses an integer literal of more than sys.get_int_max_str_digits()
+        # digits (4,300) with a bare ValueError, which the route answered only as "There was
+        # an error parsing the body"; no field takes such a number.
+        raise ProblemError(
+            400,
+            "malformed-json",
+            f"an integer has more than {sys.get_int_max_str_digits()} digits",
+        ) from None
     # A NUL or a lone surrogate can only be written as a \u escape: the reader refuses a
     # raw control character and the UTF-8 decoder an encoded surrogate. A body without one
     # holds neither, and its strings are not walked (a batch's thousand specs).
     if "\\u" in text:
         _check_strings(data)
     return data
+
+
+def is_json_media(content_type: str | None) -> bool:
+    """Whether FastAPI reads a body of this Content-Type as JSON (its strict_content_type
+    rule): application/json or application/*+json, whatever the parameters."""
+    if not content_type:
+        return False
+    message = email.message.Message()
+    message["content-type"] = content_type
+    if message.get_content_maintype() != "application":
+        return False
+    subtype = message.get_content_subtype()
+    return subtype == "json" or subtype.endswith("+json")
 
 
 class StrictJsonRequest(Request):
@@ -152,6 +178,19 @@ class StrictJsonRoute(APIRoute):
         async def strict_handler(request: Request) -> Response:
             strict = StrictJsonRequest(request.scope, request.receive)
             strict.strict_model = adapter
+            # FastAPI hands a body of another media type to the model as bytes: `curl -d`
+            # without -H sends its JSON as a form, which was told only "body: Input should be
+            # a valid dictionary or object to extract fields from".
+            if (
+                adapter is not None
+                and not is_json_media(strict.headers.get("content-type"))
+                and await strict.body()
+            ):
+                raise ProblemError(
+                    415,
+                    "unsupported-media-type",
+                    "the request body must be JSON, sent with 'Content-Type: application/json'",
+                )
             return await handler(strict)
 
         return strict_handler

@@ -15,8 +15,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import pytest
 
 from services.api.app import create_app
+from services.api.auth import Principal, authenticate
+from services.api.strict import parse_strict_json
 from tests.api.conftest import ADMIN_TOKEN, Api, serving
 
 SPEC = {"name": "train", "team": "nlp", "tasks": 2, "gpus_per_task": 4}
@@ -154,3 +157,37 @@ async def test_fast_submissions_are_counted_in_the_request_metrics(api: Api) -> 
     text = (await api.client.get("/metrics")).text
     assert 'gangway_api_requests_total{method="POST",route="/v1/jobs",status="201"} 1.0' in text
     assert 'gangway_api_requests_total{method="POST",route="/v1/jobs",status="401"} 1.0' in text
+
+
+async def test_a_body_is_read_only_for_a_caller_with_a_good_token_and_looked_up_once(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The routes know who calls before they read a body (routing.py); the fast path parsed
+    and validated a whole batch for a missing or refused token before its 401 (attack16),
+    and looked a good token up twice for a body it handed over."""
+    team = await api.create_team("nlp")
+    parsed: list[bytes] = []
+    lookups: list[str | None] = []
+
+    def counting_parse(body: bytes) -> Any:
+        parsed.append(body)
+        return parse_strict_json(body)
+
+    async def counting_authenticate(header: str | None, *args: Any) -> Principal:
+        lookups.append(header)
+        return await authenticate(header, *args)
+
+    monkeypatch.setattr("services.api.fast_submit.parse_strict_json", counting_parse)
+    monkeypatch.setattr("services.api.fast_submit.authenticate", counting_authenticate)
+    monkeypatch.setattr("services.api.deps.authenticate", counting_authenticate)
+    batch = {"jobs": [{**SPEC, "name": f"j{index}"} for index in range(200)]}
+    for headers in ({}, {"Authorization": "Bearer not-a-token"}):
+        refused = await api.client.post("/v1/jobs:batch", json=batch, headers=headers)
+        assert refused.status_code == 401, refused.text
+    assert parsed == []
+    lookups.clear()
+    invalid = await api.client.post(
+        "/v1/jobs:batch", json={"jobs": [{**SPEC, "tasks": 0}]}, headers=team
+    )
+    assert invalid.status_code == 422, invalid.text
+    assert lookups == [team["Authorization"]]

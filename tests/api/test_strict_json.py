@@ -141,3 +141,13 @@ def test_an_object_s_pairs_become_the_same_dict_or_name_the_same_first_duplicate
     except strict._Duplicate as duplicate:
         outcome = ("duplicate", str(duplicate))
     assert outcome == _old_no_duplicates(pairs)
+
+
+@pytest.mark.parametrize("digits", [4_301, 100_000])
+def test_an_integer_past_pythons_digit_limit_is_a_400_that_says_so(digits: int) -> None:
+    """Python's reader refuses such a literal with a bare ValueError (int()'s digit limit),
+    which left the route's generic 'There was an error parsing the body' (attack16)."""
+    with pytest.raises(ProblemError) as refused:
+        parse_strict_json(b'{"tasks": ' + b"7" * digits + b"}")
+    assert refused.value.status_code == 400
+    assert "more than 4300 digits" in str(refused.value.detail)

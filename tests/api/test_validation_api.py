@@ -4,6 +4,7 @@ reaches the log."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 
 import pytest
@@ -354,4 +355,45 @@ async def test_a_gang_whose_minimum_fits_is_accepted_and_a_new_node_makes_room(
                 break
             await asyncio.sleep(0.05)
     response = await api.client.post("/v1/jobs", json=wide, headers=api.teams["nlp"])
+    assert response.status_code == 201, response.text
+
+
+@pytest.mark.usefixtures("teams")
+@pytest.mark.parametrize(
+    "content_type",
+    [None, "application/x-www-form-urlencoded", "text/plain", "multipart/form-data; boundary=x"],
+)
+@pytest.mark.parametrize("route", ["/v1/jobs", "/v1/jobs:batch"])
+async def test_a_json_body_sent_as_another_media_type_is_a_415_that_says_what_to_send(
+    api: Api, store: EventStore, route: str, content_type: str | None
+) -> None:
+    """`curl -d '{...}'` without `-H 'Content-Type: application/json'` sends a form: the
+    newcomer was told only 'body: Input should be a valid dictionary or object to extract
+    fields from' (attack16)."""
+    body = json.dumps({"jobs": [VALID]} if route.endswith(":batch") else VALID).encode()
+    headers = dict(api.teams["nlp"])
+    if content_type is not None:
+        headers["Content-Type"] = content_type
+    before = await store.head()
+    response = await api.client.post(route, content=body, headers=headers)
+    assert response.status_code == 415, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    problem = response.json()
+    assert problem["type"] == "https://gangway.dev/problems/unsupported-media-type"
+    assert "Content-Type: application/json" in problem["detail"]
+    assert await store.head() == before
+    # Who calls is still known first: no token, no word on the body.
+    del headers["Authorization"]
+    assert (await api.client.post(route, content=body, headers=headers)).status_code == 401
+
+
+@pytest.mark.usefixtures("teams")
+@pytest.mark.parametrize(
+    "content_type", ["application/json; charset=utf-8", "application/vnd.gangway+json"]
+)
+async def test_json_media_types_with_parameters_or_a_suffix_are_read(
+    api: Api, content_type: str
+) -> None:
+    headers = {**api.teams["nlp"], "Content-Type": content_type}
+    response = await api.client.post("/v1/jobs", content=json.dumps(VALID), headers=headers)
     assert response.status_code == 201, response.text
