@@ -36,6 +36,18 @@ def _reserved_world(estimate: float) -> tuple[History, str, str, str]:
     return history, head, lent, job_id
 
 
+def _near_and_far(history: History) -> tuple[str, str]:
+    """The head's node n0000: 4 GPUs of a non-preemptible gang ending in an hour and a
+    lender's 1-GPU gang (`near`) ending in ten minutes; n0001: a lender's 4-GPU gang of a day
+    (`far`) beside 4 non-preemptible GPUs. Ten seconds later: (near, far)."""
+    history.occupy("n0000", 4, a_job().team("infra").preemptible(False).estimate(3600))
+    near = history.occupy("n0000", 1, a_job().team("lender").estimate(600))
+    far = history.occupy("n0001", 4, a_job().team("lender").estimate(86400))
+    history.occupy("n0001", 4, a_job().team("infra").preemptible(False).estimate(86400))
+    history.advance(10)
+    return near, far
+
+
 def test_a_job_that_may_backfill_onto_the_reserved_gpus_evicts_no_one() -> None:
     history, _, lent, job_id = _reserved_world(estimate=600)  # ends before the head starts
 
@@ -53,11 +65,7 @@ def test_a_reclaimer_kept_off_the_head_s_nodes_takes_borrowed_gpus_elsewhere_fir
     head's start. The reclaimer takes the borrower elsewhere: the head's start stays."""
     history = History("2x8:2:1")
     history.team("a", guaranteed=8).team("q", guaranteed=4).team("lender").team("infra")
-    history.occupy("n0000", 4, a_job().team("infra").preemptible(False).estimate(3600))
-    near = history.occupy("n0000", 1, a_job().team("lender").estimate(600))
-    far = history.occupy("n0001", 4, a_job().team("lender").estimate(86400))
-    history.occupy("n0001", 4, a_job().team("infra").preemptible(False).estimate(86400))
-    history.advance(10)
+    near, far = _near_and_far(history)
     head = history.submit(a_job().team("a").gpus(8))[0]
     history.advance(1)
     job_id = history.submit(a_job().team("q").gpus(1).estimate(7200))[0]
@@ -501,11 +509,7 @@ def test_a_reclaimer_that_ends_before_the_head_starts_counts_the_head_s_idle_gpu
     reclaim takes the small borrower on the head's node, not a whole gang elsewhere."""
     history = History("2x8:2:1")
     history.team("a", guaranteed=8).team("q", guaranteed=4).team("lender").team("infra")
-    history.occupy("n0000", 4, a_job().team("infra").preemptible(False).estimate(3600))
-    near = history.occupy("n0000", 1, a_job().team("lender").estimate(600))
-    far = history.occupy("n0001", 4, a_job().team("lender").estimate(86400))
-    history.occupy("n0001", 4, a_job().team("infra").preemptible(False).estimate(86400))
-    history.advance(10)
+    near, far = _near_and_far(history)
     # (Of a higher class than the job behind it: first in line, whatever the teams' shares.)
     head = history.submit(a_job().team("a").priority("production").gpus(8))[0]
     history.advance(1)
@@ -560,11 +564,7 @@ def test_whether_a_reclaimer_is_kept_off_follows_its_learned_runtime() -> None:
         history.advance(600)
         history.exit(probe)
         history.run()
-    history.occupy("n0000", 4, a_job().team("infra").preemptible(False).estimate(3600))
-    near = history.occupy("n0000", 1, a_job().team("lender").estimate(600))
-    far = history.occupy("n0001", 4, a_job().team("lender").estimate(86400))
-    history.occupy("n0001", 4, a_job().team("infra").preemptible(False).estimate(86400))
-    history.advance(10)
+    near, far = _near_and_far(history)
     history.submit(a_job().team("a").priority("production").gpus(8))
     history.advance(1)
     job_id = history.submit(a_job().named("probe").team("q").priority("research").gpus(4))[0]
