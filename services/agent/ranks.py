@@ -97,7 +97,7 @@ class RankProcess:
         if self.sandboxed and sig != signal.SIGKILL:
             # bwrap dies of SIGTERM or SIGUSR1 and takes the sandbox with it: the job's own
             # processes get the signal, so that it may checkpoint or exit in its own time.
-            for pid in _group_members(self.process.pid):
+            for pid in group_members(self.process.pid):
                 if pid != self.process.pid:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(pid, sig)
@@ -122,7 +122,7 @@ class RankProcess:
                 return found  # the usual end: its group is empty, no need to read /proc
             except PermissionError:
                 pass  # members of another user's: there are some
-            return found | set(_group_members(self.process.pid))
+            return found | set(group_members(self.process.pid))
 
         pids = await asyncio.to_thread(left)
         termed: set[int] = set()
@@ -230,7 +230,7 @@ def _write_pid(path: Path, pid: int) -> None:
         handle.write(f"{pid}\n")
 
 
-def _group_members(pgid: int) -> list[int]:
+def group_members(pgid: int) -> list[int]:
     """The live processes of process group `pgid` (from /proc): a zombie, which only waits for
     its parent (or init) to reap it, runs nothing and holds no GPU."""
     members = []
@@ -344,11 +344,6 @@ def _running(processes: Callable[[], Collection[int]]) -> set[int]:
         if state not in _DEAD_STATES and pid != os.getpid():
             running.add(pid)
     return running
-
-
-def group_members(pgid: int) -> list[int]:
-    """The live processes of process group `pgid`."""
-    return _group_members(pgid)
 
 
 # ---------------------------------------------------------------------- distributed environment
