@@ -197,6 +197,8 @@ class _Job:
     started_at: float | None = None
     started_ranks: set[int] = field(default_factory=set)
     preempting: bool = False
+    # The job its gang is being evicted for, while it is (`preempting`).
+    preempted_for: str | None = None
     last_preempted_at: float | None = None
     # Since when the job waits (admission, requeue, resume) and whether it ever preempted.
     waiting_since: float = 0.0
@@ -582,7 +584,7 @@ class Auditor:
         self._with_fraction.discard(job_id)
         job.started_at = None
         job.started_ranks = set()
-        job.preempting = False
+        job.preempting, job.preempted_for = False, None
         self._preempting.discard(job_id)
         self._note_usage(job.queue)
 
@@ -708,7 +710,7 @@ class Auditor:
         job.entitled_s, job.reclaim_mark = 0.0, None
         job.started_at = None
         job.started_ranks = set()
-        job.preempting = False
+        job.preempting, job.preempted_for = False, None
         self._preempting.discard(job_id)
         job.reservation = None
         self._ranks[job_id] = len(ranks)
@@ -815,12 +817,28 @@ class Auditor:
 
     def _staying(self) -> dict[str, int]:
         """GPUs per queue net of the gangs already on their way out (under eviction, but not
-        the victims of the plan being recorded: the core judges a plan's victims together)."""
+        the victims of the plan being recorded: the core judges a plan's victims together),
+        and of the preemptors on their way in: a waiting job whose victims are leaving counts
+        the GPUs it asked for (its shape's least) to its queue, as the core's book charges
+        them (core/preemption.py `request_evictions`), but not the preemptor of the plan
+        being recorded, which the core judged before it charged it."""
         usage = dict(self._usage)
+        recording = self._plan[0] if self._plan is not None else None
+        arriving: set[str] = set()
         for job_id in self._preempting:
             job = self._jobs[job_id]
-            if job.gang_at is not None and job_id not in self._plan_victims:
-                usage[job.queue] = usage.get(job.queue, 0) - len(job.gang)
+            if job.gang_at is None or job_id in self._plan_victims:
+                continue
+            usage[job.queue] = usage.get(job.queue, 0) - len(job.gang)
+            preemptor_id = job.preempted_for
+            if preemptor_id is None or preemptor_id == recording or preemptor_id in arriving:
+                continue
+            preemptor = self._jobs.get(preemptor_id)
+            if preemptor is None or not preemptor.waiting or preemptor.gang_at is not None:
+                continue
+            arriving.add(preemptor_id)
+            gpus = shape_of(preemptor.spec).min_gpus
+            usage[preemptor.queue] = usage.get(preemptor.queue, 0) + gpus
         return usage
 
     def _excess(self, queue: str, gpus: int, usage: dict[str, int]) -> dict[str, int]:
@@ -881,7 +899,7 @@ class Auditor:
             self._plan_victims.append(event.job_id)
             preemptor.preemptor = True
             self._cycle_preemptors.add(event.preemptor_job_id or "")
-        victim.preempting = True
+        victim.preempting, victim.preempted_for = True, event.preemptor_job_id
         self._preempting.add(event.job_id)
         victim.last_preempted_at = at
 

@@ -23,7 +23,7 @@ from core.slo import bounded_victims
 from core.state import CoreJob, HoldingWatch, NodeRecord, popcount
 from core.state_index import StateIndex, merge_sorted
 from core.surface import PlanningSurface
-from schemas.jobs import PreemptionRequested
+from schemas.jobs import WAITING_STATES, PreemptionRequested
 from schemas.reasons import PreemptCode
 
 MAX_CANDIDATES = 512
@@ -42,11 +42,18 @@ def credit_leaving(ctx: CycleContext, quota: QuotaBook) -> None:
     asked to checkpoint and stop (a drain, a suspend, its max runtime: decided, not released)
     leaves as surely: counted, its team looked like a borrower, and a gang of the same team
     within its guarantee was taken for another team.
+
+    Their preemptors, still waiting, arrive as surely: each one's GPUs (its shape's least, what
+    its reclaim was judged by) count to its queue until it lands. Uncounted, a queue owed 4
+    GPUs reclaimed 4 for each of its waiting jobs, in one cycle (`request_evictions` charges a
+    new preemptor) and in every cycle while the first victims checkpointed.
     """
     if ctx.leaving_credited:
         return
     ctx.leaving_credited = True
-    for queue, gpus in _leaving(ctx).items():
+    leaving, arriving = _leaving(ctx)
+    ctx.arriving.update(arriving)
+    for queue, gpus in leaving.items():
         quota.charge(queue, -gpus)
 
 
@@ -289,7 +296,7 @@ class ReclaimLandings:
             return []
         leaving = self._leaving
         if leaving is None:
-            leaving = self._leaving = _leaving(ctx)
+            leaving = self._leaving = _leaving(ctx)[0]
         # The book as the preemption phase will read it, for this job alone: put back after
         # (as charged now: a plan adds its victims to `leaving`).
         credited = list(leaving.items())
@@ -350,25 +357,40 @@ class ReclaimLandings:
         assert leaving is not None
         for victim in plan:
             leaving[victim.queue] = leaving.get(victim.queue, 0) + victim.bound_gpus
+        leaving[job.queue] = leaving.get(job.queue, 0) - shape.min_gpus
         return victims
 
 
-def _leaving(ctx: CycleContext) -> dict[str, GpuAmount]:
+def _leaving(ctx: CycleContext) -> tuple[dict[str, GpuAmount], set[str]]:
     """The GPUs per queue of the gangs leaving soon (`credit_leaving`): those being preempted
     and those this cycle handled, not a walk over every holding gang (3% of the Philly
-    window's run). The sums are exact (whole GPUs, fractions): crediting them per queue
-    or per gang books the same."""
+    window's run), less those of the waiting preemptors they leave for (each counted once,
+    and returned). The sums are exact (whole GPUs, fractions): crediting them per queue or
+    per gang books the same."""
     leaving: dict[str, GpuAmount] = {}
     state, released = ctx.state, ctx.released
+    arriving: set[str] = set()
+    records = state.job_records
     for job in state.preempting_jobs.values():
         if job.job_id not in released:
             leaving[job.queue] = leaving.get(job.queue, 0) + job.bound_gpus
+            preemptor_id = job.preemptor_id
+            if preemptor_id is None or preemptor_id in arriving:
+                continue
+            preemptor = records.get(preemptor_id)
+            if preemptor is None or preemptor.state not in WAITING_STATES:
+                continue
+            shape = preemptor.shape
+            if shape is None:
+                continue
+            arriving.add(preemptor_id)
+            leaving[preemptor.queue] = leaving.get(preemptor.queue, 0) - shape.min_gpus
     holding = state.holding_jobs
     for job_id in ctx.handled:
         handled = holding.get(job_id)
         if handled is not None and handled.state != "preempting" and job_id not in released:
             leaving[handled.queue] = leaving.get(handled.queue, 0) + handled.bound_gpus
-    return leaving
+    return leaving, arriving
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,6 +416,10 @@ def request_evictions(
     """Checkpoint-then-evict `victims` for `preemptor`, the one way every preemption is
     recorded: each victim's GPUs leave its queue's usage now (they are on their way out), each
     gets its PreemptionRequested with the policy's grace, and the preemptor's outcome names them."""
+    credit_leaving(ctx, quota)  # (first: a preemptor already arriving is charged once)
+    if preemptor.job_id not in ctx.arriving and preemptor.shape is not None:
+        ctx.arriving.add(preemptor.job_id)
+        quota.charge(preemptor.queue, preemptor.shape.min_gpus)
     for victim in victims:
         quota.charge(victim.queue, -victim.bound_gpus)
         ctx.emit(

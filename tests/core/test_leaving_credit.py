@@ -1,13 +1,15 @@
 """A gang on its way out leaves its queue's usage once per cycle (core/preemption.py,
 credit_leaving): counted in full, its team looked like a borrower; credited once per phase
 (the priority planner, then fairness, then each fairness preemptor), its team looked further
-within its guarantee than it is, and fairness made it borrow."""
+within its guarantee than it is, and fairness made it borrow.
+
+Its preemptor is on its way in: the GPUs it asked for count to its queue from the moment it
+asks for evictions until it lands. Uncounted, a queue owed 4 GPUs reclaimed 4 for every job
+of it that waited, in one cycle and in each cycle while the first victims checkpointed."""
 
 from __future__ import annotations
 
 from collections.abc import Set as AbstractSet
-
-import pytest
 
 from core.context import CycleContext
 from core.preemption import credit_leaving
@@ -81,22 +83,82 @@ def test_a_handled_gang_is_credited_unless_released_and_a_gone_one_is_passed_ove
     assert credited(history, handled={"no-such-job"}) == 8
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: a reclaim planned this cycle is not charged to the reclaiming queue, so a "
-    "second job of the queue reclaims again in the same cycle (and in the next ones while the "
-    "victims checkpoint). Charging it in the preemption phase alone makes the fairness phase "
-    "and the auditor's borrowers_first rule read the queue differently (the auditor counts no "
-    "arriving reclaimer): both must count what a queue reclaimed and has not landed yet",
-)
-def test_a_queue_reclaims_no_more_than_its_guarantee_in_one_cycle() -> None:
-    # Queue q is guaranteed 4 GPUs and uses none; a lender borrows the whole node in two 4-GPU
-    # gangs. Two 4-GPU jobs of q wait: q is owed 4 GPUs, so one lender gang is evicted, not two.
+def owed_four() -> tuple[History, list[str], list[str]]:
+    """Queue q is guaranteed 4 GPUs and uses none; a lender borrows the whole node in two
+    4-GPU gangs. Two 4-GPU jobs of q wait: q is owed 4 GPUs, one lender gang's worth."""
     history = History("1x8:1:1").team("q", guaranteed=4).team("lender")
     lent = [history.occupy("n0000", 4, a_job().team("lender").estimate(86400)) for _ in "ab"]
     history.advance(600)
-    history.submit(*(a_job().gpus(4).team("q").estimate(3600) for _ in "ab"))
+    waiting = history.submit(*(a_job().gpus(4).team("q").estimate(3600) for _ in "ab"))
+    return history, lent, waiting
+
+
+def evicted(history: History, lent: list[str]) -> list[str]:
+    return [p.job_id for p in history.events(PreemptionRequested) if p.job_id in lent]
+
+
+def test_a_queue_reclaims_no_more_than_its_guarantee_in_one_cycle() -> None:
+    history, lent, _ = owed_four()
 
     history.cycle()
 
-    assert len([p for p in history.events(PreemptionRequested) if p.job_id in lent]) == 1
+    assert len(evicted(history, lent)) == 1
+    assert history.auditor.violations == []
+
+
+def test_a_queue_reclaims_no_more_while_its_first_victim_checkpoints() -> None:
+    history, lent, (first, second) = owed_four()
+    history.cycle()
+    for _ in range(3):  # the victim has not stopped yet: its GPUs are still held
+        history.advance(30)
+        history.cycle()
+
+    assert len(evicted(history, lent)) == 1
+    assert history.job(first).state in ("pending", "queued")
+    assert history.job(second).reason_code != "preempting"
+    assert history.auditor.violations == []
+
+
+def test_a_preemptor_counts_to_its_queue_until_it_lands_and_then_once() -> None:
+    history, lent, (first, _) = owed_four()
+    history.cycle()
+    # Next cycle's book: the victim's 4 GPUs off the lender's usage, the preemptor's onto q's.
+    ctx = CycleContext.start(history.state, history.now)
+    quota = QuotaBook(history.state.queue_records)
+    credit_leaving(ctx, quota)
+    assert (quota.usage.get("q", 0), quota.usage.get("lender", 0)) == (4, 4)
+
+    (victim,) = evicted(history, lent)
+    history.evict(victim)
+    history.run(cycles=2)  # the preemptor lands on its victim's GPUs
+
+    assert history.job(first).state == "running"
+    ctx = CycleContext.start(history.state, history.now)
+    quota = QuotaBook(history.state.queue_records)
+    credit_leaving(ctx, quota)
+    assert (quota.usage.get("q", 0), quota.usage.get("lender", 0)) == (4, 4)
+    assert history.auditor.violations == []
+
+
+def test_a_job_whose_queue_a_reclaim_already_fills_preempts_by_its_class_alone() -> None:
+    # ops is guaranteed 16 GPUs and holds 8 (a best-effort gang); the lender borrows two nodes.
+    # ops' research job reclaims the lender's research gang: ops will hold all 16. Its
+    # production job then takes no more borrowed GPUs (a reclaim beyond the guarantee) but
+    # evicts, by its class, ops' own best-effort gang; the lender's production gang is of its
+    # own class. The auditor reads ops as the core does, the arriving reclaim counted: no
+    # borrowers_first report for leaving the lender's gang alone.
+    history = History("3x8:3:1").team("ops", guaranteed=16).team("lender")
+    mine = history.occupy("n0002", 8, a_job().team("ops").priority("best-effort"))
+    lent_research = history.occupy("n0000", 8, a_job().team("lender").priority("research"))
+    lent_production = history.occupy("n0001", 8, a_job().team("lender").priority("production"))
+    history.advance(600)
+    reclaimer = history.submit(a_job().team("ops").priority("research").gpus(8))[0]
+    history.cycle()
+    history.advance(30)
+    urgent = history.submit(a_job().team("ops").priority("production").gpus(8))[0]
+    history.cycle()
+
+    evictions = {(p.job_id, p.preemptor_job_id) for p in history.events(PreemptionRequested)}
+    assert evictions == {(lent_research, reclaimer), (mine, urgent)}
+    assert history.job(lent_production).state == "running"
+    assert history.auditor.violations == []
