@@ -687,12 +687,20 @@ def plan_preemption(
         return None
     borrowers: list[CoreJob] = []
     everyone: list[CoreJob] = []
+    # Gangs that make the preemptor no room (GPUs of another type, or of a pool it may not
+    # use) but give a full ceiling back some: a sibling's borrowing in another pool fills the
+    # parent's max as surely. (borrowers, everyone), as above.
+    elsewhere: tuple[list[CoreJob], list[CoreJob]] = ([], [])
     for borrower, victim_pool, victim in pool.reachable(preemptor, pclass, reclaiming, quota):
         if len(everyone) >= MAX_CANDIDATES and len(borrowers) >= MAX_CANDIDATES:
             break
         if victim.job_id in excluded or victim.job_id == preemptor.job_id:
             continue
         if not pool_suits(shape, victim_pool):
+            if excess and len(elsewhere[1]) < MAX_CANDIDATES and victim.bound_gpus:
+                if borrower:
+                    elsewhere[0].append(victim)
+                elsewhere[1].append(victim)
             continue
         if not victim.bound_gpus and not shape.asks_host:
             continue  # a CPU-only gang frees nothing a gang of GPUs alone could use
@@ -707,21 +715,26 @@ def plan_preemption(
         borrowers = bounded_victims(borrowers, now, policy)
         everyone = bounded_victims(everyone, now, policy)
     # Borrowers first: within the everyone tier, too, a borrower outranks a lender.
-    borrowing = {v.job_id for v in borrowers}
+    borrowing = {v.job_id for v in borrowers} | {v.job_id for v in elsewhere[0]}
     everyone.sort(key=lambda v: 0 if v.job_id in borrowing else 1)
+    elsewhere[1].sort(key=lambda v: 0 if v.job_id in borrowing else 1)
     if idle_serves:
         # Only quota is short: the fewest gangs that give the ceilings back their room.
-        for victims in (borrowers, everyone):
-            chosen = _quota_room(quota, excess, victims, [])
+        for victims, other in zip((borrowers, everyone), elsewhere, strict=True):
+            chosen = _quota_room(quota, excess, [*victims, *other], [])
             if chosen is not None:
                 return chosen
         return None
     if snap.total_free + sum(v.bound_gpus for v in everyone) < shape.min_gpus:
         return None
-    tiers = [borrowers, everyone]
+    tiers = [(borrowers, elsewhere[0]), (everyone, elsewhere[1])]
     if excess:
         # Gangs under the full ceilings first: their GPUs make room in both senses.
-        tiers = [subset for tier in tiers for subset in (_under(quota, excess, tier), tier)]
+        tiers = [
+            (subset, other)
+            for tier, other in tiers
+            for subset in (_under(quota, excess, tier), tier)
+        ]
     reserved = snap.reserved
     with snap.trial() as planning:
         planning.reserved = frozenset()
@@ -731,13 +744,13 @@ def plan_preemption(
             for index in reserved:
                 if index in planning.free:
                     planning.set_free(index, 0)
-        for victims in tiers:
+        for victims, other in tiers:
             if not victims:
                 continue
             for some in _off_reserved_first(victims, reserved) if kept_off else (victims,):
                 chosen = search_victims(planning, shape, some)
                 if chosen is not None and excess:
-                    chosen = _quota_room(quota, excess, victims, chosen)
+                    chosen = _quota_room(quota, excess, [*victims, *other], chosen)
                 if chosen is not None:
                     return chosen
         return None

@@ -303,3 +303,27 @@ def test_a_reclaim_that_frees_gpus_outside_the_ceiling_also_makes_room_under_it(
     assert sorted(p.job_id for p in history.events(PreemptionRequested)) == sorted([under, outside])
     assert history.job(owner).reason_code == "preempting"
     assert history.auditor.violations == []
+
+
+def test_a_reclaim_takes_quota_room_under_its_ceiling_from_gpus_of_another_type() -> None:
+    """Found by the property tests: the org's ceiling of 12 is 8 over, filled by gamma's gang on
+    the A100 node. Alpha (within its guarantee of 8) needs 4 H100 GPUs: gamma's H100 gang makes
+    the room but gives back only 4 of the 8 over the ceiling; gamma's A100 gang, no room for an
+    H100 job, gives the rest. Both go; planned from the H100 pool alone, alpha waited for hours
+    within its guarantee while borrowed GPUs could be reclaimed (invariant 4)."""
+    history = History(
+        "groups:\n- {count: 1, gpus: 8, gpu_type: H100}\n- {count: 1, gpus: 8, gpu_type: A100}\n"
+    )
+    history.queue("org", max_gpus=12)
+    history.team("alpha", guaranteed=8, parent="org").team("gamma", parent="org")
+    history.occupy("n0000", 4, a_job().team("alpha").gpu_type("H100"))
+    room = history.occupy("n0000", 4, a_job().team("gamma").gpu_type("H100").preemptible(True))
+    quota = history.occupy("n0001", 8, a_job().team("gamma").gpu_type("A100").preemptible(True))
+    history.advance(600)
+    owner = history.submit(a_job().gpus(4).team("alpha").gpu_type("H100"))[0]
+
+    history.run()
+
+    assert sorted(p.job_id for p in history.events(PreemptionRequested)) == sorted([room, quota])
+    assert history.job(owner).reason_code == "preempting"
+    assert history.auditor.violations == []
