@@ -91,7 +91,8 @@ class CycleContext:
     # The gangs already leaving were credited to their queues' quota (preemption.credit_leaving):
     # once per cycle, whichever preemption phase comes first.
     leaving_credited: bool = False
-    # Preemptors whose victims are leaving, charged their GPUs to their queues.
+    # Preemptors whose victims are leaving, their GPUs charged to their queues
+    # (preemption.book_arriving, request_evictions): each once per cycle.
     arriving: set[str] = field(default_factory=set)
     # The cycle's tentative slices and shares (core/fractional.py), while it places.
     sharing: SharingTrial | None = None

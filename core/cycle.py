@@ -53,7 +53,7 @@ from core.fractional import plan_repartitions, sharing_trial
 from core.gating import DependencyBook, gate
 from core.ordering import OrderBook, order, past_backoff, within_depth
 from core.placement import FreeIndex, Snapshot
-from core.preemption import VictimBook, preempt
+from core.preemption import VictimBook, book_arriving, preempt
 from core.quota import QuotaBook
 from core.reactions import react
 from core.share_preemption import preempt_for_fractions
@@ -183,6 +183,9 @@ def _run(
             job = jobs[job_id]
             quota.charge(job.queue, -job.bound_gpus)
         waiting = order(ctx, quota, order_book)
+        # (After the order: a preemptor's own arrival does not put it behind its queue's
+        # other jobs, as beyond its guarantee.)
+        book_arriving(ctx, quota)
         considered = within_depth(ctx, waiting)
         placed = place(
             ctx,

@@ -34,6 +34,33 @@ MAX_PREEMPTION_ATTEMPTS = 16
 _first = itemgetter(0)
 
 
+def book_arriving(ctx: CycleContext, quota: QuotaBook) -> None:
+    """Preemptors on their way in: each waiting job whose victims are still leaving counts the
+    GPUs it asked for (its shape's least, what its reclaim was judged by) to its queue, from
+    the cycle it asks for evictions (`request_evictions`) until it lands. Booked as the cycle's
+    quota book is made, before any job is placed.
+
+    Uncounted, a queue owed 4 GPUs reclaimed 4 for each of its waiting jobs, in one cycle and
+    in every cycle while the first victims checkpointed; and a job of the queue behind a
+    reclaim took the quota room the reclaim was for (GPUs come free elsewhere meanwhile),
+    leaving the preemptor at its ceiling when its victims had gone: evicted for nothing."""
+    state, released = ctx.state, ctx.released
+    records = state.job_records
+    arriving = ctx.arriving
+    for victim in state.preempting_jobs.values():
+        preemptor_id = victim.preemptor_id
+        if victim.job_id in released or preemptor_id is None or preemptor_id in arriving:
+            continue
+        preemptor = records.get(preemptor_id)
+        if preemptor is None or preemptor.state not in WAITING_STATES:
+            continue
+        shape = preemptor.shape
+        if shape is None:
+            continue
+        arriving.add(preemptor_id)
+        quota.charge(preemptor.queue, shape.min_gpus)
+
+
 def credit_leaving(ctx: CycleContext, quota: QuotaBook) -> None:
     """Gangs already under eviction leave soon: their queues are not borrowing them.
 
@@ -42,18 +69,11 @@ def credit_leaving(ctx: CycleContext, quota: QuotaBook) -> None:
     asked to checkpoint and stop (a drain, a suspend, its max runtime: decided, not released)
     leaves as surely: counted, its team looked like a borrower, and a gang of the same team
     within its guarantee was taken for another team.
-
-    Their preemptors, still waiting, arrive as surely: each one's GPUs (its shape's least, what
-    its reclaim was judged by) count to its queue until it lands. Uncounted, a queue owed 4
-    GPUs reclaimed 4 for each of its waiting jobs, in one cycle (`request_evictions` charges a
-    new preemptor) and in every cycle while the first victims checkpointed.
     """
     if ctx.leaving_credited:
         return
     ctx.leaving_credited = True
-    leaving, arriving = _leaving(ctx)
-    ctx.arriving.update(arriving)
-    for queue, gpus in leaving.items():
+    for queue, gpus in _leaving(ctx).items():
         quota.charge(queue, -gpus)
 
 
@@ -296,7 +316,7 @@ class ReclaimLandings:
             return []
         leaving = self._leaving
         if leaving is None:
-            leaving = self._leaving = _leaving(ctx)[0]
+            leaving = self._leaving = _leaving(ctx)
         # The book as the preemption phase will read it, for this job alone: put back after
         # (as charged now: a plan adds its victims to `leaving`).
         credited = list(leaving.items())
@@ -361,36 +381,22 @@ class ReclaimLandings:
         return victims
 
 
-def _leaving(ctx: CycleContext) -> tuple[dict[str, GpuAmount], set[str]]:
+def _leaving(ctx: CycleContext) -> dict[str, GpuAmount]:
     """The GPUs per queue of the gangs leaving soon (`credit_leaving`): those being preempted
     and those this cycle handled, not a walk over every holding gang (3% of the Philly
-    window's run), less those of the waiting preemptors they leave for (each counted once,
-    and returned). The sums are exact (whole GPUs, fractions): crediting them per queue or
-    per gang books the same."""
+    window's run). The sums are exact (whole GPUs, fractions): crediting them per queue
+    or per gang books the same."""
     leaving: dict[str, GpuAmount] = {}
     state, released = ctx.state, ctx.released
-    arriving: set[str] = set()
-    records = state.job_records
     for job in state.preempting_jobs.values():
         if job.job_id not in released:
             leaving[job.queue] = leaving.get(job.queue, 0) + job.bound_gpus
-            preemptor_id = job.preemptor_id
-            if preemptor_id is None or preemptor_id in arriving:
-                continue
-            preemptor = records.get(preemptor_id)
-            if preemptor is None or preemptor.state not in WAITING_STATES:
-                continue
-            shape = preemptor.shape
-            if shape is None:
-                continue
-            arriving.add(preemptor_id)
-            leaving[preemptor.queue] = leaving.get(preemptor.queue, 0) - shape.min_gpus
     holding = state.holding_jobs
     for job_id in ctx.handled:
         handled = holding.get(job_id)
         if handled is not None and handled.state != "preempting" and job_id not in released:
             leaving[handled.queue] = leaving.get(handled.queue, 0) + handled.bound_gpus
-    return leaving, arriving
+    return leaving
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,8 +422,8 @@ def request_evictions(
     """Checkpoint-then-evict `victims` for `preemptor`, the one way every preemption is
     recorded: each victim's GPUs leave its queue's usage now (they are on their way out), each
     gets its PreemptionRequested with the policy's grace, and the preemptor's outcome names them."""
-    credit_leaving(ctx, quota)  # (first: a preemptor already arriving is charged once)
     if preemptor.job_id not in ctx.arriving and preemptor.shape is not None:
+        # On its way in from now on (`book_arriving` books it in the cycles to come).
         ctx.arriving.add(preemptor.job_id)
         quota.charge(preemptor.queue, preemptor.shape.min_gpus)
     for victim in victims:

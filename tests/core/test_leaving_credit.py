@@ -3,16 +3,17 @@ credit_leaving): counted in full, its team looked like a borrower; credited once
 (the priority planner, then fairness, then each fairness preemptor), its team looked further
 within its guarantee than it is, and fairness made it borrow.
 
-Its preemptor is on its way in: the GPUs it asked for count to its queue from the moment it
-asks for evictions until it lands. Uncounted, a queue owed 4 GPUs reclaimed 4 for every job
-of it that waited, in one cycle and in each cycle while the first victims checkpointed."""
+Its preemptor is on its way in (book_arriving): the GPUs it asked for count to its queue from
+the moment it asks for evictions until it lands. Uncounted, a queue owed 4 GPUs reclaimed 4 for
+every job of it that waited, in one cycle and in each cycle while the first victims
+checkpointed, and a job behind the preemptor took the quota room it evicted for."""
 
 from __future__ import annotations
 
 from collections.abc import Set as AbstractSet
 
 from core.context import CycleContext
-from core.preemption import credit_leaving
+from core.preemption import book_arriving, credit_leaving
 from core.quota import QuotaBook
 from schemas.jobs import PreemptionRequested
 from tests.core.builders import History, a_job
@@ -125,6 +126,7 @@ def test_a_preemptor_counts_to_its_queue_until_it_lands_and_then_once() -> None:
     # Next cycle's book: the victim's 4 GPUs off the lender's usage, the preemptor's onto q's.
     ctx = CycleContext.start(history.state, history.now)
     quota = QuotaBook(history.state.queue_records)
+    book_arriving(ctx, quota)
     credit_leaving(ctx, quota)
     assert (quota.usage.get("q", 0), quota.usage.get("lender", 0)) == (4, 4)
 
@@ -135,6 +137,7 @@ def test_a_preemptor_counts_to_its_queue_until_it_lands_and_then_once() -> None:
     assert history.job(first).state == "running"
     ctx = CycleContext.start(history.state, history.now)
     quota = QuotaBook(history.state.queue_records)
+    book_arriving(ctx, quota)
     credit_leaving(ctx, quota)
     assert (quota.usage.get("q", 0), quota.usage.get("lender", 0)) == (4, 4)
     assert history.auditor.violations == []
@@ -161,4 +164,32 @@ def test_a_job_whose_queue_a_reclaim_already_fills_preempts_by_its_class_alone()
     evictions = {(p.job_id, p.preemptor_job_id) for p in history.events(PreemptionRequested)}
     assert evictions == {(lent_research, reclaimer), (mine, urgent)}
     assert history.job(lent_production).state == "running"
+    assert history.auditor.violations == []
+
+
+def test_a_job_behind_a_reclaim_does_not_take_the_quota_room_it_evicted_for() -> None:
+    # q may use 8 GPUs, its guarantee. Its 8-GPU job reclaims the lender's node; while the
+    # victim checkpoints, 4 GPUs come free elsewhere and a 4-GPU job of q arrives. Placed
+    # there, it left the preemptor at q's ceiling once the victim had gone: the lender's gang
+    # evicted for nothing, its node idle. It waits for the ceiling instead.
+    history = History("2x8:2:1")
+    history.team("q", guaranteed=8, max_gpus=8).team("lender").team("infra", guaranteed=8)
+    lent = history.occupy("n0000", 8, a_job().team("lender").estimate(86400))
+    ending = history.occupy("n0001", 4, a_job().team("infra").preemptible(False).estimate(600))
+    history.occupy("n0001", 4, a_job().team("infra").preemptible(False).estimate(86400))
+    history.advance(600)
+    first = history.submit(a_job().gpus(8).team("q").estimate(3600))[0]
+    history.run()
+    assert evicted(history, [lent]) == [lent]
+    history.exit(ending, 0)
+    second = history.submit(a_job().gpus(4).team("q").estimate(3600))[0]
+
+    history.run()
+
+    assert history.job(second).reason_code == "quota_ceiling"
+    history.evict(lent)
+    history.run(cycles=2)
+    assert history.job(first).state == "running"
+    assert history.job(first).placement == {"n0000": list(range(8))}
+    assert history.job(second).reason_code == "quota_ceiling"
     assert history.auditor.violations == []
