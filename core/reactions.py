@@ -27,7 +27,7 @@ from schemas.jobs import (
     PreemptionRequested,
 )
 from schemas.nodes import NodeDrained
-from schemas.reasons import LAUNCH_TIMEOUT, NODE_LOST, TASK_FAILED, RequeueCode
+from schemas.reasons import LAUNCH_TIMEOUT, LAUNCH_UNHEARD, NODE_LOST, TASK_FAILED, RequeueCode
 
 
 def react(ctx: CycleContext, timers: GangTimers | None = None) -> None:
@@ -208,6 +208,23 @@ def launch_overdue(ctx: CycleContext, job: CoreJob) -> bool:
         f"rank{'s' if len(missing) != 1 else ''} {shown} on {', '.join(where[:4])} "
         f"did not start within {timeout:g} s of the reservation"
     )
+    if ctx.state.last_rank_started_at < job.reserved_at:
+        # No agent started any rank of any gang since this one was reserved: the launch path
+        # is down (the bus away: no agent hears a reservation), not this job's launch. Its
+        # GPUs are released as usual, but no retry is spent: a broker outage longer than the
+        # timeout failed every job reserved meanwhile that had no retry left (as the
+        # inventory declares no node lost while it cannot hear the fleet).
+        ctx.release(
+            job,
+            JobRequeued(
+                job_id=job.job_id,
+                attempt=job.attempt,
+                code=LAUNCH_UNHEARD,
+                reason=f"{what}, nor did any rank of any gang since: the node agents do not "
+                "hear reservations (is the bus down?); not counted as a failure",
+            ),
+        )
+        return True
     requeue_or_fail(ctx, job, LAUNCH_TIMEOUT, what)
     return True
 

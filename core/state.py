@@ -478,6 +478,8 @@ class SchedulerState:
         self._pending = 0
         # The latest moment a retry backoff ever ran to: once past it, no waiting job is in one.
         self._latest_retry_at = -math.inf
+        # When a rank of any gang last started: whether the agents hear reservations at all.
+        self._last_rank_started_at = -math.inf
         # Bumped by every fold that could change a decision (a planner memoises quiet cycles).
         self._version = 0
         self._node_generation = 0
@@ -683,6 +685,12 @@ class SchedulerState:
     def latest_retry_at(self) -> float:
         """No waiting job is in its retry backoff at or after this moment (-inf: none ever was)."""
         return self._latest_retry_at
+
+    @property
+    def last_rank_started_at(self) -> float:
+        """When the latest TaskStarted of any job was recorded (-inf: none ever was): an agent
+        heard a reservation then (core/reactions.py `launch_overdue`)."""
+        return self._last_rank_started_at
 
     @property
     def holding_jobs(self) -> Mapping[str, CoreJob]:
@@ -1079,6 +1087,7 @@ class SchedulerState:
         self._set_state(job, "reserved")
 
     def _on_task_started(self, event: TaskStarted, at: float) -> None:
+        self._last_rank_started_at = max(self._last_rank_started_at, at)
         job = self._jobs.get(event.job_id)
         if job is None or event.attempt != job.attempt:
             return

@@ -69,6 +69,11 @@ class PlanningSurface(Protocol):
         ...
 
     @property
+    def last_rank_started_at(self) -> float:
+        """When a rank of any gang last started (-inf: never): the agents hear reservations."""
+        ...
+
+    @property
     def holding_jobs(self) -> Mapping[str, CoreJob]: ...
 
     @property

@@ -46,6 +46,7 @@ RequeueCode = Literal[
     "node_drained",  # moved off a draining node (checkpointed where its ranks could)
     "task_failed",  # a rank failed, a retry is left
     "launch_timeout",  # ranks did not all start within the launch timeout, a retry is left
+    "launch_unheard",  # ... and no rank of any gang started since: the agents could not hear
     "node_lost",  # a node of the gang was lost
     "gpu_unhealthy",  # a GPU of the gang became unhealthy
 ]
@@ -111,6 +112,7 @@ RESERVED_HEAD: DeferCode = "reserved_head"
 QUOTA_CEILING: DeferCode = "quota_ceiling"
 TASK_FAILED: RequeueCode = "task_failed"
 LAUNCH_TIMEOUT: RequeueCode = "launch_timeout"
+LAUNCH_UNHEARD: RequeueCode = "launch_unheard"
 NODE_LOST: RequeueCode = "node_lost"
 RETRY_BACKOFF: DeferCode = "retry_backoff"
 NOT_CONSIDERED: DeferCode = "not_considered"

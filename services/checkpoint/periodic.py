@@ -39,6 +39,13 @@ class PeriodicCheckpoints:
         if gang is not None and (attempt is None or gang.attempt == attempt):
             del self._gangs[job_id]
 
+    def missed(self, job_id: str, attempt: int) -> None:
+        """The request `due` gave for (job, attempt) was never recorded (the log was away):
+        it is due again at once, not one interval later, unless that gang has ended."""
+        gang = self._gangs.get(job_id)
+        if gang is not None and gang.attempt == attempt:
+            gang.next_due = float("-inf")
+
     def due(self, now: float) -> list[tuple[str, int]]:
         """The (job, attempt) pairs due now; each is next due one interval from now (a slow
         round never makes a burst of catch-up checkpoints)."""

@@ -52,8 +52,10 @@ from services.runtime.checkpoint_store import (
     write_manifest,
 )
 from services.runtime.consumer import EventHandler
+from services.runtime.errors import DATABASE_UNAVAILABLE
 from services.runtime.metrics import new_registry
 from services.runtime.records import Metadata
+from services.runtime.retry import Outage
 from services.runtime.store import EventStore
 
 log = logging.getLogger(__name__)
@@ -89,6 +91,7 @@ class CheckpointService:
         self.root = settings.checkpoint_root.resolve()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.periodic = PeriodicCheckpoints(settings.checkpoint_min_interval_s)
+        self.log_outage = Outage(log, "checkpoint: the event log")
         self._collecting: set[str] = set()
         self.registry = new_registry()
         self.metrics = CheckpointMetrics.create(self.registry)
@@ -196,20 +199,34 @@ class CheckpointService:
             self.periodic.started(job_id, attempt, await self.interval_of(job_id), now)
 
     async def request_due(self) -> list[CheckpointRequested]:
+        """Record the periodic requests due now. One the log did not take (it is away) stays
+        due, with every one after it, for the next round: before, `due` had already moved it
+        one interval on, so an outage of a second cost the gang a whole interval of
+        checkpoints."""
         requests = [
             CheckpointRequested(job_id=job_id, attempt=attempt, reason="periodic")
             for job_id, attempt in self.periodic.due(time.monotonic())
         ]
-        for request in requests:
-            await self.store.append(request.stream, None, [request])
+        for done, request in enumerate(requests):
+            try:
+                await self.store.append(request.stream, None, [request])
+            except BaseException:
+                for missed in requests[done:]:
+                    self.periodic.missed(missed.job_id, missed.attempt)
+                raise
         return requests
 
     async def request_forever(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
                 await self.request_due()
+            except DATABASE_UNAVAILABLE as error:
+                # One line when the log goes, one when it is back (not a traceback a second).
+                self.log_outage.failed(error)
             except Exception:
                 log.exception("periodic checkpoint requests failed; retrying")
+            else:
+                self.log_outage.recovered()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 1.0)
 

@@ -118,6 +118,23 @@ def test_job_is_running_only_once_every_rank_started() -> None:
     assert fold(submitted(J), admitted(), gang(), started(0), started(1)).state == "running"
 
 
+def test_a_reserved_gang_says_it_waits_for_its_agents_until_every_rank_started() -> None:
+    """Found in an operator's run (Kafka down for five minutes): the gangs reserved meanwhile
+    stood `reserved` with no reason at all, `gangway why` included, until the launch timeout
+    released them; an agent that cannot hear its reservation looks the same to a user."""
+    job = fold(submitted(J), admitted(), gang())
+    assert job.reason_code == "launching"
+    assert (
+        job.reason is not None and "waiting for its node agents to start 2 of its 2" in job.reason
+    )
+    assert job.reason.endswith("within the launch timeout)")
+    job = fold(submitted(J), admitted(), gang(), started(1))
+    assert job.reason_code == "launching"
+    assert job.reason is not None and "to start 1 of its 2 ranks" in job.reason
+    job = fold(submitted(J), admitted(), gang(), started(1), started(0))
+    assert (job.state, job.reason, job.reason_code) == ("running", None, None)
+
+
 def test_preemption_then_requeue_frees_the_gang_and_queues_the_job() -> None:
     preempt = PreemptionRequested(
         job_id=J, attempt=1, preemptor_job_id="j9", reason="reclaimed by j9", grace_s=30

@@ -46,3 +46,21 @@ def test_an_interval_below_the_clusters_minimum_is_raised_to_it() -> None:
     periodic.started("j1", 1, 0.2, now=0.0)
     assert [periodic.due(t / 10) for t in range(1, 600)] == [[]] * 599
     assert periodic.due(60.0) == [("j1", 1)]
+
+
+def test_a_request_never_recorded_is_due_again_at_once() -> None:
+    periodic = PeriodicCheckpoints()
+    periodic.started("j1", 1, 60.0, now=0.0)
+    assert periodic.due(60.0) == [("j1", 1)]
+    periodic.missed("j1", 1)
+    assert periodic.due(61.0) == [("j1", 1)]
+    assert periodic.due(62.0) == []  # recorded this time: one interval on
+
+
+def test_a_missed_request_of_an_ended_attempt_stays_off() -> None:
+    periodic = PeriodicCheckpoints()
+    periodic.started("j1", 1, 60.0, now=0.0)
+    assert periodic.due(60.0) == [("j1", 1)]
+    periodic.started("j1", 2, 60.0, now=60.5)
+    periodic.missed("j1", 1)
+    assert periodic.due(61.0) == []

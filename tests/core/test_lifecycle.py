@@ -369,9 +369,50 @@ def test_a_gang_whose_ranks_never_start_is_released_at_the_launch_timeout() -> N
     history.advance(history.policy.retry_backoff_cap_s)
     history.cycle()  # the second attempt never starts either: no retries left
     assert len(history.events(GangReserved, job)) == 2
+    second = history.gang(job)
+    history.record(TaskStarted(job_id=job, attempt=2, rank=0, node_id=second.ranks[0].node_id))
     history.advance(history.policy.launch_timeout_s + 1)
     history.cycle()
     [failed] = history.events(JobFailed, job)
+    assert "did not start within" in failed.reason and "no retries left" in failed.reason
+
+
+def test_a_launch_timeout_while_no_rank_starts_anywhere_spends_no_retry() -> None:
+    """Found in an operator's run (the broker stopped for five minutes): the agents could not
+    hear the gangs reserved meanwhile, each timed out as if its own launch had failed, and a
+    job with no retry left failed. With no rank of any gang started since the reservation,
+    the launch path is down, not the job's launch: released, requeued, no retry spent."""
+    history = History("2x8:2:1")
+    job = history.submit(a_job().gpus(8).retries(0))[0]
+    history.cycle()
+    history.advance(history.policy.launch_timeout_s + 1)
+    history.cycle()
+    assert history.events(JobFailed, job) == []
+    [requeued] = history.events(JobRequeued, job)
+    assert requeued.code == "launch_unheard"
+    assert "did not start within" in requeued.reason
+    assert "not counted as a failure" in requeued.reason
+    assert history.state.allocated_gpus == 0
+    record = history.state.job_records[job]
+    assert (record.state, record.failures) == ("queued", 0)
+
+    history.cycle()  # placed again at once (no backoff), and started once the bus is back
+    assert len(history.events(GangReserved, job)) == 2
+    history.start(job)
+    assert history.job(job).state == "running"
+
+
+def test_a_launch_timeout_is_the_jobs_once_another_gang_started_since() -> None:
+    history = History("2x8:2:1")
+    stuck = history.submit(a_job().gpus(8).retries(0))[0]
+    history.cycle()
+    history.advance(1)
+    other = history.submit(a_job().gpus(8))[0]
+    history.cycle()
+    history.start(other)  # its agent heard its reservation: the launch path works
+    history.advance(history.policy.launch_timeout_s)
+    history.cycle()
+    [failed] = history.events(JobFailed, stuck)
     assert "did not start within" in failed.reason and "no retries left" in failed.reason
 
 

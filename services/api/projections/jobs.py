@@ -262,10 +262,25 @@ def _on_gang_reserved(job: JobReadModel, event: GangReserved, at: datetime) -> J
         ranks=tuple(event.ranks),
         started_ranks=frozenset(),
         exited_ranks={},
-        reason=None,
-        reason_code=None,
+        reason=launching_reason(len(event.ranks), 0),
+        reason_code=LAUNCHING,
         estimated_start=None,
         planned_nodes=(),
+    )
+
+
+# A reserved gang waits for its agents to start its ranks: seconds, or as long as they cannot
+# hear the reservation (the bus away) or cannot report the start (the log away). It said
+# nothing before: a job stood `reserved` with no reason for the five minutes of a broker
+# outage, until the launch timeout released it.
+LAUNCHING = "launching"
+
+
+def launching_reason(ranks: int, started: int) -> str:
+    waiting = "its rank" if ranks == 1 else f"{ranks - started} of its {ranks} ranks"
+    return (
+        f"placed; waiting for its node agents to start {waiting} (the gang is released if "
+        "they have not started it within the launch timeout)"
     )
 
 
@@ -275,12 +290,23 @@ def _on_task_started(job: JobReadModel, event: TaskStarted, at: datetime) -> Job
     started = job.started_ranks | {event.rank}
     running = job.state == "reserved" and job.gang_ranks <= started
     nodes = {**job.rank_nodes, (event.attempt, event.rank): event.node_id}
-    return _changed(
-        job,
-        started_ranks=started,
-        rank_nodes=nodes,
-        state="running" if running else job.state,
-    )
+    if running:
+        return _changed(
+            job,
+            started_ranks=started,
+            rank_nodes=nodes,
+            state="running",
+            reason=None,
+            reason_code=None,
+        )
+    if job.state == "reserved":
+        return _changed(
+            job,
+            started_ranks=started,
+            rank_nodes=nodes,
+            reason=launching_reason(len(job.gang_ranks), len(job.gang_ranks & started)),
+        )
+    return _changed(job, started_ranks=started, rank_nodes=nodes)
 
 
 def _on_task_exited(job: JobReadModel, event: TaskExited, at: datetime) -> JobReadModel | None:
