@@ -46,18 +46,20 @@ def book_arriving(ctx: CycleContext, quota: QuotaBook) -> None:
     leaving the preemptor at its ceiling when its victims had gone: evicted for nothing."""
     state, released = ctx.state, ctx.released
     records = state.job_records
-    arriving = ctx.arriving
     for victim in state.preempting_jobs.values():
         preemptor_id = victim.preemptor_id
-        if victim.job_id in released or preemptor_id is None or preemptor_id in arriving:
+        if victim.job_id in released or preemptor_id is None:
             continue
         preemptor = records.get(preemptor_id)
-        if preemptor is None or preemptor.state not in WAITING_STATES:
-            continue
-        shape = preemptor.shape
-        if shape is None:
-            continue
-        arriving.add(preemptor_id)
+        if preemptor is not None and preemptor.state in WAITING_STATES:
+            _arrives(ctx, quota, preemptor)
+
+
+def _arrives(ctx: CycleContext, quota: QuotaBook, preemptor: CoreJob) -> None:
+    """The preemptor's GPUs to its queue, once a cycle (`book_arriving`)."""
+    shape = preemptor.shape
+    if shape is not None and preemptor.job_id not in ctx.arriving:
+        ctx.arriving.add(preemptor.job_id)
         quota.charge(preemptor.queue, shape.min_gpus)
 
 
@@ -422,10 +424,7 @@ def request_evictions(
     """Checkpoint-then-evict `victims` for `preemptor`, the one way every preemption is
     recorded: each victim's GPUs leave its queue's usage now (they are on their way out), each
     gets its PreemptionRequested with the policy's grace, and the preemptor's outcome names them."""
-    if preemptor.job_id not in ctx.arriving and preemptor.shape is not None:
-        # On its way in from now on (`book_arriving` books it in the cycles to come).
-        ctx.arriving.add(preemptor.job_id)
-        quota.charge(preemptor.queue, preemptor.shape.min_gpus)
+    _arrives(ctx, quota, preemptor)  # (`book_arriving` books it in the cycles to come)
     for victim in victims:
         quota.charge(victim.queue, -victim.bound_gpus)
         ctx.emit(
@@ -695,18 +694,16 @@ def plan_preemption(
     everyone: list[CoreJob] = []
     # Gangs that make the preemptor no room (GPUs of another type, or of a pool it may not
     # use) but give a full ceiling back some: a sibling's borrowing in another pool fills the
-    # parent's max as surely. (borrowers, everyone), as above.
-    elsewhere: tuple[list[CoreJob], list[CoreJob]] = ([], [])
+    # parent's max as surely. (borrowers, the others)
+    spare: tuple[list[CoreJob], list[CoreJob]] = ([], [])
     for borrower, victim_pool, victim in pool.reachable(preemptor, pclass, reclaiming, quota):
         if len(everyone) >= MAX_CANDIDATES and len(borrowers) >= MAX_CANDIDATES:
             break
         if victim.job_id in excluded or victim.job_id == preemptor.job_id:
             continue
         if not pool_suits(shape, victim_pool):
-            if excess and len(elsewhere[1]) < MAX_CANDIDATES and victim.bound_gpus:
-                if borrower:
-                    elsewhere[0].append(victim)
-                elsewhere[1].append(victim)
+            if excess and victim.bound_gpus and len(spare[0]) + len(spare[1]) < MAX_CANDIDATES:
+                spare[0 if borrower else 1].append(victim)
             continue
         if not victim.bound_gpus and not shape.asks_host:
             continue  # a CPU-only gang frees nothing a gang of GPUs alone could use
@@ -721,19 +718,20 @@ def plan_preemption(
         borrowers = bounded_victims(borrowers, now, policy)
         everyone = bounded_victims(everyone, now, policy)
     # Borrowers first: within the everyone tier, too, a borrower outranks a lender.
-    borrowing = {v.job_id for v in borrowers} | {v.job_id for v in elsewhere[0]}
+    borrowing = {v.job_id for v in borrowers}
     everyone.sort(key=lambda v: 0 if v.job_id in borrowing else 1)
-    elsewhere[1].sort(key=lambda v: 0 if v.job_id in borrowing else 1)
+    # What each tier may take beyond its own for quota room alone, borrowers first.
+    quota_only = (spare[0], [*spare[0], *spare[1]])
     if idle_serves:
         # Only quota is short: the fewest gangs that give the ceilings back their room.
-        for victims, other in zip((borrowers, everyone), elsewhere, strict=True):
+        for victims, other in ((borrowers, quota_only[0]), (everyone, quota_only[1])):
             chosen = _quota_room(quota, excess, [*victims, *other], [])
             if chosen is not None:
                 return chosen
         return None
     if snap.total_free + sum(v.bound_gpus for v in everyone) < shape.min_gpus:
         return None
-    tiers = [(borrowers, elsewhere[0]), (everyone, elsewhere[1])]
+    tiers = [(borrowers, quota_only[0]), (everyone, quota_only[1])]
     if excess:
         # Gangs under the full ceilings first: their GPUs make room in both senses.
         tiers = [

@@ -193,3 +193,60 @@ def test_a_job_behind_a_reclaim_does_not_take_the_quota_room_it_evicted_for() ->
     assert history.job(first).placement == {"n0000": list(range(8))}
     assert history.job(second).reason_code == "quota_ceiling"
     assert history.auditor.violations == []
+
+
+def arriving_book(history: History, released: AbstractSet[str] = frozenset()) -> QuotaBook:
+    """A cycle's quota book with the preemptors on their way in booked."""
+    ctx = CycleContext.start(history.state, history.now)
+    ctx.released |= released
+    quota = QuotaBook(history.state.queue_records)
+    book_arriving(ctx, quota)
+    return quota
+
+
+def test_a_preemptor_of_two_victims_arrives_once_and_only_while_it_waits() -> None:
+    history = History("1x8:1:1").team("q", guaranteed=8).team("lender")
+    lent = [history.occupy("n0000", 4, a_job().team("lender").estimate(86400)) for _ in "ab"]
+    history.advance(600)
+    (waiting,) = history.submit(a_job().gpus(8).team("q").estimate(3600))
+    history.cycle()
+    assert sorted(evicted(history, lent)) == sorted(lent)
+
+    assert arriving_book(history).usage.get("q", 0) == 8  # not once per victim
+    # A victim gone this very cycle: the preemptor lands now, charged as it binds.
+    assert arriving_book(history, released=set(lent)).usage.get("q", 0) == 0
+    history.cancel(waiting)
+    history.cycle()  # cancelled: it waits no more
+    assert history.job(waiting).state == "cancelled"
+    assert arriving_book(history).usage.get("q", 0) == 0
+
+
+def test_a_gang_leaving_for_no_one_does_not_hide_a_preemptor_behind_it() -> None:
+    history = History("2x8:2:1").team("q", guaranteed=4).team("lender")
+    suspended = history.occupy("n0001", 8, a_job().team("lender"))
+    lent = history.occupy("n0000", 4, a_job().team("lender").estimate(86400))
+    history.occupy("n0000", 4, a_job().team("lender").preemptible(False).estimate(86400))
+    history.advance(600)
+    history.suspend(suspended)  # under eviction first, for no preemptor
+    history.submit(a_job().gpus(4).team("q").estimate(3600))
+    history.cycle()
+    assert evicted(history, [lent]) == [lent]
+
+    assert arriving_book(history).usage.get("q", 0) == 4
+
+
+def test_two_queues_reclaim_a_lender_down_to_its_guarantee_not_below() -> None:
+    # The lender is guaranteed 4 and holds 8: 4 borrowed. q1 and q2, each owed 4, wait:
+    # one of them reclaims the borrowed 4; the other may not take the lender's guarantee.
+    history = History("2x8:2:1").team("q1", guaranteed=4).team("q2", guaranteed=4)
+    history.team("lender", guaranteed=4).team("infra", guaranteed=4)
+    history.occupy("n0001", 8, a_job().team("infra").preemptible(False).estimate(86400))
+    lent = [history.occupy("n0000", 4, a_job().team("lender").estimate(86400)) for _ in "ab"]
+    history.advance(600)
+    history.submit(a_job().gpus(4).team("q1").estimate(3600))
+    history.submit(a_job().gpus(4).team("q2").estimate(3600))
+
+    history.cycle()
+
+    assert len(evicted(history, lent)) == 1
+    assert history.auditor.violations == []

@@ -327,3 +327,26 @@ def test_a_reclaim_takes_quota_room_under_its_ceiling_from_gpus_of_another_type(
     assert sorted(p.job_id for p in history.events(PreemptionRequested)) == sorted([room, quota])
     assert history.job(owner).reason_code == "preempting"
     assert history.auditor.violations == []
+
+
+def test_quota_room_from_gpus_of_another_type_is_borrowed_capacity_first() -> None:
+    """As above, with alpha's own best-effort gang on the A100 node beside gamma's borrowed
+    one (alpha, guaranteed 12, holds 8): alpha's production job, which may evict lower
+    classes of its own queue, takes gamma's borrowed A100 gang for the quota room, not its
+    own."""
+    history = History(
+        "groups:\n- {count: 1, gpus: 8, gpu_type: H100}\n- {count: 1, gpus: 8, gpu_type: A100}\n"
+    )
+    history.queue("org", max_gpus=12)
+    history.team("alpha", guaranteed=12, parent="org").team("gamma", parent="org")
+    history.occupy("n0000", 4, a_job().team("alpha").gpu_type("H100"))
+    room = history.occupy("n0000", 4, a_job().team("gamma").gpu_type("H100").preemptible(True))
+    history.occupy("n0001", 4, a_job().team("alpha").priority("best-effort").preemptible(True))
+    quota = history.occupy("n0001", 4, a_job().team("gamma").gpu_type("A100").preemptible(True))
+    history.advance(600)
+    history.submit(a_job().gpus(4).team("alpha").gpu_type("H100").priority("production"))
+
+    history.run()
+
+    assert sorted(p.job_id for p in history.events(PreemptionRequested)) == sorted([room, quota])
+    assert history.auditor.violations == []
