@@ -66,6 +66,13 @@ class ClientConfig:
         state_dir = find_state_dir() if state_dir is None else state_dir
         file_env = read_env_file(state_dir / "env")
         url = environ.get("GANGWAY_API_URL") or file_env.get("GANGWAY_API_URL") or DEFAULT_API_URL
+        if not url.lower().startswith(("http://", "https://")):
+            # httpx would say only "UnsupportedProtocol", read as "cannot reach the API; is it
+            # running?" while it is: the URL lacks its scheme (`127.0.0.1:8080`).
+            raise ClientError(
+                f"GANGWAY_API_URL {url!r} is not a URL: it starts with http:// or https:// "
+                f"(as in {DEFAULT_API_URL})"
+            )
         token = environ.get("GANGWAY_TOKEN") or None
         source = "GANGWAY_TOKEN"
         if token is None:
