@@ -145,7 +145,9 @@ async def test_another_team_gets_404_and_bad_selections_get_422(
     assert ghost.status_code == 404
 
 
-async def test_a_rank_the_job_does_not_have_is_named_as_such(api: Api, store: EventStore) -> None:
+async def test_a_rank_or_attempt_the_job_does_not_have_is_named_as_such(
+    api: Api, store: EventStore
+) -> None:
     # A newcomer's `gangway logs JOB --rank 5` on a two-rank job read "output of rank 5 …
     # not found", as if the output were lost.
     job_id = await started_job(api, store)
@@ -154,6 +156,11 @@ async def test_a_rank_the_job_does_not_have_is_named_as_such(api: Api, store: Ev
     )
     assert response.status_code == 404
     assert response.json()["detail"] == f"job {job_id} has no rank 5: its ranks are 0 … 1"
+    later = await api.client.get(
+        f"/v1/jobs/{job_id}/logs", params={"attempt": 5}, headers=api.teams["nlp"]
+    )
+    assert later.status_code == 404
+    assert later.json()["detail"] == f"job {job_id} has no attempt 5: it has had 1 attempt"
 
 
 async def test_a_rank_that_never_wrote_of_an_ended_job_says_why_it_ended(

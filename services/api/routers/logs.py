@@ -127,6 +127,11 @@ async def get_job_logs(
     chosen = attempt if attempt is not None else job.attempt
     if chosen == 0:
         raise not_found(f"output of job {job_id} (it has not started)")
+    if chosen > job.attempt:
+        attempts = "1 attempt" if job.attempt == 1 else f"{job.attempt} attempts"
+        raise ProblemError(
+            404, "not-found", f"job {job_id} has no attempt {chosen}: it has had {attempts}"
+        )
     if rank >= job.spec.tasks and all(r != rank for _, r in job.rank_nodes):
         # A rank the job never had (nor had before an update of its spec): say which it has,
         # not that its output is missing.
