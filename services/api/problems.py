@@ -146,7 +146,11 @@ def _message(item: Any) -> str:
         given = item.get("input")
         shown = f"{given[:64]!r} is not a name: " if isinstance(given, str) else ""
         return f"{shown}{NAME_RULE}"
-    return str(item.get("msg", ""))
+    message = str(item.get("msg", ""))
+    if item.get("type") == "value_error":
+        # Pydantic's prefix to a validator's own words: "Value error, min_tasks must not …".
+        message = message.removeprefix("Value error, ")
+    return message
 
 
 NAME_RULE = "1 to 63 letters, digits, '.', '_' or '-', the first a letter or digit"

@@ -27,3 +27,11 @@ def test_other_messages_are_pydantics() -> None:
     assert errors_of(name="a", team="nlp", tasks=0) == (
         "tasks: Input should be greater than or equal to 1"
     )
+
+
+def test_a_validators_own_words_come_without_pydantics_prefix() -> None:
+    # It read "spec: Value error, min_tasks must not exceed tasks".
+    with pytest.raises(ValidationError) as raised:
+        JobSpec.model_validate({"name": "a", "team": "nlp", "tasks": 2, "min_tasks": 3})
+    [error] = field_errors(raised.value.errors())
+    assert error.msg == "min_tasks must not exceed tasks"
