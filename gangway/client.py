@@ -57,6 +57,8 @@ def read_env_file(path: Path) -> dict[str, str]:
 class ClientConfig:
     api_url: str
     token: str | None
+    # Where the token came from (`GANGWAY_TOKEN` or a token file), for a 401's hint.
+    token_source: str | None = None
 
     @classmethod
     def load(
@@ -66,6 +68,13 @@ class ClientConfig:
         state_dir = find_state_dir() if state_dir is None else state_dir
         file_env = read_env_file(state_dir / "env")
         url = environ.get("GANGWAY_API_URL") or file_env.get("GANGWAY_API_URL") or DEFAULT_API_URL
+        if not url.lower().startswith(("http://", "https://")):
+            # httpx would say only "UnsupportedProtocol", read as "cannot reach the API; is it
+            # running?" while it is: the URL lacks its scheme (`127.0.0.1:8080`).
+            raise ClientError(
+                f"GANGWAY_API_URL {url!r} is not a URL: it starts with http:// or https:// "
+                f"(as in {DEFAULT_API_URL})"
+            )
         token = environ.get("GANGWAY_TOKEN") or None
         source = "GANGWAY_TOKEN"
         if token is None:
@@ -79,7 +88,7 @@ class ClientConfig:
                 f"the token in {source} is not one: a token is visible ASCII without spaces "
                 "(was it copied with its quotes, a line break or another character?)"
             )
-        return cls(api_url=url.rstrip("/"), token=token)
+        return cls(api_url=url.rstrip("/"), token=token, token_source=source if token else None)
 
 
 class GangwayClient:
@@ -148,7 +157,7 @@ class GangwayClient:
             with self._http.stream("GET", path, params=params, timeout=None) as response:
                 if not response.is_success:
                     response.read()
-                    raise _api_error(response)
+                    raise _api_error(response, self.config)
                 yield from response.iter_bytes()
         except httpx.TransportError as error:
             raise ClientError(f"reading logs from {self.config.api_url} failed: {error}") from error
@@ -231,7 +240,7 @@ class GangwayClient:
             if not isinstance(body, dict):
                 raise ClientError(f"unexpected answer from {method} {path}")
             return body
-        raise _api_error(response)
+        raise _api_error(response, self.config)
 
 
 # How often, and how long at most each time, a read answered 429 is tried again.
@@ -250,7 +259,7 @@ def _read_wait(method: str, response: httpx.Response) -> float | None:
     return wait if 0 <= wait <= READ_RETRY_MAX_WAIT_S else None
 
 
-def _api_error(response: httpx.Response) -> ApiError:
+def _api_error(response: httpx.Response, config: ClientConfig) -> ApiError:
     try:
         problem = response.json()
     except ValueError:
@@ -259,8 +268,19 @@ def _api_error(response: httpx.Response) -> ApiError:
         problem = {}
     detail = str(problem.get("detail") or problem.get("title") or response.reason_phrase)
     if response.status_code == 401:
-        detail += " (set GANGWAY_TOKEN, or run make up for .gangway/admin.token)"
+        detail += f" ({_unauthorized_hint(config)})"
     return ApiError(response.status_code, detail, problem)
+
+
+def _unauthorized_hint(config: ClientConfig) -> str:
+    """What to check when the API refused the token: "set GANGWAY_TOKEN" read as a riddle to
+    someone whose GANGWAY_TOKEN was set (to another installation's token, or a revoked one)."""
+    if config.token_source is None:
+        return "set GANGWAY_TOKEN, or run make up for .gangway/admin.token"
+    return (
+        f"the token from {config.token_source} is not one {config.api_url} knows: "
+        "mistyped, revoked, or another installation's?"
+    )
 
 
 def _params(**values: object) -> dict[str, Any]:

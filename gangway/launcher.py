@@ -572,6 +572,16 @@ def wait_for_dependency(
         return True
 
 
+def metrics_port_base(environ: Mapping[str, str], file_env: Mapping[str, str]) -> int:
+    """Where the services' metrics ports (and the agent's log port, base + 50) start: the
+    environment's GANGWAY_METRICS_PORT_BASE (a second installation on one machine moves them),
+    else the one this checkout's last `make up` used (kept in `.gangway/env`, as the API's URL
+    is), else 9100. A later `make up` from a shell without the variable once put a restarted
+    service on the first installation's ports, its agent's log port included."""
+    value = environ.get("GANGWAY_METRICS_PORT_BASE") or file_env.get("GANGWAY_METRICS_PORT_BASE")
+    return int(value) if value else DEFAULT_METRICS_PORT_BASE
+
+
 def cmd_up(launcher: Launcher) -> int:
     from services.runtime.migrate import migrate_settings
     from services.runtime.settings import Settings
@@ -591,8 +601,7 @@ def cmd_up(launcher: Launcher) -> int:
         return 1
     token_file = launcher.state_dir / "admin.token"
     ensure_admin_token(token_file, os.environ.get("GANGWAY_ADMIN_TOKEN") or None)
-    # A second installation on one machine moves its metrics ports (GANGWAY_METRICS_PORT_BASE).
-    base = int(os.environ.get("GANGWAY_METRICS_PORT_BASE") or DEFAULT_METRICS_PORT_BASE)
+    base = metrics_port_base(os.environ, read_env_file(env_file))
     specs = default_services(
         cluster=cluster, api_url=api_url, metrics_port_base=base, api_workers=api_workers()
     )
@@ -600,6 +609,7 @@ def cmd_up(launcher: Launcher) -> int:
         "GANGWAY_PG_DSN": settings.pg_dsn,
         "GANGWAY_KAFKA_BOOTSTRAP": settings.kafka_bootstrap,
         "GANGWAY_API_URL": api_url,
+        "GANGWAY_METRICS_PORT_BASE": str(base),
     }
     monitor = prometheus_service(specs, os.environ)
     if monitor is not None:

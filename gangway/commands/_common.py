@@ -122,6 +122,19 @@ def at_least_one(text: str) -> int:
     return value
 
 
+def iso_time(text: str) -> str:
+    """An argparse type: an ISO date or time (`2026-11-01`, `2026-11-01T09:00Z`), passed on as
+    written. `--from yesterday` read "query.from: Input should be a valid datetime or date,
+    input is too short", the API's words for its query string."""
+    try:
+        datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an ISO date or time (2026-11-01, 2026-11-01T09:00Z)"
+        ) from None
+    return text
+
+
 def seconds_between(text: str) -> float:
     """An argparse type: a redraw's pause, positive and finite (time.sleep raises on a
     negative, NaN or infinite one after the first drawing; 0 asks the API without pause)."""

@@ -9,11 +9,16 @@ from rich.table import Table
 
 from gangway.commands._common import client, console, one_line_errors
 
+# The API's NodeState (services/api/projections/nodes.py, not imported: it would double the
+# command's start), as choices: a mistyped state (`--state drainig`) listed no node, as if
+# none were in it.
+NODE_STATES = ("ready", "degraded", "draining", "drained", "lost")
+
 HELP = "list nodes: state, GPUs free and allocated, each shared GPU's slices and shares"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--state", help="only nodes in this state (ready, draining, lost …)")
+    parser.add_argument("--state", choices=NODE_STATES, help="only nodes in this state")
     parser.add_argument(
         "--gpus",
         action="store_true",

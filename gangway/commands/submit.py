@@ -89,7 +89,7 @@ def load_specs(file: str) -> list[dict[str, Any]]:
         # JSON is YAML.
         documents = [doc for doc in yaml.load_all(text, Loader=_SpecLoader) if doc is not None]
     except yaml.YAMLError as error:
-        raise InputError(f"{name} is neither YAML nor JSON: {error}".splitlines()[0]) from error
+        raise InputError(f"{name} is neither YAML nor JSON: {_yaml_problem(error)}") from error
     except RecursionError as error:
         raise InputError(f"{name} nests too deeply to be a job spec") from error
     if len(documents) == 1 and isinstance(documents[0], list):
@@ -167,3 +167,14 @@ def _field_errors(error: ApiError) -> str:
             loc = [f"document {int(loc[1]) + 1}", *loc[2:]]
         parts.append(f"{'.'.join(loc) or 'spec'}: {item.get('msg')}")
     return "; ".join(parts) or error.problem.get("detail") or str(error)
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """The parser's problem and where it is, in one line. The message's first line alone was
+    often only its context ("while scanning for the next token"), never the tab it found nor
+    the line."""
+    if isinstance(error, yaml.MarkedYAMLError) and error.problem:
+        mark = error.problem_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        return f"{error.problem}{where}"
+    return str(error).splitlines()[0]

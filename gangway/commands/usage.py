@@ -13,7 +13,7 @@ import sys
 
 from rich.table import Table
 
-from gangway.commands._common import client, console, one_line_errors
+from gangway.commands._common import client, console, iso_time, one_line_errors
 
 HELP = "GPU-hours allocated and used per team (showback)"
 
@@ -30,9 +30,15 @@ CSV_COLUMNS = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--team", help="one team only (a team's token sees only its own)")
     parser.add_argument(
-        "--from", dest="start", metavar="ISO", help="window start (default 30 days back)"
+        "--from",
+        dest="start",
+        metavar="ISO",
+        type=iso_time,
+        help="window start (default 30 days back)",
     )
-    parser.add_argument("--to", dest="end", metavar="ISO", help="window end (default now)")
+    parser.add_argument(
+        "--to", dest="end", metavar="ISO", type=iso_time, help="window end (default now)"
+    )
     parser.add_argument("--by", choices=("day", "week"), default="day", help="bucket size")
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--csv", action="store_true", help="CSV rows, one per team, type, period")

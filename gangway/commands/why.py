@@ -25,7 +25,9 @@ def explain(job: dict[str, Any]) -> list[str]:
         on = f" on {nodes}" if nodes else ""
         lines.append(f"estimated start: {when(job['estimated_start'])}{on}")
     elif state in ("pending", "queued"):
-        lines.append("estimated start: not planned yet")
+        # Only the job first in line for busy GPUs is planned a start (ReservationPlanned):
+        # "not planned yet" promised one to every job behind it, or blocked by its quota.
+        lines.append("estimated start: none (only the job first in line for GPUs gets one)")
     if job["placement"]:
         lines.append(f"placement: {placement(job['placement'])}")
     if job["requested"]:

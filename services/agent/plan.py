@@ -135,7 +135,9 @@ def launch_failure(node_id: str, rank: int, error: BaseException) -> tuple[str, 
     (out of memory or processes for a moment: transient)."""
     where = f"launch failed on {node_id} rank {rank}"
     if isinstance(error, FileNotFoundError | PermissionError | NotADirectoryError):
-        what = error.strerror or type(error).__name__
+        # One raised with a message only (the agent's own "no such program: X") has neither
+        # strerror nor filename: its message says it, not its class name.
+        what = error.strerror or str(error) or type(error).__name__
         name = f": {error.filename}" if error.filename else ""
         return f"{where}: {what}{name}", True
     if isinstance(error, OSError):

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
+from schemas.jobs import NAME_PATTERN
 from services.runtime.errors import DATABASE_UNAVAILABLE
 
 log = logging.getLogger(__name__)
@@ -133,8 +134,26 @@ def field_errors(items: Sequence[Any]) -> list[FieldError]:
     found: list[FieldError] = []
     for item in items:
         loc = [part if isinstance(part, int) else str(part) for part in item.get("loc", ())]
-        found.append(FieldError(loc=loc, msg=str(item.get("msg", "")), type=str(item.get("type"))))
+        found.append(FieldError(loc=loc, msg=_message(item), type=str(item.get("type"))))
     return found
+
+
+def _message(item: Any) -> str:
+    """The item's message; a name's pattern in words. `name: my job` read "String should match
+    pattern '^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$'", a regular expression for a newcomer."""
+    context = item.get("ctx") or {}
+    if item.get("type") == "string_pattern_mismatch" and context.get("pattern") == NAME_PATTERN:
+        given = item.get("input")
+        shown = f"{given[:64]!r} is not a name: " if isinstance(given, str) else ""
+        return f"{shown}{NAME_RULE}"
+    message = str(item.get("msg", ""))
+    if item.get("type") == "value_error":
+        # Pydantic's prefix to a validator's own words: "Value error, min_tasks must not …".
+        message = message.removeprefix("Value error, ")
+    return message
+
+
+NAME_RULE = "1 to 63 letters, digits, '.', '_' or '-', the first a letter or digit"
 
 
 async def _on_problem(request: Request, exc: Exception) -> JSONResponse:

@@ -158,7 +158,8 @@ async def test_a_missing_program_is_recorded_as_a_failed_launch(
     assert [e.type for e in events[-2:]] == ["TaskStarted", "TaskExited"]
     exited = events[-1]
     assert isinstance(exited, TaskExited) and exited.exit_code == 127
-    assert exited.permanent and (exited.reason or "").startswith("launch failed on n0000 rank 0")
+    assert exited.permanent
+    assert exited.reason == "launch failed on n0000 rank 0: no such program: /nonexistent/train"
 
 
 async def test_a_preempted_gang_leaves_a_verified_shard_per_rank_and_stops(

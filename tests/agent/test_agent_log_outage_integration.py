@@ -191,5 +191,6 @@ async def test_an_agent_stopped_while_recording_a_failed_launch_in_an_outage_sto
     [exited] = await events_of(store, "broken", TaskExited)
     assert [(e.attempt, e.rank) for e in started] == [(1, 0)]
     assert (exited.attempt, exited.rank, exited.exit_code) == (1, 0, LAUNCH_FAILED_EXIT_CODE)
-    assert exited.permanent and "FileNotFoundError" in (exited.reason or "")
+    assert exited.permanent
+    assert exited.reason == f"launch failed on n0000 rank 0: no such program: {spec.command[0]}"
     await successor.shutdown()

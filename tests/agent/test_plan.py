@@ -16,7 +16,13 @@ from schemas.jobs import (
     RankPlacement,
     TaskStarted,
 )
-from services.agent.plan import fold_job, latest_checkpoint, rank_env, ranks_to_launch
+from services.agent.plan import (
+    fold_job,
+    latest_checkpoint,
+    launch_failure,
+    rank_env,
+    ranks_to_launch,
+)
 
 SPEC = JobSpec(
     name="train",
@@ -161,3 +167,18 @@ def test_the_ranks_are_told_their_checkpoint_interval() -> None:
     assert interval_of(fixed, 1800.0) == "1800"
     assert interval_of(SPEC, None) == ""
     assert interval_of(auto, None) == ""  # reserved before intervals were recorded
+
+
+def test_a_missing_program_is_named_in_the_launch_failure() -> None:
+    # The agent raises FileNotFoundError("no such program: X") before the sandbox starts: the
+    # reason said only "FileNotFoundError", never which program was missing.
+    reason, permanent = launch_failure("n0000", 0, FileNotFoundError("no such program: trian"))
+    assert reason == "launch failed on n0000 rank 0: no such program: trian"
+    assert permanent
+
+
+def test_an_exec_error_names_its_file() -> None:
+    error = FileNotFoundError(2, "No such file or directory", "/opt/train")
+    reason, permanent = launch_failure("n0001", 3, error)
+    assert reason == "launch failed on n0001 rank 3: No such file or directory: /opt/train"
+    assert permanent

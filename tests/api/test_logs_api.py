@@ -17,7 +17,7 @@ import pytest
 from fastapi import FastAPI
 
 from gangway.launcher import free_port
-from schemas.jobs import JobAdmitted, JobRequeued, JobSucceeded, TaskStarted
+from schemas.jobs import JobAdmitted, JobFailed, JobRequeued, JobSucceeded, TaskStarted
 from services.agent import logs
 from services.agent.ranks import RankKey, launch
 from services.api.app import create_app
@@ -143,6 +143,44 @@ async def test_another_team_gets_404_and_bad_selections_get_422(
         assert bad.status_code == 422, params
     ghost = await api.client.get("/v1/jobs/nope/logs", headers=api.as_admin())
     assert ghost.status_code == 404
+
+
+async def test_a_rank_or_attempt_the_job_does_not_have_is_named_as_such(
+    api: Api, store: EventStore
+) -> None:
+    # A newcomer's `gangway logs JOB --rank 5` on a two-rank job read "output of rank 5 …
+    # not found", as if the output were lost.
+    job_id = await started_job(api, store)
+    response = await api.client.get(
+        f"/v1/jobs/{job_id}/logs", params={"rank": 5}, headers=api.teams["nlp"]
+    )
+    assert response.status_code == 404
+    assert response.json()["detail"] == f"job {job_id} has no rank 5: its ranks are 0 … 1"
+    later = await api.client.get(
+        f"/v1/jobs/{job_id}/logs", params={"attempt": 5}, headers=api.teams["nlp"]
+    )
+    assert later.status_code == 404
+    assert later.json()["detail"] == f"job {job_id} has no attempt 5: it has had 1 attempt"
+
+
+async def test_a_rank_that_never_wrote_of_an_ended_job_says_why_it_ended(
+    api: Api, store: EventStore
+) -> None:
+    # A launch that failed (no such program) leaves no output: the 404 said only "not found".
+    job_id = await started_job(api, store)
+    reason = "launch failed on n1 rank 0: no such program: trian"
+    await store.append(f"job-{job_id}", 5, [JobFailed(job_id=job_id, attempt=1, reason=reason)])
+    async with asyncio.timeout(30):
+        while True:
+            job = (await api.client.get(f"/v1/jobs/{job_id}", headers=ADMIN)).json()
+            if job["state"] == "failed":
+                break
+            await asyncio.sleep(0.05)
+    response = await api.client.get(f"/v1/jobs/{job_id}/logs", headers=api.teams["nlp"])
+    assert response.status_code == 404
+    assert response.json()["detail"] == (
+        f"output of rank 0 of attempt 1 of job {job_id} not found (the job is failed: {reason})"
+    )
 
 
 async def test_a_job_that_has_not_started_has_no_output_yet(api: Api) -> None:

@@ -397,3 +397,14 @@ async def test_json_media_types_with_parameters_or_a_suffix_are_read(
     headers = {**api.teams["nlp"], "Content-Type": content_type}
     response = await api.client.post("/v1/jobs", content=json.dumps(VALID), headers=headers)
     assert response.status_code == 201, response.text
+
+
+async def test_a_name_that_is_no_name_is_refused_in_words(
+    api: Api, store: EventStore, teams: None
+) -> None:
+    # It read "String should match pattern '^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$'".
+    problem = await rejected(api, store, {**VALID, "name": "my job"}, 422, "validation-error")
+    assert problem["detail"] == (
+        "body.name: 'my job' is not a name: 1 to 63 letters, digits, '.', '_' or '-', "
+        "the first a letter or digit"
+    )

@@ -184,3 +184,32 @@ def test_an_empty_or_dot_id_is_refused_in_one_line_before_any_request(
     err = one_line(capsys)
     assert "cannot reach" not in err, err
     assert "not a job id" in err, err
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        pytest.param(
+            "name: x\n\tteam: nlp\n",
+            "found character '\\t' that cannot start any token (line 2, column 1)",
+            id="tab",
+        ),
+        pytest.param(
+            "name: x\nteam: nlp\n gpus_per_task: 1\n",
+            "mapping values are not allowed here (line 3, column 15)",
+            id="indent",
+        ),
+        pytest.param(
+            'name: x\ncommand: ["python3", "a.py"\n',
+            "expected ',' or ']', but got '<stream end>' (line 3, column 1)",
+            id="unclosed",
+        ),
+    ],
+)
+def test_a_yaml_typo_names_the_problem_and_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, says: str
+) -> None:
+    # A tab read only "job.yaml is neither YAML nor JSON: while scanning for the next token".
+    (tmp_path / "job.yaml").write_text(content)
+    assert main(["submit", "job.yaml"]) == 2
+    assert one_line(capsys) == f"gangway: job.yaml is neither YAML nor JSON: {says}\n"

@@ -4,11 +4,12 @@ there, and an operator asking why a tp job waits beside free GPUs must see it.""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
 from gangway.commands import nodes
+from services.api.projections.nodes import NodeState
 
 
 def a_node(node_id: str, nvlink: bool | None) -> dict[str, Any]:
@@ -61,3 +62,21 @@ def test_the_table_marks_the_nodes_whose_gpus_talk_over_pcie(
     assert rows["box"][3] == "H100 (PCIe)"
     assert rows["joined"][3] == "H100"
     assert rows["older"][3] == "H100"
+
+
+def test_a_mistyped_state_is_refused_naming_the_states(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # `gangway nodes --state drainig` printed an empty table, as if no node were draining.
+    parser = argparse.ArgumentParser(prog="gangway nodes")
+    nodes.add_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--state", "drainig"])
+    err = capsys.readouterr().err
+    assert "invalid choice: 'drainig'" in err
+    assert "'ready', 'degraded', 'draining', 'drained', 'lost'" in err
+    assert parser.parse_args(["--state", "lost"]).state == "lost"
+
+
+def test_the_state_choices_are_the_apis_node_states() -> None:
+    assert get_args(NodeState) == nodes.NODE_STATES

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gangway.client import DEFAULT_API_URL, ClientConfig, find_state_dir
+from gangway.client import DEFAULT_API_URL, ClientConfig, ClientError, find_state_dir
 
 
 def checkout(root: Path, *, api_url: str, token: str) -> Path:
@@ -59,3 +59,17 @@ def test_outside_any_checkout_the_defaults_apply(
         pytest.skip(f"{find_state_dir()} exists above the test's directory")
     config = ClientConfig.load(env={})
     assert (config.api_url, config.token) == (DEFAULT_API_URL, None)
+
+
+def test_an_api_url_without_its_scheme_is_named_as_such(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `export GANGWAY_API_URL=127.0.0.1:18180` read "cannot reach the API at 127.0.0.1:18180
+    # (UnsupportedProtocol); is it running (make up)?" while it ran.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ClientError) as raised:
+        ClientConfig.load(env={"GANGWAY_API_URL": "127.0.0.1:18180"})
+    assert str(raised.value) == (
+        "GANGWAY_API_URL '127.0.0.1:18180' is not a URL: it starts with http:// or https:// "
+        "(as in http://127.0.0.1:8080)"
+    )

@@ -75,7 +75,9 @@ def test_logs_prints_a_ranks_output_and_its_tail(
     assert main(["logs", job_id, "-f", "--tail", "1"]) == 0
     assert capsys.readouterr().out == "rank 0 step 9\n"
     assert main(["logs", job_id, "--attempt", "2"]) == 1
-    assert "not found" in capsys.readouterr().err
+    assert capsys.readouterr().err == (
+        f"gangway: job {job_id} has no attempt 2: it has had 1 attempt\n"
+    )
 
 
 def test_logs_spells_out_a_ranks_escape_sequences_on_a_terminal_only(

@@ -21,6 +21,7 @@ from gangway.launcher import (
     cmd_up,
     default_services,
     ensure_admin_token,
+    metrics_port_base,
     read_env_file,
     wait_for_dependency,
     write_env_file,
@@ -228,3 +229,13 @@ def test_waiting_for_a_dependency_goes_on_once_it_answers(
     err = capsys.readouterr().err
     assert err.count("waiting up to") == 1
     assert "PostgreSQL is back" in err
+
+
+def test_the_metrics_port_base_is_kept_for_the_next_make_up() -> None:
+    # A second installation's `make up` from a new shell (no GANGWAY_METRICS_PORT_BASE) put
+    # its services on the first installation's 9100 … 9150.
+    assert metrics_port_base({}, {"GANGWAY_METRICS_PORT_BASE": "18200"}) == 18200
+    assert metrics_port_base({"GANGWAY_METRICS_PORT_BASE": "18300"}, {}) == 18300
+    env = {"GANGWAY_METRICS_PORT_BASE": "18300"}
+    assert metrics_port_base(env, {"GANGWAY_METRICS_PORT_BASE": "18200"}) == 18300
+    assert metrics_port_base({}, {}) == 9100

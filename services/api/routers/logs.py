@@ -127,10 +127,24 @@ async def get_job_logs(
     chosen = attempt if attempt is not None else job.attempt
     if chosen == 0:
         raise not_found(f"output of job {job_id} (it has not started)")
-    missing = f"output of rank {rank} of attempt {chosen} of job {job_id}"
+    if chosen > job.attempt:
+        attempts = "1 attempt" if job.attempt == 1 else f"{job.attempt} attempts"
+        raise ProblemError(
+            404, "not-found", f"job {job_id} has no attempt {chosen}: it has had {attempts}"
+        )
+    if rank >= job.spec.tasks and all(r != rank for _, r in job.rank_nodes):
+        # A rank the job never had (nor had before an update of its spec): say which it has,
+        # not that its output is missing.
+        ranks = (
+            "its only rank is 0"
+            if job.spec.tasks == 1
+            else f"its ranks are 0 … {job.spec.tasks - 1}"
+        )
+        raise ProblemError(404, "not-found", f"job {job_id} has no rank {rank}: {ranks}")
+    missing = _missing(job, chosen, rank)
     source = _source(job, context, models, chosen, rank)
     if source is None:
-        raise not_found(missing)
+        raise missing
     slot = None
     if follow and caller.team is not None:
         slot = context.streams.admit(caller.team, context.settings.streams_per_team)
@@ -138,7 +152,7 @@ async def get_job_logs(
     try:
         first = await _fetch(client, source, tail=tail)
         if first is None and not (follow and not job.terminal):
-            raise not_found(missing)
+            raise missing
     except BaseException:
         await client.aclose()
         if slot is not None:
@@ -153,6 +167,17 @@ async def get_job_logs(
         else _read(client, source, first)
     )
     return StreamingResponse(stream, media_type=TEXT, headers=_headers(source))
+
+
+def _missing(job: JobReadModel, attempt: int, rank: int) -> ProblemError:
+    """404 for a rank with no output; for a job that ended, with the job's reason, which says
+    why a rank never wrote (its launch failed: no such program …)."""
+    missing = not_found(f"output of rank {rank} of attempt {attempt} of job {job.id}")
+    if job.terminal and job.reason:
+        return ProblemError(
+            404, "not-found", f"{missing.detail} (the job is {job.state}: {job.reason})"
+        )
+    return missing
 
 
 def _headers(source: RankLog) -> dict[str, str]:
