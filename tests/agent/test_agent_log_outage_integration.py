@@ -29,18 +29,11 @@ from services.runtime import EventStore, Settings
 from services.runtime.store import create_pool
 from tests.agent.test_agent_integration import make_agent, until
 from tests.agent.test_agent_launch_integration import events_of, submit_cpu_only
-from tests.integration.conftest import settings, stack, store
+from tests.integration.conftest import proxy, settings, stack, store
 from tests.integration.proxy import TcpProxy
 
 pytestmark = pytest.mark.integration
-__all__ = ["settings", "stack", "store"]
-
-
-@pytest.fixture
-async def proxy(settings: Settings) -> AsyncIterator[tuple[TcpProxy, str]]:
-    cut, dsn = await TcpProxy.for_dsn(settings.pg_dsn)
-    yield cut, dsn
-    await cut.cut()
+__all__ = ["proxy", "settings", "stack", "store"]
 
 
 @pytest.fixture

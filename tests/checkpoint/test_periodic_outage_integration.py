@@ -26,21 +26,14 @@ from services.runtime import EventStore, Settings
 from services.runtime.errors import DATABASE_UNAVAILABLE
 from services.runtime.store import create_pool
 from tests.agent.test_agent_integration import until
-from tests.integration.conftest import settings, stack, store
+from tests.integration.conftest import proxy, settings, stack, store
 from tests.integration.proxy import TcpProxy
 
 pytestmark = pytest.mark.integration
-__all__ = ["settings", "stack", "store"]
+__all__ = ["proxy", "settings", "stack", "store"]
 
 JOB = "periodic-outage"
 INTERVAL_S = 600.0  # far longer than the test: a request after the outage is the missed one
-
-
-@pytest.fixture
-async def proxy(settings: Settings) -> AsyncIterator[tuple[TcpProxy, str]]:
-    cut, dsn = await TcpProxy.for_dsn(settings.pg_dsn)
-    yield cut, dsn
-    await cut.cut()
 
 
 @pytest.fixture

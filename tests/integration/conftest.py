@@ -19,6 +19,7 @@ import pytest
 
 from services.runtime import EventStore, Settings, Topics, migrate_settings
 from services.runtime.scratch import delete_topics, scratch_database, with_database
+from tests.integration.proxy import TcpProxy
 
 ROOT = Path(__file__).resolve().parents[2]
 STACK_SCRIPT = ROOT / "scripts" / "stack.sh"
@@ -118,6 +119,15 @@ async def store(settings: Settings) -> AsyncIterator[EventStore]:
     event_store = await EventStore.connect(settings, producer="tests")
     yield event_store
     await event_store.close()
+
+
+@pytest.fixture
+async def proxy(settings: Settings) -> AsyncIterator[tuple[TcpProxy, str]]:
+    """A loopback proxy in front of the stack's PostgreSQL the test may cut, and the DSN that
+    goes through it."""
+    cut, dsn = await TcpProxy.for_dsn(settings.pg_dsn)
+    yield cut, dsn
+    await cut.cut()
 
 
 @pytest.fixture
