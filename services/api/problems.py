@@ -146,6 +146,12 @@ def _message(item: Any) -> str:
         given = item.get("input")
         shown = f"{given[:64]!r} is not a name: " if isinstance(given, str) else ""
         return f"{shown}{NAME_RULE}"
+    if item.get("type") == "model_type" and context.get("class_name") == "Dependency":
+        # `depends_on: [prep]` read "Input should be a valid dictionary or instance of
+        # Dependency", a class name the user never wrote.
+        given = item.get("input")
+        shown = f"{given!r:.64} is not a dependency: " if isinstance(given, str) else ""
+        return f"{shown}{DEPENDENCY_RULE}"
     message = str(item.get("msg", ""))
     if item.get("type") == "value_error":
         # Pydantic's prefix to a validator's own words: "Value error, min_tasks must not …".
@@ -154,6 +160,10 @@ def _message(item: Any) -> str:
 
 
 NAME_RULE = "1 to 63 letters, digits, '.', '_' or '-', the first a letter or digit"
+DEPENDENCY_RULE = (
+    "each entry is {job: <job id, or the name of a job of the same request>, "
+    "condition: succeeded | finished | failed}"
+)
 
 
 async def _on_problem(request: Request, exc: Exception) -> JSONResponse:

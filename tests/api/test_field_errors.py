@@ -35,3 +35,11 @@ def test_a_validators_own_words_come_without_pydantics_prefix() -> None:
         JobSpec.model_validate({"name": "a", "team": "nlp", "tasks": 2, "min_tasks": 3})
     [error] = field_errors(raised.value.errors())
     assert error.msg == "min_tasks must not exceed tasks"
+
+
+def test_a_dependency_that_is_no_object_is_told_its_form() -> None:
+    # `depends_on: [prep]` read "Input should be a valid dictionary or instance of Dependency".
+    assert errors_of(name="a", team="nlp", depends_on=["prep"]) == (
+        "depends_on.0: 'prep' is not a dependency: each entry is {job: <job id, or the name of "
+        "a job of the same request>, condition: succeeded | finished | failed}"
+    )
