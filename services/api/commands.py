@@ -386,16 +386,12 @@ class Commands:
         self, planned: Sequence[PlannedJob], claims: Sequence[str], fingerprint: UUID | None
     ) -> None:
         """Bring the jobs of a keyed request the log already holds into the read models, or
-        422 when the key was used for another request (its first event's fingerprint, the
-        correlation id, differs)."""
-        models = self.feed.models
-        recorded = await self._key_fingerprint(claims)
-        if recorded is not None and recorded.version == 5:
-            if recorded != fingerprint:
-                raise _key_reused()
+        422 when the key was used for another request (`_fingerprinted`)."""
+        if await self._fingerprinted(claims, fingerprint):
             await self._sync_missing(planned)
             return
         # Written before requests carried a fingerprint: the specs are all it can compare.
+        models = self.feed.models
         for job in planned:
             for event in job.events:
                 await self.feed.sync_stream(event.stream)
@@ -417,16 +413,24 @@ class Commands:
         """What the request of a used key created, when this is that request (read from the
         log where this process has not seen it); 422 when the key was used for another. None
         when its first event carries no fingerprint (written before they did): then only its
-        specs, as planned, can tell."""
-        recorded = await self._key_fingerprint(claims)
-        if recorded is None or recorded.version != 5:
+        specs, as planned, can tell (`_require_retry`)."""
+        if not await self._fingerprinted(claims, fingerprint):
             return None
-        if recorded != fingerprint:
-            raise _key_reused()
         # The very request that was written: its jobs are as many as were planned then.
         planned = planned_ids(principal, specs, keyed_job_ids(principal.name, key, len(specs)))
         await self._sync_missing(planned)
         return planned
+
+    async def _fingerprinted(self, claims: Sequence[str], fingerprint: UUID | None) -> bool:
+        """Whether the request first written under a key's claims carries a fingerprint and it
+        is this request's; 422 when it carries another request's (the key was used for it).
+        False: no fingerprint to go by (none written, or written before requests had one)."""
+        recorded = await self._key_fingerprint(claims)
+        if recorded is None or recorded.version != 5:
+            return False
+        if recorded != fingerprint:
+            raise _key_reused()
+        return True
 
     async def _key_fingerprint(self, claims: Sequence[str]) -> UUID | None:
         """The correlation id of the first event written under a key's claims (a keyed
