@@ -720,18 +720,17 @@ def plan_preemption(
     # Borrowers first: within the everyone tier, too, a borrower outranks a lender.
     borrowing = {v.job_id for v in borrowers}
     everyone.sort(key=lambda v: 0 if v.job_id in borrowing else 1)
-    # What each tier may take beyond its own for quota room alone, borrowers first.
-    quota_only = (spare[0], [*spare[0], *spare[1]])
+    # Each tier, and what it may take beyond its own for quota room alone, borrowers first.
+    tiers = [(borrowers, spare[0]), (everyone, [*spare[0], *spare[1]])]
     if idle_serves:
         # Only quota is short: the fewest gangs that give the ceilings back their room.
-        for victims, other in ((borrowers, quota_only[0]), (everyone, quota_only[1])):
+        for victims, other in tiers:
             chosen = _quota_room(quota, excess, [*victims, *other], [])
             if chosen is not None:
                 return chosen
         return None
     if snap.total_free + sum(v.bound_gpus for v in everyone) < shape.min_gpus:
         return None
-    tiers = [(borrowers, quota_only[0]), (everyone, quota_only[1])]
     if excess:
         # Gangs under the full ceilings first: their GPUs make room in both senses.
         tiers = [

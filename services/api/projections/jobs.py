@@ -299,14 +299,10 @@ def _on_task_started(job: JobReadModel, event: TaskStarted, at: datetime) -> Job
             reason=None,
             reason_code=None,
         )
-    if job.state == "reserved":
-        return _changed(
-            job,
-            started_ranks=started,
-            rank_nodes=nodes,
-            reason=launching_reason(len(job.gang_ranks), len(job.gang_ranks & started)),
-        )
-    return _changed(job, started_ranks=started, rank_nodes=nodes)
+    if job.state != "reserved":
+        return _changed(job, started_ranks=started, rank_nodes=nodes)
+    waiting = launching_reason(len(job.gang_ranks), len(job.gang_ranks & started))
+    return _changed(job, started_ranks=started, rank_nodes=nodes, reason=waiting)
 
 
 def _on_task_exited(job: JobReadModel, event: TaskExited, at: datetime) -> JobReadModel | None:
